@@ -1,0 +1,10 @@
+# Corpus for the 24-hour reference run: about 10B tokens of educational web text, streamed
+# from the Hugging Face hub (needs internet; about 20 GB on disk). A 24-hour run on a fast GPU
+# sees 10-50B tokens, so a smaller corpus would be repeated many times (see RECIPE notes in README).
+# python prepare.py config/prepare_fineweb.py
+dataset = "HuggingFaceFW/fineweb-edu"
+hf_config = "sample-10BT"
+vocab_size = 32768
+val_fraction = 0.0005
+tokenizer_train_chars = 2_000_000_000
+max_tokens_per_char = 0.3  # the reference's compression filter, loosened for byte-level BPE

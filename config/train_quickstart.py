@@ -1,0 +1,16 @@
+# A few-minute CPU run on the embedded pydocs corpus: a 4-layer, 256-wide crammed BERT.
+# python prepare.py && python train.py config/train_quickstart.py
+data_dir = "data/pydocs"
+out_dir = "out/quickstart"
+budget_hours = 5 / 60
+n_layers = 4
+d_model = 256
+n_heads = 4
+d_ffn = 1024
+micro_batch = 32
+batch_size = 64
+lr = 2e-3
+log_interval = 20
+eval_interval_minutes = 1.0
+ckpt_interval_minutes = 2.0
+eval_sequences = 512

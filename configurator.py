@@ -1,0 +1,61 @@
+"""nanoGPT-style configuration: each script keeps its settings as module globals at the top,
+and this module overrides them from config files and `--key=value` arguments, in order.
+
+    python train.py config/train_quickstart.py --budget_hours=0.1
+
+A config file is Python that assigns some of the globals. Unknown keys and values of the
+wrong type are errors (a typo must never be silently ignored).
+"""
+import ast
+import os
+
+CONFIG_TYPES = (bool, int, float, str, tuple)
+
+
+def config_keys(namespace):
+    """The overridable settings of a script: its public globals of plain types."""
+    return {k: v for k, v in namespace.items()
+            if not k.startswith("_") and type(v) in CONFIG_TYPES}
+
+
+def _check(key, value, known):
+    if key not in known:
+        raise SystemExit(f"error: unknown config key '{key}' (known keys: {', '.join(sorted(known))})")
+    expected = type(known[key])
+    if expected is float and type(value) is int:
+        return float(value)
+    if type(value) is not expected:
+        raise SystemExit(f"error: --{key} expects {expected.__name__}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _parse(key, raw, expected):
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        if expected is str:
+            return raw  # bare words are strings: --dataset=pydocs
+        raise SystemExit(f"error: --{key} expects {expected.__name__}, cannot parse {raw!r}")
+
+
+def configure(namespace, argv):
+    """Apply config files and --key=value overrides from argv to namespace (a script's globals())."""
+    known = config_keys(namespace)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, sep, raw = arg[2:].partition("=")
+            if not sep:
+                raise SystemExit(f"error: expected --key=value, got '{arg}'")
+            expected = type(known[key]) if key in known else str
+            value = _check(key, _parse(key, raw, expected), known)
+            namespace[key] = known[key] = value
+        else:
+            if not os.path.isfile(arg):
+                raise SystemExit(f"error: config file not found: {arg}")
+            assigned = {}
+            exec(open(arg).read(), {}, assigned)
+            for key, value in assigned.items():
+                if key.startswith("_") or callable(value) or type(value).__name__ == "module":
+                    continue
+                namespace[key] = known[key] = _check(key, value, known)
+    return config_keys(namespace)

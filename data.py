@@ -1,0 +1,92 @@
+"""Reading what prepare.py wrote: metadata, the tokenizer, token files; and MLM masking.
+
+Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
+that only have torch, numpy and tiktoken.
+"""
+import base64
+import json
+import os
+
+import numpy as np
+import torch
+
+SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
+# GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
+# so a BPE trained there gives identical ids through tiktoken.
+SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+TOKENIZER_FILE = "tokenizer.tiktoken"
+
+
+def load_meta(data_dir):
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {path} not found: run `python prepare.py` first (or pass --data_dir=)")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot read {path}: {e}")
+
+
+def write_ranks(path, ranks):
+    """Save BPE ranks in tiktoken's text format: base64(token bytes) rank, one per line."""
+    with open(path, "w") as f:
+        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+            f.write(f"{base64.b64encode(token).decode()} {rank}\n")
+
+
+def read_ranks(path):
+    with open(path) as f:
+        return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in f if line.strip())}
+
+
+def make_encoding(ranks, special_ids, name="cram"):
+    import tiktoken
+    return tiktoken.Encoding(name=name, pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special_ids)
+
+
+def load_tokenizer(data_dir, meta=None):
+    """The corpus' own tokenizer as a tiktoken.Encoding (use encode_ordinary for raw text)."""
+    meta = meta or load_meta(data_dir)
+    path = os.path.join(data_dir, meta["tokenizer_file"])
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: tokenizer file {path} not found")
+    return make_encoding(read_ranks(path), meta["special_ids"])
+
+
+def load_tokens(data_dir, split, meta=None):
+    """Memory-mapped (num_sequences, seq_len) array of token ids for 'train' or 'val'."""
+    meta = meta or load_meta(data_dir)
+    path = os.path.join(data_dir, f"{split}.bin")
+    n = meta[f"{split}_sequences"]
+    if not os.path.isfile(path) or os.path.getsize(path) != n * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize:
+        raise SystemExit(f"error: {path} is missing or does not match meta.json: run `python prepare.py` again")
+    return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(n, meta["seq_len"]))
+
+
+def get_batch(tokens, rows, device):
+    """Sequences at the given row indices as an int64 tensor on device."""
+    batch = torch.from_numpy(tokens[np.sort(rows)].astype(np.int64))
+    if device.type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch
+
+
+def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
+    """MLM corruption with a fixed count: exactly round(mask_rate * T) positions per row.
+
+    Of the chosen positions 80% become [MASK], 10% a random regular token, 10% stay.
+    A static count keeps tensor shapes fixed for torch.compile. Runs on idx's device.
+    Returns (inputs, positions (B, k), labels (B, k)).
+    """
+    B, T = idx.shape
+    k = max(1, round(mask_rate * T))
+    scores = torch.rand(B, T, device=idx.device, generator=generator)
+    positions = scores.topk(k, dim=1).indices
+    labels = idx.gather(1, positions)
+    rule = torch.rand(B, k, device=idx.device, generator=generator)
+    random_tokens = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
+    replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id),
+                              torch.where(rule < 0.9, random_tokens, labels))
+    inputs = idx.scatter(1, positions, replacement)
+    return inputs, positions, labels

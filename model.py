@@ -1,0 +1,210 @@
+"""The crammed-BERT encoder (Geiping & Goldstein 2022), with its MLM and classification heads.
+
+Every architectural choice is a constructor argument, so the same class expresses both the
+crammed recipe (the defaults: pre-norm, no biases, gated GELU, scaled sinusoidal positions,
+sparse prediction) and the original BERT (post-norm, biases, plain GELU, learned positions,
+a prediction-head transform, dense prediction) for side-by-side comparisons.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Dense bf16 tensor-core peaks (FLOP/s) used for MFU; match on the device name.
+GPU_PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A6000": 154.8e12,
+    "A40": 149.7e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12,
+    "4090": 165e12, "3090": 71e12, "V100": 125e12, "A4000": 76.7e12,
+}
+
+
+def peak_flops(device, override=0.0):
+    """Peak bf16 FLOP/s of a CUDA device, or 0 when unknown (then MFU is not reported)."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return 0.0
+    name = torch.cuda.get_device_name(device)
+    for key in sorted(GPU_PEAK_FLOPS, key=len, reverse=True):
+        if key in name:
+            return GPU_PEAK_FLOPS[key]
+    return 0.0
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model, n_heads, bias, dropout):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = dropout
+
+    def forward(self, x, attn_mask=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class FeedForward(nn.Module):
+    """GELU MLP. With glu=True the up-projection is split into gate and value halves, so the
+    parameter count stays that of the plain MLP (the reference's choice)."""
+
+    def __init__(self, d_model, d_ffn, bias, glu):
+        super().__init__()
+        self.glu = glu
+        self.up = nn.Linear(d_model, d_ffn, bias=bias)
+        self.down = nn.Linear(d_ffn // 2 if glu else d_ffn, d_model, bias=bias)
+
+    def forward(self, x):
+        h = self.up(x)
+        if self.glu:
+            gate, value = h.chunk(2, dim=-1)
+            h = F.gelu(gate) * value
+        else:
+            h = F.gelu(h)
+        return self.down(h)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model, n_heads, d_ffn, bias, glu, norm_first, norm_eps, dropout):
+        super().__init__()
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(d_model, eps=norm_eps)
+        self.attn = Attention(d_model, n_heads, bias, dropout)
+        self.norm2 = nn.LayerNorm(d_model, eps=norm_eps)
+        self.ffn = FeedForward(d_model, d_ffn, bias, glu)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, attn_mask=None):
+        if self.norm_first:
+            x = x + self.drop(self.attn(self.norm1(x), attn_mask))
+            return x + self.drop(self.ffn(self.norm2(x)))
+        x = self.norm1(x + self.drop(self.attn(x, attn_mask)))
+        return self.norm2(x + self.drop(self.ffn(x)))
+
+
+def sinusoid_table(seq_len, d_model):
+    position = torch.arange(seq_len).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(seq_len, d_model)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq)
+    return table
+
+
+class CrammedBert(nn.Module):
+    """Encoder + tied MLM output layer. Defaults are the reference crammed-BERT shape (~120M)."""
+
+    def __init__(self, vocab_size=32768, seq_len=128, n_layers=16, d_model=768, n_heads=12,
+                 d_ffn=3072, bias=False, norm_first=True, glu=True, learned_positions=False,
+                 head_transform=False, norm_eps=1e-12, dropout=0.0, sparse_prediction=True):
+        super().__init__()
+        assert d_model % n_heads == 0, "d_model must be a multiple of n_heads"
+        self.args = dict(vocab_size=vocab_size, seq_len=seq_len, n_layers=n_layers, d_model=d_model,
+                         n_heads=n_heads, d_ffn=d_ffn, bias=bias, norm_first=norm_first, glu=glu,
+                         learned_positions=learned_positions, head_transform=head_transform,
+                         norm_eps=norm_eps, dropout=dropout, sparse_prediction=sparse_prediction)
+        self.sparse_prediction = sparse_prediction
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        if learned_positions:
+            self.pos_emb = nn.Parameter(torch.zeros(seq_len, d_model))
+        else:  # scaled sinusoidal: a fixed table times one learned scalar
+            self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
+            self.pos_scale = nn.Parameter(torch.tensor(d_model ** -0.5))
+        self.emb_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.emb_drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_ffn, bias, glu, norm_first, norm_eps, dropout)
+                                    for _ in range(n_layers))
+        # pre-norm leaves the residual stream un-normalised, so it needs a final norm
+        self.final_norm = nn.LayerNorm(d_model, eps=norm_eps) if norm_first else nn.Identity()
+        if head_transform:  # original BERT: dense -> GELU -> LayerNorm before the decoder
+            self.head = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
+        else:
+            self.head = nn.Identity()
+        self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if hasattr(module, "pos_emb"):
+            nn.init.normal_(module.pos_emb, std=0.02)
+
+    def encode(self, idx, padding_mask=None):
+        """Final hidden states (B, T, d). padding_mask (B, T) is True at real tokens."""
+        T = idx.shape[1]
+        pos = self.pos_emb[:T] if hasattr(self, "pos_emb") else self.pos_scale * self.pos_table[:T]
+        x = self.emb_drop(self.emb_norm(self.tok_emb(idx) + pos))
+        attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
+        for block in self.blocks:
+            x = block(x, attn_mask)
+        return self.final_norm(x)
+
+    def logits(self, hidden):
+        logits = self.head(hidden) @ self.tok_emb.weight.t()  # tied output layer
+        return logits if self.decoder_bias is None else logits + self.decoder_bias
+
+    def forward(self, inputs, positions, labels):
+        """MLM loss and the number of correct predictions at the masked positions.
+
+        Sparse prediction sends only the (B, k) masked positions through the output layer;
+        dense prediction scores every position and ignores the rest, as the original BERT.
+        """
+        hidden = self.encode(inputs)
+        if self.sparse_prediction:
+            hidden = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            targets = labels
+        else:
+            targets = torch.full_like(inputs, -100).scatter(1, positions, labels)
+        logits = self.logits(hidden).float()
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        correct = (logits.argmax(-1) == targets).sum()
+        return loss, correct
+
+    def num_params(self, matmul_only=False):
+        """All parameters, or only the weights of the Linear layers in the blocks and head."""
+        if not matmul_only:
+            return sum(p.numel() for p in self.parameters())
+        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+    def flops_per_token(self, mask_rate):
+        """Training FLOPs per input token (forward + backward = 3x forward): matmul weights,
+        attention scores and values, and the tied output layer on the predicted positions."""
+        a = self.args
+        attention = 2 * 2 * a["n_layers"] * a["seq_len"] * a["d_model"]
+        predicted = mask_rate if self.sparse_prediction else 1.0
+        output_layer = 2 * a["vocab_size"] * a["d_model"] * predicted
+        head = 2 * sum(m.weight.numel() for m in self.head.modules() if isinstance(m, nn.Linear)) * predicted
+        blocks = 2 * sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
+        return 3 * (blocks + attention + output_layer + head)
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: decay on matrices and embeddings, none on biases, norms and scalars."""
+        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class SequenceClassifier(nn.Module):
+    """Encoder + the reference GLUE head: first token -> dense 1024 -> Tanh -> dropout -> classes.
+    num_labels=1 makes it a regression head (STS-B)."""
+
+    def __init__(self, encoder, num_labels, hidden=1024, dropout=0.1):
+        super().__init__()
+        self.encoder = encoder
+        d_model = encoder.args["d_model"]
+        self.pooler = nn.Linear(d_model, hidden)
+        self.drop = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden, num_labels)
+        for m in (self.pooler, self.classifier):
+            CrammedBert._init_weights(m)
+
+    def forward(self, idx, padding_mask=None):
+        first = self.encoder.encode(idx, padding_mask)[:, 0]
+        return self.classifier(self.drop(torch.tanh(self.pooler(first))))

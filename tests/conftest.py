@@ -1,0 +1,56 @@
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird", "the king", "our neighbour"]
+VERBS = ["saw", "liked", "followed", "painted", "found", "called", "helped", "watched"]
+OBJECTS = ["the river", "a red house", "the garden", "an apple", "the green hill", "a letter", "the market", "the sea"]
+PLACES = ["in the morning", "at night", "after dinner", "in the rain", "on sunday", "before the storm"]
+
+
+def synthetic_corpus(n_docs=400, seed=0):
+    """Documents of sentences from a small grammar: low entropy, so a tiny model learns fast."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sentences = [f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)} "
+                     f"{rng.choice(PLACES)}." for _ in range(rng.randint(3, 12))]
+        docs.append(" ".join(sentences))
+    return docs
+
+
+def run_script(*args, cwd=ROOT, check=True, timeout=600):
+    """Run one of the project's scripts as a user would; returns the CompletedProcess."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+TINY_MODEL = ["--n_layers=2", "--d_model=64", "--n_heads=2", "--d_ffn=256", "--micro_batch=16", "--batch_size=32",
+              "--lr=3e-3", "--log_interval=5", "--eval_sequences=64", "--device=cpu"]
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "grammar.txt"
+    path.write_text("\n\n".join(synthetic_corpus()) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, corpus_file):
+    """A prepared tiny dataset: 384-token vocabulary, 32-token sequences."""
+    out = tmp_path_factory.mktemp("data") / "grammar"
+    run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={out}", "--vocab_size=384",
+               "--seq_len=32", "--val_fraction=0.05")
+    return out

@@ -1,0 +1,45 @@
+import torch
+
+from data import mask_tokens
+
+MASK_ID, N_REGULAR = 999, 900
+
+
+def corrupt(B=512, T=128, rate=0.25, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, N_REGULAR, (B, T), generator=g)
+    return idx, *mask_tokens(idx, rate, MASK_ID, N_REGULAR, g)
+
+
+def test_static_count_and_distinct_positions():
+    for rate, T in [(0.25, 128), (0.15, 128), (0.25, 32)]:
+        idx, inputs, positions, labels = corrupt(B=64, T=T, rate=rate)
+        k = round(rate * T)
+        assert positions.shape == labels.shape == (64, k)
+        assert all(len(set(row.tolist())) == k for row in positions)
+        assert torch.equal(labels, idx.gather(1, positions))
+
+
+def test_only_chosen_positions_change():
+    idx, inputs, positions, labels = corrupt()
+    chosen = torch.zeros_like(idx, dtype=torch.bool).scatter(1, positions, True)
+    assert torch.equal(inputs[~chosen], idx[~chosen])
+
+
+def test_80_10_10_rule():
+    idx, inputs, positions, labels = corrupt()
+    at_chosen = inputs.gather(1, positions)
+    n = labels.numel()
+    masked = (at_chosen == MASK_ID).float().mean().item()
+    unchanged = (at_chosen == labels).float().mean().item()
+    random_token = ((at_chosen != MASK_ID) & (at_chosen != labels)).float().mean().item()
+    # a random replacement equals the original 1/900 of the time, so 'unchanged' is ~0.1001
+    assert abs(masked - 0.8) < 0.01 and abs(unchanged - 0.1) < 0.01 and abs(random_token - 0.1) < 0.01, \
+        (masked, unchanged, random_token, n)
+    assert at_chosen.max() <= MASK_ID and at_chosen[at_chosen != MASK_ID].max() < N_REGULAR
+
+
+def test_positions_are_uniform():
+    idx, inputs, positions, labels = corrupt(B=4000, T=16, rate=0.25)
+    counts = torch.bincount(positions.flatten(), minlength=16).float() / positions.numel()
+    assert (counts - 1 / 16).abs().max() < 0.01

@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+from data import mask_tokens
+from model import CrammedBert, SequenceClassifier
+
+TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
+
+
+def test_reference_parameter_count():
+    V, d, L, ffn = 32768, 768, 16, 3072
+    per_block = 3 * d * d + d * d + d * ffn + (ffn // 2) * d  # qkv, out, GLU up, down: no biases
+    norms = 2 * d * (1 + 2 * L + 1)                            # embedding, two per block, final
+    model = CrammedBert()
+    assert model.num_params(matmul_only=True) == L * per_block
+    assert model.num_params() == V * d + L * per_block + norms + 1  # + the position scale
+    assert 119e6 < model.num_params() < 121e6 and 94e6 < model.num_params(True) < 95e6
+    # RECIPE.md: about 0.62 GFLOP per token for training
+    assert model.flops_per_token(0.25) == pytest.approx(0.62e9, rel=0.01)
+
+
+def test_original_bert_shape_options():
+    model = CrammedBert(**TINY, bias=True, norm_first=False, glu=False, learned_positions=True,
+                        head_transform=True, sparse_prediction=False)
+    assert model.blocks[0].ffn.down.in_features == 256 and model.blocks[0].attn.qkv.bias is not None
+    assert model.decoder_bias is not None and hasattr(model, "pos_emb")
+    idx = torch.randint(0, 290, (2, 32))
+    loss, _ = model(*mask_tokens(idx, 0.15, 299, 296))
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_sparse_prediction_equals_dense():
+    torch.manual_seed(0)
+    sparse = CrammedBert(**TINY, sparse_prediction=True)
+    dense = CrammedBert(**TINY, sparse_prediction=False)
+    dense.load_state_dict(sparse.state_dict())
+    idx = torch.randint(0, 296, (8, 32))
+    inputs, positions, labels = mask_tokens(idx, 0.25, 299, 296, torch.Generator().manual_seed(1))
+    loss_s, correct_s = sparse(inputs, positions, labels)
+    loss_d, correct_d = dense(inputs, positions, labels)
+    assert loss_s.item() == pytest.approx(loss_d.item(), rel=1e-5)
+    assert correct_s.item() == correct_d.item()
+    loss_s.backward()
+    loss_d.backward()
+    torch.testing.assert_close(sparse.tok_emb.weight.grad, dense.tok_emb.weight.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_padding_does_not_change_classification():
+    torch.manual_seed(0)
+    clf = SequenceClassifier(CrammedBert(**TINY, dropout=0.1), num_labels=3).eval()
+    short = torch.randint(0, 296, (1, 7))
+    alone = clf(short)
+    batch = torch.full((3, 20), 296)  # [PAD] id
+    batch[0, :7] = short
+    batch[1:] = torch.randint(0, 296, (2, 20))
+    mask = batch != 296
+    mask[1:] = True
+    together = clf(batch, mask)
+    torch.testing.assert_close(together[0:1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_training_reduces_loss_on_a_fixed_batch():
+    torch.manual_seed(0)
+    model = CrammedBert(**TINY)
+    opt = torch.optim.AdamW(model.param_groups(0.01), lr=3e-3)
+    idx = torch.randint(0, 296, (16, 32))
+    batch = mask_tokens(idx, 0.25, 299, 296, torch.Generator().manual_seed(0))
+    first = None
+    for _ in range(30):
+        loss, _ = model(*batch)
+        first = first or loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first

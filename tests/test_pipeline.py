@@ -1,0 +1,116 @@
+"""End to end as a user runs it: prepare.py and train.py as scripts, on a tiny corpus."""
+import itertools
+import json
+import re
+
+import numpy as np
+import torch
+
+import prepare
+from conftest import TINY_MODEL, run_script
+from data import load_meta, load_tokenizer, load_tokens
+
+
+def one_line_error(proc, *fragments):
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_prepare_writes_token_files(prepared):
+    meta = load_meta(prepared)
+    assert meta["vocab_size"] == 384 and meta["dtype"] == "uint16" and meta["seq_len"] == 32
+    assert meta["special_ids"] == {"[PAD]": 380, "[CLS]": 381, "[SEP]": 382, "[MASK]": 383}
+    train, val = load_tokens(prepared, "train"), load_tokens(prepared, "val")
+    assert train.shape == (meta["train_sequences"], 32) and len(val) > 0
+    assert meta["train_tokens"] // 32 == meta["train_sequences"]  # only the last partial sequence is dropped
+    assert (np.asarray(train) == 382).sum() > 100  # documents joined by [SEP]
+    text = load_tokenizer(prepared).decode(np.asarray(train[:4]).ravel().tolist())
+    assert "[SEP]" in text and " the " in text.lower()
+
+
+def test_prepare_twice_does_not_redo_work(prepared, corpus_file):
+    before = {p.name: p.stat().st_mtime_ns for p in prepared.iterdir()}
+    proc = run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={prepared}", "--vocab_size=384",
+                      "--seq_len=32", "--val_fraction=0.05")
+    assert "already prepared" in proc.stdout
+    assert before == {p.name: p.stat().st_mtime_ns for p in prepared.iterdir()}
+    assert not list(prepared.glob("*.tmp"))
+    proc = run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={prepared}", "--vocab_size=600",
+                      "--seq_len=32", "--val_fraction=0.05", check=False)
+    one_line_error(proc, "other settings", "vocab_size")
+
+
+def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    docs = corpus_file.read_text().split("\n\n")
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    pq.write_table(pa.table({"body": docs}), tmp_path / "docs.parquet")
+    for name in ("docs.jsonl", "docs.parquet"):
+        out = tmp_path / f"out_{name}"
+        run_script("prepare.py", f"--dataset={tmp_path / name}", "--text_field=body", f"--out_dir={out}",
+                   "--vocab_size=300", "--seq_len=32")
+        assert load_meta(out)["documents"] == len(docs)
+    proc = run_script("prepare.py", f"--dataset={tmp_path / 'docs.jsonl'}", f"--out_dir={tmp_path / 'x'}",
+                      "--vocab_size=300", check=False)
+    one_line_error(proc, "no 'text' field", "--text_field")
+
+
+def test_prepare_bad_sources(tmp_path):
+    one_line_error(run_script("prepare.py", "--dataset=HuggingFaceFW/fineweb-edu", check=False),
+                   "cannot be reached", "--dataset=pydocs")
+    one_line_error(run_script("prepare.py", f"--dataset={tmp_path / 'missing.txt'}", check=False), "not found")
+    one_line_error(run_script("prepare.py", "--vocab_sise=100", check=False), "unknown config key 'vocab_sise'")
+
+
+def test_embedded_corpus_is_deterministic():
+    first = list(itertools.islice(prepare.pydocs_documents(), 150))
+    assert first == list(itertools.islice(prepare.pydocs_documents(), 150))
+    assert sum(map(len, first)) > 200_000 and "function" in " ".join(first)
+
+
+def final_line(stdout):
+    match = re.search(r"final: step (\d+) \| val loss ([\d.]+) \(at init ([\d.]+)\)", stdout)
+    assert match, stdout
+    return int(match.group(1)), float(match.group(2)), float(match.group(3))
+
+
+def test_train_learns_checkpoints_and_resumes(prepared, tmp_path):
+    out = tmp_path / "run"
+    common = ["train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL, "--eval_interval_minutes=0.1"]
+    proc = run_script(*common, "--budget_hours=0.006")
+    steps, loss, init_loss = final_line(proc.stdout)
+    assert loss < 0.6 * init_loss, proc.stdout
+    assert re.search(r"step \d+ \| loss [\d.]+ \| lr [\d.e+-]+ \| batch \d+ \| [\d,]+ tok/s", proc.stdout)
+
+    ckpt = torch.load(out / "ckpt.pt", weights_only=False)
+    assert ckpt["step"] == steps and ckpt["final"] and 0.006 * 3600 <= ckpt["elapsed"] < 0.006 * 3600 + 5
+    assert ckpt["tokenizer"] == (prepared / "tokenizer.tiktoken").read_text()
+
+    # a fresh run must not overwrite the checkpoint
+    one_line_error(run_script(*common, "--budget_hours=0.006", check=False), "--resume=True")
+    # resuming with a longer budget continues the step count, the clock and the schedule
+    proc = run_script(*common, "--budget_hours=0.008", "--resume=True")
+    assert f"resuming {out / 'ckpt.pt'} at step {steps}" in proc.stdout
+    resumed_steps, resumed_loss, resumed_init = final_line(proc.stdout)
+    assert resumed_steps > steps and resumed_init == init_loss and resumed_loss < 0.6 * init_loss
+    first_log = re.search(r"step (\d+) \| loss [\d.]+ \| lr ([\d.e+-]+) \|", proc.stdout)
+    assert int(first_log.group(1)) > steps
+    # at 0.006/0.008 = 75% of the new budget the triangle is at its peak, then falls
+    assert float(first_log.group(2)) > 0.8 * 3e-3
+    ckpt = torch.load(out / "ckpt.pt", weights_only=False)
+    assert ckpt["step"] == resumed_steps and ckpt["elapsed"] >= 0.008 * 3600
+
+    one_line_error(run_script(*common, "--resume=True", "--n_layers=3", check=False), "differs", "n_layers")
+
+
+def test_train_bad_input(prepared, tmp_path):
+    one_line_error(run_script("train.py", f"--data_dir={tmp_path / 'nothing'}", check=False), "prepare.py")
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    one_line_error(run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", "--resume=True",
+                              *TINY_MODEL, check=False), "not a readable checkpoint")
+    one_line_error(run_script("train.py", f"--data_dir={prepared}", "--lr_schedule=cosine", f"--out_dir={tmp_path}/x",
+                              check=False), "unknown lr_schedule")

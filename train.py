@@ -1,0 +1,295 @@
+"""Wall-clock-budgeted MLM pretraining of crammed BERT.
+
+    python train.py config/train_quickstart.py          # a few minutes on a CPU
+    python train.py --budget_hours=24                   # the reference recipe on one GPU
+    torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
+    python train.py --resume=True                       # continue out_dir/ckpt.pt
+
+The learning rate and the batch size follow the fraction of the budget spent, not the step
+count (the reference's choice: the run ends on time, whatever the hardware). The budget counts
+training time, compilation included; evaluation and checkpointing are not counted.
+"""
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from configurator import configure
+from data import get_batch, load_meta, load_tokens, mask_tokens
+from model import CrammedBert, peak_flops
+
+# -----------------------------------------------------------------------------
+data_dir = "data/pydocs"
+out_dir = "out"
+budget_hours = 24.0
+max_steps = 0             # also stop after this many optimizer steps (0: budget only)
+resume = False            # continue from out_dir/ckpt.pt
+# model (the reference crammed-BERT shape; vocabulary and sequence length come from the data)
+n_layers = 16
+d_model = 768
+n_heads = 12
+d_ffn = 3072
+bias = False
+norm_first = True
+glu = True
+learned_positions = False
+head_transform = False
+dropout = 0.0             # the reference configures 0.1 but turns it off for pretraining
+sparse_prediction = True
+# objective
+mask_rate = 0.25
+# optimizer and schedules
+lr = 1e-3
+beta1 = 0.9
+beta2 = 0.98
+eps = 1e-12
+weight_decay = 0.01
+grad_clip = 0.5
+lr_schedule = "triangle"  # 'triangle' (reference, see lr_at) or 'warmup_linear' (original BERT)
+warmup = 0.01             # warm-up share of the budget for 'warmup_linear'
+micro_batch = 128         # sequences per device per forward pass: raise until the GPU is full
+batch_size = 8192         # sequences per optimizer step at the end of the ramp
+batch_ramp = 0.6          # share of the budget over which the batch grows from one micro-batch
+# system
+device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
+compile = True            # torch.compile on a GPU (skipped on a CPU, where start-up costs more than it saves)
+peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
+seed = 0
+log_interval = 10         # steps
+eval_interval_minutes = 30.0
+eval_sequences = 4096
+ckpt_interval_minutes = 60.0
+# -----------------------------------------------------------------------------
+MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ffn", "bias", "norm_first", "glu", "learned_positions",
+              "head_transform", "dropout", "sparse_prediction")
+
+
+def lr_at(progress, peak, schedule="triangle", warmup=0.01):
+    """Learning rate at a fraction `progress` of the budget.
+    triangle: 25% of peak at the start, peak at 75%, linear to 0 at the end (reference).
+    warmup_linear: linear warm-up over `warmup`, then linear decay to 0 (original BERT)."""
+    if schedule == "triangle":
+        return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
+    if schedule == "warmup_linear":
+        if progress < warmup:
+            return peak * progress / warmup
+        return peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
+    raise ValueError(f"unknown lr_schedule '{schedule}' (triangle, warmup_linear)")
+
+
+def batch_size_at(progress, micro, final, ramp):
+    """Sequences per optimizer step: a linear ramp from one micro-batch to `final`, reached
+    at `ramp` of the budget, rounded down to a whole number of micro-batches."""
+    target = final if ramp <= 0 else micro + (final - micro) * min(1.0, progress / ramp)
+    return max(micro, int(target) // micro * micro)
+
+
+def train_step(model, optimizer, next_batch, accum_steps, step_lr, mask, autocast, clip):
+    """One optimizer step over accum_steps micro-batches; returns the mean loss (a tensor, no sync).
+    next_batch() gives a (B, T) token tensor on the device; mask(idx) the MLM corruption."""
+    for group in optimizer.param_groups:
+        group["lr"] = step_lr
+    total = 0.0
+    for micro in range(accum_steps):
+        inputs, positions, labels = mask(next_batch())
+        # DDP: all-reduce the gradients only on the last micro-batch
+        sync = model.no_sync() if hasattr(model, "no_sync") and micro < accum_steps - 1 else nullcontext()
+        with sync:
+            with autocast:
+                loss, _ = model(inputs, positions, labels)
+            (loss / accum_steps).backward()
+        total = total + loss.detach()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total / accum_steps
+
+
+@torch.no_grad()
+def evaluate(model, tokens, meta, batch, device, autocast, n_sequences):
+    """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks."""
+    model.eval()
+    generator = torch.Generator(device=device).manual_seed(1234)
+    n = min(n_sequences, len(tokens))
+    loss_sum, correct, predicted = 0.0, 0, 0
+    for start in range(0, n, batch):
+        idx = get_batch(tokens, np.arange(start, min(n, start + batch)), device)
+        inputs, positions, labels = mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"],
+                                                meta["n_regular"], generator)
+        with autocast:
+            loss, hits = model(inputs, positions, labels)
+        loss_sum += loss.item() * labels.numel()
+        correct += hits.item()
+        predicted += labels.numel()
+    model.train()
+    return loss_sum / predicted, correct / predicted
+
+
+def load_checkpoint(path):
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: no checkpoint at {path} to resume from")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
+
+
+def save_checkpoint(path, state):
+    tmp = path + ".tmp"  # write then rename: a crash never leaves a half-written checkpoint
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def main(config):
+    ddp = "RANK" in os.environ
+    if ddp:
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() and device != "cpu" else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        dev = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}") if torch.cuda.is_available() and device != "cpu" \
+            else torch.device("cpu")
+    else:
+        rank, world = 0, 1
+        dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    master = rank == 0
+    try:
+        lr_at(0.0, lr, lr_schedule, warmup)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    log = print if master else (lambda *a, **k: None)
+
+    meta = load_meta(data_dir)
+    train_tokens, val_tokens = load_tokens(data_dir, "train", meta), load_tokens(data_dir, "val", meta)
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    model_args = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"], norm_eps=1e-12,
+                      **{k: config[k] for k in MODEL_KEYS})
+    checkpoint = None
+    if resume:
+        checkpoint = load_checkpoint(ckpt_path)
+        if checkpoint["model_args"] != model_args:
+            changed = [k for k in model_args if checkpoint["model_args"].get(k) != model_args[k]]
+            raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
+    elif os.path.exists(ckpt_path):
+        raise SystemExit(f"error: {ckpt_path} exists: pass --resume=True to continue it, or choose another --out_dir")
+    os.makedirs(out_dir, exist_ok=True)
+
+    torch.manual_seed(seed)
+    model = CrammedBert(**model_args).to(dev)
+    optimizer = torch.optim.AdamW(model.param_groups(weight_decay), lr=lr, betas=(beta1, beta2), eps=eps,
+                                  fused=dev.type == "cuda")
+    step, elapsed, tokens_seen, init_loss = 0, 0.0, 0, None
+    if checkpoint:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        step, elapsed, tokens_seen = checkpoint["step"], checkpoint["elapsed"], checkpoint["tokens"]
+        init_loss = checkpoint.get("init_val_loss")
+        log(f"resuming {ckpt_path} at step {step}, {elapsed / 60:.1f} of {budget_hours * 60:.1f} minutes")
+    raw_model = model
+    if compile and dev.type == "cuda":
+        model = torch.compile(model)
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
+    budget = budget_hours * 3600
+    flops_per_token = raw_model.flops_per_token(mask_rate)
+    peak = peak_flops(dev, peak_tflops * 1e12)
+    log(f"model: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.num_params(True) / 1e6:.2f}M in matmuls), "
+        f"{flops_per_token / 1e9:.3f} GFLOP/token | data: {len(train_tokens):,} train sequences of {meta['seq_len']} "
+        f"from {meta['source']} | device: {dev}{f' x{world}' if ddp else ''}")
+
+    def save(final=False):
+        if master:
+            save_checkpoint(ckpt_path, dict(
+                model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args,
+                step=step, elapsed=elapsed, tokens=tokens_seen, config=config, init_val_loss=init_loss,
+                data_dir=os.path.abspath(data_dir), meta=meta, final=final,
+                tokenizer=open(os.path.join(data_dir, meta["tokenizer_file"])).read()))
+
+    def run_eval():
+        val_loss, val_acc = evaluate(raw_model, val_tokens, meta, micro_batch, dev, autocast, eval_sequences)
+        log(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {val_acc:.3f} | "
+            f"{elapsed / 60:.1f} min, {tokens_seen / 1e6:.1f}M tokens")
+        return val_loss, val_acc
+
+    if init_loss is None and master:
+        init_loss = run_eval()[0]
+
+    mask_id, n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
+    generator = torch.Generator(device=dev)
+
+    def mask(idx):
+        return mask_tokens(idx, mask_rate, mask_id, n_regular, generator)
+
+    micro = 0
+
+    def next_batch():  # reproducible from the step number, so a resumed run sees the same data
+        nonlocal micro
+        rows = np.random.default_rng((seed, rank, step, micro)).integers(0, len(train_tokens), micro_batch)
+        micro += 1
+        return get_batch(train_tokens, rows, dev)
+
+    last_eval = last_ckpt = elapsed
+    window_start, window_tokens = time.perf_counter(), 0
+    clock = time.perf_counter()
+    while True:
+        now = time.perf_counter()
+        elapsed += now - clock
+        clock = now
+        if ddp:  # every rank follows rank 0's clock, so all take the same batch size
+            t = torch.tensor([elapsed], dtype=torch.float64, device=dev)
+            dist.broadcast(t, 0)
+            elapsed = t.item()
+        progress = elapsed / budget
+        if progress >= 1.0 or (max_steps and step >= max_steps):
+            break
+        step_batch = batch_size_at(progress, micro_batch * world, batch_size, batch_ramp)
+        accum = step_batch // (micro_batch * world)
+        step_lr = lr_at(progress, lr, lr_schedule, warmup)
+        micro = 0
+        generator.manual_seed(hash((seed, rank, step)) % 2 ** 62)
+        loss = train_step(model, optimizer, next_batch, accum, step_lr, mask, autocast, grad_clip)
+        step += 1
+        tokens_seen += step_batch * meta["seq_len"]
+        window_tokens += step_batch * meta["seq_len"]
+        if step % log_interval == 0:
+            loss = loss.item()  # syncs the device, so the window time is real
+            if not math.isfinite(loss):
+                raise SystemExit(f"error: loss is {loss} at step {step}; lower --lr or check the data")
+            window = time.perf_counter() - window_start
+            tokens_per_s = window_tokens / window
+            mfu = f" | mfu {100 * flops_per_token * tokens_per_s / world / peak:.1f}%" if peak else ""
+            log(f"step {step} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
+                f"{mfu} | epoch {tokens_seen / (len(train_tokens) * meta['seq_len']):.2f} | "
+                f"{elapsed / 60:.1f}/{budget / 60:.1f} min")
+            window_start, window_tokens = time.perf_counter(), 0
+        if elapsed - last_eval >= eval_interval_minutes * 60 or elapsed - last_ckpt >= ckpt_interval_minutes * 60:
+            paused = time.perf_counter()
+            if elapsed - last_eval >= eval_interval_minutes * 60 and master:
+                run_eval()
+                last_eval = elapsed
+            if elapsed - last_ckpt >= ckpt_interval_minutes * 60:
+                save()
+                last_ckpt = elapsed
+            clock += time.perf_counter() - paused  # evaluation and saving are not charged to the budget
+            window_start += time.perf_counter() - paused
+
+    val_loss, val_acc = run_eval() if master else (None, None)
+    save(final=True)
+    log(f"final: step {step} | val loss {val_loss:.4f} (at init {init_loss:.4f}) | masked-token accuracy "
+        f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"
+        if master else "")
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(configure(globals(), sys.argv[1:]))
