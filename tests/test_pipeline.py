@@ -114,3 +114,20 @@ def test_train_bad_input(prepared, tmp_path):
                               *TINY_MODEL, check=False), "not a readable checkpoint")
     one_line_error(run_script("train.py", f"--data_dir={prepared}", "--lr_schedule=cosine", f"--out_dir={tmp_path}/x",
                               check=False), "unknown lr_schedule")
+
+
+def test_torchrun_two_processes(prepared, tmp_path):
+    """Multi-GPU code path (DDP, rank-0 clock, gradient sync) on two CPU processes with gloo."""
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
+                           "--max_steps=6", "--batch_size=64"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "device: cpu x2" in proc.stdout and "batch 32 |" in proc.stdout  # 2 ranks x 16 at the start
+    assert final_line(proc.stdout)[0] == 6
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["step"] == 6
