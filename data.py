@@ -6,6 +6,7 @@ that only have torch, numpy and tiktoken.
 import base64
 import json
 import os
+import socket
 
 import numpy as np
 import torch
@@ -15,6 +16,18 @@ SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 # so a BPE trained there gives identical ids through tiktoken.
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
+
+
+def hub_reachable(timeout=3.0):
+    """Whether the Hugging Face hub answers; False at once when the offline switches are set."""
+    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def load_meta(data_dir):
@@ -35,9 +48,13 @@ def write_ranks(path, ranks):
             f.write(f"{base64.b64encode(token).decode()} {rank}\n")
 
 
+def parse_ranks(text):
+    return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in text.splitlines() if line.strip())}
+
+
 def read_ranks(path):
     with open(path) as f:
-        return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in f if line.strip())}
+        return parse_ranks(f.read())
 
 
 def make_encoding(ranks, special_ids, name="cram"):

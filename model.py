@@ -6,6 +6,7 @@ sparse prediction) and the original BERT (post-norm, biases, plain GELU, learned
 a prediction-head transform, dense prediction) for side-by-side comparisons.
 """
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -208,3 +209,22 @@ class SequenceClassifier(nn.Module):
     def forward(self, idx, padding_mask=None):
         first = self.encoder.encode(idx, padding_mask)[:, 0]
         return self.classifier(self.drop(torch.tanh(self.pooler(first))))
+
+
+def save_checkpoint(path, state):
+    tmp = path + ".tmp"  # write then rename: a crash never leaves a half-written checkpoint
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path):
+    """A checkpoint written by train.py, or a one-line error."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: checkpoint not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
+    if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
+        raise SystemExit(f"error: {path} is not a checkpoint written by train.py")
+    return checkpoint

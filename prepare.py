@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import platform
-import socket
 import sys
 import sysconfig
 import time
@@ -24,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import configure
-from data import SPECIAL_TOKENS, TOKENIZER_FILE, make_encoding, read_ranks, write_ranks
+from data import SPECIAL_TOKENS, TOKENIZER_FILE, hub_reachable, make_encoding, read_ranks, write_ranks
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -116,17 +115,6 @@ def record_documents(path):
         if text_field not in row:
             raise SystemExit(f"error: {path} has no '{text_field}' field (fields: {', '.join(row)}); set --text_field=")
         yield row[text_field]
-
-
-def hub_reachable(timeout=3.0):
-    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return False
-    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def hub_documents(name):

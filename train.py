@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from configurator import configure
 from data import get_batch, load_meta, load_tokens, mask_tokens
-from model import CrammedBert, peak_flops
+from model import CrammedBert, load_checkpoint, peak_flops, save_checkpoint
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"
@@ -129,21 +129,6 @@ def evaluate(model, tokens, meta, batch, device, autocast, n_sequences):
         predicted += labels.numel()
     model.train()
     return loss_sum / predicted, correct / predicted
-
-
-def load_checkpoint(path):
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: no checkpoint at {path} to resume from")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
-
-
-def save_checkpoint(path, state):
-    tmp = path + ".tmp"  # write then rename: a crash never leaves a half-written checkpoint
-    torch.save(state, tmp)
-    os.replace(tmp, path)
 
 
 def main(config):

@@ -54,3 +54,11 @@ def prepared(tmp_path_factory, corpus_file):
     run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={out}", "--vocab_size=384",
                "--seq_len=32", "--val_fraction=0.05")
     return out
+
+
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory, prepared):
+    """A tiny checkpoint pretrained for a few seconds on the prepared grammar corpus."""
+    out = tmp_path_factory.mktemp("pretrained")
+    run_script("train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL, "--max_steps=60")
+    return out / "ckpt.pt"

@@ -1,0 +1,371 @@
+"""Fine-tune a pretrained checkpoint on GLUE and score it the way the reference does.
+
+    python finetune_glue.py --checkpoint=out/reference/ckpt.pt                  # all 8 tasks, hub data
+    python finetune_glue.py --checkpoint=out/quickstart/ckpt.pt --glue_dir=glue_data --tasks=rte,mrpc
+    python finetune_glue.py --checkpoint=... --seeds=5                          # median of 5, as published
+
+Every task uses the same hyperparameters (the reference's): batch 16, lr 4e-5, AdamW (0.9, 0.98),
+eps 1e-6, no weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1, and is scored
+on its dev set after the last epoch. Prints a markdown table beside the published row and writes
+every number to a JSON file.
+"""
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from configurator import configure
+from data import hub_reachable, make_encoding, parse_ranks
+from model import CrammedBert, SequenceClassifier, load_checkpoint
+
+# -----------------------------------------------------------------------------
+checkpoint = "out/quickstart/ckpt.pt"
+tasks = "cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte"  # wnli on request
+glue_dir = ""           # a folder in the original GLUE layout (<dir>/<TASK>/train.tsv ...); empty: the hub
+seeds = 1               # fine-tuning seeds per task; the reference reports the median of 5
+batch_size = 16
+lr = 4e-5
+beta1 = 0.9
+beta2 = 0.98
+eps = 1e-6
+weight_decay = 0.0
+epochs = 5
+warmup = 0.1            # share of the steps
+dropout = 0.1
+eval_batch_size = 0     # 0: 512 on a GPU, 128 on a CPU
+max_train_examples = 0  # use only the first N training examples (0: all); for quick looks
+out_json = ""           # default: glue.json beside the checkpoint
+device = "auto"
+seed = 0
+# -----------------------------------------------------------------------------
+
+# Each task: its folder and columns in the GLUE distribution (header names, or indices where the
+# file has no header), its hub configuration and columns, label names in the hub's id order
+# (None: regression), its dev sets (score name -> (file, hub split)) and metrics, main one first.
+TASKS = {
+    "cola": dict(folder="CoLA", header=False, text=(3,), label=1, hub="cola", hub_text=("sentence",),
+                 labels=("0", "1"), dev={"cola": ("dev.tsv", "validation")}, metrics=("mcc",)),
+    "sst2": dict(folder="SST-2", text=("sentence",), label="label", hub="sst2", hub_text=("sentence",),
+                 labels=("0", "1"), dev={"sst2": ("dev.tsv", "validation")}, metrics=("accuracy",)),
+    "mrpc": dict(folder="MRPC", text=("#1 String", "#2 String"), label="Quality", hub="mrpc",
+                 hub_text=("sentence1", "sentence2"), labels=("0", "1"), dev={"mrpc": ("dev.tsv", "validation")},
+                 metrics=("f1", "accuracy")),
+    "stsb": dict(folder="STS-B", text=("sentence1", "sentence2"), label="score", hub="stsb",
+                 hub_text=("sentence1", "sentence2"), labels=None, dev={"stsb": ("dev.tsv", "validation")},
+                 metrics=("pearson", "spearman")),
+    "qqp": dict(folder="QQP", text=("question1", "question2"), label="is_duplicate", hub="qqp",
+                hub_text=("question1", "question2"), labels=("0", "1"), dev={"qqp": ("dev.tsv", "validation")},
+                metrics=("f1", "accuracy")),
+    "mnli": dict(folder="MNLI", text=("sentence1", "sentence2"), label="gold_label", hub="mnli",
+                 hub_text=("premise", "hypothesis"), labels=("entailment", "neutral", "contradiction"),
+                 dev={"mnli-m": ("dev_matched.tsv", "validation_matched"),
+                      "mnli-mm": ("dev_mismatched.tsv", "validation_mismatched")}, metrics=("accuracy",)),
+    "qnli": dict(folder="QNLI", text=("question", "sentence"), label="label", hub="qnli",
+                 hub_text=("question", "sentence"), labels=("entailment", "not_entailment"),
+                 dev={"qnli": ("dev.tsv", "validation")}, metrics=("accuracy",)),
+    "rte": dict(folder="RTE", text=("sentence1", "sentence2"), label="label", hub="rte",
+                hub_text=("sentence1", "sentence2"), labels=("entailment", "not_entailment"),
+                dev={"rte": ("dev.tsv", "validation")}, metrics=("accuracy",)),
+    "wnli": dict(folder="WNLI", text=("sentence1", "sentence2"), label="label", hub="wnli",
+                 hub_text=("sentence1", "sentence2"), labels=("0", "1"), dev={"wnli": ("dev.tsv", "validation")},
+                 metrics=("accuracy",)),
+}
+# Published crammed BERT (A6000, 24 h, reference model card), GLUE dev; its average is over these nine.
+REFERENCE = {"mnli-m": 84.1, "mnli-mm": 84.6, "qqp": 87.5, "qnli": 90.2, "sst2": 92.0, "cola": 53.3,
+             "stsb": 87.4, "mrpc": 88.9, "rte": 58.5}
+METRIC_NAMES = {"mcc": "Matthews corr.", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson",
+                "spearman": "Spearman"}
+
+
+# ---------------------------------------------------------------- metrics (float64, as percentages / 100)
+def accuracy(pred, gold):
+    return float(np.mean(np.asarray(pred) == np.asarray(gold)))
+
+
+def f1(pred, gold):
+    """Binary F1 of the positive class (label 1)."""
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    tp = np.sum((pred == 1) & (gold == 1))
+    wrong = np.sum(pred != gold)
+    return float(2 * tp / (2 * tp + wrong)) if tp + wrong else 0.0
+
+
+def mcc(pred, gold):
+    """Matthews correlation, the multi-class form (equal to the binary one for two classes)."""
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    classes = np.union1d(pred, gold)
+    confusion = np.array([[np.sum((gold == t) & (pred == p)) for p in classes] for t in classes], dtype=np.float64)
+    n, correct = confusion.sum(), np.trace(confusion)
+    true_sum, pred_sum = confusion.sum(1), confusion.sum(0)
+    cov_tp = correct * n - true_sum @ pred_sum
+    cov_pp, cov_tt = n * n - pred_sum @ pred_sum, n * n - true_sum @ true_sum
+    return float(cov_tp / math.sqrt(cov_tt * cov_pp)) if cov_tt * cov_pp else 0.0
+
+
+def pearson(x, y):
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    x, y = x - x.mean(), y - y.mean()
+    denominator = math.sqrt((x @ x) * (y @ y))
+    return float(x @ y / denominator) if denominator else 0.0
+
+
+def average_ranks(values):
+    """Ranks 1..n, ties sharing the mean of their ranks."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    sorted_values = values[order]
+    start = 0
+    for end in range(1, len(values) + 1):
+        if end == len(values) or sorted_values[end] != sorted_values[start]:
+            ranks[order[start:end]] = (start + end + 1) / 2
+            start = end
+    return ranks
+
+
+def spearman(x, y):
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spearman": spearman}
+
+
+# ---------------------------------------------------------------- data
+def read_glue_tsv(path, spec):
+    """(texts, labels) from one GLUE file: tab-separated, no quoting (quotes are text),
+    a header except for CoLA. Rows with too few fields (QQP has some) are skipped."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: GLUE file not found: {path}")
+    with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC starts with a BOM
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    if spec.get("header", True):
+        header, rows = rows[0] if rows else [], rows[1:]
+        missing = [c for c in (*spec["text"], spec["label"]) if c not in header]
+        if missing:
+            raise SystemExit(f"error: {path} is not in the GLUE layout: no column {', '.join(map(repr, missing))} "
+                             f"in its header ({', '.join(header[:12])})")
+        text_cols = [header.index(c) for c in spec["text"]]
+        label_col = len(header) - 1 - header[::-1].index(spec["label"])  # MNLI: the last gold_label
+    else:
+        text_cols, label_col = list(spec["text"]), spec["label"]
+    width = max(*text_cols, label_col) + 1
+    texts, labels, skipped = [], [], 0
+    for line, row in enumerate(rows, start=2 if spec.get("header", True) else 1):
+        if len(row) < width:
+            skipped += 1
+            continue
+        texts.append(tuple(row[c] for c in text_cols))
+        labels.append(parse_label(row[label_col], spec, f"{path}:{line}"))
+    if skipped > max(10, len(rows) // 100):
+        raise SystemExit(f"error: {path} is not in the GLUE layout: {skipped} of {len(rows)} rows have too few columns")
+    return texts, labels
+
+
+def parse_label(raw, spec, where):
+    if spec["labels"] is None:
+        try:
+            return float(raw)
+        except ValueError:
+            raise SystemExit(f"error: {where}: score {raw!r} is not a number (is this the GLUE layout?)")
+    if raw not in spec["labels"]:
+        raise SystemExit(f"error: {where}: label {raw!r} is not one of {', '.join(spec['labels'])} "
+                         f"(is this the GLUE layout?)")
+    return spec["labels"].index(raw)
+
+
+def load_task(name):
+    """{'train': (texts, labels), <dev score name>: (texts, labels), ...} from glue_dir or the hub."""
+    spec = TASKS[name]
+    splits = {"train": ("train.tsv", "train"), **spec["dev"]}
+    if glue_dir:
+        folder = os.path.join(glue_dir, spec["folder"])
+        if not os.path.isdir(folder):
+            raise SystemExit(f"error: no folder {folder} for task {name} (expected <glue_dir>/{spec['folder']}/train.tsv)")
+        return {split: read_glue_tsv(os.path.join(folder, file), spec) for split, (file, _) in splits.items()}
+    if not hub_reachable():
+        raise SystemExit("error: the Hugging Face hub cannot be reached; offline, pass --glue_dir= with the GLUE "
+                         "tasks in their original layout (<dir>/CoLA/train.tsv, ...)")
+    import datasets
+    data = {}
+    for split, (_, hub_split) in splits.items():
+        rows = datasets.load_dataset("nyu-mll/glue", spec["hub"], split=hub_split)
+        data[split] = (list(zip(*(rows[c] for c in spec["hub_text"]))), list(rows["label"]))
+    return data
+
+
+def encode_examples(enc, texts, max_len, special_ids):
+    """[CLS] a [SEP] (b [SEP]), the longer segment truncated first to fit max_len."""
+    cls, sep = special_ids["[CLS]"], special_ids["[SEP]"]
+    segments = [enc.encode_ordinary_batch([t[i] for t in texts]) for i in range(len(texts[0]))] if texts else []
+    encoded = []
+    for parts in zip(*segments):
+        parts = [list(p) for p in parts]
+        room = max_len - 1 - len(parts)
+        while sum(map(len, parts)) > room:
+            max(parts, key=len).pop()
+        ids = [cls]
+        for part in parts:
+            ids += part + [sep]
+        encoded.append(ids)
+    return encoded
+
+
+def collate(sequences, pad_id, device):
+    """Right-padded (B, T) ids and the (B, T) mask of real tokens."""
+    width = max(map(len, sequences))
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, :len(seq)] = torch.tensor(seq)
+    return ids.to(device), (ids != pad_id).to(device)
+
+
+# ---------------------------------------------------------------- fine-tuning
+def cosine_with_warmup(step, total):
+    warm = max(1, int(warmup * total))
+    if step < warm:
+        return step / warm
+    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+@torch.no_grad()
+def predict(model, encoded, pad_id, dev, autocast, regression):
+    model.eval()
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths pad less
+    out = [None] * len(encoded)
+    for start in range(0, len(order), eval_batch_size):
+        rows = order[start:start + eval_batch_size]
+        ids, mask = collate([encoded[i] for i in rows], pad_id, dev)
+        with autocast:
+            logits = model(ids, mask).float()
+        values = logits[:, 0] if regression else logits.argmax(-1)
+        for i, v in zip(rows, values.tolist()):
+            out[i] = v
+    model.train()
+    return out
+
+
+def finetune(name, encoded, ckpt, run_seed, dev, autocast):
+    """Fine-tune a fresh copy of the checkpoint on one task's encoded splits (split -> (ids, labels));
+    returns {score name: {metric: value}} on its dev sets."""
+    spec = TASKS[name]
+    regression = spec["labels"] is None
+    pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
+    train_ids, labels = encoded["train"]
+
+    torch.manual_seed(run_seed)
+    encoder = CrammedBert(**{**ckpt["model_args"], "dropout": dropout})
+    encoder.load_state_dict(ckpt["model"])
+    model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    steps_per_epoch = math.ceil(len(train_ids) / batch_size)
+    total = epochs * steps_per_epoch
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))
+    targets = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
+    generator = torch.Generator().manual_seed(run_seed)
+    bar = tqdm(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
+    for _ in range(epochs):
+        order = torch.randperm(len(train_ids), generator=generator).tolist()
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            ids, mask = collate([train_ids[i] for i in rows], pad_id, dev)
+            y = targets[rows].to(dev)
+            with autocast:
+                out = model(ids, mask).float()
+            loss = F.mse_loss(out[:, 0], y) if regression else F.cross_entropy(out, y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            schedule.step()
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    bar.close()
+    scores = {}
+    for score_name in spec["dev"]:
+        dev_ids, dev_labels = encoded[score_name]
+        pred = predict(model, dev_ids, pad_id, dev, autocast, regression)
+        scores[score_name] = {m: 100 * METRICS[m](pred, dev_labels) for m in spec["metrics"]}
+    return scores
+
+
+# ---------------------------------------------------------------- report
+def median_scores(per_seed):
+    return {name: {m: statistics.median(run[name][m] for run in per_seed) for m in per_seed[0][name]}
+            for name in per_seed[0]}
+
+
+def table(results):
+    """Markdown: one row per score (main metric, others in brackets) beside the reference."""
+    lines = ["| task | metric | ours | reference |", "|---|---|---|---|"]
+    ours_main = {}
+    for name, result in results.items():
+        for score_name, metrics in result["median"].items():
+            main, *others = TASKS[name]["metrics"]
+            ours_main[score_name] = metrics[main]
+            extra = "".join(f" ({METRIC_NAMES[m]} {metrics[m]:.1f})" for m in others)
+            reference = f"{REFERENCE[score_name]:.1f}" if score_name in REFERENCE else "-"
+            lines.append(f"| {score_name} | {METRIC_NAMES[main]} | {metrics[main]:.1f}{extra} | {reference} |")
+    counted = [s for s in REFERENCE if s in ours_main]
+    average = statistics.mean(ours_main[s] for s in counted) if counted else float("nan")
+    reference_average = statistics.mean(REFERENCE[s] for s in counted) if counted else float("nan")
+    lines.append(f"| average ({len(counted)} of 9) | | {average:.1f} | {reference_average:.1f} |")
+    return "\n".join(lines), average, counted
+
+
+def main(config):
+    global eval_batch_size
+    names = [t.strip().lower() for t in tasks.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown or not names:
+        raise SystemExit(f"error: unknown task {', '.join(map(repr, unknown)) or '(none given)'} "
+                         f"(tasks: {', '.join(TASKS)})")
+    if seeds < 1 or batch_size < 1 or epochs < 1:
+        raise SystemExit("error: --seeds, --batch_size and --epochs must be at least 1")
+    ckpt = load_checkpoint(checkpoint)
+    ranks, special_ids = parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"]
+    if len(ranks) + len(special_ids) != ckpt["model_args"]["vocab_size"]:
+        raise SystemExit(f"error: {checkpoint}: its tokenizer has {len(ranks) + len(special_ids)} tokens but its model "
+                         f"a vocabulary of {ckpt['model_args']['vocab_size']}: the checkpoint mixes two vocabularies")
+    enc = make_encoding(ranks, special_ids)
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
+    eval_batch_size = eval_batch_size or (512 if dev.type == "cuda" else 128)
+    print(f"fine-tuning {checkpoint} (step {ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
+          f"{ckpt['model_args']['d_model']}) on {', '.join(names)} with {seeds} seed(s) on {dev}")
+
+    results = {}
+    datasets_by_task = {name: load_task(name) for name in names}  # fail on bad data before any training
+    for name in names:
+        data = datasets_by_task[name]
+        if max_train_examples:
+            data["train"] = tuple(column[:max_train_examples] for column in data["train"])
+        encoded = {split: (encode_examples(enc, texts, ckpt["model_args"]["seq_len"], ckpt["meta"]["special_ids"]),
+                           labels) for split, (texts, labels) in data.items()}
+        t0 = time.time()
+        per_seed = [finetune(name, encoded, ckpt, seed + s, dev, autocast) for s in range(seeds)]
+        results[name] = dict(per_seed=per_seed, median=median_scores(per_seed), seconds=round(time.time() - t0, 1),
+                             train_examples=len(data["train"][0]),
+                             dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
+        summary = ", ".join(f"{k} {v[TASKS[name]['metrics'][0]]:.1f}" for k, v in results[name]["median"].items())
+        print(f"{name}: {summary} ({results[name]['seconds']:.0f}s)")
+
+    markdown, average, counted = table(results)
+    print(markdown)
+    path = out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
+    with open(path, "w") as f:
+        json.dump(dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
+                       seeds=[seed + s for s in range(seeds)], settings=config, tasks=results,
+                       average=average, average_over=counted, reference=REFERENCE), f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(configure(globals(), sys.argv[1:]))

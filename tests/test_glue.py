@@ -1,0 +1,167 @@
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from sklearn import metrics as sk
+
+import finetune_glue as glue
+from conftest import OBJECTS, PLACES, SUBJECTS, VERBS, run_script
+from model import CrammedBert, SequenceClassifier
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
+# task: {split: (examples, label values)} in the fixtures
+EXPECTED = {
+    "cola": {"train": (4, [1, 0, 1, 0]), "cola": (3, [1, 0, 1])},
+    "sst2": {"train": (3, [1, 0, 1]), "sst2": (2, [1, 0])},
+    "mrpc": {"train": (4, [1, 0, 1, 0]), "mrpc": (2, [1, 0])},
+    "stsb": {"train": (3, [5.0, 0.25, 3.6]), "stsb": (2, [5.0, 0.25])},
+    "qqp": {"train": (3, [1, 0, 1]), "qqp": (2, [1, 0])},  # the broken fourth row is skipped
+    "mnli": {"train": (3, [0, 2, 1]), "mnli-m": (3, [0, 2, 1]), "mnli-mm": (3, [0, 2, 1])},
+    "qnli": {"train": (2, [0, 1]), "qnli": (1, [0])},
+    "rte": {"train": (2, [1, 0]), "rte": (1, [1])},
+    "wnli": {"train": (1, [1]), "wnli": (1, [0])},
+}
+
+
+@pytest.mark.parametrize("task", sorted(EXPECTED))
+def test_fixture_layouts_load(task, monkeypatch):
+    monkeypatch.setattr(glue, "glue_dir", FIXTURES)
+    data = glue.load_task(task)
+    assert set(data) == set(EXPECTED[task])
+    for split, (count, labels) in EXPECTED[task].items():
+        texts, got = data[split]
+        assert len(texts) == count and got == labels
+        assert all(len(t) == len(glue.TASKS[task]["text"]) and all(t) for t in texts)
+
+
+def test_quirks_of_the_layout(monkeypatch):
+    monkeypatch.setattr(glue, "glue_dir", FIXTURES)
+    assert glue.load_task("cola")["train"][0][2] == ('She said "hello" to them.',)  # quotes are text
+    assert glue.load_task("mrpc")["train"][0][0] == ('He said " the witness " lied .', 'The witness lied , he said .')
+    assert glue.load_task("mnli")["mnli-m"][0][1] == ("The cat sleeps on the sofa.", "The cat is running.")
+    assert glue.load_task("stsb")["train"][0][0] == ("A plane is taking off.", "An air plane is taking off.")
+
+
+def test_metrics_match_sklearn_and_scipy():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n = int(rng.integers(5, 400))
+        gold, pred = rng.integers(0, 2, n), rng.integers(0, 2, n)
+        assert glue.accuracy(pred, gold) == pytest.approx(sk.accuracy_score(gold, pred), abs=1e-9)
+        assert glue.f1(pred, gold) == pytest.approx(sk.f1_score(gold, pred), abs=1e-9)
+        assert glue.mcc(pred, gold) == pytest.approx(sk.matthews_corrcoef(gold, pred), abs=1e-9)
+        gold3, pred3 = rng.integers(0, 3, n), rng.integers(0, 3, n)
+        assert glue.mcc(pred3, gold3) == pytest.approx(sk.matthews_corrcoef(gold3, pred3), abs=1e-9)
+        x, y = rng.normal(size=n), rng.normal(size=n) + 0.3 * np.arange(n) / n
+        assert glue.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-9)
+        ties_x, ties_y = rng.integers(0, 6, n).astype(float), rng.integers(0, 6, n) / 5
+        assert glue.spearman(ties_x, ties_y) == pytest.approx(stats.spearmanr(ties_x, ties_y)[0], abs=1e-9)
+    assert glue.mcc([1, 1, 1], [1, 1, 1]) == 0.0 and glue.f1([0, 0], [0, 0]) == 0.0  # sklearn's conventions
+
+
+def tiny_setup():
+    from data import make_encoding
+    ranks = {bytes([b]): b for b in range(256)}
+    special = {"[PAD]": 256, "[CLS]": 257, "[SEP]": 258, "[MASK]": 259}
+    return make_encoding(ranks, special), special
+
+
+def test_encoding_truncates_longest_first():
+    enc, special = tiny_setup()
+    (ids,) = glue.encode_examples(enc, [("a" * 100, "b" * 10)], 32, special)
+    assert len(ids) == 32 and ids[0] == 257 and ids[-1] == 258
+    assert ids.count(ord("b")) == 10 and ids.count(ord("a")) == 32 - 3 - 10
+    (short,) = glue.encode_examples(enc, [("hi",)], 32, special)
+    assert short == [257, ord("h"), ord("i"), 258]
+
+
+def test_padding_does_not_change_the_logits(monkeypatch):
+    enc, special = tiny_setup()
+    torch.manual_seed(0)
+    model = SequenceClassifier(CrammedBert(vocab_size=260, seq_len=64, n_layers=2, d_model=32, n_heads=2, d_ffn=64),
+                               num_labels=3).eval()
+    encoded = glue.encode_examples(enc, [("short one", "x"), ("a much longer first sentence here", "and more")],
+                                   64, special)
+    alone = model(*glue.collate(encoded[:1], 256, torch.device("cpu")))
+    ids, mask = glue.collate(encoded, 256, torch.device("cpu"))
+    assert ids.shape[1] > len(encoded[0]) and not mask[0].all()
+    torch.testing.assert_close(model(ids, mask)[:1], alone, rtol=1e-5, atol=1e-6)
+    # predict() sorts by length and batches: the answers come back in input order, padding or not
+    encoded = glue.encode_examples(enc, [("x" * n,) for n in (40, 3, 17, 9, 25)], 64, special)
+    expected = [model(torch.tensor([ids]))[0, 0].item() for ids in encoded]
+    assert len(set(expected)) == len(expected)
+    for batch in (1, 2, 5):
+        monkeypatch.setattr(glue, "eval_batch_size", batch)
+        got = glue.predict(model, encoded, 256, torch.device("cpu"), torch.autocast("cpu", enabled=False), True)
+        assert got == pytest.approx(expected, abs=1e-5)
+
+
+def marker_task(tmp_path, marker="dog"):
+    """SST-2 layout; the label says whether the marker word occurs (in half of the sentences)."""
+    rng = random.Random(0)
+    others = [s for s in SUBJECTS if marker not in s]
+
+    def rows(n):
+        out = []
+        for i in range(n):
+            subject = f"a {marker}" if i % 2 else rng.choice(others)
+            words = f"{subject} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(PLACES)} ."
+            out.append(f"{words}\t{i % 2}")
+        return ["sentence\tlabel"] + out
+    (tmp_path / "SST-2").mkdir()
+    (tmp_path / "SST-2" / "train.tsv").write_text("\n".join(rows(480)) + "\n")
+    (tmp_path / "SST-2" / "dev.tsv").write_text("\n".join(rows(200)) + "\n")
+    return tmp_path
+
+
+def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
+    glue_dir = marker_task(tmp_path)
+    out = tmp_path / "glue.json"
+    proc = run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={glue_dir}", "--tasks=sst2",
+                      "--lr=1e-3", f"--out_json={out}", "--seeds=3", "--device=cpu")
+    results = json.loads(out.read_text())
+    per_seed = [run["sst2"]["accuracy"] for run in results["tasks"]["sst2"]["per_seed"]]
+    assert results["seeds"] == [0, 1, 2] and len(per_seed) == 3
+    assert results["tasks"]["sst2"]["median"]["sst2"]["accuracy"] == sorted(per_seed)[1] >= 90.0
+    assert "| sst2 | accuracy |" in proc.stdout and "| 92.0 |" in proc.stdout  # our row beside the reference
+
+
+def one_line_error(proc, *fragments):
+    assert proc.returncode != 0
+    line = proc.stderr.strip()
+    assert "\n" not in line and line.startswith("error:"), proc.stderr
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_bad_input_errors(pretrained, tmp_path):
+    args = [f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}"]
+    one_line_error(run_script("finetune_glue.py", *args, "--tasks=rte,squad", check=False), "unknown task 'squad'")
+    one_line_error(run_script("finetune_glue.py", "--checkpoint=nowhere/ckpt.pt", f"--glue_dir={FIXTURES}",
+                              "--tasks=rte", check=False), "checkpoint not found")
+    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+                              "--tasks=rte", check=False), "no folder", "RTE")
+    (tmp_path / "RTE").mkdir()
+    (tmp_path / "RTE" / "train.tsv").write_text("premise\thypothesis\tlabel\nA\tB\tentailment\n")
+    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+                              "--tasks=rte", check=False), "not in the GLUE layout", "sentence1")
+    (tmp_path / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\tA\tB\tmaybe\n")
+    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+                              "--tasks=rte", check=False), "label 'maybe'")
+    (tmp_path / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\tA\tB\tentailment\n")
+    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+                              "--tasks=rte", check=False), "GLUE file not found", "dev.tsv")
+    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", "--tasks=rte", check=False),
+                   "cannot be reached", "--glue_dir")
+    ckpt = torch.load(pretrained, weights_only=False)
+    ckpt["tokenizer"] = "\n".join(ckpt["tokenizer"].splitlines()[:300])  # another, smaller vocabulary
+    torch.save(ckpt, tmp_path / "mixed.pt")
+    one_line_error(run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'mixed.pt'}", f"--glue_dir={FIXTURES}",
+                              "--tasks=rte", check=False), "two vocabularies")
+    (tmp_path / "junk.pt").write_bytes(b"\x00junk")
+    one_line_error(run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'junk.pt'}", f"--glue_dir={FIXTURES}",
+                              "--tasks=rte", check=False), "not a readable checkpoint")
