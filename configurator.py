@@ -38,6 +38,16 @@ def _parse(key, raw, expected):
         raise SystemExit(f"error: --{key} expects {expected.__name__}, cannot parse {raw!r}")
 
 
+def read_config_file(path):
+    """The settings a config file assigns (names starting with _ and imports left out)."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: config file not found: {path}")
+    assigned = {}
+    exec(open(path).read(), {}, assigned)
+    return {k: v for k, v in assigned.items()
+            if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
+
+
 def configure(namespace, argv):
     """Apply config files and --key=value overrides from argv to namespace (a script's globals())."""
     known = config_keys(namespace)
@@ -50,12 +60,6 @@ def configure(namespace, argv):
             value = _check(key, _parse(key, raw, expected), known)
             namespace[key] = known[key] = value
         else:
-            if not os.path.isfile(arg):
-                raise SystemExit(f"error: config file not found: {arg}")
-            assigned = {}
-            exec(open(arg).read(), {}, assigned)
-            for key, value in assigned.items():
-                if key.startswith("_") or callable(value) or type(value).__name__ == "module":
-                    continue
+            for key, value in read_config_file(arg).items():
                 namespace[key] = known[key] = _check(key, value, known)
     return config_keys(namespace)

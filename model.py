@@ -185,11 +185,13 @@ class CrammedBert(nn.Module):
         blocks = 2 * sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
         return 3 * (blocks + attention + output_layer + head)
 
-    def param_groups(self, weight_decay):
-        """AdamW groups: decay on matrices and embeddings, none on biases, norms and scalars."""
-        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def param_groups(module, weight_decay):
+    """AdamW groups: decay on matrices and embeddings, none on biases, norms and scalars."""
+    decay = [p for p in module.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 class SequenceClassifier(nn.Module):

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from configurator import configure
 from data import get_batch, load_meta, load_tokens, mask_tokens
-from model import CrammedBert, load_checkpoint, peak_flops, save_checkpoint
+from model import CrammedBert, load_checkpoint, param_groups, peak_flops, save_checkpoint
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"
@@ -43,6 +43,7 @@ dropout = 0.0             # the reference configures 0.1 but turns it off for pr
 sparse_prediction = True
 # objective
 mask_rate = 0.25
+eval_mask_rate = 0.25     # validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 lr = 1e-3
 beta1 = 0.9
@@ -113,14 +114,15 @@ def train_step(model, optimizer, next_batch, accum_steps, step_lr, mask, autocas
 
 @torch.no_grad()
 def evaluate(model, tokens, meta, batch, device, autocast, n_sequences):
-    """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks."""
+    """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks
+    (eval_mask_rate of every row, the same whatever the training recipe)."""
     model.eval()
     generator = torch.Generator(device=device).manual_seed(1234)
     n = min(n_sequences, len(tokens))
     loss_sum, correct, predicted = 0.0, 0, 0
     for start in range(0, n, batch):
         idx = get_batch(tokens, np.arange(start, min(n, start + batch)), device)
-        inputs, positions, labels = mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"],
+        inputs, positions, labels = mask_tokens(idx, eval_mask_rate, meta["special_ids"]["[MASK]"],
                                                 meta["n_regular"], generator)
         with autocast:
             loss, hits = model(inputs, positions, labels)
@@ -169,7 +171,7 @@ def main(config):
 
     torch.manual_seed(seed)
     model = CrammedBert(**model_args).to(dev)
-    optimizer = torch.optim.AdamW(model.param_groups(weight_decay), lr=lr, betas=(beta1, beta2), eps=eps,
+    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(beta1, beta2), eps=eps,
                                   fused=dev.type == "cuda")
     step, elapsed, tokens_seen, init_loss = 0, 0.0, 0, None
     if checkpoint:

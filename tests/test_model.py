@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from data import mask_tokens
-from model import CrammedBert, SequenceClassifier
+from model import CrammedBert, SequenceClassifier, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 
@@ -63,7 +63,7 @@ def test_padding_does_not_change_classification():
 def test_training_reduces_loss_on_a_fixed_batch():
     torch.manual_seed(0)
     model = CrammedBert(**TINY)
-    opt = torch.optim.AdamW(model.param_groups(0.01), lr=3e-3)
+    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=3e-3)
     idx = torch.randint(0, 296, (16, 32))
     batch = mask_tokens(idx, 0.25, 299, 296, torch.Generator().manual_seed(0))
     first = None

@@ -1,0 +1,21 @@
+import importlib.util
+import re
+
+from conftest import run_script
+
+
+def test_bench_prints_the_table_with_ratios(tmp_path):
+    proc = run_script("bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=1", "--steps=1",
+                      "--warmup_steps=1", "--sweep=False", f"--data_dir={tmp_path}")
+    out = proc.stdout
+    assert "data: random tokens" in out
+    rows = re.findall(r"^\| (crammed|original BERT|HF BertForMaskedLM) \| 2 \| ([\d,]+) \|", out, re.M)
+    expected = ["crammed", "original BERT"] + (["HF BertForMaskedLM"] if importlib.util.find_spec("transformers") else [])
+    assert [name for name, _ in rows] == expected and all(int(v.replace(",", "")) > 0 for _, v in rows)
+    assert re.search(r"crammed / original BERT: [\d.]+x tokens/s", out)
+    assert re.search(r"data loading \+ masking: [\d.]+ ms per micro-batch", out)
+
+
+def test_bench_rejects_unknown_shape():
+    proc = run_script("bench.py", "--shape=huge", check=False)
+    assert proc.returncode != 0 and proc.stderr.strip() == "error: unknown shape 'huge' (reference, small)"
