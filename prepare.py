@@ -94,16 +94,19 @@ def local_files(path):
 def text_file_documents(path):
     """A .txt file holds documents separated by blank lines; lines inside one are kept."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        lines = []
-        for line in f:
-            if line.strip():
-                lines.append(line)
-            elif lines:
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            lines = []
+            for line in f:
+                if line.strip():
+                    lines.append(line)
+                elif lines:
+                    yield "".join(lines).strip()
+                    lines = []
+            if lines:
                 yield "".join(lines).strip()
-                lines = []
-        if lines:
-            yield "".join(lines).strip()
+    except (OSError, EOFError) as e:  # unreadable or truncated (gzip) files
+        raise SystemExit(f"error: cannot read {path}: {e}")
 
 
 def record_documents(path):
@@ -114,7 +117,7 @@ def record_documents(path):
     for row in rows:
         if text_field not in row:
             raise SystemExit(f"error: {path} has no '{text_field}' field (fields: {', '.join(row)}); set --text_field=")
-        yield row[text_field]
+        yield row[text_field] or ""  # null text: an empty document, skipped
 
 
 def hub_documents(name):
@@ -206,8 +209,12 @@ def train_tokenizer(documents, path):
 # ---------------------------------------------------------------- token files
 def write_atomically(path, write):
     tmp = path + ".tmp"
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:  # a failed or interrupted write leaves nothing behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def write_json(path, obj):
@@ -238,6 +245,10 @@ class SequenceWriter:
         self.file.close()
         os.replace(self.path + ".tmp", self.path)
 
+    def discard(self):
+        self.file.close()
+        os.remove(self.path + ".tmp")
+
 
 def is_validation(doc_index):
     """Spread val_fraction of the documents evenly over the corpus (deterministic)."""
@@ -266,18 +277,24 @@ def encode_corpus(documents, enc, special_ids, dtype):
         bar.update(len(batch))
         bar.set_postfix(train_tokens=f"{stats['train_tokens']:,}")
 
-    for text in documents():
-        if len(text) < min_doc_chars:
-            continue
-        batch.append(text)
-        if len(batch) == 256:
+    try:
+        for text in documents():
+            if len(text) < min_doc_chars:
+                continue
+            batch.append(text)
+            if len(batch) == 256:
+                flush(batch)
+                batch = []
+                if max_tokens and stats["train_tokens"] >= max_tokens:
+                    break
+        if batch:
             flush(batch)
-            batch = []
-            if max_tokens and stats["train_tokens"] >= max_tokens:
-                break
-    if batch:
-        flush(batch)
-    bar.close()
+    except BaseException:  # errors and Ctrl-C: no half-written token files
+        for writer in writers.values():
+            writer.discard()
+        raise
+    finally:
+        bar.close()
     for split, writer in writers.items():
         writer.finish()
         stats[f"{split}_sequences"] = writer.sequences

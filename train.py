@@ -156,6 +156,8 @@ def main(config):
 
     meta = load_meta(data_dir)
     train_tokens, val_tokens = load_tokens(data_dir, "train", meta), load_tokens(data_dir, "val", meta)
+    with open(os.path.join(data_dir, meta["tokenizer_file"])) as f:
+        tokenizer_text = f.read()  # checkpoints carry their tokenizer, so fine-tuning needs nothing else
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     model_args = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"], norm_eps=1e-12,
                       **{k: config[k] for k in MODEL_KEYS})
@@ -198,8 +200,7 @@ def main(config):
             save_checkpoint(ckpt_path, dict(
                 model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args,
                 step=step, elapsed=elapsed, tokens=tokens_seen, config=config, init_val_loss=init_loss,
-                data_dir=os.path.abspath(data_dir), meta=meta, final=final,
-                tokenizer=open(os.path.join(data_dir, meta["tokenizer_file"])).read()))
+                data_dir=os.path.abspath(data_dir), meta=meta, final=final, tokenizer=tokenizer_text))
 
     def run_eval():
         val_loss, val_acc = evaluate(raw_model, val_tokens, meta, micro_batch, dev, autocast, eval_sequences)

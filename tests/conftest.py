@@ -29,11 +29,23 @@ def synthetic_corpus(n_docs=400, seed=0):
 
 def run_script(*args, cwd=ROOT, check=True, timeout=600):
     """Run one of the project's scripts as a user would; returns the CompletedProcess."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # one thread: the tiny models gain nothing from more, and busy-waiting OpenMP threads make
+    # a wall-clock-budgeted run crawl when the machine is shared
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def assert_one_line_error(proc, *fragments):
+    """The script failed with one 'error: ...' line at the end of stderr and no traceback
+    (progress bars may come before it)."""
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error:") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
 
 
 TINY_MODEL = ["--n_layers=2", "--d_model=64", "--n_heads=2", "--d_ffn=256", "--micro_batch=16", "--batch_size=32",

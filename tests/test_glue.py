@@ -9,7 +9,7 @@ from scipy import stats
 from sklearn import metrics as sk
 
 import finetune_glue as glue
-from conftest import OBJECTS, PLACES, SUBJECTS, VERBS, run_script
+from conftest import OBJECTS, PLACES, SUBJECTS, VERBS, assert_one_line_error, run_script
 from model import CrammedBert, SequenceClassifier
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
@@ -130,38 +130,30 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert "| sst2 | accuracy |" in proc.stdout and "| 92.0 |" in proc.stdout  # our row beside the reference
 
 
-def one_line_error(proc, *fragments):
-    assert proc.returncode != 0
-    line = proc.stderr.strip()
-    assert "\n" not in line and line.startswith("error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in line, line
-
-
 def test_bad_input_errors(pretrained, tmp_path):
     args = [f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}"]
-    one_line_error(run_script("finetune_glue.py", *args, "--tasks=rte,squad", check=False), "unknown task 'squad'")
-    one_line_error(run_script("finetune_glue.py", "--checkpoint=nowhere/ckpt.pt", f"--glue_dir={FIXTURES}",
+    assert_one_line_error(run_script("finetune_glue.py", *args, "--tasks=rte,squad", check=False), "unknown task 'squad'")
+    assert_one_line_error(run_script("finetune_glue.py", "--checkpoint=nowhere/ckpt.pt", f"--glue_dir={FIXTURES}",
                               "--tasks=rte", check=False), "checkpoint not found")
-    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+    assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
                               "--tasks=rte", check=False), "no folder", "RTE")
     (tmp_path / "RTE").mkdir()
     (tmp_path / "RTE" / "train.tsv").write_text("premise\thypothesis\tlabel\nA\tB\tentailment\n")
-    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+    assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
                               "--tasks=rte", check=False), "not in the GLUE layout", "sentence1")
     (tmp_path / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\tA\tB\tmaybe\n")
-    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+    assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
                               "--tasks=rte", check=False), "label 'maybe'")
     (tmp_path / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\tA\tB\tentailment\n")
-    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+    assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
                               "--tasks=rte", check=False), "GLUE file not found", "dev.tsv")
-    one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", "--tasks=rte", check=False),
+    assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={pretrained}", "--tasks=rte", check=False),
                    "cannot be reached", "--glue_dir")
     ckpt = torch.load(pretrained, weights_only=False)
     ckpt["tokenizer"] = "\n".join(ckpt["tokenizer"].splitlines()[:300])  # another, smaller vocabulary
     torch.save(ckpt, tmp_path / "mixed.pt")
-    one_line_error(run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'mixed.pt'}", f"--glue_dir={FIXTURES}",
+    assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'mixed.pt'}", f"--glue_dir={FIXTURES}",
                               "--tasks=rte", check=False), "two vocabularies")
     (tmp_path / "junk.pt").write_bytes(b"\x00junk")
-    one_line_error(run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'junk.pt'}", f"--glue_dir={FIXTURES}",
+    assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'junk.pt'}", f"--glue_dir={FIXTURES}",
                               "--tasks=rte", check=False), "not a readable checkpoint")

@@ -7,16 +7,8 @@ import numpy as np
 import torch
 
 import prepare
-from conftest import TINY_MODEL, run_script
+from conftest import TINY_MODEL, assert_one_line_error, run_script
 from data import load_meta, load_tokenizer, load_tokens
-
-
-def one_line_error(proc, *fragments):
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_prepare_writes_token_files(prepared):
@@ -40,7 +32,7 @@ def test_prepare_twice_does_not_redo_work(prepared, corpus_file):
     assert not list(prepared.glob("*.tmp"))
     proc = run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={prepared}", "--vocab_size=600",
                       "--seq_len=32", "--val_fraction=0.05", check=False)
-    one_line_error(proc, "other settings", "vocab_size")
+    assert_one_line_error(proc, "other settings", "vocab_size")
 
 
 def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
@@ -56,14 +48,14 @@ def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
         assert load_meta(out)["documents"] == len(docs)
     proc = run_script("prepare.py", f"--dataset={tmp_path / 'docs.jsonl'}", f"--out_dir={tmp_path / 'x'}",
                       "--vocab_size=300", check=False)
-    one_line_error(proc, "no 'text' field", "--text_field")
+    assert_one_line_error(proc, "no 'text' field", "--text_field")
 
 
 def test_prepare_bad_sources(tmp_path):
-    one_line_error(run_script("prepare.py", "--dataset=HuggingFaceFW/fineweb-edu", check=False),
+    assert_one_line_error(run_script("prepare.py", "--dataset=HuggingFaceFW/fineweb-edu", check=False),
                    "cannot be reached", "--dataset=pydocs")
-    one_line_error(run_script("prepare.py", f"--dataset={tmp_path / 'missing.txt'}", check=False), "not found")
-    one_line_error(run_script("prepare.py", "--vocab_sise=100", check=False), "unknown config key 'vocab_sise'")
+    assert_one_line_error(run_script("prepare.py", f"--dataset={tmp_path / 'missing.txt'}", check=False), "not found")
+    assert_one_line_error(run_script("prepare.py", "--vocab_sise=100", check=False), "unknown config key 'vocab_sise'")
 
 
 def test_embedded_corpus_is_deterministic():
@@ -91,7 +83,7 @@ def test_train_learns_checkpoints_and_resumes(prepared, tmp_path):
     assert ckpt["tokenizer"] == (prepared / "tokenizer.tiktoken").read_text()
 
     # a fresh run must not overwrite the checkpoint
-    one_line_error(run_script(*common, "--budget_hours=0.006", check=False), "--resume=True")
+    assert_one_line_error(run_script(*common, "--budget_hours=0.006", check=False), "--resume=True")
     # resuming with a longer budget continues the step count, the clock and the schedule
     proc = run_script(*common, "--budget_hours=0.008", "--resume=True")
     assert f"resuming {out / 'ckpt.pt'} at step {steps}" in proc.stdout
@@ -104,15 +96,15 @@ def test_train_learns_checkpoints_and_resumes(prepared, tmp_path):
     ckpt = torch.load(out / "ckpt.pt", weights_only=False)
     assert ckpt["step"] == resumed_steps and ckpt["elapsed"] >= 0.008 * 3600
 
-    one_line_error(run_script(*common, "--resume=True", "--n_layers=3", check=False), "differs", "n_layers")
+    assert_one_line_error(run_script(*common, "--resume=True", "--n_layers=3", check=False), "differs", "n_layers")
 
 
 def test_train_bad_input(prepared, tmp_path):
-    one_line_error(run_script("train.py", f"--data_dir={tmp_path / 'nothing'}", check=False), "prepare.py")
+    assert_one_line_error(run_script("train.py", f"--data_dir={tmp_path / 'nothing'}", check=False), "prepare.py")
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
-    one_line_error(run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", "--resume=True",
+    assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", "--resume=True",
                               *TINY_MODEL, check=False), "not a readable checkpoint")
-    one_line_error(run_script("train.py", f"--data_dir={prepared}", "--lr_schedule=cosine", f"--out_dir={tmp_path}/x",
+    assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", "--lr_schedule=cosine", f"--out_dir={tmp_path}/x",
                               check=False), "unknown lr_schedule")
 
 
@@ -131,3 +123,19 @@ def test_torchrun_two_processes(prepared, tmp_path):
     assert "device: cpu x2" in proc.stdout and "batch 32 |" in proc.stdout  # 2 ranks x 16 at the start
     assert final_line(proc.stdout)[0] == 6
     assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["step"] == 6
+
+
+def test_prepare_failure_leaves_no_partial_files_and_reuses_the_tokenizer(tmp_path, corpus_file):
+    import gzip
+    whole = gzip.compress(corpus_file.read_bytes())
+    data = tmp_path / "books.txt.gz"
+    data.write_bytes(whole[: len(whole) // 2])  # a truncated download
+    out = tmp_path / "out"
+    args = ["prepare.py", f"--dataset={data}", f"--out_dir={out}", "--vocab_size=300", "--seq_len=32",
+            "--tokenizer_train_chars=20000"]  # the tokenizer reads only the intact start
+    assert_one_line_error(run_script(*args, check=False), "cannot read", "books.txt.gz")
+    assert sorted(p.name for p in out.iterdir()) == ["settings.json", "tokenizer.tiktoken"]
+    data.write_bytes(whole)
+    proc = run_script(*args)
+    assert "reusing" in proc.stdout and load_meta(out)["documents"] == len(corpus_file.read_text().split("\n\n"))
+    assert not list(out.glob("*.tmp"))
