@@ -1,4 +1,5 @@
-"""Reading what prepare.py wrote: metadata, the tokenizer, token files; and MLM masking.
+"""Reading what prepare.py wrote: metadata, the tokenizer, token files; MLM masking; and the
+atomic file writes every script uses.
 
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
@@ -28,6 +29,23 @@ def hub_reachable(timeout=3.0):
         return True
     except OSError:
         return False
+
+
+def write_atomically(path, write):
+    tmp = path + ".tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:  # a failed or interrupted write leaves nothing behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path, obj):
+    def dump(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+    write_atomically(path, dump)
 
 
 def load_meta(data_dir):

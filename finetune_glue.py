@@ -10,7 +10,6 @@ on its dev set after the last epoch. Prints a markdown table beside the publishe
 every number to a JSON file.
 """
 import csv
-import json
 import math
 import os
 import statistics
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from configurator import configure
-from data import hub_reachable, make_encoding, parse_ranks
+from data import hub_reachable, make_encoding, parse_ranks, write_json
 from model import CrammedBert, SequenceClassifier, load_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -360,10 +359,9 @@ def main(config):
     markdown, average, counted = table(results)
     print(markdown)
     path = out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
-    with open(path, "w") as f:
-        json.dump(dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
-                       seeds=[seed + s for s in range(seeds)], settings=config, tasks=results,
-                       average=average, average_over=counted, reference=REFERENCE), f, indent=1)
+    write_json(path, dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
+                          seeds=[seed + s for s in range(seeds)], settings=config, tasks=results,
+                          average=average, average_over=counted, reference=REFERENCE))
     print(f"wrote {path}")
 
 

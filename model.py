@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from data import write_atomically
+
 # Dense bf16 tensor-core peaks (FLOP/s) used for MFU; match on the device name.
 GPU_PEAK_FLOPS = {
     "H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A6000": 154.8e12,
@@ -214,9 +216,7 @@ class SequenceClassifier(nn.Module):
 
 
 def save_checkpoint(path, state):
-    tmp = path + ".tmp"  # write then rename: a crash never leaves a half-written checkpoint
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
 
 
 def load_checkpoint(path):

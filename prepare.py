@@ -23,7 +23,8 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import configure
-from data import SPECIAL_TOKENS, TOKENIZER_FILE, hub_reachable, make_encoding, read_ranks, write_ranks
+from data import (SPECIAL_TOKENS, TOKENIZER_FILE, hub_reachable, make_encoding, read_ranks, write_atomically,
+                  write_json, write_ranks)
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -207,23 +208,6 @@ def train_tokenizer(documents, path):
 
 
 # ---------------------------------------------------------------- token files
-def write_atomically(path, write):
-    tmp = path + ".tmp"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:  # a failed or interrupted write leaves nothing behind
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_json(path, obj):
-    def dump(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
-    write_atomically(path, dump)
-
-
 class SequenceWriter:
     """Appends token streams to a .tmp file in whole seq_len sequences; finish() renames it."""
 
