@@ -276,6 +276,7 @@ def main(config):
         f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"
         if master else "")
     if ddp:
+        dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others
         dist.destroy_process_group()
 
 
