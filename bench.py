@@ -3,14 +3,18 @@
     python bench.py                       # a GPU: the reference 16x768 shape; a CPU: the quickstart shape
     python bench.py --shape=reference --micro_batch=256 --sweep=False
 
-Times train.py's own step (masking on the device, sparse prediction, bf16 autocast and
-torch.compile on a GPU, AdamW) after warm-up, with the device synchronised, for:
-  crammed        our model with the crammed recipe (the defaults),
+Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile,
+fused AdamW, all set up by runtime.py as in training) after warm-up, with the device
+synchronised, for:
+  crammed        our model with the crammed recipe (the defaults), compiled and eager,
   original BERT  our model switched to the original recipe (config/bert_original.py),
   HF BERT        transformers' BertForMaskedLM of the same shape (SDPA attention), if installed;
-then reports the ratios, the cost of data loading and masking, and tokens/s per micro-batch
-size up to the largest that fits in GPU memory.
+then reports the ratios, the share of the device's own matmul speed that the step reaches (the
+matmul shapes of the model timed alone in the same run: the practical ceiling), the cost of data
+loading and masking, and tokens/s per micro-batch size up to the largest that fits (the search
+train.py's micro_batch=0 uses).
 """
+import dataclasses
 import os
 import sys
 import time
@@ -20,9 +24,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+import runtime
 from configurator import read_config_file, configure
 from data import get_batch, load_meta, load_tokens, mask_tokens
-from model import CrammedBert, param_groups, peak_flops
+from model import CrammedBert, param_groups
 from train import MODEL_KEYS, train_step
 
 # -----------------------------------------------------------------------------
@@ -36,7 +41,9 @@ sweep = True            # crammed tokens/s per micro-batch size (on a GPU up to 
 data_dir = "data/pydocs"  # real tokens when its vocabulary matches the shape; random tokens otherwise
 seq_len = 128
 device = "auto"
-compile = True          # torch.compile on a GPU, as train.py
+dtype = "auto"          # as train.py: bfloat16 on a GPU, float32 on a CPU
+compile = True          # as train.py; the crammed row is also timed eager, for the comparison
+profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
 peak_tflops = 0.0       # for MFU; 0 looks the GPU up by name
 seed = 0
 # -----------------------------------------------------------------------------
@@ -94,117 +101,157 @@ def token_source(vocab_size):
     return rng.integers(0, vocab_size - N_SPECIAL, (4096, seq_len)).astype(np.uint16), "random tokens"
 
 
-def synchronize(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def time_training(build, mask_rate, micro, tokens, dev, n_steps, n_warmup):
-    """Seconds per optimizer step of train.py's step, and the peak memory (GiB, GPU only)."""
+def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compiled, profiled=False):
+    """Seconds per optimizer step of train.py's step, the warm-up seconds (compilation included)
+    and the peak memory (bytes; None on a CPU). profiled: print the costliest kernels too."""
     torch.manual_seed(seed)
-    model = build().to(dev)
-    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12,
-                                  fused=dev.type == "cuda")
-    step_model = torch.compile(model) if compile and dev.type == "cuda" else model
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
+    model = build().to(rt.device)
+    optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
+    scaler = rt.grad_scaler()
+    fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
+    step_model = dataclasses.replace(rt, compile=compiled).compile_model(model, fullgraph=fullgraph)
     vocab = model.args["vocab_size"] if hasattr(model, "args") else model.bert.config.vocab_size
     rng = np.random.default_rng(seed)
 
-    def next_batch():
-        return get_batch(tokens, rng.integers(0, len(tokens), micro), dev)
-
-    def mask(idx):
+    def batch_at(micro_step):
+        idx = get_batch(tokens, rng.integers(0, len(tokens), micro), rt.device)
         return mask_tokens(idx, mask_rate, vocab - 1, vocab - N_SPECIAL)
 
+    def step():
+        return train_step(step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)
+
     try:
-        for _ in range(n_warmup):
-            train_step(step_model, optimizer, next_batch, accum_steps, 1e-4, mask, autocast, 0.5)
-        synchronize(dev)
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
         start = time.perf_counter()
-        for _ in range(n_steps):
-            loss = train_step(step_model, optimizer, next_batch, accum_steps, 1e-4, mask, autocast, 0.5)
-        loss.item()
-        synchronize(dev)
-        seconds = (time.perf_counter() - start) / n_steps
-        memory = torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None
-        return seconds, memory
+        for _ in range(n_warmup):
+            step()
+        rt.synchronize()
+        warmup_seconds = time.perf_counter() - start
+        rt.reset_peak_memory()
+        profiler = torch.profiler.profile() if profiled else nullcontext()
+        with profiler:
+            start = time.perf_counter()
+            for _ in range(n_steps):
+                loss = step()
+            loss.item()
+            rt.synchronize()
+            seconds = (time.perf_counter() - start) / n_steps
+        if profiled:
+            key = "self_cpu_time_total" if rt.device.type == "cpu" else "self_device_time_total"
+            print(profiler.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=60))
+        return seconds, warmup_seconds, rt.peak_memory()
     finally:
         del model, optimizer, step_model
-        if dev.type == "cuda":
+        if rt.device.type == "cuda":
             torch.cuda.empty_cache()
 
 
-def time_data(tokens, micro, dev, vocab, n=20):
+def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
+    """The device's own matmul speed at the model's shapes, in the run's precision: the
+    blocks' four products for micro x seq_len tokens and the output layer for the predicted
+    quarter of them, each timed alone (the fastest of `rounds`, as a ceiling should be) and
+    weighted by how often a step does it."""
+    n_tokens, d, ffn, vocab = micro * seq_len, dims["d_model"], dims["d_ffn"], dims["vocab_size"]
+    shapes = [(n_tokens, d, 3 * d, dims["n_layers"]), (n_tokens, d, d, dims["n_layers"]),
+              (n_tokens, d, ffn, dims["n_layers"]), (n_tokens, ffn // 2, d, dims["n_layers"]),
+              (n_tokens // 4, d, vocab, 1)]
+    repeats = repeats or (20 if rt.device.type == "cuda" else 5)
+    total_flops = total_seconds = 0.0
+    for m, k, n, count in shapes:
+        a = torch.randn(m, k, device=rt.device, dtype=rt.dtype)
+        b = torch.randn(k, n, device=rt.device, dtype=rt.dtype)
+        out = torch.empty(m, n, device=rt.device, dtype=rt.dtype)
+        torch.mm(a, b, out=out)  # warm-up: library handles, kernel choice, first touch of the memory
+        best = float("inf")
+        for _ in range(rounds):
+            rt.synchronize()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                torch.mm(a, b, out=out)
+            rt.synchronize()
+            best = min(best, (time.perf_counter() - start) / repeats)
+        total_seconds += count * best
+        total_flops += count * 2 * m * k * n
+    return total_flops / total_seconds
+
+
+def time_data(tokens, micro, rt, vocab, n=20):
     """Seconds to load and mask one micro-batch, device synchronised."""
     rng = np.random.default_rng(seed)
-    synchronize(dev)
+    rt.synchronize()
     start = time.perf_counter()
     for _ in range(n):
-        mask_tokens(get_batch(tokens, rng.integers(0, len(tokens), micro), dev), 0.25, vocab - 1, vocab - N_SPECIAL)
-    synchronize(dev)
+        mask_tokens(get_batch(tokens, rng.integers(0, len(tokens), micro), rt.device), 0.25, vocab - 1,
+                    vocab - N_SPECIAL)
+    rt.synchronize()
     return (time.perf_counter() - start) / n
 
 
-def row(name, micro, seconds, memory, flops, peak):
+def gib(memory):
+    return f"{memory / 2 ** 30:.1f}" if memory is not None else "-"
+
+
+def row(name, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak):
     tokens_per_s = micro * accum_steps * seq_len / seconds
-    tflops = flops * tokens_per_s / 1e12
-    mfu = f"{100 * tflops * 1e12 / peak:.1f}%" if peak else "-"
-    memory = f"{memory:.1f}" if memory is not None else "-"
-    return tokens_per_s, (f"| {name} | {micro} | {tokens_per_s:,.0f} | {1e3 * seconds / accum_steps:.1f} | {memory} | "
-                          f"{flops / 1e9:.3f} | {tflops:.2f} | {mfu} |")
+    achieved = flops * tokens_per_s
+    mfu = f"{100 * achieved / peak:.1f}%" if peak else "-"
+    return tokens_per_s, (f"| {name} | {micro} | {tokens_per_s:,.0f} | {1e3 * seconds / accum_steps:.1f} | "
+                          f"{warmup_seconds:.1f} | {gib(memory)} | {flops / 1e9:.3f} | {achieved / 1e12:.3f} | "
+                          f"{100 * achieved / matmul_peak:.0f}% | {mfu} |")
 
 
 def main():
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-    name = shape if shape != "auto" else ("reference" if dev.type == "cuda" else "small")
+    rt = runtime.setup(device, dtype, compile)
+    gpu = rt.device.type == "cuda"
+    name = shape if shape != "auto" else ("reference" if gpu else "small")
     if name not in SHAPES:
         raise SystemExit(f"error: unknown shape '{name}' ({', '.join(SHAPES)})")
     dims = SHAPES[name]
-    micro = micro_batch or (128 if dev.type == "cuda" else 32)
-    n_steps = steps or (10 if dev.type == "cuda" else 3)
-    n_warmup = warmup_steps or (3 if dev.type == "cuda" else 1)
-    peak = peak_flops(dev, peak_tflops * 1e12)
+    micro = micro_batch or (128 if gpu else 32)
+    n_steps = steps or (10 if gpu else 3)
+    n_warmup = warmup_steps or (3 if gpu else 1)
+    peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
     tokens, source = token_source(dims["vocab_size"])
-    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"# {name} shape {dims['n_layers']}x{dims['d_model']}, vocabulary {dims['vocab_size']}, seq {seq_len} | "
-          f"{gpu}, torch {torch.__version__}, {'bf16 + compile' if dev.type == 'cuda' else 'float32'} | "
+          f"{rt.describe()} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads | "
           f"{accum_steps} micro-batches per step | data: {source} | {time.strftime('%Y-%m-%d')}\n")
+    matmul_peak = matmul_flops_per_s(dims, micro, rt)
+    print(f"measured matmul speed at the model's shapes: {matmul_peak / 1e12:.3f} TFLOP/s"
+          f"{f' ({100 * matmul_peak / peak:.0f}% of the vendor peak)' if peak else ''}\n")
 
-    header = ("| recipe | micro-batch | tokens/s | ms per micro-batch | peak GiB | GFLOP/token | TFLOP/s | MFU |\n"
-              "|---|---|---|---|---|---|---|---|")
-    print(header)
+    print("| recipe | micro-batch | tokens/s | ms per micro-batch | warm-up s | peak GiB | GFLOP/token | TFLOP/s "
+          "| of measured matmul speed | MFU |\n|---|---|---|---|---|---|---|---|---|---|")
+    runs = [(recipe, build, mask_rate, flops, rt.compile) for recipe, (build, mask_rate, flops) in recipes(dims).items()]
+    if rt.compile:  # the crammed recipe eager too: what compilation buys on this device
+        runs.insert(1, ("crammed, eager", *runs[0][1:4], False))
     speeds, crammed_seconds = {}, None
-    for recipe, (build, mask_rate, flops) in recipes(dims).items():
-        seconds, memory = time_training(build, mask_rate, micro, tokens, dev, n_steps, n_warmup)
-        speeds[recipe], line = row(recipe, micro, seconds, memory, flops, peak)
+    for recipe, build, mask_rate, flops, compiled in runs:
+        seconds, warmup_seconds, memory = time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compiled,
+                                                        profiled=profile and recipe == "crammed")
+        speeds[recipe], line = row(recipe, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak)
         crammed_seconds = crammed_seconds or seconds
         print(line, flush=True)
     for recipe in list(speeds)[1:]:
         print(f"\ncrammed / {recipe}: {speeds['crammed'] / speeds[recipe]:.2f}x tokens/s", end="")
-    data_seconds = time_data(tokens, micro, dev, dims["vocab_size"])
+    data_seconds = time_data(tokens, micro, rt, dims["vocab_size"])
     print(f"\ndata loading + masking: {1e3 * data_seconds:.2f} ms per micro-batch, "
           f"{100 * data_seconds * accum_steps / crammed_seconds:.1f}% of the crammed step if not overlapped")
 
     if sweep:
-        print("\n| crammed micro-batch | tokens/s | peak GiB |\n|---|---|---|")
+        # eager, as train.py's micro_batch=0 probe: a compilation per size would take minutes
+        print("\n| crammed micro-batch (eager) | tokens/s | peak GiB |\n|---|---|---|")
         build, _, flops = recipes(dims)["crammed"]
-        sizes = [8, 16, 32, 64] if dev.type == "cpu" else [2 ** i for i in range(5, 14)]
-        largest = None
-        for size in sizes:
-            try:
-                seconds, memory = time_training(build, 0.25, size, tokens, dev, max(2, n_steps // 2), n_warmup)
-            except torch.OutOfMemoryError:
-                print(f"| {size} | out of memory | - |")
-                break
-            largest = size
-            memory = f"{memory:.1f}" if memory is not None else "-"
-            print(f"| {size} | {size * accum_steps * seq_len / seconds:,.0f} | {memory} |", flush=True)
-        if dev.type == "cuda":
-            print(f"\nlargest micro-batch that fits: {largest}")
+
+        def peak_bytes(size):
+            seconds, _, memory = time_training(build, 0.25, size, tokens, rt, max(2, n_steps // 2), n_warmup, False)
+            print(f"| {size} | {size * accum_steps * seq_len / seconds:,.0f} | {gib(memory)} |", flush=True)
+            return memory or 0
+
+        capacity = runtime.free_device_memory(rt) if gpu else float("inf")
+        largest, tried = runtime.largest_micro_batch(peak_bytes, capacity, 8192 if gpu else 64)
+        if gpu:
+            out_of_memory = [size for size, peak_memory in tried.items() if peak_memory is None]
+            print(f"\nlargest micro-batch within 90% of the free GPU memory: {largest} (what train.py's "
+                  f"micro_batch=0 picks){f'; {out_of_memory[0]} ran out of memory' if out_of_memory else ''}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Reading what prepare.py wrote: metadata, the tokenizer, token files; MLM masking; and the
-atomic file writes every script uses.
+file writes every script uses: atomic writes, checkpoints.
 
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
@@ -125,3 +125,20 @@ def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
                               torch.where(rule < 0.9, random_tokens, labels))
     inputs = idx.scatter(1, positions, replacement)
     return inputs, positions, labels
+
+
+def save_checkpoint(path, state):
+    write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
+
+
+def load_checkpoint(path):
+    """A checkpoint written by train.py, or a one-line error."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: checkpoint not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
+    if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
+        raise SystemExit(f"error: {path} is not a checkpoint written by train.py")
+    return checkpoint

@@ -15,16 +15,16 @@ import os
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import runtime
 from configurator import configure
-from data import hub_reachable, make_encoding, parse_ranks, write_json
-from model import CrammedBert, SequenceClassifier, load_checkpoint
+from data import hub_reachable, load_checkpoint, make_encoding, parse_ranks, write_json
+from model import CrammedBert, SequenceClassifier
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"
@@ -43,7 +43,8 @@ dropout = 0.1
 eval_batch_size = 0     # 0: 512 on a GPU, 128 on a CPU
 max_train_examples = 0  # use only the first N training examples (0: all); for quick looks
 out_json = ""           # default: glue.json beside the checkpoint
-device = "auto"
+device = "auto"        # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
+dtype = "auto"         # as train.py: bfloat16 on a GPU, float32 on a CPU (no compile: padded lengths vary)
 seed = 0
 # -----------------------------------------------------------------------------
 
@@ -236,14 +237,14 @@ def cosine_with_warmup(step, total):
 
 
 @torch.no_grad()
-def predict(model, encoded, pad_id, dev, autocast, regression):
+def predict(model, encoded, pad_id, rt, regression):
     model.eval()
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths pad less
     out = [None] * len(encoded)
     for start in range(0, len(order), eval_batch_size):
         rows = order[start:start + eval_batch_size]
-        ids, mask = collate([encoded[i] for i in rows], pad_id, dev)
-        with autocast:
+        ids, mask = collate([encoded[i] for i in rows], pad_id, rt.device)
+        with rt.autocast():
             logits = model(ids, mask).float()
         values = logits[:, 0] if regression else logits.argmax(-1)
         for i, v in zip(rows, values.tolist()):
@@ -252,7 +253,7 @@ def predict(model, encoded, pad_id, dev, autocast, regression):
     return out
 
 
-def finetune(name, encoded, ckpt, run_seed, dev, autocast):
+def finetune(name, encoded, ckpt, run_seed, rt):
     """Fine-tune a fresh copy of the checkpoint on one task's encoded splits (split -> (ids, labels));
     returns {score name: {metric: value}} on its dev sets."""
     spec = TASKS[name]
@@ -263,8 +264,9 @@ def finetune(name, encoded, ckpt, run_seed, dev, autocast):
     torch.manual_seed(run_seed)
     encoder = CrammedBert(**{**ckpt["model_args"], "dropout": dropout})
     encoder.load_state_dict(ckpt["model"])
-    model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout).to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout).to(rt.device)
+    optimizer = rt.optimizer(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    scaler = rt.grad_scaler()
     steps_per_epoch = math.ceil(len(train_ids) / batch_size)
     total = epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))
@@ -275,13 +277,14 @@ def finetune(name, encoded, ckpt, run_seed, dev, autocast):
         order = torch.randperm(len(train_ids), generator=generator).tolist()
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
-            ids, mask = collate([train_ids[i] for i in rows], pad_id, dev)
-            y = targets[rows].to(dev)
-            with autocast:
+            ids, mask = collate([train_ids[i] for i in rows], pad_id, rt.device)
+            y = targets[rows].to(rt.device)
+            with rt.autocast():
                 out = model(ids, mask).float()
             loss = F.mse_loss(out[:, 0], y) if regression else F.cross_entropy(out, y)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             schedule.step()
             bar.update()
@@ -290,7 +293,7 @@ def finetune(name, encoded, ckpt, run_seed, dev, autocast):
     scores = {}
     for score_name in spec["dev"]:
         dev_ids, dev_labels = encoded[score_name]
-        pred = predict(model, dev_ids, pad_id, dev, autocast, regression)
+        pred = predict(model, dev_ids, pad_id, rt, regression)
         scores[score_name] = {m: 100 * METRICS[m](pred, dev_labels) for m in spec["metrics"]}
     return scores
 
@@ -334,11 +337,10 @@ def main(config):
         raise SystemExit(f"error: {checkpoint}: its tokenizer has {len(ranks) + len(special_ids)} tokens but its model "
                          f"a vocabulary of {ckpt['model_args']['vocab_size']}: the checkpoint mixes two vocabularies")
     enc = make_encoding(ranks, special_ids)
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
-    eval_batch_size = eval_batch_size or (512 if dev.type == "cuda" else 128)
+    rt = runtime.setup(device, dtype, compile=False)
+    eval_batch_size = eval_batch_size or (512 if rt.device.type == "cuda" else 128)
     print(f"fine-tuning {checkpoint} (step {ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
-          f"{ckpt['model_args']['d_model']}) on {', '.join(names)} with {seeds} seed(s) on {dev}")
+          f"{ckpt['model_args']['d_model']}) on {', '.join(names)} with {seeds} seed(s) on {rt.describe()}")
 
     results = {}
     datasets_by_task = {name: load_task(name) for name in names}  # fail on bad data before any training
@@ -349,7 +351,7 @@ def main(config):
         encoded = {split: (encode_examples(enc, texts, ckpt["model_args"]["seq_len"], ckpt["meta"]["special_ids"]),
                            labels) for split, (texts, labels) in data.items()}
         t0 = time.time()
-        per_seed = [finetune(name, encoded, ckpt, seed + s, dev, autocast) for s in range(seeds)]
+        per_seed = [finetune(name, encoded, ckpt, seed + s, rt) for s in range(seeds)]
         results[name] = dict(per_seed=per_seed, median=median_scores(per_seed), seconds=round(time.time() - t0, 1),
                              train_examples=len(data["train"][0]),
                              dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})

@@ -6,33 +6,10 @@ sparse prediction) and the original BERT (post-norm, biases, plain GELU, learned
 a prediction-head transform, dense prediction) for side-by-side comparisons.
 """
 import math
-import os
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from data import write_atomically
-
-# Dense bf16 tensor-core peaks (FLOP/s) used for MFU; match on the device name.
-GPU_PEAK_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A6000": 154.8e12,
-    "A40": 149.7e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12,
-    "4090": 165e12, "3090": 71e12, "V100": 125e12, "A4000": 76.7e12,
-}
-
-
-def peak_flops(device, override=0.0):
-    """Peak bf16 FLOP/s of a CUDA device, or 0 when unknown (then MFU is not reported)."""
-    if override:
-        return override
-    if device.type != "cuda":
-        return 0.0
-    name = torch.cuda.get_device_name(device)
-    for key in sorted(GPU_PEAK_FLOPS, key=len, reverse=True):
-        if key in name:
-            return GPU_PEAK_FLOPS[key]
-    return 0.0
 
 
 class Attention(nn.Module):
@@ -188,7 +165,6 @@ class CrammedBert(nn.Module):
         return 3 * (blocks + attention + output_layer + head)
 
 
-
 def param_groups(module, weight_decay):
     """AdamW groups: decay on matrices and embeddings, none on biases, norms and scalars."""
     decay = [p for p in module.parameters() if p.requires_grad and p.dim() >= 2]
@@ -213,20 +189,3 @@ class SequenceClassifier(nn.Module):
     def forward(self, idx, padding_mask=None):
         first = self.encoder.encode(idx, padding_mask)[:, 0]
         return self.classifier(self.drop(torch.tanh(self.pooler(first))))
-
-
-def save_checkpoint(path, state):
-    write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
-
-
-def load_checkpoint(path):
-    """A checkpoint written by train.py, or a one-line error."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: checkpoint not found: {path}")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
-    if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
-        raise SystemExit(f"error: {path} is not a checkpoint written by train.py")
-    return checkpoint

@@ -19,9 +19,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import runtime
 from configurator import configure
-from data import get_batch, load_meta, load_tokens, mask_tokens
-from model import CrammedBert, load_checkpoint, param_groups, peak_flops, save_checkpoint
+from data import get_batch, load_checkpoint, load_meta, load_tokens, mask_tokens, save_checkpoint
+from model import CrammedBert, param_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"
@@ -53,12 +54,14 @@ weight_decay = 0.01
 grad_clip = 0.5
 lr_schedule = "triangle"  # 'triangle' (reference, see lr_at) or 'warmup_linear' (original BERT)
 warmup = 0.01             # warm-up share of the budget for 'warmup_linear'
-micro_batch = 128         # sequences per device per forward pass: raise until the GPU is full
+micro_batch = 0           # sequences per device per forward pass; 0: on a GPU the largest that fits (a probe), 32 on a CPU
 batch_size = 8192         # sequences per optimizer step at the end of the ramp
 batch_ramp = 0.6          # share of the budget over which the batch grows from one micro-batch
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
-compile = True            # torch.compile on a GPU (skipped on a CPU, where start-up costs more than it saves)
+dtype = "auto"            # autocast: 'auto' (bfloat16 on a GPU that has it, else float16; float32 on a CPU),
+                          # 'float32', 'bfloat16', 'float16' (with loss scaling)
+compile = True            # torch.compile the training step (inductor; on a CPU too)
 peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
 seed = 0
 log_interval = 10         # steps
@@ -90,41 +93,53 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
-def train_step(model, optimizer, next_batch, accum_steps, step_lr, mask, autocast, clip):
+def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, rt):
     """One optimizer step over accum_steps micro-batches; returns the mean loss (a tensor, no sync).
-    next_batch() gives a (B, T) token tensor on the device; mask(idx) the MLM corruption."""
+    batch_at(micro_step) gives the masked micro-batch (inputs, positions, labels) on the device."""
     for group in optimizer.param_groups:
         group["lr"] = step_lr
     total = 0.0
-    for micro in range(accum_steps):
-        inputs, positions, labels = mask(next_batch())
+    for micro_step in range(accum_steps):
+        inputs, positions, labels = batch_at(micro_step)
         # DDP: all-reduce the gradients only on the last micro-batch
-        sync = model.no_sync() if hasattr(model, "no_sync") and micro < accum_steps - 1 else nullcontext()
-        with sync:
-            with autocast:
+        last = micro_step == accum_steps - 1
+        with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():
+            with rt.autocast():
                 loss, _ = model(inputs, positions, labels)
-            (loss / accum_steps).backward()
+            scaler.scale(loss / accum_steps).backward()
         total = total + loss.detach()
     if clip:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the float16-scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    optimizer.step()
+    scaler.step(optimizer)
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total / accum_steps
 
 
+def cpu_warning(flops_per_step, threads, cpu_flops_per_thread=75e9):
+    """A one-line warning when one optimizer step at the full batch takes over 10 minutes on this
+    CPU (float32 reaches about 75 GFLOP/s per AVX2 thread), else None."""
+    minutes = flops_per_step / (cpu_flops_per_thread * threads) / 60
+    if minutes > 10:
+        return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
+                f"shape needs a GPU. For a run of a few minutes: python train.py config/train_quickstart.py")
+    return None
+
+
 @torch.no_grad()
-def evaluate(model, tokens, meta, batch, device, autocast, n_sequences):
+def evaluate(model, tokens, meta, batch, rt, n_sequences):
     """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks
     (eval_mask_rate of every row, the same whatever the training recipe)."""
     model.eval()
-    generator = torch.Generator(device=device).manual_seed(1234)
+    generator = torch.Generator(device=rt.device).manual_seed(1234)
     n = min(n_sequences, len(tokens))
     loss_sum, correct, predicted = 0.0, 0, 0
     for start in range(0, n, batch):
-        idx = get_batch(tokens, np.arange(start, min(n, start + batch)), device)
+        idx = get_batch(tokens, np.arange(start, min(n, start + batch)), rt.device)
         inputs, positions, labels = mask_tokens(idx, eval_mask_rate, meta["special_ids"]["[MASK]"],
                                                 meta["n_regular"], generator)
-        with autocast:
+        with rt.autocast():
             loss, hits = model(inputs, positions, labels)
         loss_sum += loss.item() * labels.numel()
         correct += hits.item()
@@ -133,20 +148,40 @@ def evaluate(model, tokens, meta, batch, device, autocast, n_sequences):
     return loss_sum / predicted, correct / predicted
 
 
+def probe_micro_batch(model_args, rt, largest):
+    """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a
+    throwaway model of the real shape, its AdamW state and one eager step per size (eager keeps at
+    least the activations a compiled step keeps, so the compiled run fits too)."""
+    model = CrammedBert(**model_args).to(rt.device)
+    optimizer = rt.optimizer(param_groups(model, weight_decay), lr=0.0)
+    scaler = rt.grad_scaler()
+    vocab, seq = model_args["vocab_size"], model_args["seq_len"]
+
+    def peak_bytes(size):
+        idx = torch.randint(0, vocab - 4, (size, seq), device=rt.device)
+        batch = mask_tokens(idx, mask_rate, vocab - 1, vocab - 4)
+        rt.reset_peak_memory()
+        train_step(model, optimizer, scaler, lambda micro_step: batch, 1, 0.0, grad_clip, rt)
+        rt.synchronize()
+        return rt.peak_memory()
+
+    try:
+        return runtime.largest_micro_batch(peak_bytes, runtime.free_device_memory(rt), largest)
+    finally:
+        del model, optimizer
+        torch.cuda.empty_cache()
+        rt.reset_peak_memory()  # the training log reports training's own peak
+
+
 def main(config):
+    global micro_batch
     ddp = "RANK" in os.environ
     if ddp:
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() and device != "cpu" else "gloo")
+        dist.init_process_group(backend="nccl" if device != "cpu" and torch.cuda.is_available() else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        dev = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}") if torch.cuda.is_available() and device != "cpu" \
-            else torch.device("cpu")
     else:
         rank, world = 0, 1
-        dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    rt = runtime.setup(device, dtype, compile, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     master = rank == 0
     try:
         lr_at(0.0, lr, lr_schedule, warmup)
@@ -171,39 +206,55 @@ def main(config):
         raise SystemExit(f"error: {ckpt_path} exists: pass --resume=True to continue it, or choose another --out_dir")
     os.makedirs(out_dir, exist_ok=True)
 
+    if micro_batch == 0 and rt.device.type == "cuda":
+        micro_batch, tried = probe_micro_batch(model_args, rt, batch_size // world)
+        if ddp:  # every rank takes the smallest that fits anywhere
+            t = torch.tensor([micro_batch], device=rt.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            micro_batch = int(t.item())
+        log(f"micro_batch=0: chose {micro_batch}, the largest power of two within 90% of the GPU's free memory "
+            f"(peak GiB by size: {', '.join(f'{s}: {b / 2 ** 30:.1f}' if b else f'{s}: out of memory' for s, b in tried.items())})")
+    micro_batch = micro_batch or 32
+    config["micro_batch"] = micro_batch
+
     torch.manual_seed(seed)
-    model = CrammedBert(**model_args).to(dev)
-    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(beta1, beta2), eps=eps,
-                                  fused=dev.type == "cuda")
+    model = CrammedBert(**model_args).to(rt.device)
+    optimizer = rt.optimizer(param_groups(model, weight_decay), lr=lr, betas=(beta1, beta2), eps=eps)
+    scaler = rt.grad_scaler()
     step, elapsed, tokens_seen, init_loss = 0, 0.0, 0, None
     if checkpoint:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+        if "scaler" in checkpoint:
+            scaler.load_state_dict(checkpoint["scaler"])
         step, elapsed, tokens_seen = checkpoint["step"], checkpoint["elapsed"], checkpoint["tokens"]
         init_loss = checkpoint.get("init_val_loss")
         log(f"resuming {ckpt_path} at step {step}, {elapsed / 60:.1f} of {budget_hours * 60:.1f} minutes")
     raw_model = model
-    if compile and dev.type == "cuda":
-        model = torch.compile(model)
+    model = rt.compile_model(model)
     if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
     budget = budget_hours * 3600
     flops_per_token = raw_model.flops_per_token(mask_rate)
-    peak = peak_flops(dev, peak_tflops * 1e12)
+    peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
     log(f"model: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{flops_per_token / 1e9:.3f} GFLOP/token | data: {len(train_tokens):,} train sequences of {meta['seq_len']} "
-        f"from {meta['source']} | device: {dev}{f' x{world}' if ddp else ''}")
+        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro_batch}")
+    warning = rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * meta["seq_len"],
+                                                      torch.get_num_threads())
+    if warning:
+        log(warning)
 
     def save(final=False):
         if master:
             save_checkpoint(ckpt_path, dict(
-                model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args,
-                step=step, elapsed=elapsed, tokens=tokens_seen, config=config, init_val_loss=init_loss,
-                data_dir=os.path.abspath(data_dir), meta=meta, final=final, tokenizer=tokenizer_text))
+                model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                model_args=model_args, step=step, elapsed=elapsed, tokens=tokens_seen, config=config,
+                init_val_loss=init_loss, data_dir=os.path.abspath(data_dir), meta=meta, final=final,
+                tokenizer=tokenizer_text))
 
     def run_eval():
-        val_loss, val_acc = evaluate(raw_model, val_tokens, meta, micro_batch, dev, autocast, eval_sequences)
+        val_loss, val_acc = evaluate(raw_model, val_tokens, meta, micro_batch, rt, eval_sequences)
         log(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {val_acc:.3f} | "
             f"{elapsed / 60:.1f} min, {tokens_seen / 1e6:.1f}M tokens")
         return val_loss, val_acc
@@ -212,18 +263,14 @@ def main(config):
         init_loss = run_eval()[0]
 
     mask_id, n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
-    generator = torch.Generator(device=dev)
+    generator = torch.Generator(device=rt.device)
 
-    def mask(idx):
+    def batch_at(step, micro_step):
+        """The masked micro-batch of (step, micro_step) on this rank: the same in a resumed run."""
+        rng = np.random.default_rng((seed, rank, step, micro_step))
+        idx = get_batch(train_tokens, rng.integers(0, len(train_tokens), micro_batch), rt.device)
+        generator.manual_seed(int(rng.integers(2 ** 62)))
         return mask_tokens(idx, mask_rate, mask_id, n_regular, generator)
-
-    micro = 0
-
-    def next_batch():  # reproducible from the step number, so a resumed run sees the same data
-        nonlocal micro
-        rows = np.random.default_rng((seed, rank, step, micro)).integers(0, len(train_tokens), micro_batch)
-        micro += 1
-        return get_batch(train_tokens, rows, dev)
 
     last_eval = last_ckpt = elapsed
     window_start, window_tokens = time.perf_counter(), 0
@@ -233,7 +280,7 @@ def main(config):
         elapsed += now - clock
         clock = now
         if ddp:  # every rank follows rank 0's clock, so all take the same batch size
-            t = torch.tensor([elapsed], dtype=torch.float64, device=dev)
+            t = torch.tensor([elapsed], dtype=torch.float64, device=rt.device)
             dist.broadcast(t, 0)
             elapsed = t.item()
         progress = elapsed / budget
@@ -242,9 +289,8 @@ def main(config):
         step_batch = batch_size_at(progress, micro_batch * world, batch_size, batch_ramp)
         accum = step_batch // (micro_batch * world)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
-        micro = 0
-        generator.manual_seed(hash((seed, rank, step)) % 2 ** 62)
-        loss = train_step(model, optimizer, next_batch, accum, step_lr, mask, autocast, grad_clip)
+        loss = train_step(model, optimizer, scaler, lambda micro_step: batch_at(step, micro_step), accum, step_lr,
+                          grad_clip, rt)
         step += 1
         tokens_seen += step_batch * meta["seq_len"]
         window_tokens += step_batch * meta["seq_len"]
@@ -255,16 +301,20 @@ def main(config):
             window = time.perf_counter() - window_start
             tokens_per_s = window_tokens / window
             mfu = f" | mfu {100 * flops_per_token * tokens_per_s / world / peak:.1f}%" if peak else ""
+            memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
             log(f"step {step} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
-                f"{mfu} | epoch {tokens_seen / (len(train_tokens) * meta['seq_len']):.2f} | "
+                f"{mfu}{memory} | epoch {tokens_seen / (len(train_tokens) * meta['seq_len']):.2f} | "
                 f"{elapsed / 60:.1f}/{budget / 60:.1f} min")
             window_start, window_tokens = time.perf_counter(), 0
-        if elapsed - last_eval >= eval_interval_minutes * 60 or elapsed - last_ckpt >= ckpt_interval_minutes * 60:
+            rt.reset_peak_memory()  # each log line reports the peak of its own window
+        due_eval = elapsed - last_eval >= eval_interval_minutes * 60
+        due_ckpt = elapsed - last_ckpt >= ckpt_interval_minutes * 60
+        if due_eval or due_ckpt:
             paused = time.perf_counter()
-            if elapsed - last_eval >= eval_interval_minutes * 60 and master:
+            if due_eval and master:
                 run_eval()
                 last_eval = elapsed
-            if elapsed - last_ckpt >= ckpt_interval_minutes * 60:
+            if due_ckpt:
                 save()
                 last_ckpt = elapsed
             clock += time.perf_counter() - paused  # evaluation and saving are not charged to the budget
@@ -272,6 +322,8 @@ def main(config):
 
     val_loss, val_acc = run_eval() if master else (None, None)
     save(final=True)
+    if rt.compile:
+        log(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
     log(f"final: step {step} | val loss {val_loss:.4f} (at init {init_loss:.4f}) | masked-token accuracy "
         f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"
         if master else "")

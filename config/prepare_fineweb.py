@@ -1,6 +1,6 @@
 # Corpus for the 24-hour reference run: about 10B tokens of educational web text, streamed
 # from the Hugging Face hub (needs internet; about 20 GB on disk). A 24-hour run on a fast GPU
-# sees 10-50B tokens, so a smaller corpus would be repeated many times (see RECIPE notes in README).
+# sees 10-50B tokens, so a smaller corpus would be repeated many times (see "The recipe" in the README).
 # python prepare.py config/prepare_fineweb.py
 dataset = "HuggingFaceFW/fineweb-edu"
 hf_config = "sample-10BT"

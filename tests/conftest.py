@@ -49,7 +49,7 @@ def assert_one_line_error(proc, *fragments):
 
 
 TINY_MODEL = ["--n_layers=2", "--d_model=64", "--n_heads=2", "--d_ffn=256", "--micro_batch=16", "--batch_size=32",
-              "--lr=3e-3", "--log_interval=5", "--eval_sequences=64", "--device=cpu"]
+              "--lr=3e-3", "--log_interval=5", "--eval_sequences=64", "--device=cpu", "--compile=False"]
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from conftest import run_script
 
 def test_bench_prints_the_table_with_ratios(tmp_path):
     proc = run_script("bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=1", "--steps=1",
-                      "--warmup_steps=1", "--sweep=False", f"--data_dir={tmp_path}")
+                      "--warmup_steps=1", "--sweep=False", f"--data_dir={tmp_path}", "--compile=False")
     out = proc.stdout
     assert "data: random tokens" in out
     rows = re.findall(r"^\| (crammed|original BERT|HF BertForMaskedLM) \| 2 \| ([\d,]+) \|", out, re.M)

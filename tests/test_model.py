@@ -15,7 +15,7 @@ def test_reference_parameter_count():
     assert model.num_params(matmul_only=True) == L * per_block
     assert model.num_params() == V * d + L * per_block + norms + 1  # + the position scale
     assert 119e6 < model.num_params() < 121e6 and 94e6 < model.num_params(True) < 95e6
-    # RECIPE.md: about 0.62 GFLOP per token for training
+    # the paper's arithmetic: about 0.62 GFLOP per token for training
     assert model.flops_per_token(0.25) == pytest.approx(0.62e9, rel=0.01)
 
 

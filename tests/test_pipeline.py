@@ -120,7 +120,7 @@ def test_torchrun_two_processes(prepared, tmp_path):
                            "--max_steps=6", "--batch_size=64"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "device: cpu x2" in proc.stdout and "batch 32 |" in proc.stdout  # 2 ranks x 16 at the start
+    assert "device: cpu, float32 x2" in proc.stdout and "batch 32 |" in proc.stdout  # 2 ranks x 16 at the start
     assert final_line(proc.stdout)[0] == 6
     assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["step"] == 6
 

@@ -1,0 +1,139 @@
+"""Where and how the arithmetic runs: device, precision, TF32, compilation, the optimizer and
+the micro-batch search, decided here once for train.py, bench.py and finetune_glue.py.
+
+Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
+float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
+the tests run the GPU's code path on any machine, with only the device differing.
+"""
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Dense bf16 tensor-core peaks (FLOP/s) used for MFU; match on the device name.
+GPU_PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A6000": 154.8e12,
+    "A40": 149.7e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12,
+    "4090": 165e12, "3090": 71e12, "V100": 125e12, "A4000": 76.7e12,
+}
+
+
+def peak_flops(device, override=0.0):
+    """Peak bf16 FLOP/s of a CUDA device, or 0 when unknown (then MFU is not reported)."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return 0.0
+    name = torch.cuda.get_device_name(device)
+    for key in sorted(GPU_PEAK_FLOPS, key=len, reverse=True):
+        if key in name:
+            return GPU_PEAK_FLOPS[key]
+    return 0.0
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype  # autocast dtype; float32 means no autocast
+    compile: bool
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def grad_scaler(self):
+        """Loss scaling for float16, whose small gradients underflow; a pass-through otherwise."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+
+    def optimizer(self, params, **kwargs):
+        """AdamW with its fused kernel: one launch for all parameters on a GPU, vectorised on a CPU."""
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+
+    def compile_model(self, model, fullgraph=True):
+        """torch.compile when enabled. fullgraph=True makes a graph break an error instead of
+        a silent slowdown (our model has none; a test checks it)."""
+        return torch.compile(model, fullgraph=fullgraph) if self.compile else model
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def peak_memory(self):
+        """Peak bytes allocated on a GPU since the last reset_peak_memory(), or None on a CPU."""
+        return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+
+    def reset_peak_memory(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def describe(self):
+        name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
+        dtype = str(self.dtype).replace("torch.", "")
+        return f"{self.device}{name}, {dtype}{', compiled' if self.compile else ''}"
+
+
+def setup(device="auto", dtype="auto", compile=True, local_rank=None):
+    """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto':
+    bfloat16 on a GPU that has it, float16 on older GPUs, float32 on a CPU; or 'float32',
+    'bfloat16', 'float16') and compile. Under torchrun, local_rank picks this process's GPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise SystemExit(f"error: unknown device '{device}' (auto, cpu, cuda, cuda:N)")
+    if dev.type not in ("cpu", "cuda"):
+        raise SystemExit(f"error: unsupported device '{device}' (auto, cpu, cuda, cuda:N)")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"error: --device={device} but torch sees no CUDA GPU (torch {torch.__version__}); "
+                             "use --device=cpu or install a CUDA build of torch")
+        index = dev.index if dev.index is not None else (local_rank or 0)
+        if index >= torch.cuda.device_count():
+            raise SystemExit(f"error: --device={device}: there are only {torch.cuda.device_count()} GPUs")
+        dev = torch.device("cuda", index)
+        torch.cuda.set_device(dev)
+        torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls outside autocast on tensor cores
+        torch.backends.cudnn.allow_tf32 = True
+    if dtype == "auto":
+        dtype = "float32" if dev.type == "cpu" else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype not in DTYPES:
+        raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
+    return Runtime(dev, DTYPES[dtype], compile)
+
+
+def compiled_graphs():
+    """How many graphs torch.compile has built in this process (a recompilation adds one)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def free_device_memory(rt):
+    """Bytes this process could use on its GPU: what is free plus what its allocator holds."""
+    free, _ = torch.cuda.mem_get_info(rt.device)
+    return free + torch.cuda.memory_reserved(rt.device)
+
+
+def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
+    """The largest power-of-two micro-batch from `smallest` up to `largest` whose peak memory
+    stays under (1 - margin) of `capacity` bytes; the margin leaves room for fragmentation and
+    for what changes between the probe and training. peak_bytes(size) runs a training step at
+    that size and returns its peak memory, raising torch.OutOfMemoryError when it does not fit.
+    Returns (size, {size: peak bytes or None where out of memory})."""
+    tried, best, size = {}, None, smallest
+    while size <= largest:
+        try:
+            tried[size] = peak_bytes(size)
+        except torch.OutOfMemoryError:
+            tried[size] = None
+            break
+        if tried[size] > (1 - margin) * capacity:
+            break
+        best, size = size, size * 2
+    if best is None:
+        raise SystemExit(f"error: not even a micro-batch of {smallest} sequences fits in "
+                         f"{(1 - margin) * capacity / 2 ** 30:.1f} GiB; use a smaller model or a larger GPU")
+    return best, tried

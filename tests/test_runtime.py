@@ -1,0 +1,161 @@
+"""The GPU's code path, run on the CPU: compile, autocast, loss scaling, fused AdamW and the
+micro-batch search (and on a GPU too, where one is present)."""
+import re
+
+import pytest
+import torch
+
+import runtime
+from conftest import TINY_MODEL, assert_one_line_error, run_script
+from data import mask_tokens
+from model import CrammedBert, param_groups
+from train import cpu_warning, train_step
+
+TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
+ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,
+                     sparse_prediction=False)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def masked_batch(device, seed=0, rows=8, mask_rate=0.25):
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 296, (rows, 32), generator=generator)
+    return [t.to(device) for t in mask_tokens(idx, mask_rate, 299, 296, generator)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["crammed", "original BERT"])
+def test_compiled_step_matches_eager(recipe, device):
+    """fullgraph=True: any graph break is an error. Same loss and gradients as eager."""
+    torch.manual_seed(0)
+    options = ORIGINAL_BERT if recipe == "original BERT" else {}
+    eager = CrammedBert(**TINY, **options).to(device)  # dropout is 0 in the tiny model: deterministic
+    compiled = runtime.setup(device, "float32", compile=True).compile_model(eager)
+    torch.backends.cuda.matmul.allow_tf32 = False  # setup() turns TF32 on; compare exact float32 here
+    batch = masked_batch(device, mask_rate=0.15 if options else 0.25)
+    loss_eager, correct_eager = eager(*batch)
+    loss_eager.backward()
+    grads_eager = [p.grad.clone() for p in eager.parameters()]
+    eager.zero_grad(set_to_none=True)
+    loss_compiled, correct_compiled = compiled(*batch)
+    loss_compiled.backward()
+    torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-5, atol=1e-5)
+    assert correct_compiled.item() == correct_eager.item()
+    for p, g in zip(eager.parameters(), grads_eager):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_autocast_tracks_float32(device):
+    """A few training steps under bfloat16 autocast stay finite and within a few percent of float32."""
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        rt = runtime.setup(device, dtype, compile=False)
+        torch.manual_seed(0)
+        model = CrammedBert(**TINY).to(device)
+        optimizer = rt.optimizer(param_groups(model, 0.01), lr=3e-3)
+        batches = [masked_batch(device, seed) for seed in range(2)]
+        losses[dtype] = [train_step(model, optimizer, rt.grad_scaler(), lambda m: batches[m], 2, 3e-3, 0.5, rt).item()
+                         for _ in range(4)]
+    assert all(map(torch.isfinite, torch.tensor(losses["bfloat16"])))
+    assert losses["float32"][-1] < losses["float32"][0]  # it trains
+    torch.testing.assert_close(torch.tensor(losses["bfloat16"]), torch.tensor(losses["float32"]), rtol=0.03, atol=0)
+
+
+def test_float16_loss_scaling_trains():
+    """float16 goes through the grad scaler (unscaled before clipping); the loss still falls."""
+    rt = runtime.setup("cpu", "float16", compile=False)
+    scaler = rt.grad_scaler()
+    assert scaler.is_enabled() and not runtime.setup("cpu", "bfloat16", False).grad_scaler().is_enabled()
+    torch.manual_seed(0)
+    model = CrammedBert(**TINY)
+    optimizer = rt.optimizer(param_groups(model, 0.01), lr=3e-3)
+    batch = masked_batch("cpu")
+    losses = [train_step(model, optimizer, scaler, lambda m: batch, 1, 3e-3, 0.5, rt).item() for _ in range(8)]
+    assert all(map(torch.isfinite, torch.tensor(losses))) and losses[-1] < 0.9 * losses[0]
+    assert scaler.get_scale() > 1  # scaling was on
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_adamw_matches_plain(device):
+    torch.backends.cuda.matmul.allow_tf32 = False  # other tests' setup() turned it on; compare exact float32
+    torch.manual_seed(0)
+    model = CrammedBert(**TINY).to(device)
+    params = {}
+    for fused in (True, False):
+        copy = CrammedBert(**TINY).to(device)
+        copy.load_state_dict(model.state_dict())
+        optimizer = torch.optim.AdamW(param_groups(copy, 0.01), lr=1e-3, betas=(0.9, 0.98), eps=1e-12,
+                                      fused=fused, foreach=None if fused else False)
+        for seed in range(3):
+            loss, _ = copy(*masked_batch(device, seed))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        params[fused] = [p.detach() for p in copy.parameters()]
+    assert runtime.setup(device, "float32", False).optimizer(model.parameters()).defaults["fused"]
+    for fused, plain in zip(params[True], params[False]):
+        torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_largest_micro_batch_respects_the_memory_limit():
+    """A simulated GPU: 1 GiB fixed plus 40 MiB per sequence, out of memory above 16 GiB."""
+    gib = 2 ** 30
+    asked = []
+
+    def peak_bytes(size):
+        asked.append(size)
+        need = gib + size * 40 * 2 ** 20
+        if need > 16 * gib:
+            raise torch.OutOfMemoryError("simulated")
+        return need
+
+    size, tried = runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=8192)
+    assert size == 256 and asked == [8, 16, 32, 64, 128, 256, 512] and tried[512] is None  # 512 needs 21 GiB
+    # the margin: 256 needs 11 GiB, over 90% of a 12 GiB card, so 128 is chosen
+    assert runtime.largest_micro_batch(peak_bytes, 12 * gib, largest=8192)[0] == 128
+    assert runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=64)[0] == 64  # never above the batch
+    with pytest.raises(SystemExit, match="not even a micro-batch of 8"):
+        runtime.largest_micro_batch(peak_bytes, gib, largest=8192)
+
+
+def test_setup_errors():
+    with pytest.raises(SystemExit, match="unknown dtype 'float8'"):
+        runtime.setup("cpu", "float8")
+    with pytest.raises(SystemExit, match="unknown device 'gpu0'"):
+        runtime.setup("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="torch sees no CUDA GPU"):
+            runtime.setup("cuda")
+    rt = runtime.setup("auto", "auto")
+    assert rt.dtype == (torch.float32 if rt.device.type == "cpu" else torch.bfloat16)
+
+
+def test_cpu_warning_for_a_gpu_sized_run():
+    reference = CrammedBert().flops_per_token(0.25) * 8192 * 128  # one full reference step
+    assert "about 73 minutes" in cpu_warning(reference, threads=2)
+    assert "config/train_quickstart.py" in cpu_warning(reference, threads=2)
+    assert cpu_warning(0.02e9 * 64 * 128, threads=2) is None  # the quickstart: about a second
+
+
+def test_compiled_run_compiles_once(prepared, tmp_path):
+    """A whole short run with compile on (batch ramp, evaluations, checkpoints, resume) builds one
+    graph per process: no recompilation from the growing batch, evaluation or resuming."""
+    args = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=True",
+            "--batch_size=64", "--batch_ramp=1e-5", "--budget_hours=0.05", "--log_interval=1",
+            "--eval_interval_minutes=0.002", "--ckpt_interval_minutes=0.002"]
+    first = run_script(*args, "--max_steps=6").stdout
+    # a ramp over the first 2 ms: the first step at one micro-batch, the next ones accumulate four
+    assert re.findall(r"\| batch (\d+) \|", first)[:2] == ["16", "64"], first
+    assert len(re.findall(r"^eval ", first, re.M)) >= 3, first
+    assert "torch.compile built 1 graph(s)" in first, first
+    second = run_script(*args, "--max_steps=9", "--resume=True").stdout
+    assert "resuming" in second and "torch.compile built 1 graph(s)" in second, second
+    assert re.search(r"final: step 9 \|", second)
+
+
+def test_bad_device_settings_are_one_line_errors(prepared, tmp_path):
+    args = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL]
+    assert_one_line_error(run_script(*args, "--dtype=fp8", check=False), "unknown dtype 'fp8'")
+    if not torch.cuda.is_available():
+        assert_one_line_error(run_script(*args, "--device=cuda", check=False), "no CUDA GPU")
