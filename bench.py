@@ -118,7 +118,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compil
         return mask_tokens(idx, mask_rate, vocab - 1, vocab - N_SPECIAL)
 
     def step():
-        return train_step(step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)
+        return train_step(step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)[0]
 
     try:
         start = time.perf_counter()

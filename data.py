@@ -7,6 +7,8 @@ that only have torch, numpy and tiktoken.
 import base64
 import json
 import os
+import pickle
+import re
 import socket
 
 import numpy as np
@@ -136,8 +138,13 @@ def load_checkpoint(path):
     if not os.path.isfile(path):
         raise SystemExit(f"error: checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: tensors and plain containers only, so a file can never run code on loading
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
+        culprit = re.search(r"GLOBAL (\S+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+        if culprit:  # a pickle that names a function or class to call
+            raise SystemExit(f"error: {path} was refused: it holds objects other than tensors and plain values "
+                             f"({culprit.group(1)}), and loading those could run code")
         raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
     if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
         raise SystemExit(f"error: {path} is not a checkpoint written by train.py")

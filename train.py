@@ -9,8 +9,10 @@ The learning rate and the batch size follow the fraction of the budget spent, no
 count (the reference's choice: the run ends on time, whatever the hardware). The budget counts
 training time, compilation included; evaluation and checkpointing are not counted.
 """
+import functools
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -28,6 +30,8 @@ from model import CrammedBert, param_groups
 data_dir = "data/pydocs"
 out_dir = "out"
 budget_hours = 24.0
+budget_tokens = 0         # > 0: the schedules follow tokens trained instead of the clock and the run ends there
+                          # (reproducible runs, equal-token comparisons); budget_hours is then not used
 max_steps = 0             # also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
 # model (the reference crammed-BERT shape; vocabulary and sequence length come from the data)
@@ -65,6 +69,7 @@ compile = True            # torch.compile the training step (inductor; on a CPU 
 peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
 seed = 0
 log_interval = 10         # steps
+max_skipped_steps = 5     # stop after this many updates in a row skipped for a non-finite gradient
 eval_interval_minutes = 30.0
 eval_sequences = 4096
 ckpt_interval_minutes = 60.0
@@ -94,8 +99,9 @@ def batch_size_at(progress, micro, final, ramp):
 
 
 def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, rt):
-    """One optimizer step over accum_steps micro-batches; returns the mean loss (a tensor, no sync).
-    batch_at(micro_step) gives the masked micro-batch (inputs, positions, labels) on the device."""
+    """One optimizer step over accum_steps micro-batches. batch_at(micro_step) gives the masked
+    micro-batch (inputs, positions, labels) on the device. Returns the mean loss (a tensor) and
+    whether the update was applied: one with a non-finite gradient norm is skipped."""
     for group in optimizer.param_groups:
         group["lr"] = step_lr
     total = 0.0
@@ -108,13 +114,45 @@ def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, r
                 loss, _ = model(inputs, positions, labels)
             scaler.scale(loss / accum_steps).backward()
         total = total + loss.detach()
-    if clip:
-        scaler.unscale_(optimizer)  # clip the true gradients, not the float16-scaled ones
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    scaler.step(optimizer)
+    scaler.unscale_(optimizer)  # the true gradients for the norm and the clipping (a no-op unless float16)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip or math.inf)
+    # one sync per step, so that a non-finite update never lands; the norm of the all-reduced
+    # gradients is the same on every rank, so all ranks decide alike
+    applied = math.isfinite(norm.item())
+    if applied:
+        scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return total / accum_steps
+    return total / accum_steps, applied
+
+
+@functools.lru_cache(maxsize=2)
+def epoch_order(n_rows, seed, epoch):
+    """The permutation of the training rows that epoch `epoch` visits."""
+    return np.random.default_rng((seed, epoch)).permutation(n_rows)
+
+
+def rows_at(start, count, n_rows, seed):
+    """Rows of the run's sequences start .. start + count - 1, where sequence i is row
+    epoch_order(i // n_rows)[i % n_rows]: every epoch visits each row once, and a resumed run
+    continues from the number of sequences consumed (the checkpoint's tokens / seq_len)."""
+    parts = []
+    while count > 0:
+        epoch, offset = divmod(start, n_rows)
+        take = min(count, n_rows - offset)
+        parts.append(epoch_order(n_rows, seed, epoch)[offset:offset + take])
+        start, count = start + take, count - take
+    return np.concatenate(parts)
+
+
+def repeat_warning(tokens_per_s, elapsed, budget, tokens_seen, train_tokens):
+    """A one-line warning when the budget, at this speed, will train on more tokens than the data holds."""
+    expected = tokens_seen + tokens_per_s * max(0.0, budget - elapsed)
+    if expected > train_tokens:
+        return (f"warning: at {tokens_per_s:,.0f} tokens/s the budget will train about {expected / 1e9:.2f}B tokens, "
+                f"{expected / train_tokens:.1f} epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data "
+                f"overfits; prepare a larger corpus (see the README)")
+    return None
 
 
 def cpu_warning(flops_per_step, threads, cpu_flops_per_thread=75e9):
@@ -173,9 +211,23 @@ def probe_micro_batch(model_args, rt, largest):
         rt.reset_peak_memory()  # the training log reports training's own peak
 
 
+def check_settings(world):
+    """One-line errors for settings that cannot run, before any work."""
+    try:
+        lr_at(0.0, lr, lr_schedule, warmup)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    if budget_tokens < 0 or (budget_tokens == 0 and budget_hours <= 0):
+        raise SystemExit(f"error: --budget_hours must be above 0 (got {budget_hours}), or give --budget_tokens")
+    if micro_batch < 0 or (micro_batch and batch_size % (micro_batch * world)):
+        raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
+                         f"the {world} process(es)")
+
+
 def main(config):
     global micro_batch
     ddp = "RANK" in os.environ
+    check_settings(int(os.environ.get("WORLD_SIZE", 1)))
     if ddp:
         dist.init_process_group(backend="nccl" if device != "cpu" and torch.cuda.is_available() else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -183,10 +235,6 @@ def main(config):
         rank, world = 0, 1
     rt = runtime.setup(device, dtype, compile, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     master = rank == 0
-    try:
-        lr_at(0.0, lr, lr_schedule, warmup)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
     log = print if master else (lambda *a, **k: None)
 
     meta = load_meta(data_dir)
@@ -212,46 +260,53 @@ def main(config):
             t = torch.tensor([micro_batch], device=rt.device)
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             micro_batch = int(t.item())
+        while batch_size % (micro_batch * world):  # a power of two that divides the batch
+            micro_batch //= 2
         log(f"micro_batch=0: chose {micro_batch}, the largest power of two within 90% of the GPU's free memory "
             f"(peak GiB by size: {', '.join(f'{s}: {b / 2 ** 30:.1f}' if b else f'{s}: out of memory' for s, b in tried.items())})")
-    micro_batch = micro_batch or 32
+    micro_batch = micro_batch or max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0)
     config["micro_batch"] = micro_batch
 
     torch.manual_seed(seed)
     model = CrammedBert(**model_args).to(rt.device)
     optimizer = rt.optimizer(param_groups(model, weight_decay), lr=lr, betas=(beta1, beta2), eps=eps)
     scaler = rt.grad_scaler()
-    step, elapsed, tokens_seen, init_loss = 0, 0.0, 0, None
+    step, elapsed, tokens_seen, init_loss, last_saved = 0, 0.0, 0, None, None
     if checkpoint:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         if "scaler" in checkpoint:
             scaler.load_state_dict(checkpoint["scaler"])
         step, elapsed, tokens_seen = checkpoint["step"], checkpoint["elapsed"], checkpoint["tokens"]
-        init_loss = checkpoint.get("init_val_loss")
-        log(f"resuming {ckpt_path} at step {step}, {elapsed / 60:.1f} of {budget_hours * 60:.1f} minutes")
+        init_loss, last_saved = checkpoint.get("init_val_loss"), step
+        log(f"resuming {ckpt_path} at step {step}, {elapsed / 60:.1f} minutes and {tokens_seen / 1e6:.1f}M tokens in")
     raw_model = model
     model = rt.compile_model(model)
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
     budget = budget_hours * 3600
+    seq_len, n_rows = meta["seq_len"], len(train_tokens)
     flops_per_token = raw_model.flops_per_token(mask_rate)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
     log(f"model: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.num_params(True) / 1e6:.2f}M in matmuls), "
-        f"{flops_per_token / 1e9:.3f} GFLOP/token | data: {len(train_tokens):,} train sequences of {meta['seq_len']} "
+        f"{flops_per_token / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro_batch}")
-    warning = rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * meta["seq_len"],
-                                                      torch.get_num_threads())
+    warning = rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * seq_len, torch.get_num_threads())
     if warning:
         log(warning)
+    if budget_tokens > n_rows * seq_len:
+        log(f"warning: --budget_tokens={budget_tokens:,} is {budget_tokens / (n_rows * seq_len):.1f} epochs of the "
+            f"training data: repeated data overfits; prepare a larger corpus (see the README)")
 
     def save(final=False):
+        nonlocal last_saved
         if master:
             save_checkpoint(ckpt_path, dict(
                 model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                 model_args=model_args, step=step, elapsed=elapsed, tokens=tokens_seen, config=config,
                 init_val_loss=init_loss, data_dir=os.path.abspath(data_dir), meta=meta, final=final,
                 tokenizer=tokenizer_text))
+        last_saved = step
 
     def run_eval():
         val_loss, val_acc = evaluate(raw_model, val_tokens, meta, micro_batch, rt, eval_sequences)
@@ -265,48 +320,81 @@ def main(config):
     mask_id, n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
     generator = torch.Generator(device=rt.device)
 
-    def batch_at(step, micro_step):
-        """The masked micro-batch of (step, micro_step) on this rank: the same in a resumed run."""
-        rng = np.random.default_rng((seed, rank, step, micro_step))
-        idx = get_batch(train_tokens, rng.integers(0, len(train_tokens), micro_batch), rt.device)
-        generator.manual_seed(int(rng.integers(2 ** 62)))
+    def batch_at(consumed, micro_step):
+        """The masked micro-batch `micro_step` of this rank in the global batch that starts after
+        `consumed` sequences: ranks take disjoint slices, and rows and masks depend only on the
+        place in the run's sequence order, so a resumed run or another rank count sees the same."""
+        start = consumed + (micro_step * world + rank) * micro_batch
+        idx = get_batch(train_tokens, rows_at(start, micro_batch, n_rows, seed), rt.device)
+        generator.manual_seed(int(np.random.default_rng((seed, start)).integers(2 ** 62)))
         return mask_tokens(idx, mask_rate, mask_id, n_regular, generator)
 
+    # SIGTERM (schedulers, pre-emption) and SIGINT (Ctrl-C) finish the step, save and exit;
+    # a second signal kills at once
+    signals = []
+
+    def request_stop(signum, frame):
+        signals.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, request_stop)
+
     last_eval = last_ckpt = elapsed
+    skipped = skipped_in_a_row = 0
+    warned_repeat = budget_tokens > 0  # a token budget was checked at the start
     window_start, window_tokens = time.perf_counter(), 0
     clock = time.perf_counter()
     while True:
         now = time.perf_counter()
         elapsed += now - clock
         clock = now
-        if ddp:  # every rank follows rank 0's clock, so all take the same batch size
-            t = torch.tensor([elapsed], dtype=torch.float64, device=rt.device)
-            dist.broadcast(t, 0)
-            elapsed = t.item()
-        progress = elapsed / budget
-        if progress >= 1.0 or (max_steps and step >= max_steps):
+        stop = 1.0 if signals else 0.0
+        if ddp:  # every rank follows rank 0's clock, so all take the same batch size, and all stop together
+            t = torch.tensor([elapsed if master else 0.0, stop], dtype=torch.float64, device=rt.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            elapsed, stop = t.tolist()
+        progress = tokens_seen / budget_tokens if budget_tokens else elapsed / budget
+        if progress >= 1.0 or (max_steps and step >= max_steps) or stop:
             break
         step_batch = batch_size_at(progress, micro_batch * world, batch_size, batch_ramp)
         accum = step_batch // (micro_batch * world)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
-        loss = train_step(model, optimizer, scaler, lambda micro_step: batch_at(step, micro_step), accum, step_lr,
-                          grad_clip, rt)
+        consumed = tokens_seen // seq_len
+        loss, applied = train_step(model, optimizer, scaler, lambda micro_step: batch_at(consumed, micro_step),
+                                   accum, step_lr, grad_clip, rt)
         step += 1
-        tokens_seen += step_batch * meta["seq_len"]
-        window_tokens += step_batch * meta["seq_len"]
+        tokens_seen += step_batch * seq_len
+        window_tokens += step_batch * seq_len
+        # float16's loss scaler skips overflowing steps by design while it halves its scale: only
+        # skips at a scale below 1 say that the run itself diverged
+        diverging = not applied and (not scaler.is_enabled() or scaler.get_scale() < 1)
+        skipped += not applied
+        skipped_in_a_row = skipped_in_a_row + 1 if diverging else 0
+        if skipped_in_a_row >= max_skipped_steps:
+            where = f"the last checkpoint is {ckpt_path} at step {last_saved}" if last_saved is not None else \
+                "no checkpoint was saved"
+            raise SystemExit(f"error: {skipped_in_a_row} steps in a row had a non-finite gradient (up to step {step}); "
+                             f"{where}: lower --lr and resume it")
         if step % log_interval == 0:
+            if ddp:  # the mean over all ranks' micro-batches, as one process would report it
+                dist.all_reduce(loss)
+                loss = loss / world
             loss = loss.item()  # syncs the device, so the window time is real
-            if not math.isfinite(loss):
-                raise SystemExit(f"error: loss is {loss} at step {step}; lower --lr or check the data")
             window = time.perf_counter() - window_start
             tokens_per_s = window_tokens / window
+            budget_left = f"{100 * (1 - progress):.0f}% of the budget left"
             mfu = f" | mfu {100 * flops_per_token * tokens_per_s / world / peak:.1f}%" if peak else ""
             memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
             log(f"step {step} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
-                f"{mfu}{memory} | epoch {tokens_seen / (len(train_tokens) * meta['seq_len']):.2f} | "
-                f"{elapsed / 60:.1f}/{budget / 60:.1f} min")
+                f"{mfu}{memory} | epoch {tokens_seen / (n_rows * seq_len):.2f} | {elapsed / 60:.1f} min | {budget_left}"
+                f"{f' | {skipped} updates skipped (non-finite)' if skipped else ''}")
             window_start, window_tokens = time.perf_counter(), 0
             rt.reset_peak_memory()  # each log line reports the peak of its own window
+            if not warned_repeat and elapsed >= min(120.0, 0.05 * budget):
+                warned_repeat = True  # after the first minutes, when the speed is known
+                warning = repeat_warning(tokens_per_s, elapsed, budget, tokens_seen, n_rows * seq_len)
+                if warning:
+                    log(warning)
         due_eval = elapsed - last_eval >= eval_interval_minutes * 60
         due_ckpt = elapsed - last_ckpt >= ckpt_interval_minutes * 60
         if due_eval or due_ckpt:
@@ -320,16 +408,24 @@ def main(config):
             clock += time.perf_counter() - paused  # evaluation and saving are not charged to the budget
             window_start += time.perf_counter() - paused
 
-    val_loss, val_acc = run_eval() if master else (None, None)
-    save(final=True)
-    if rt.compile:
-        log(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
-    log(f"final: step {step} | val loss {val_loss:.4f} (at init {init_loss:.4f}) | masked-token accuracy "
-        f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"
-        if master else "")
+    if stop:
+        save()
+        name = signal.Signals(signals[0]).name if signals else "a signal to another rank"
+        log(f"stopped by {name} at step {step} ({tokens_seen / 1e6:.1f}M tokens, {elapsed / 60:.1f} min): saved "
+            f"{ckpt_path}; continue with the same command and --resume=True")
+    else:
+        val_loss, val_acc = run_eval() if master else (None, None)
+        save(final=True)
+        if rt.compile:
+            log(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
+        log(f"final: step {step} | val loss {val_loss:.4f} (at init {init_loss:.4f}) | masked-token accuracy "
+            f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"
+            if master else "")
     if ddp:
         dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others
         dist.destroy_process_group()
+    if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
+        sys.exit(128 + (signals[0] if signals else signal.SIGTERM))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,209 @@
+"""What a 24-hour run relies on: every sequence once per epoch, the same run under torchrun,
+surviving SIGTERM/SIGINT/SIGKILL, skipping non-finite updates, safe checkpoint loading, and
+one-line errors for bad input."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import runtime
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
+from data import mask_tokens
+from model import CrammedBert, param_groups
+from train import repeat_warning, rows_at, train_step
+
+# 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
+TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--budget_tokens=49152", "--log_interval=1", "--eval_sequences=32"]
+
+
+def step_lines(stdout):
+    """{step: (loss, lr, batch)} from the log."""
+    return {int(s): (loss, lr, batch) for s, loss, lr, batch in
+            re.findall(r"^step (\d+) \| loss ([\d.]+) \| lr ([\d.e+-]+) \| batch (\d+) \|", stdout, re.M)}
+
+
+def test_rows_visit_every_sequence_once_per_epoch():
+    n = 10
+    first_two_epochs = rows_at(0, 2 * n, n, seed=0)
+    assert sorted(first_two_epochs[:n]) == list(range(n)) and sorted(first_two_epochs[n:]) == list(range(n))
+    assert list(first_two_epochs[:n]) != list(first_two_epochs[n:])  # each epoch its own order
+    pieces = np.concatenate([rows_at(0, 7, n, 0), rows_at(7, 6, n, 0), rows_at(13, 7, n, 0)])
+    assert list(pieces) == list(first_two_epochs)  # the same order however it is sliced (resume, ranks)
+    assert list(rows_at(0, n, n, seed=1)) != list(first_two_epochs[:n])
+
+
+def test_warning_when_the_budget_repeats_the_data():
+    # 600k tokens/s for the 23 h left of a day: about 50B tokens, 5 epochs of a 10B-token corpus
+    warning = repeat_warning(600e3, 3600.0, 24 * 3600.0, 2e9, 10e9)
+    assert "about 51.68B tokens, 5.2 epochs of the 10.00B training tokens" in warning
+    assert repeat_warning(600e3, 3600.0, 24 * 3600.0, 2e9, 100e9) is None
+
+
+def test_two_processes_train_like_one(prepared, tmp_path):
+    """Under torchrun each rank takes a disjoint share of the global batch: 2 processes give the
+    losses and parameters of 1 process with the same global batch."""
+    common = ["train.py", f"--data_dir={prepared}", *TOKEN_RUN, "--batch_ramp=0.0", "--budget_tokens=16384"]
+    one = run_script(*common, f"--out_dir={tmp_path / 'one'}").stdout
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          *common, f"--out_dir={tmp_path / 'two'}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    losses_one, losses_two = step_lines(one), step_lines(two.stdout)
+    assert len(losses_one) == 8 and losses_one.keys() == losses_two.keys()
+    for s in losses_one:
+        assert float(losses_two[s][0]) == pytest.approx(float(losses_one[s][0]), abs=2e-4)
+        assert losses_two[s][1:] == losses_one[s][1:]  # lr and batch
+    model_one = torch.load(tmp_path / "one" / "ckpt.pt")["model"]
+    model_two = torch.load(tmp_path / "two" / "ckpt.pt")["model"]
+    for name in model_one:
+        torch.testing.assert_close(model_two[name], model_one[name], rtol=1e-4, atol=1e-5)
+
+
+def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
+    """Killed at any moment and resumed, a run ends where an uninterrupted one ends: same schedule,
+    same data order, same parameters."""
+    common = ["train.py", f"--data_dir={prepared}", *TOKEN_RUN, "--ckpt_interval_minutes=0"]
+    whole = run_script(*common, f"--out_dir={tmp_path / 'whole'}").stdout
+    out = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, *common, f"--out_dir={out}"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / "ckpt.pt").exists() or torch.load(out / "ckpt.pt")["step"] < 6:
+            assert time.time() < deadline and proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed_at = torch.load(out / "ckpt.pt")["step"]
+    resumed = run_script(*common, f"--out_dir={out}", "--resume=True").stdout
+    assert f"at step {killed_at}," in resumed
+    expected, got = step_lines(whole), step_lines(resumed)
+    assert min(got) == killed_at + 1 and max(got) == max(expected) == 46
+    for s in got:  # the lr and the batch continue the schedule, the losses the data order
+        assert got[s] == expected[s], (s, got[s], expected[s])
+    a, b = torch.load(tmp_path / "whole" / "ckpt.pt"), torch.load(out / "ckpt.pt")
+    assert a["tokens"] == b["tokens"] and 49152 <= b["tokens"] < 49152 + 64 * 32 and a["step"] == b["step"]
+    for name in a["model"]:
+        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_saves_and_exits_with_its_status(prepared, tmp_path, signum, status):
+    args = [sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
+            "--budget_hours=1.0", "--log_interval=1"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:  # wait for training to run
+        lines.append(line)
+        if line.startswith("step 3 "):
+            break
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    stdout = "".join(lines) + stdout
+    assert proc.returncode == status, stderr[-2000:]
+    stop = re.search(rf"stopped by {signal.Signals(signum).name} at step (\d+) .*--resume=True", stdout)
+    assert stop, stdout[-2000:]
+    ckpt = torch.load(tmp_path / "ckpt.pt")
+    assert ckpt["step"] == int(stop.group(1)) >= 3 and not ckpt["final"]
+
+
+def test_a_non_finite_gradient_skips_the_update():
+    torch.manual_seed(0)
+    rt = runtime.setup("cpu", "float32", compile=False)
+    model = CrammedBert(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
+    optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-3)
+    idx = torch.randint(0, 296, (8, 32))
+    batch = mask_tokens(idx, 0.25, 299, 296, torch.Generator().manual_seed(0))
+    _, applied = train_step(model, optimizer, rt.grad_scaler(), lambda m: batch, 1, 1e-3, 0.5, rt)
+    assert applied
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps_before = optimizer.state_dict()["state"][0]["step"].item()
+    poisoned = model.forward
+
+    def nan_loss(*args):
+        loss, correct = poisoned(*args)
+        return loss * float("nan"), correct
+    model.forward = nan_loss
+    loss, applied = train_step(model, optimizer, rt.grad_scaler(), lambda m: batch, 2, 1e-3, 0.5, rt)
+    assert not applied and not torch.isfinite(loss)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k  # weights untouched
+    assert optimizer.state_dict()["state"][0]["step"].item() == steps_before  # moments untouched
+    assert all(p.grad is None for p in model.parameters())
+    model.forward = poisoned
+    assert train_step(model, optimizer, rt.grad_scaler(), lambda m: batch, 1, 1e-3, 0.5, rt)[1]
+
+
+def test_repeated_non_finite_steps_stop_and_name_the_checkpoint(pretrained, tmp_path):
+    """A weight gone NaN makes every step non-finite: the run stops after max_skipped_steps with
+    one line naming the last good checkpoint, and writes nothing over it."""
+    ckpt = torch.load(pretrained)
+    ckpt["model"]["blocks.0.ffn.up.weight"][0, 0] = float("nan")
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    proc = run_script("train.py", f"--data_dir={ckpt['data_dir']}", f"--out_dir={tmp_path}", *TINY_MODEL,
+                      "--resume=True", "--budget_hours=0.1", check=False)
+    assert_one_line_error(proc, "5 steps in a row had a non-finite gradient", f"{tmp_path / 'ckpt.pt'} at step 60")
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(prepared, pretrained, tmp_path):
+    marker = tmp_path / "code_ran"
+    ckpt = torch.load(pretrained)
+    ckpt["config"] = RunsCode(str(marker))
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    for proc in (run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
+                            "--resume=True", check=False),
+                 run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", "--glue_dir=x", check=False)):
+        assert_one_line_error(proc, "was refused", "could run code")
+    assert not marker.exists()
+
+
+def test_bad_run_settings_and_data(prepared, pretrained, tmp_path, corpus_file):
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL]
+    assert_one_line_error(run_script(*train, "--budget_hours=0", check=False), "--budget_hours must be above 0")
+    assert_one_line_error(run_script(*train, "--budget_hours=-1", check=False), "--budget_hours must be above 0")
+    assert_one_line_error(run_script(*train, "--batch_size=40", check=False), "multiple of --micro_batch=16")
+    assert_one_line_error(run_script(*train, "--micro_batch=1.5", check=False), "--micro_batch expects int")
+    # a data folder that is empty, half prepared or truncated
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(run_script("train.py", f"--data_dir={empty}", *TINY_MODEL, check=False), "prepare.py")
+    half = tmp_path / "half"
+    shutil.copytree(prepared, half)
+    (half / "meta.json").unlink()
+    assert_one_line_error(run_script("train.py", f"--data_dir={half}", *TINY_MODEL, check=False), "meta.json")
+    truncated = tmp_path / "truncated"
+    shutil.copytree(prepared, truncated)
+    with open(truncated / "train.bin", "r+b") as f:
+        f.truncate(1000)
+    assert_one_line_error(run_script("train.py", f"--data_dir={truncated}", *TINY_MODEL, check=False),
+                          "does not match meta.json")
+    # resuming a checkpoint on data with another vocabulary
+    other = tmp_path / "other_vocab"
+    run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={other}", "--vocab_size=320", "--seq_len=32",
+               "--val_fraction=0.05")
+    shutil.copy(pretrained, tmp_path / "ckpt.pt")
+    proc = run_script("train.py", f"--data_dir={other}", f"--out_dir={tmp_path}", *TINY_MODEL, "--resume=True",
+                      check=False)
+    assert_one_line_error(proc, "differs from this config in vocab_size")
+    assert (tmp_path / "ckpt.pt").read_bytes() == pretrained.read_bytes()
