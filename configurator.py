@@ -8,14 +8,16 @@ wrong type are errors (a typo must never be silently ignored).
 """
 import ast
 import os
+import re
 
 CONFIG_TYPES = (bool, int, float, str, tuple)
 
 
 def config_keys(namespace):
-    """The overridable settings of a script: its public globals of plain types."""
+    """The overridable settings of a script: its public lower-case globals of plain types
+    (UPPER_CASE names are constants)."""
     return {k: v for k, v in namespace.items()
-            if not k.startswith("_") and type(v) in CONFIG_TYPES}
+            if not k.startswith("_") and not k.isupper() and type(v) in CONFIG_TYPES}
 
 
 def _check(key, value, known):
@@ -48,9 +50,38 @@ def read_config_file(path):
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 
 
-def configure(namespace, argv):
-    """Apply config files and --key=value overrides from argv to namespace (a script's globals())."""
+SETTINGS_RULE = "# " + "-" * 77  # the line above and below a script's settings
+
+
+def settings_help(namespace):
+    """The script's docstring, then its settings block: each setting as --key=default with its
+    comment, and the block's section comments, as the script's top lists them."""
     known = config_keys(namespace)
+    lines = [(namespace.get("__doc__") or "").strip(), "",
+             "settings (config files and --key=value override them, in order):"]
+    with open(namespace["__file__"]) as f:
+        source = f.read().splitlines()
+    rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
+    for line in source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []:
+        setting = re.match(r"(\w+)\s*=\s*[^#]*?(?:#\s*(.*))?$", line)
+        if setting and setting.group(1) in known:
+            key = setting.group(1)
+            default = known[key] if isinstance(known[key], str) else repr(known[key])  # as typed after --key=
+            lines.append((f"  --{key}={default}".ljust(36) + f" {setting.group(2) or ''}").rstrip())
+        elif line.startswith("#"):  # a section
+            lines.append(line.lstrip("# "))
+        elif line.strip().startswith("#"):  # a comment continued
+            lines.append(" " * 37 + line.strip().lstrip("# "))
+    return "\n".join(lines)
+
+
+def configure(namespace, argv):
+    """Apply config files and --key=value overrides from argv to namespace (a script's globals()).
+    --help or -h prints the script's settings and exits."""
+    known = config_keys(namespace)
+    if {"--help", "-h"} & set(argv):
+        print(settings_help(namespace))
+        raise SystemExit(0)
     for arg in argv:
         if arg.startswith("--"):
             key, sep, raw = arg[2:].partition("=")

@@ -10,8 +10,10 @@ count (the reference's choice: the run ends on time, whatever the hardware). The
 training time, compilation included; evaluation and checkpointing are not counted.
 """
 import functools
+import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -23,13 +25,14 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import get_batch, load_checkpoint, load_meta, load_tokens, mask_tokens, save_checkpoint
+from data import (get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens, parse_ranks,
+                  save_checkpoint)
 from model import CrammedBert, param_groups
 
 # -----------------------------------------------------------------------------
-data_dir = "data/pydocs"
-out_dir = "out"
-budget_hours = 24.0
+data_dir = "data/pydocs"  # written by prepare.py
+out_dir = "out"           # ckpt.pt and metrics.jsonl go here
+budget_hours = 24.0       # training time, compilation included; the schedules follow the share spent
 budget_tokens = 0         # > 0: the schedules follow tokens trained instead of the clock and the run ends there
                           # (reproducible runs, equal-token comparisons); budget_hours is then not used
 max_steps = 0             # also stop after this many optimizer steps (0: budget only)
@@ -38,24 +41,24 @@ resume = False            # continue from out_dir/ckpt.pt
 n_layers = 16
 d_model = 768
 n_heads = 12
-d_ffn = 3072
-bias = False
-norm_first = True
-glu = True
-learned_positions = False
-head_transform = False
+d_ffn = 3072              # feed-forward width (split into gate and value halves when glu)
+bias = False              # biases in the linear layers
+norm_first = True         # pre-LayerNorm (False: the original post-norm)
+glu = True                # gated GELU feed-forward
+learned_positions = False  # False: scaled sinusoidal positions
+head_transform = False    # the original BERT's dense + GELU + LayerNorm before the output layer
 dropout = 0.0             # the reference configures 0.1 but turns it off for pretraining
-sparse_prediction = True
+sparse_prediction = True  # only the masked positions reach the output layer
 # objective
-mask_rate = 0.25
+mask_rate = 0.25          # share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 eval_mask_rate = 0.25     # validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
-lr = 1e-3
+lr = 1e-3                 # peak learning rate (AdamW)
 beta1 = 0.9
 beta2 = 0.98
 eps = 1e-12
-weight_decay = 0.01
-grad_clip = 0.5
+weight_decay = 0.01       # not on biases, norms and scalars
+grad_clip = 0.5           # gradient norm clipping (0: off)
 lr_schedule = "triangle"  # 'triangle' (reference, see lr_at) or 'warmup_linear' (original BERT)
 warmup = 0.01             # warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # sequences per device per forward pass; 0: on a GPU the largest that fits (a probe), 32 on a CPU
@@ -67,12 +70,16 @@ dtype = "auto"            # autocast: 'auto' (bfloat16 on a GPU that has it, els
                           # 'float32', 'bfloat16', 'float16' (with loss scaling)
 compile = True            # torch.compile the training step (inductor; on a CPU too)
 peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
-seed = 0
+seed = 0                  # model initialisation, data order and masks
 log_interval = 10         # steps
 max_skipped_steps = 5     # stop after this many updates in a row skipped for a non-finite gradient
 eval_interval_minutes = 30.0
-eval_sequences = 4096
+eval_sequences = 4096     # validation sequences per evaluation (fixed masks)
 ckpt_interval_minutes = 60.0
+fill_in_examples = 3      # at the end, fill-in-the-blank examples from the validation text
+wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
+wandb_project = "cram"
+wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ffn", "bias", "norm_first", "glu", "learned_positions",
               "head_transform", "dropout", "sparse_prediction")
@@ -184,6 +191,31 @@ def evaluate(model, tokens, meta, batch, rt, n_sequences):
         predicted += labels.numel()
     model.train()
     return loss_sum / predicted, correct / predicted
+
+
+@torch.no_grad()
+def fill_in(model, tokens, meta, enc, rt, n, seed):
+    """n fill-in-the-blank lines: one word of each of n validation sequences spread over the split
+    replaced by [MASK], beside the model's three likeliest tokens for it."""
+    rng = np.random.default_rng(seed)
+    n_regular, lines = meta["n_regular"], []
+    model.eval()
+    for ids in np.asarray(tokens[np.linspace(0, len(tokens) - 1, n).astype(int)], dtype=np.int64):
+        words = [i for i in range(8, len(ids) - 4) if ids[i] < n_regular and
+                 re.fullmatch(r" [A-Za-z]{3,}", enc.decode([int(ids[i])]))]
+        if not words:
+            continue
+        pos = words[rng.integers(len(words))]
+        inputs = torch.tensor(ids, device=rt.device)[None]
+        inputs[0, pos] = meta["special_ids"]["[MASK]"]
+        with rt.autocast():
+            logits = model.logits(model.encode(inputs)[:, pos]).float()
+        probs, top = logits[0, :n_regular].softmax(-1).topk(3)
+        context = f"{enc.decode(ids[max(0, pos - 16):pos].tolist())} ____{enc.decode(ids[pos + 1:pos + 6].tolist())}"
+        guesses = ", ".join(f"{enc.decode([t])!r} {p:.2f}" for t, p in zip(top.tolist(), probs.tolist()))
+        lines.append(f"fill in: ...{' '.join(context.split())}... -> {guesses} (true: {enc.decode([int(ids[pos])])!r})")
+    model.train()
+    return lines
 
 
 def probe_micro_batch(model_args, rt, largest):
@@ -298,6 +330,23 @@ def main(config):
         log(f"warning: --budget_tokens={budget_tokens:,} is {budget_tokens / (n_rows * seq_len):.1f} epochs of the "
             f"training data: repeated data overfits; prepare a larger corpus (see the README)")
 
+    # every log and evaluation line as JSON: a fresh run starts the file, a resumed one appends
+    # (steps redone after a hard kill appear twice; the later line is the one that counts)
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    if master and not resume:
+        open(metrics_path, "w").close()
+    if master and wandb_log:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
+                   config=config)
+
+    def record(**fields):
+        if master:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(fields) + "\n")
+            if wandb_log:
+                wandb.log(fields, step=fields["step"])
+
     def save(final=False):
         nonlocal last_saved
         if master:
@@ -312,6 +361,8 @@ def main(config):
         val_loss, val_acc = evaluate(raw_model, val_tokens, meta, micro_batch, rt, eval_sequences)
         log(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {val_acc:.3f} | "
             f"{elapsed / 60:.1f} min, {tokens_seen / 1e6:.1f}M tokens")
+        record(kind="eval", step=step, elapsed=round(elapsed, 2), tokens=tokens_seen, val_loss=val_loss,
+               accuracy=val_acc)
         return val_loss, val_acc
 
     if init_loss is None and master:
@@ -383,11 +434,13 @@ def main(config):
             window = time.perf_counter() - window_start
             tokens_per_s = window_tokens / window
             budget_left = f"{100 * (1 - progress):.0f}% of the budget left"
-            mfu = f" | mfu {100 * flops_per_token * tokens_per_s / world / peak:.1f}%" if peak else ""
+            mfu = flops_per_token * tokens_per_s / world / peak if peak else None
             memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
             log(f"step {step} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
-                f"{mfu}{memory} | epoch {tokens_seen / (n_rows * seq_len):.2f} | {elapsed / 60:.1f} min | {budget_left}"
-                f"{f' | {skipped} updates skipped (non-finite)' if skipped else ''}")
+                f"{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{memory} | epoch {tokens_seen / (n_rows * seq_len):.2f} | "
+                f"{elapsed / 60:.1f} min | {budget_left}{f' | {skipped} updates skipped (non-finite)' if skipped else ''}")
+            record(kind="train", step=step, elapsed=round(elapsed, 2), tokens=tokens_seen, loss=loss, lr=step_lr,
+                   batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu, skipped=skipped)
             window_start, window_tokens = time.perf_counter(), 0
             rt.reset_peak_memory()  # each log line reports the peak of its own window
             if not warned_repeat and elapsed >= min(120.0, 0.05 * budget):
@@ -418,6 +471,10 @@ def main(config):
         save(final=True)
         if rt.compile:
             log(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
+        if master and fill_in_examples:
+            enc = make_encoding(parse_ranks(tokenizer_text), meta["special_ids"])
+            for line in fill_in(raw_model, val_tokens, meta, enc, rt, fill_in_examples, seed):
+                log(line)
         log(f"final: step {step} | val loss {val_loss:.4f} (at init {init_loss:.4f}) | masked-token accuracy "
             f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"
             if master else "")

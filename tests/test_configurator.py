@@ -50,3 +50,22 @@ def test_config_file_then_command_line(tmp_path):
         configure(namespace(), [str(bad)])
     with pytest.raises(SystemExit, match="config file not found"):
         configure(namespace(), [str(tmp_path / "missing.py")])
+
+
+@pytest.mark.parametrize("script", ["train.py", "prepare.py", "bench.py", "finetune_glue.py"])
+def test_help_lists_every_setting_with_its_default_and_comment(script):
+    import runpy
+    from conftest import ROOT, run_script
+    for flag in ("--help", "-h"):
+        proc = run_script(script, flag)
+        assert proc.returncode == 0 and proc.stderr == ""
+        out = proc.stdout
+        first_docstring_line = open(f"{ROOT}/{script}").read().split('"""')[1].splitlines()[0]
+        assert out.startswith(first_docstring_line)
+        settings = runpy.run_path(f"{ROOT}/{script}", run_name="not_main")
+        from configurator import config_keys
+        for key in config_keys(settings):
+            assert f"  --{key}=" in out, key
+    if script == "train.py":
+        assert "  --budget_hours=24.0" in out and "the schedules follow the share spent" in out
+        assert "  --data_dir=data/pydocs" in out and "model (the reference crammed-BERT shape" in out

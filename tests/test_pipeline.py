@@ -4,6 +4,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 import torch
 
 import prepare
@@ -81,6 +82,19 @@ def test_train_learns_checkpoints_and_resumes(prepared, tmp_path):
     ckpt = torch.load(out / "ckpt.pt", weights_only=False)
     assert ckpt["step"] == steps and ckpt["final"] and 0.006 * 3600 <= ckpt["elapsed"] < 0.006 * 3600 + 5
     assert ckpt["tokenizer"] == (prepared / "tokenizer.tiktoken").read_text()
+    # what the model learned, in words: a masked word of the validation text and its top guesses
+    fill_ins = re.findall(r"^fill in: \.\.\..* ____ ?.*\.\.\. -> ('.*' [\d.]+, ){2}'.*' [\d.]+ \(true: '.*'\)$",
+                          proc.stdout, re.M)
+    assert len(fill_ins) == 3, proc.stdout
+    # every log and evaluation line is in metrics.jsonl
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [m for m in metrics if m["kind"] == "train"]
+    evals = [m for m in metrics if m["kind"] == "eval"]
+    assert len(logged) == len(re.findall(r"^step \d+ \|", proc.stdout, re.M)) > 0
+    assert len(evals) == len(re.findall(r"^eval ", proc.stdout, re.M)) >= 2
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == steps and evals[-1]["val_loss"] == pytest.approx(loss, abs=1e-4)
+    assert {"elapsed", "tokens", "loss", "lr", "batch", "tokens_per_s", "mfu"} <= logged[0].keys()
+    before = (out / "metrics.jsonl").read_text()
 
     # a fresh run must not overwrite the checkpoint
     assert_one_line_error(run_script(*common, "--budget_hours=0.006", check=False), "--resume=True")
@@ -95,6 +109,8 @@ def test_train_learns_checkpoints_and_resumes(prepared, tmp_path):
     assert float(first_log.group(2)) > 0.8 * 3e-3
     ckpt = torch.load(out / "ckpt.pt", weights_only=False)
     assert ckpt["step"] == resumed_steps and ckpt["elapsed"] >= 0.008 * 3600
+    after = (out / "metrics.jsonl").read_text()
+    assert after.startswith(before) and json.loads(after.splitlines()[-1])["step"] == resumed_steps  # appended
 
     assert_one_line_error(run_script(*common, "--resume=True", "--n_layers=3", check=False), "differs", "n_layers")
 
