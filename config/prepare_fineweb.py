@@ -7,4 +7,3 @@ hf_config = "sample-10BT"
 vocab_size = 32768
 val_fraction = 0.0005
 tokenizer_train_chars = 2_000_000_000
-max_tokens_per_char = 0.3  # the reference's compression filter, loosened for byte-level BPE

@@ -50,6 +50,10 @@ def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
     proc = run_script("prepare.py", f"--dataset={tmp_path / 'docs.jsonl'}", f"--out_dir={tmp_path / 'x'}",
                       "--vocab_size=300", check=False)
     assert_one_line_error(proc, "no 'text' field", "--text_field")
+    (tmp_path / "numbers.jsonl").write_text("".join(json.dumps({"text": i}) + "\n" for i in range(50)))
+    proc = run_script("prepare.py", f"--dataset={tmp_path / 'numbers.jsonl'}", f"--out_dir={tmp_path / 'n'}",
+                      "--vocab_size=300", check=False)
+    assert_one_line_error(proc, "field 'text' holds int, not text")
 
 
 def test_prepare_bad_sources(tmp_path):
@@ -150,8 +154,77 @@ def test_prepare_failure_leaves_no_partial_files_and_reuses_the_tokenizer(tmp_pa
     args = ["prepare.py", f"--dataset={data}", f"--out_dir={out}", "--vocab_size=300", "--seq_len=32",
             "--tokenizer_train_chars=20000"]  # the tokenizer reads only the intact start
     assert_one_line_error(run_script(*args, check=False), "cannot read", "books.txt.gz")
-    assert sorted(p.name for p in out.iterdir()) == ["settings.json", "tokenizer.tiktoken"]
+    # only work in progress is left: no token file or meta.json that could pass for finished
+    assert not {"train.bin", "val.bin", "meta.json"} & {p.name for p in out.iterdir()}
     data.write_bytes(whole)
     proc = run_script(*args)
     assert "reusing" in proc.stdout and load_meta(out)["documents"] == len(corpus_file.read_text().split("\n\n"))
-    assert not list(out.glob("*.tmp"))
+    assert not list(out.glob("*.tmp")) and not (out / "progress.json").exists()
+
+
+def test_prepare_killed_midway_resumes_to_identical_files(tmp_path):
+    """SIGKILL at any moment, then the same command: the token files are byte for byte those of
+    an uninterrupted run, and only the work since the last progress record is redone."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT, synthetic_corpus
+    docs = []
+    for i, doc in enumerate(synthetic_corpus(n_docs=25000, seed=1)):
+        docs.append(doc)
+        if i % 5 == 4:  # duplicates all along, so the de-duplication state must survive the kill
+            docs.append(docs[-4])
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("\n\n".join(docs) + "\n")
+    args = ["prepare.py", f"--dataset={corpus}", "--vocab_size=300", "--seq_len=32", "--val_fraction=0.05",
+            "--tokenizer_train_chars=50000", "--progress_minutes=0", "--workers=1"]
+    run_script(*args, f"--out_dir={tmp_path / 'whole'}")
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, *args, f"--out_dir={out}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.time() + 120
+        while not (out / "progress.json").exists() or json.loads((out / "progress.json").read_text())["read"] < 5000:
+            assert time.time() < deadline and proc.poll() is None, "the preparation ended before it could be killed"
+            time.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (out / "meta.json").exists()
+    resumed = run_script(*args, f"--out_dir={out}").stdout
+    assert "resuming an interrupted preparation after" in resumed
+    for name in ("tokenizer.tiktoken", "train.bin", "val.bin"):
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    counts = ("documents", "short_documents", "duplicate_documents", "dropped_documents", "train_tokens", "val_tokens",
+              "train_sequences", "val_sequences")
+    assert [load_meta(out)[k] for k in counts] == [load_meta(tmp_path / "whole")[k] for k in counts]
+    assert load_meta(out)["duplicate_documents"] == 5000
+    assert not (out / "progress.json").exists() and not list(out.glob("*.tmp"))
+
+
+def test_prepare_cleaning_counts(tmp_path, corpus_file):
+    """Exact duplicates (up to case and spacing) and documents that compress far worse than the
+    corpus' median are dropped, and meta.json counts both."""
+    import random
+    docs = corpus_file.read_text().strip().split("\n\n")
+    rng = random.Random(0)
+    garbage = ["".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(200)) for _ in range(3)]
+    repeats = [docs[i].lower().replace(". ", ".  ") for i in (5, 50, 100)]
+    data = tmp_path / "dirty.txt"
+    data.write_text("\n\n".join(docs[:200] + garbage + repeats + docs[200:]) + "\n")
+    out = tmp_path / "out"
+    run_script("prepare.py", f"--dataset={data}", f"--out_dir={out}", "--vocab_size=384", "--seq_len=32")
+    meta = load_meta(out)
+    assert meta["duplicate_documents"] == 3 and meta["dropped_documents"] == 3
+    assert 0.1 < meta["median_tokens_per_char"] < 1 and meta["max_tokens_per_char"] == pytest.approx(
+        1.5 * meta["median_tokens_per_char"], abs=1e-3)
+    tokens = np.concatenate([np.asarray(load_tokens(out, split)).ravel() for split in ("train", "val")])
+    assert meta["train_tokens"] + meta["val_tokens"] - len(tokens) < 32 * 2  # only the partial sequences
+    run_script("prepare.py", f"--dataset={data}", f"--out_dir={tmp_path / 'raw'}", "--vocab_size=384",
+               "--seq_len=32", "--dedup=False", "--max_compression=0")
+    raw = load_meta(tmp_path / "raw")
+    assert raw["duplicate_documents"] == raw["dropped_documents"] == 0
+    removed = meta["dropped_documents"] + meta["duplicate_documents"]  # each kept document also carries a [SEP]
+    assert raw["train_tokens"] + raw["val_tokens"] == (meta["train_tokens"] + meta["val_tokens"] + meta["dropped_tokens"]
+                                                       + meta["duplicate_tokens"] + removed)
