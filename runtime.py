@@ -121,13 +121,13 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
     """The largest power-of-two micro-batch from `smallest` up to `largest` whose peak memory
     stays under (1 - margin) of `capacity` bytes; the margin leaves room for fragmentation and
     for what changes between the probe and training. peak_bytes(size) runs a training step at
-    that size and returns its peak memory, raising torch.OutOfMemoryError when it does not fit.
+    that size and returns its peak memory, raising torch.cuda.OutOfMemoryError when it does not fit.
     Returns (size, {size: peak bytes or None where out of memory})."""
     tried, best, size = {}, None, smallest
     while size <= largest:
         try:
             tried[size] = peak_bytes(size)
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             tried[size] = None
             break
         if tried[size] > (1 - margin) * capacity:

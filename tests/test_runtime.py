@@ -107,7 +107,7 @@ def test_largest_micro_batch_respects_the_memory_limit():
         asked.append(size)
         need = gib + size * 40 * 2 ** 20
         if need > 16 * gib:
-            raise torch.OutOfMemoryError("simulated")
+            raise torch.cuda.OutOfMemoryError("simulated")
         return need
 
     size, tried = runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=8192)
