@@ -7,7 +7,9 @@
 
 The learning rate and the batch size follow the fraction of the budget spent, not the step
 count (the reference's choice: the run ends on time, whatever the hardware). The budget counts
-training time, compilation included; evaluation and checkpointing are not counted.
+training time, compilation included; evaluation and checkpointing are not counted. Ctrl-C or
+SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same command with
+--resume=True continues the schedules and the data order where they were.
 """
 import functools
 import json
