@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens, parse_ranks,
-                  save_checkpoint)
+from data import (SPECIAL_TOKENS, get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens,
+                  parse_ranks, save_checkpoint)
 from model import CrammedBert, param_groups
 
 # -----------------------------------------------------------------------------
@@ -154,13 +154,13 @@ def rows_at(start, count, n_rows, seed):
     return np.concatenate(parts)
 
 
-def repeat_warning(tokens_per_s, elapsed, budget, tokens_seen, train_tokens):
-    """A one-line warning when the budget, at this speed, will train on more tokens than the data holds."""
-    expected = tokens_seen + tokens_per_s * max(0.0, budget - elapsed)
+def repeat_warning(expected, train_tokens, basis):
+    """A one-line warning when the run will train on more tokens than the data holds, else None;
+    basis says where the expected count comes from."""
     if expected > train_tokens:
-        return (f"warning: at {tokens_per_s:,.0f} tokens/s the budget will train about {expected / 1e9:.2f}B tokens, "
-                f"{expected / train_tokens:.1f} epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data "
-                f"overfits; prepare a larger corpus (see the README)")
+        return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
+                f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
+                f"corpus (see the README)")
     return None
 
 
@@ -228,10 +228,11 @@ def probe_micro_batch(model_args, rt, largest):
     optimizer = rt.optimizer(param_groups(model, weight_decay), lr=0.0)
     scaler = rt.grad_scaler()
     vocab, seq = model_args["vocab_size"], model_args["seq_len"]
+    n_regular = vocab - len(SPECIAL_TOKENS)  # the special tokens take the last ids, [MASK] the very last
 
     def peak_bytes(size):
-        idx = torch.randint(0, vocab - 4, (size, seq), device=rt.device)
-        batch = mask_tokens(idx, mask_rate, vocab - 1, vocab - 4)
+        idx = torch.randint(0, n_regular, (size, seq), device=rt.device)
+        batch = mask_tokens(idx, mask_rate, vocab - 1, n_regular)
         rt.reset_peak_memory()
         train_step(model, optimizer, scaler, lambda micro_step: batch, 1, 0.0, grad_clip, rt)
         rt.synchronize()
@@ -328,9 +329,10 @@ def main(config):
     warning = rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * seq_len, torch.get_num_threads())
     if warning:
         log(warning)
-    if budget_tokens > n_rows * seq_len:
-        log(f"warning: --budget_tokens={budget_tokens:,} is {budget_tokens / (n_rows * seq_len):.1f} epochs of the "
-            f"training data: repeated data overfits; prepare a larger corpus (see the README)")
+    warning = budget_tokens and repeat_warning(budget_tokens, n_rows * seq_len,
+                                               f"with --budget_tokens={budget_tokens:,}")
+    if warning:
+        log(warning)
 
     # every log and evaluation line as JSON: a fresh run starts the file, a resumed one appends
     # (steps redone after a hard kill appear twice; the later line is the one that counts)
@@ -447,7 +449,8 @@ def main(config):
             rt.reset_peak_memory()  # each log line reports the peak of its own window
             if not warned_repeat and elapsed >= min(120.0, 0.05 * budget):
                 warned_repeat = True  # after the first minutes, when the speed is known
-                warning = repeat_warning(tokens_per_s, elapsed, budget, tokens_seen, n_rows * seq_len)
+                expected = tokens_seen + tokens_per_s * max(0.0, budget - elapsed)
+                warning = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s")
                 if warning:
                     log(warning)
         due_eval = elapsed - last_eval >= eval_interval_minutes * 60

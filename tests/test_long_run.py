@@ -40,10 +40,10 @@ def test_rows_visit_every_sequence_once_per_epoch():
 
 
 def test_warning_when_the_budget_repeats_the_data():
-    # 600k tokens/s for the 23 h left of a day: about 50B tokens, 5 epochs of a 10B-token corpus
-    warning = repeat_warning(600e3, 3600.0, 24 * 3600.0, 2e9, 10e9)
-    assert "about 51.68B tokens, 5.2 epochs of the 10.00B training tokens" in warning
-    assert repeat_warning(600e3, 3600.0, 24 * 3600.0, 2e9, 100e9) is None
+    # 600k tokens/s for the 23 h left of a day after 2B tokens: about 50B tokens, 5 epochs of 10B
+    warning = repeat_warning(2e9 + 600e3 * 23 * 3600, 10e9, "at 600,000 tokens/s")
+    assert "at 600,000 tokens/s the run will train about 51.68B tokens, 5.2 epochs of the 10.00B" in warning
+    assert repeat_warning(51.68e9, 100e9, "at 600,000 tokens/s") is None
 
 
 def test_two_processes_train_like_one(prepared, tmp_path):
@@ -72,6 +72,7 @@ def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
     same data order, same parameters."""
     common = ["train.py", f"--data_dir={prepared}", *TOKEN_RUN, "--ckpt_interval_minutes=0"]
     whole = run_script(*common, f"--out_dir={tmp_path / 'whole'}").stdout
+    assert "warning: with --budget_tokens=49,152 the run will train about 0.00B tokens, 1.5 epochs" in whole
     out = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, *common, f"--out_dir={out}"], cwd=ROOT, env=env,
