@@ -172,20 +172,29 @@ def param_groups(module, weight_decay):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-class SequenceClassifier(nn.Module):
-    """Encoder + the reference GLUE head: first token -> dense 1024 -> Tanh -> dropout -> classes.
-    num_labels=1 makes it a regression head (STS-B)."""
+class ClassificationHead(nn.Module):
+    """The reference GLUE head on the first token's hidden state: dense 1024 -> Tanh -> dropout ->
+    classes. num_labels=1 makes it a regression head (STS-B)."""
 
-    def __init__(self, encoder, num_labels, hidden=1024, dropout=0.1):
+    def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1):
         super().__init__()
-        self.encoder = encoder
-        d_model = encoder.args["d_model"]
         self.pooler = nn.Linear(d_model, hidden)
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, num_labels)
         for m in (self.pooler, self.classifier):
             CrammedBert._init_weights(m)
 
-    def forward(self, idx, padding_mask=None):
-        first = self.encoder.encode(idx, padding_mask)[:, 0]
+    def forward(self, first):
         return self.classifier(self.drop(torch.tanh(self.pooler(first))))
+
+
+class SequenceClassifier(nn.Module):
+    """Encoder + ClassificationHead, for fine-tuning on GLUE."""
+
+    def __init__(self, encoder, num_labels, hidden=1024, dropout=0.1):
+        super().__init__()
+        self.encoder = encoder
+        self.head = ClassificationHead(encoder.args["d_model"], num_labels, hidden, dropout)
+
+    def forward(self, idx, padding_mask=None):
+        return self.head(self.encoder.encode(idx, padding_mask)[:, 0])
