@@ -1,0 +1,168 @@
+"""A checkpoint -> a folder that Hugging Face transformers loads with no cram code installed.
+
+    python export.py --checkpoint=out/quickstart/ckpt.pt        # writes out/quickstart/hf/
+
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+    model = AutoModelForMaskedLM.from_pretrained("out/quickstart/hf", trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained("out/quickstart/hf")
+    pipeline("fill-mask", model=model, tokenizer=tokenizer)("The [MASK] sat on the mat.")
+
+The folder holds: model.safetensors (the encoder's weights, float32), config.json (CrammedBert's
+arguments), model.py with modeling_cram.py (the code transformers runs: AutoModel gives hidden
+states, AutoModelForMaskedLM logits at every position, AutoModelForSequenceClassification the
+reference GLUE head, new), tokenizer.json (the corpus' byte-level BPE in the `tokenizers` format,
+giving the same ids as cram's tiktoken encoding, with [PAD] [CLS] [SEP] [MASK] and the
+"[CLS] a [SEP] b [SEP]" template fine-tuning uses), and README.md, a model card with how the
+model was trained, and its GLUE scores when finetune_glue.py's glue.json is beside the checkpoint.
+The tokenizer returns no token_type_ids: the model has no segment embeddings. Written in text,
+"[MASK]" and the other three are the special tokens, as transformers users expect (cram's own
+scripts read raw text with encode_ordinary, where they are plain text).
+"""
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from configurator import configure
+from data import SPECIAL_TOKENS, load_checkpoint, parse_ranks, write_atomically, write_json
+
+# -----------------------------------------------------------------------------
+checkpoint = "out/quickstart/ckpt.pt"
+out_dir = ""              # default: hf/ beside the checkpoint
+# -----------------------------------------------------------------------------
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLASSES = {"AutoConfig": "CramConfig", "AutoModel": "CramModel", "AutoModelForMaskedLM": "CramForMaskedLM",
+           "AutoModelForSequenceClassification": "CramForSequenceClassification"}
+
+
+def bpe_merges(ranks):
+    """The merge list behind tiktoken ranks (bytes -> rank, ranks in merge order): each token longer
+    than a byte splits into the two parts that merging with lower ranks only reaches."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        parts = [token[i:i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best, i = min((ranks.get(parts[i] + parts[i + 1], math.inf), i) for i in range(len(parts) - 1))
+            if best >= rank:
+                raise SystemExit(f"error: the tokenizer's token {token!r} cannot be built from lower-ranked merges")
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) == 2:
+            merges.append(tuple(parts))
+    return merges
+
+
+def hf_tokenizer(ranks, special_ids, seq_len):
+    """cram's tokenizer as a `tokenizers` Tokenizer that gives the same ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    from prepare import bytes_to_unicode
+    char = bytes_to_unicode()  # the byte-level alphabet the BPE was trained in
+
+    def text(token):
+        return "".join(char[b] for b in token)
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    merges = [(text(a), text(b)) for a, b in bpe_merges(ranks)]
+    # ignore_merges: a pre-token that is itself in the vocabulary is one token, as in tiktoken
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # GPT-2's split, as ours
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    got = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+    if got != special_ids:
+        raise SystemExit(f"error: special token ids {got} differ from the checkpoint's {special_ids}")
+    cls, sep = ("[CLS]", special_ids["[CLS]"]), ("[SEP]", special_ids["[SEP]"])
+    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                             special_tokens=[cls, sep])
+    tokenizer.enable_truncation(seq_len)
+    return tokenizer
+
+
+def training_facts(ckpt, run_dir):
+    """Markdown lines on how the checkpoint was trained, from the checkpoint and the files beside it."""
+    from compare import read_metrics
+    config, meta = ckpt.get("config", {}), ckpt["meta"]
+    hours = config.get("budget_hours", float("nan"))
+    budget = (f"{config['budget_tokens']:,} tokens" if config.get("budget_tokens")
+              else f"{hours:g} hours" if hours >= 1 else f"{60 * hours:g} minutes")
+    lines = [f"- Data: {meta.get('source', 'unknown')} ({meta.get('train_sequences', 0):,} training sequences of "
+             f"{meta['seq_len']} tokens; vocabulary {meta['vocab_size']:,}, a byte-level BPE trained on that text)",
+             f"- Budget: {budget}; trained {ckpt['step']:,} steps, {ckpt['tokens'] / 1e6:,.1f}M tokens in "
+             f"{ckpt['elapsed'] / 60:,.1f} minutes" + ("" if ckpt.get("final") else " (an intermediate checkpoint)"),
+             f"- Objective: masked language modelling, {100 * config.get('mask_rate', float('nan')):g}% of the tokens "
+             f"masked (80% [MASK], 10% random, 10% kept)"]
+    if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+        last = read_metrics(run_dir)[-1]
+        lines.append(f"- Validation at step {last['step']:,}: MLM loss {last['val_loss']:.4f}, masked-token accuracy "
+                     f"{last['accuracy']:.3f} (25% of held-out tokens masked)")
+    glue_path = os.path.join(run_dir, "glue.json")
+    if os.path.isfile(glue_path):
+        from finetune_glue import table
+        with open(glue_path) as f:
+            glue = json.load(f)
+        lines += ["", f"GLUE dev scores (finetune_glue.py, median of {len(glue['seeds'])} seed(s), "
+                      f"reference: the published crammed BERT):", "", table(glue["tasks"])[0]]
+    return lines
+
+
+def model_card(ckpt, run_dir, folder_name):
+    a = ckpt["model_args"]
+    shape = (f"{a['n_layers']} layers, width {a['d_model']}, {a['n_heads']} heads, feed-forward {a['d_ffn']}"
+             f"{' (gated GELU)' if a['glu'] else ''}, sequence length {a['seq_len']}")
+    return "\n".join([
+        "---", "library_name: transformers", "pipeline_tag: fill-mask", "tags: [cram, bert, masked-lm]", "---",
+        "", "# A crammed BERT encoder trained from scratch with cram", "",
+        f"{shape}; {'pre' if a['norm_first'] else 'post'}-LayerNorm, "
+        f"{'scaled sinusoidal' if not a['learned_positions'] else 'learned'} positions, tied output layer.", "",
+        "## How it was trained", "", *training_facts(ckpt, run_dir), "",
+        "## Use", "", "```python", "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
+        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',
+        f'model = AutoModelForMaskedLM.from_pretrained("{folder_name}", trust_remote_code=True)',
+        'print(pipeline("fill-mask", model=model, tokenizer=tokenizer)("The [MASK] of the river."))', "```", "",
+        "`AutoModel` gives the final hidden states, `AutoModelForSequenceClassification` adds the reference GLUE "
+        "head (first token -> dense 1024 -> Tanh -> dropout -> classes; `num_labels=1` regresses), newly "
+        "initialised. The reference fine-tunes with dropout 0.1 (pass `dropout=0.1` to `from_pretrained`); "
+        "pretraining ran without. The tokenizer gives no token_type_ids: the model has no segment embeddings.", ""])
+
+
+def main():
+    ckpt = load_checkpoint(checkpoint)
+    run_dir = os.path.dirname(os.path.abspath(checkpoint))
+    folder = out_dir or os.path.join(run_dir, "hf")
+    meta, args = ckpt["meta"], ckpt["model_args"]
+    ranks = parse_ranks(ckpt["tokenizer"])
+    if len(ranks) + len(SPECIAL_TOKENS) != args["vocab_size"]:
+        raise SystemExit(f"error: {checkpoint}: its tokenizer has {len(ranks) + len(SPECIAL_TOKENS)} tokens but its "
+                         f"model {args['vocab_size']}")
+    tokenizer = hf_tokenizer(ranks, meta["special_ids"], args["seq_len"])
+
+    from safetensors.torch import save_file
+    os.makedirs(folder, exist_ok=True)
+    # every transformers class keeps the encoder as `cram`, so the keys get that prefix
+    weights = {f"cram.{k}": v.float().contiguous() for k, v in ckpt["model"].items()}
+    write_atomically(os.path.join(folder, "model.safetensors"),
+                     lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+    specials = meta["special_ids"]
+    write_json(os.path.join(folder, "config.json"), dict(
+        architectures=["CramForMaskedLM"], model_type="cram", auto_map={k: f"modeling_cram.{v}" for k, v in CLASSES.items()},
+        **args, classifier_hidden=1024, classifier_dropout=0.1, pad_token_id=specials["[PAD]"],
+        cls_token_id=specials["[CLS]"], sep_token_id=specials["[SEP]"], mask_token_id=specials["[MASK]"],
+        torch_dtype="float32"))
+    write_atomically(os.path.join(folder, "tokenizer.json"), tokenizer.save)
+    write_json(os.path.join(folder, "tokenizer_config.json"), dict(
+        tokenizer_class="PreTrainedTokenizerFast", model_max_length=args["seq_len"], padding_side="right",
+        pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+        model_input_names=["input_ids", "attention_mask"]))
+    for name in ("model.py", "modeling_cram.py"):
+        shutil.copyfile(os.path.join(HERE, name), os.path.join(folder, name))
+    card = model_card(ckpt, run_dir, folder)
+    write_atomically(os.path.join(folder, "README.md"), lambda tmp: Path(tmp).write_text(card))
+    print(f"wrote {folder}: {sum(v.numel() for v in ckpt['model'].values()) / 1e6:.2f}M parameters, "
+          f"{len(ranks) + len(SPECIAL_TOKENS):,} tokens; load it with "
+          f"AutoModelForMaskedLM.from_pretrained({folder!r}, trust_remote_code=True)")
+
+
+if __name__ == "__main__":
+    configure(globals(), sys.argv[1:])
+    main()

@@ -1,0 +1,112 @@
+"""Hugging Face transformers classes around model.py, for checkpoints exported by export.py.
+
+export.py copies this file and model.py into the exported folder, and transformers imports them
+from there with `trust_remote_code=True` (hence the relative import: cram itself never imports
+this file). The wrappers only translate: config.json <-> CrammedBert's arguments, the attention
+mask <-> our padding mask, and our tensors <-> transformers' output classes.
+
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    model = AutoModelForMaskedLM.from_pretrained("out/quickstart/hf", trust_remote_code=True)
+"""
+import inspect
+
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+from .model import ClassificationHead, CrammedBert, sinusoid_table
+
+MODEL_ARGS = [name for name in inspect.signature(CrammedBert.__init__).parameters if name != "self"]
+
+
+class CramConfig(PretrainedConfig):
+    """CrammedBert's constructor arguments, plus the GLUE head's width and dropout."""
+    model_type = "cram"
+    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                     "intermediate_size": "d_ffn", "max_position_embeddings": "seq_len"}
+
+    def __init__(self, classifier_hidden=1024, classifier_dropout=0.1, **kwargs):
+        defaults = inspect.signature(CrammedBert.__init__).parameters
+        for name in MODEL_ARGS:
+            setattr(self, name, kwargs.pop(name, defaults[name].default))
+        self.classifier_hidden, self.classifier_dropout = classifier_hidden, classifier_dropout
+        super().__init__(**kwargs)
+
+    def model_args(self):
+        return {name: getattr(self, name) for name in MODEL_ARGS}
+
+
+class CramPreTrainedModel(PreTrainedModel):
+    config_class = CramConfig
+    base_model_prefix = "cram"  # every class keeps the encoder as `cram`, so one file of weights loads in all
+
+    def _init_weights(self, module):
+        """Start what the file does not hold (a new classification head) as model.py starts it, and
+        rebuild the positions table, which is not stored. transformers calls this on each module."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            CrammedBert._init_weights(module)
+        elif isinstance(module, CrammedBert) and hasattr(module, "pos_table"):
+            module.pos_table.copy_(sinusoid_table(*module.pos_table.shape))
+
+    def get_input_embeddings(self):
+        return self.cram.tok_emb
+
+    def set_input_embeddings(self, value):
+        self.cram.tok_emb = value
+
+    def hidden_states(self, input_ids, attention_mask):
+        """(B, T, d) final hidden states; attention_mask (B, T) is 1 at real tokens, 0 at padding."""
+        return self.cram.encode(input_ids, None if attention_mask is None else attention_mask.bool())
+
+
+class CramModel(CramPreTrainedModel):
+    """The encoder: final hidden states (AutoModel)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.cram = CrammedBert(**config.model_args())
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, return_dict=None, **kwargs):
+        # token_type_ids are accepted and ignored: the model has no segment embeddings
+        return BaseModelOutput(last_hidden_state=self.hidden_states(input_ids, attention_mask))
+
+
+class CramForMaskedLM(CramPreTrainedModel):
+    """Encoder + the tied output layer: logits at every position (AutoModelForMaskedLM, fill-mask)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.cram = CrammedBert(**config.model_args())
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs):
+        logits = self.cram.logits(self.hidden_states(input_ids, attention_mask))  # (B, T, V)
+        loss = None
+        if labels is not None:  # -100 marks positions without a target
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class CramForSequenceClassification(CramPreTrainedModel):
+    """Encoder + the reference GLUE head on the first token; num_labels=1 regresses
+    (AutoModelForSequenceClassification)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.cram = CrammedBert(**config.model_args())
+        self.head = ClassificationHead(config.d_model, config.num_labels, config.classifier_hidden,
+                                       config.classifier_dropout)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs):
+        logits = self.head(self.hidden_states(input_ids, attention_mask)[:, 0])  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits[:, 0].float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.long())
+        return SequenceClassifierOutput(loss=loss, logits=logits)

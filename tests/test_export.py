@@ -1,0 +1,174 @@
+"""export.py: the exported folder, loaded by transformers in a fresh process that cannot import any
+cram module, computes what cram computes: same logits, hidden states and token ids."""
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_script
+from data import load_checkpoint, make_encoding, parse_ranks
+from export import bpe_merges
+from model import CrammedBert
+from test_glue import FIXTURES
+
+# every kind of character: ASCII words and contractions, digits, punctuation runs, whitespace runs,
+# accents, combining marks, CJK, right-to-left, emoji with modifiers, control bytes, and the
+# special tokens inside text, glued and spaced
+TEXTS = [
+    "The cat saw the river in the morning.",
+    "don't you'll I'M we've   three   spaces\tand\ttabs\n\nnew lines  \n",
+    "3.14159 + 2,718 = 5.859; 1e-12 >= 0x1F? #tags @users 100% (ok) [brackets] {braces}",
+    "café naïve résumé Ångström — “quotes” ‘single’ … ellipsis",
+    "e\u0301 combining, 日本語のテキスト, 中文, 한국어, שלום עולם, مرحبا",
+    "emoji 🙂👍🏽🇫🇷 and \x00\x07 control \u200b zero-width",
+    "a [MASK] b [MASK][MASK] [CLS]x[SEP] [PAD] [SEP]",
+    "  leading and trailing spaces  ",
+]
+
+# Runs in a fresh interpreter whose path holds only the folder's parent: transformers must find
+# everything it needs in the exported folder.
+LOADER = r'''
+import importlib.util, json, sys
+import numpy as np, torch
+assert all(importlib.util.find_spec(m) is None for m in ("model", "train", "data", "export", "runtime")), "cram is importable"
+from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer,
+                          pipeline)
+folder, inputs = sys.argv[1], json.load(open(sys.argv[2]))
+out = {}
+tokenizer = AutoTokenizer.from_pretrained(folder)
+out["ids"] = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in inputs["texts"]]
+out["ids_with_specials"] = [tokenizer(t)["input_ids"] for t in inputs["texts"]]
+out["decoded"] = [tokenizer.decode(ids) for ids in out["ids"]]
+out["input_names"] = sorted(tokenizer("a b").keys())
+ids = torch.tensor(inputs["batch"])
+mlm = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
+encoder = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    logits = mlm(input_ids=ids).logits
+    hidden = encoder(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+np.savez(sys.argv[3], logits=logits.numpy(), hidden=hidden.numpy())
+out["fill_mask"] = pipeline("fill-mask", model=mlm, tokenizer=tokenizer)(inputs["masked"])
+
+torch.manual_seed(0)
+classifier = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True, num_labels=3).eval()
+padded = tokenizer(inputs["pair_texts"], padding=True, return_tensors="pt")
+with torch.no_grad():
+    together = classifier(**padded).logits
+    alone = torch.cat([classifier(**tokenizer([t], return_tensors="pt")).logits for t in inputs["pair_texts"]])
+out["padding_widths"] = padded["attention_mask"].sum(1).tolist()
+out["padded_vs_alone"] = (together - alone).abs().max().item()
+
+# training steps as a user of transformers takes them: a classification step with token_type_ids
+# from a BERT-style caller, a masked-LM step with -100 labels, and a bfloat16 forward
+classifier.train()
+optimizer = torch.optim.AdamW(classifier.parameters(), lr=1e-3)
+before = [p.detach().clone() for p in classifier.parameters()]
+loss = classifier(**padded, token_type_ids=torch.zeros_like(padded["input_ids"]), labels=torch.tensor([0, 2, 1])).loss
+loss.backward()
+optimizer.step()
+out["classifier_loss"] = loss.item()
+out["classifier_changed"] = all(not torch.equal(a, b) for a, b in zip(before, classifier.parameters()))
+labels = torch.full_like(ids, -100)
+labels[:, 1] = ids[:, 1]
+mlm.train()
+loss = mlm(input_ids=ids, labels=labels).loss
+loss.backward()
+out["mlm_loss"] = loss.item()
+out["mlm_grads"] = all(p.grad is not None and torch.isfinite(p.grad).all().item() for p in mlm.parameters())
+half = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16)
+out["bf16_logits_dtype"] = str(half(input_ids=ids[:1, :8]).logits.dtype)
+json.dump(out, open(sys.argv[4], "w"))
+'''
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, pretrained):
+    """The pretrained tiny checkpoint exported, and what the fresh process computed from it."""
+    root = tmp_path_factory.mktemp("export")
+    folder = root / "hf"
+    run_script("export.py", f"--checkpoint={pretrained}", f"--out_dir={folder}")
+    ckpt = load_checkpoint(str(pretrained))
+    enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
+    rng = np.random.default_rng(0)
+    batch = rng.integers(0, ckpt["model_args"]["vocab_size"], (3, ckpt["model_args"]["seq_len"])).tolist()
+    inputs = dict(texts=TEXTS, batch=batch, masked="The cat [MASK] the river in the morning.",
+                  pair_texts=["The king helped the sea.", "A dog", "My sister painted an apple after dinner at night."])
+    (root / "inputs.json").write_text(json.dumps(inputs))
+    (root / "loader.py").write_text(LOADER)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HOME": str(root / "hf_home")}  # no PYTHONPATH: nothing of cram's on the path
+    proc = subprocess.run([sys.executable, str(root / "loader.py"), str(folder), str(root / "inputs.json"),
+                           str(root / "tensors.npz"), str(root / "out.json")],
+                          cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return dict(folder=folder, ckpt=ckpt, enc=enc, inputs=inputs, out=json.loads((root / "out.json").read_text()),
+                tensors=np.load(root / "tensors.npz"))
+
+
+def test_logits_and_hidden_states_equal_ours(exported):
+    ckpt = exported["ckpt"]
+    model = CrammedBert(**ckpt["model_args"]).eval()
+    model.load_state_dict(ckpt["model"])
+    with torch.no_grad():
+        hidden = model.encode(torch.tensor(exported["inputs"]["batch"]))
+        logits = model.logits(hidden)
+    np.testing.assert_allclose(exported["tensors"]["logits"], logits.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(exported["tensors"]["hidden"], hidden.numpy(), rtol=0, atol=1e-5)
+
+
+def test_tokenizer_ids_equal_ours(exported):
+    enc, out, specials = exported["enc"], exported["out"], exported["ckpt"]["meta"]["special_ids"]
+    for text, ids, with_specials, decoded in zip(TEXTS, out["ids"], out["ids_with_specials"], out["decoded"]):
+        ours = enc.encode(text, allowed_special="all")
+        assert ids == ours, text
+        assert with_specials == [specials["[CLS]"], *ours, specials["[SEP]"]]  # fine-tuning's layout
+        assert decoded == text
+    assert specials["[MASK]"] in out["ids"][6]
+    assert out["input_names"] == ["attention_mask", "input_ids"]  # no token_type_ids: no segment embeddings
+
+
+def test_fill_mask_and_padding_and_training_through_transformers(exported):
+    out = exported["out"]
+    predictions = out["fill_mask"]
+    assert len(predictions) == 5 and all(p["sequence"] and 0 <= p["score"] <= 1 for p in predictions)
+    assert predictions[0]["score"] >= predictions[-1]["score"]
+    assert len(set(out["padding_widths"])) == 3  # three lengths: every row but the longest is padded
+    assert out["padded_vs_alone"] < 1e-5
+    assert np.isfinite(out["classifier_loss"]) and out["classifier_changed"]
+    assert np.isfinite(out["mlm_loss"]) and out["mlm_grads"]
+    assert out["bf16_logits_dtype"] == "torch.bfloat16"
+
+
+def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
+    card = (exported["folder"] / "README.md").read_text()
+    assert f"trained {exported['ckpt']['step']:,} steps" in card and "MLM loss" in card and "GLUE dev scores" not in card
+    # with finetune_glue.py's glue.json beside the checkpoint, the card shows its scores
+    shutil.copy(pretrained, tmp_path / "ckpt.pt")
+    run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
+               "--epochs=1", "--device=cpu")
+    run_script("export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}")
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "GLUE dev scores" in card and "| rte | accuracy |" in card
+
+
+def test_bad_input_gives_one_line_errors(tmp_path):
+    assert_one_line_error(run_script("export.py", f"--checkpoint={tmp_path / 'none.pt'}", check=False),
+                          "checkpoint not found")
+    torch.save({"model": {}}, tmp_path / "other.pt")
+    assert_one_line_error(run_script("export.py", f"--checkpoint={tmp_path / 'other.pt'}", check=False),
+                          "not a checkpoint written by train.py")
+
+
+def test_merges_rebuild_the_ranks():
+    """Ranks in merge order -> the merges that produced them, each token the join of its pair."""
+    ranks = {bytes([b]): b for b in range(256)}
+    for token in (b"th", b"he", b"the", b" t", b" the", b"er", b"her"):
+        ranks[token] = len(ranks)
+    merges = bpe_merges(ranks)
+    # " the": th (rank 256) merges first, then the (258) before " t" (259); "her": he before er
+    assert merges == [(b"t", b"h"), (b"h", b"e"), (b"th", b"e"), (b" ", b"t"), (b" ", b"the"), (b"e", b"r"),
+                      (b"he", b"r")]
