@@ -48,8 +48,12 @@ class Runtime:
         """Loss scaling for float16, whose small gradients underflow; a pass-through otherwise."""
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
-    def optimizer(self, params, **kwargs):
-        """AdamW with its fused kernel: one launch for all parameters on a GPU, vectorised on a CPU."""
+    def optimizer(self, params, kind="adamw", **kwargs):
+        """AdamW with its fused kernel: one launch for all parameters on a GPU, vectorised on a CPU;
+        kind='muon': muon.Muon (give it muon.muon_groups)."""
+        if kind == "muon":
+            from muon import Muon
+            return Muon(params, **kwargs)
         return torch.optim.AdamW(params, fused=True, **kwargs)
 
     def compile_model(self, model, fullgraph=True):

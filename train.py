@@ -30,6 +30,7 @@ from configurator import configure
 from data import (SPECIAL_TOKENS, get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens,
                   parse_ranks, save_checkpoint)
 from model import CrammedBert, param_groups
+from muon import muon_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"  # written by prepare.py
@@ -55,7 +56,8 @@ sparse_prediction = True  # only the masked positions reach the output layer
 mask_rate = 0.25          # share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 eval_mask_rate = 0.25     # validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
-lr = 1e-3                 # peak learning rate (AdamW)
+optim = "adamw"           # 'adamw' (reference), or 'muon': Muon on the blocks' matrices, AdamW on the rest (muon.py)
+lr = 1e-3                 # peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size)
 beta1 = 0.9
 beta2 = 0.98
 eps = 1e-12
@@ -252,6 +254,8 @@ def check_settings(world):
         lr_at(0.0, lr, lr_schedule, warmup)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
+    if optim not in ("adamw", "muon"):
+        raise SystemExit(f"error: unknown --optim '{optim}' (adamw, muon)")
     if budget_tokens < 0 or (budget_tokens == 0 and budget_hours <= 0):
         raise SystemExit(f"error: --budget_hours must be above 0 (got {budget_hours}), or give --budget_tokens")
     if micro_batch < 0 or (micro_batch and batch_size % (micro_batch * world)):
@@ -304,7 +308,8 @@ def main(config):
 
     torch.manual_seed(seed)
     model = CrammedBert(**model_args).to(rt.device)
-    optimizer = rt.optimizer(param_groups(model, weight_decay), lr=lr, betas=(beta1, beta2), eps=eps)
+    groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
+    optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
     scaler = rt.grad_scaler()
     step, elapsed, tokens_seen, init_loss, last_saved = 0, 0.0, 0, None, None
     if checkpoint:
