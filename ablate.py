@@ -1,14 +1,15 @@
 """Recipe ablations at equal wall-clock, made robust to a noisy machine: one command, rerunnable.
 
     python ablate.py                                            # the quickstart scale, 5 minutes
-    python ablate.py --variants=reference,muon,mask40,muon+mask40 --seeds=3
+    python ablate.py --variants=reference,muon,mask40,muon+mask40,lr=2e-3+batch_size=32 --seeds=3
     python ablate.py --base=config/ablate_small.py --budget_minutes=15 --out_dir=out/ablate_small
 
 The paper's rule is equal wall-clock; on a shared machine a run's speed varies from minute to
 minute, so each variant is instead (1) timed: short full-batch runs of every variant, interleaved
 and repeated, give its tokens/s; then (2) trained for the tokens that speed reaches in the budget
 (`--budget_tokens`, so its schedules and result do not depend on the machine's load), once per
-seed. The table gives each variant's final validation loss (mean and spread over seeds), its
+seed. (`--budget_tokens=` skips the timing and gives every variant those tokens: for variants
+that run at one speed, such as learning rates.) The table gives each variant's final validation loss (mean and spread over seeds), its
 speed, and its time-to-quality: the share of the budget it needs to reach the reference's mean
 final loss (read off its evaluation curve, so an upper bound: a run given only that long would
 decay its learning rate sooner and do better). Finished runs are kept and reused: rerun to add
@@ -25,9 +26,10 @@ from configurator import configure
 from data import write_json
 
 # -----------------------------------------------------------------------------
-variants = "reference,muon,mask40"  # names in VARIANTS; '+' combines (muon+mask40); 'reference' first
+variants = "reference,muon,mask40"  # names in VARIANTS or key=value settings; '+' combines (muon+lr=2e-3); 'reference' first
 base = "config/train_quickstart.py"  # the config every variant starts from (data, shape, budget)
 budget_minutes = 5.0      # the wall-clock budget each variant is given
+budget_tokens = 0         # > 0: every variant trains this many tokens, untimed (for variants of one speed)
 seeds = 3                 # training runs per variant (seeds 0, 1, ...)
 speed_steps = 12          # full-batch steps per timing run (the first log window, with start-up, is dropped)
 speed_repeats = 2         # timing runs per variant, interleaved across variants
@@ -44,11 +46,13 @@ VARIANTS = {
 
 
 def variant_args(name):
+    """train.py arguments of a variant: named ones from VARIANTS, key=value ones as --key=value."""
     parts = name.split("+")
-    unknown = [p for p in parts if p not in VARIANTS]
+    unknown = [p for p in parts if p not in VARIANTS and "=" not in p]
     if unknown:
-        raise SystemExit(f"error: unknown variant {', '.join(unknown)} (known: {', '.join(VARIANTS)}; '+' combines)")
-    return [arg for p in parts for arg in VARIANTS[p]]
+        raise SystemExit(f"error: unknown variant {', '.join(unknown)} (known: {', '.join(VARIANTS)}, or a setting "
+                         f"as key=value; '+' combines)")
+    return [arg for p in parts for arg in (VARIANTS[p] if p in VARIANTS else [f"--{p}"])]
 
 
 def train(name, run_dir, *args):
@@ -95,7 +99,7 @@ def main():
     budget = budget_minutes * 60
     # (1) speed: every variant's full-batch steps, interleaved, repeated
     speeds = {name: [] for name in names}
-    for repeat in range(speed_repeats):
+    for repeat in range(0 if budget_tokens else speed_repeats):
         for name in names:
             run_dir = os.path.join(out_dir, "speed", f"{name}-{repeat}")
             train(name, run_dir, "--batch_ramp=0", f"--max_steps={speed_steps}", "--log_interval=3",
@@ -105,15 +109,15 @@ def main():
     # (2) each variant trained for the tokens its speed reaches in the budget, once per seed
     results = {}
     for name in names:
-        tokens_per_s = statistics.median(speeds[name])
-        budget_tokens = int(tokens_per_s * budget)
+        tokens_per_s = statistics.median(speeds[name]) if speeds[name] else budget_tokens / budget
+        tokens = budget_tokens or int(tokens_per_s * budget)
         curves = []
         for seed in range(seeds):
             run_dir = os.path.join(out_dir, name, f"seed{seed}")
-            print(f"train {name} seed {seed}: {budget_tokens:,} tokens", flush=True)
-            train(name, run_dir, f"--budget_tokens={budget_tokens}", f"--seed={seed}")
+            print(f"train {name} seed {seed}: {tokens:,} tokens", flush=True)
+            train(name, run_dir, f"--budget_tokens={tokens}", f"--seed={seed}")
             curves.append(read_metrics(run_dir))
-        results[name] = dict(tokens_per_s=tokens_per_s, speeds=speeds[name], budget_tokens=budget_tokens,
+        results[name] = dict(tokens_per_s=tokens_per_s, speeds=speeds[name], budget_tokens=tokens,
                              val_loss=[c[-1]["val_loss"] for c in curves], accuracy=[c[-1]["accuracy"] for c in curves],
                              curves=curves)
     target = statistics.mean(results["reference"]["val_loss"])

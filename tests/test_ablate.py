@@ -33,3 +33,9 @@ def test_bad_variants_give_one_line_errors(tmp_path):
                           "unknown variant adam9")
     assert_one_line_error(run_script("ablate.py", "--variants=muon", f"--out_dir={tmp_path}", check=False),
                           "must start with 'reference'")
+
+
+def test_variants_name_settings_or_combine_them():
+    from ablate import variant_args
+    assert variant_args("reference") == []
+    assert variant_args("muon+lr=2e-3+batch_size=32") == ["--optim=muon", "--lr=2e-3", "--batch_size=32"]
