@@ -1,0 +1,15 @@
+# The larger of ablate.py's two CPU scales: a 6-layer, 384-wide crammed BERT on a book corpus of
+# about 11 MB of text (any plain-text .txt.gz), prepared with its own 32768-token tokenizer:
+# python prepare.py --dataset=<folder>/gutenberg_en.small_train.txt.gz --out_dir=data/gutenberg_small --vocab_size=32768
+# python ablate.py --base=config/ablate_small.py --budget_minutes=15 --out_dir=out/ablate_small
+data_dir = "data/gutenberg_small"
+budget_hours = 0.25
+n_layers = 6
+d_model = 384
+n_heads = 6
+d_ffn = 1536
+micro_batch = 32
+batch_size = 128
+lr = 1e-3
+log_interval = 20
+eval_sequences = 400
