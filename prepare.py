@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import sys
 import sysconfig
 import time
@@ -44,9 +45,14 @@ min_doc_chars = 20      # drop shorter documents (blank lines, stubs)
 dedup = True            # drop documents whose normalised text (lower case, no whitespace) came before
 workers = 0             # threads encoding in parallel (tiktoken releases the GIL); 0: all cores
 progress_minutes = 1.0  # write a progress record this often: a killed run redoes at most this much
+curriculum = False      # the reference's order: within each block of train sequences, those with the most sentence ends first
+curriculum_block = 65536  # train sequences sorted together: bounds the memory (8M tokens, 16-32 MB) and keeps the curriculum mild
 # -----------------------------------------------------------------------------
 
 PROGRESS_FILE = "progress.json"
+CURRICULUM_JOURNAL = "curriculum.tmp"  # a sorted block, kept until it is safely in train.bin.tmp
+# a token ends a sentence when its bytes end with . ! or ?, then maybe closing quotes or brackets (ASCII or UTF-8 ’ ”)
+SENTENCE_END = re.compile(rb"[.!?](?:[\"')\]]|\xe2\x80[\x99\x9d])*$")
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
@@ -320,6 +326,52 @@ def read_progress(path, splits):
     return progress
 
 
+def sentence_end_ids(enc):
+    """A lookup table over the vocabulary: True for the tokens that end a sentence."""
+    ends = np.zeros(enc.n_vocab, dtype=bool)
+    for token in range(enc.n_vocab):
+        ends[token] = token not in enc.special_tokens_set and bool(SENTENCE_END.search(enc.decode_single_token_bytes(token)))
+    return ends
+
+
+def sort_by_sentence_ends(path, dtype, ends, start, journaled, record):
+    """The curriculum, in place on the finished train token file: each block of curriculum_block
+    sequences is sorted by its count of sentence-ending tokens, most first (stable, so ties keep
+    the corpus order). Blocks start..end are done, one in memory at a time. A sorted block goes to
+    a journal file before it overwrites its place, and record(block, journaled) notes each step,
+    so a kill mid-write is repaired from the journal on resuming."""
+    row_bytes = seq_len * np.dtype(dtype).itemsize
+    block_bytes = curriculum_block * row_bytes
+    n_blocks = -(-os.path.getsize(path) // block_bytes)
+    journal = os.path.join(out_dir, CURRICULUM_JOURNAL)
+
+    def write_block(f, i, data):
+        f.seek(i * block_bytes)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        record(i + 1, False)
+
+    with open(path, "r+b") as f:
+        if journaled:  # killed while block `start` was being overwritten: its sorted copy is whole
+            with open(journal, "rb") as j:
+                write_block(f, start, j.read())
+            start += 1
+        for i in tqdm(range(start, n_blocks), desc="curriculum", unit=" blocks", initial=start, total=n_blocks):
+            f.seek(i * block_bytes)
+            rows = np.frombuffer(f.read(block_bytes), dtype=dtype).reshape(-1, seq_len)
+            data = rows[np.argsort(-ends[rows].sum(axis=1), kind="stable")].tobytes()
+            with open(journal, "wb") as j:
+                j.write(data)
+                j.flush()
+                os.fsync(j.fileno())
+            record(i, True)
+            write_block(f, i, data)
+    if os.path.exists(journal):
+        os.remove(journal)
+    return n_blocks
+
+
 def median_tokens_per_char(documents, enc, n=1000, max_chars=5_000_000):
     """Tokens per character of the corpus' typical document: the median over its first n
     documents or max_chars characters, whichever comes first (deterministic, so a resumed
@@ -371,13 +423,15 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
             writers[split].add(ids)
             stats[f"{split}_tokens"] += len(ids)
 
-    def record():
+    def record(**curriculum_step):  # curriculum_step: the sorting pass' place, once encoding is done
         write_json(progress_path, dict(read=read, stats=stats, dedup_bytes=seen.state() if seen else 0,
-                                       writers={split: w.state() for split, w in writers.items()}))
+                                       writers={split: w.state() for split, w in writers.items()}, **curriculum_step))
 
+    # a record with sorted_blocks was taken after the last document: encoding is done
+    encoded = bool(progress) and "sorted_blocks" in progress
     batch = []
     try:
-        for text in itertools.islice(documents(), read, None):
+        for text in itertools.islice(documents(), read, None) if not encoded else ():
             read += 1
             stats["documents"] += 1
             if len(text) < min_doc_chars:
@@ -398,6 +452,16 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
             flush(batch)
     finally:
         bar.close()
+    if curriculum:
+        step = dict(sorted_blocks=progress["sorted_blocks"], journaled=progress["journaled"]) if encoded else \
+            dict(sorted_blocks=0, journaled=False)
+        if not encoded:
+            record(**step)  # the whole train file is now durable, and encoding is never redone
+        ends = sentence_end_ids(enc)
+        stats["curriculum_blocks"] = sort_by_sentence_ends(
+            writers["train"].path + ".tmp", dtype, ends, step["sorted_blocks"], step["journaled"],
+            lambda block, journaled: record(sorted_blocks=block, journaled=journaled))
+        stats["sentence_end_token_ids"] = int(ends.sum())
     for split, writer in writers.items():
         writer.finish()
         stats[f"{split}_sequences"] = writer.sequences
@@ -416,6 +480,8 @@ def main():
                     vocab_size=vocab_size, seq_len=seq_len, val_fraction=val_fraction,
                     tokenizer_train_chars=tokenizer_train_chars, max_tokens=max_tokens,
                     max_compression=max_compression, min_doc_chars=min_doc_chars, dedup=dedup)
+    if curriculum:  # only when on, so data prepared before the option existed still matches its settings
+        settings.update(curriculum=True, curriculum_block=curriculum_block)
     settings_path = os.path.join(out_dir, "settings.json")
     if os.path.exists(settings_path):
         with open(settings_path) as f:
