@@ -132,27 +132,43 @@ def text_of(row, where):
     return text or ""
 
 
-def record_documents(path):
+class RowStream:
+    """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet
+    file. An interrupted preparation resumes it without reading again what was done (for a hub
+    dataset, downloading it again): state() is datasets' state_dict() after the last document
+    yielded, and calling with that state continues from there."""
+
+    def __init__(self, load, where):
+        self.load, self.where, self.rows = load, where, None
+
+    def __call__(self, state=None):
+        try:
+            self.rows = self.load()
+            if state:
+                self.rows.load_state_dict(state)
+            for row in self.rows:
+                if text_field not in row:
+                    raise SystemExit(f"error: {self.where} has no '{text_field}' field (fields: {', '.join(row)}); "
+                                     f"set --text_field=")
+                yield text_of(row, self.where)
+        except Exception as e:  # datasets raises many types; the user needs one line
+            raise SystemExit(f"error: cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+    def state(self):
+        return self.rows.state_dict()
+
+
+def record_file(path):
     """Rows of a .jsonl/.json/.parquet file, read (streaming, offline) by `datasets`."""
     import datasets
     builder = "parquet" if path.endswith(".parquet") else "json"
-    rows = datasets.load_dataset(builder, data_files=path, split="train", streaming=True)
-    for row in rows:
-        if text_field not in row:
-            raise SystemExit(f"error: {path} has no '{text_field}' field (fields: {', '.join(row)}); set --text_field=")
-        yield text_of(row, path)
+    return RowStream(lambda: datasets.load_dataset(builder, data_files=path, split="train", streaming=True), path)
 
 
-def hub_documents(name):
+def hub_dataset(name):
     import datasets
-    try:
-        rows = datasets.load_dataset(name, hf_config or None, split=hf_split, streaming=True)
-        for row in rows:
-            yield text_of(row, name)
-    except KeyError:
-        raise SystemExit(f"error: hub dataset {name} has no '{text_field}' field; set --text_field=")
-    except Exception as e:  # datasets raises many types; the user needs one line
-        raise SystemExit(f"error: cannot stream hub dataset {name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    return RowStream(lambda: datasets.load_dataset(name, hf_config or None, split=hf_split, streaming=True),
+                     f"hub dataset {name}")
 
 
 def document_source(name):
@@ -163,17 +179,19 @@ def document_source(name):
         return f"pydocs ({versions})", pydocs_documents
     if os.path.exists(name):
         files = local_files(name)
+        if len(files) == 1 and ".txt" not in os.path.basename(files[0]):
+            return os.path.abspath(name), record_file(files[0])
 
         def documents():
             for path in files:
-                yield from (text_file_documents if ".txt" in os.path.basename(path) else record_documents)(path)
+                yield from text_file_documents(path) if ".txt" in os.path.basename(path) else record_file(path)()
         return os.path.abspath(name), documents
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
         raise SystemExit(f"error: file or folder not found: {name}")
     if not hub_reachable():
         raise SystemExit(f"error: '{name}' is not a local path and the Hugging Face hub cannot be reached; "
                          f"offline, use --dataset=pydocs (embedded) or a local .txt/.jsonl/.json/.parquet file or folder")
-    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), lambda: hub_documents(name)
+    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), hub_dataset(name)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -389,8 +407,9 @@ def median_tokens_per_char(documents, enc, n=1000, max_chars=5_000_000):
 def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
     """Encode and write every document, resuming an interrupted run from its last progress record:
     the files are cut back to what that record says was written, the source is read again up to
-    the documents it had consumed (cheap next to encoding), and the result is byte for byte what an
-    uninterrupted run writes. A record is written every progress_minutes."""
+    the documents it had consumed (cheap next to encoding; a RowStream instead continues from the
+    position the record holds), and the result is byte for byte what an uninterrupted run writes.
+    A record is written every progress_minutes."""
     sep = special_ids["[SEP]"]
     splits = ("train", "val")
     progress_path = os.path.join(out_dir, PROGRESS_FILE)
@@ -423,15 +442,21 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
             writers[split].add(ids)
             stats[f"{split}_tokens"] += len(ids)
 
-    def record(**curriculum_step):  # curriculum_step: the sorting pass' place, once encoding is done
+    def record(**place):  # place: the source's (source_state) or, once encoding is done, the sorting pass'
         write_json(progress_path, dict(read=read, stats=stats, dedup_bytes=seen.state() if seen else 0,
-                                       writers={split: w.state() for split, w in writers.items()}, **curriculum_step))
+                                       writers={split: w.state() for split, w in writers.items()}, **place))
 
     # a record with sorted_blocks was taken after the last document: encoding is done
     encoded = bool(progress) and "sorted_blocks" in progress
+    if encoded:
+        texts = ()
+    elif progress and progress.get("source_state"):
+        texts = documents(progress["source_state"])
+    else:
+        texts = itertools.islice(documents(), read, None)
     batch = []
     try:
-        for text in itertools.islice(documents(), read, None) if not encoded else ():
+        for text in texts:
             read += 1
             stats["documents"] += 1
             if len(text) < min_doc_chars:
@@ -444,7 +469,7 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
                 bar.update(read - bar.n)
                 bar.set_postfix(train_tokens=f"{stats['train_tokens']:,}")
                 if time.time() - last_record >= progress_minutes * 60:
-                    record()
+                    record(source_state=documents.state() if isinstance(documents, RowStream) else None)
                     last_record = time.time()
                 if max_tokens and stats["train_tokens"] >= max_tokens:
                     break

@@ -284,3 +284,42 @@ def test_prepare_curriculum_sorts_blocks_by_sentence_ends(tmp_path, corpus_file,
         assert not (train.rows_at(0, n, n, seed=0) == np.arange(n)).all()
     finally:
         train.epoch_order.cache_clear()
+
+
+def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):
+    """A .jsonl file or hub dataset (both `datasets` streams) resumes from the state_dict() in the
+    progress record, not by reading the stream again from its start; the files are the same."""
+    from conftest import synthetic_corpus
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in synthetic_corpus(n_docs=3000, seed=2)))
+    stream = prepare.record_file(str(data))
+    first = list(itertools.islice(stream(), 1000))
+    assert next(stream(stream.state())) == next(itertools.islice(stream(), 1000, None)) != first[-1]
+
+    for key, value in dict(dataset=str(data), vocab_size=300, seq_len=32, tokenizer_train_chars=50000,
+                           progress_minutes=0, workers=1).items():
+        monkeypatch.setattr(prepare, key, value)
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "whole"))
+    prepare.main()
+    write_json, records, states = prepare.write_json, [], []
+
+    def killed_at_the_fourth_record(path, obj):
+        if path.endswith(prepare.PROGRESS_FILE):
+            records.append(obj)
+            if len(records) == 4:
+                raise KeyboardInterrupt
+        write_json(path, obj)
+    monkeypatch.setattr(prepare, "write_json", killed_at_the_fourth_record)
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "killed"))
+    with pytest.raises(KeyboardInterrupt):
+        prepare.main()
+    assert records[2]["read"] == 768 and records[2]["source_state"]
+    monkeypatch.setattr(prepare, "write_json", write_json)
+    call = prepare.RowStream.__call__
+    monkeypatch.setattr(prepare.RowStream, "__call__", lambda self, state=None: states.append(state) or call(self, state))
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "killed"))
+    prepare.main()
+    assert states[-1] == records[2]["source_state"]  # the encoding pass continued the stream from its state
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert load_meta(tmp_path / "killed")["documents"] == load_meta(tmp_path / "whole")["documents"] == 3000
