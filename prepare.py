@@ -21,6 +21,8 @@ import re
 import sys
 import sysconfig
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tqdm import tqdm
@@ -264,8 +266,8 @@ class SequenceWriter:
         self.pending = np.asarray(state["pending"] if state else [], dtype=dtype)
         self.sequences = state["sequences"] if state else 0
 
-    def add(self, tokens):
-        self.pending = np.concatenate([self.pending, np.asarray(tokens, dtype=self.dtype)])
+    def add(self, *tokens):
+        self.pending = np.concatenate([self.pending, *tokens], dtype=self.dtype)
         n = len(self.pending) // seq_len
         if n:
             self.file.write(self.pending[:n * seq_len].tobytes())
@@ -306,9 +308,8 @@ class SeenTexts:
         digest = hashlib.blake2b(text.lower().encode().translate(None, b" \t\n\r\x0b\x0c"), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
-    def add(self, text):
-        """False when the text was seen before, else remember it and return True."""
-        key = self.key(text)
+    def add(self, key):
+        """False when the text of this key was seen before, else remember it and return True."""
         i = np.searchsorted(self.sorted, np.uint64(key))
         if key in self.recent or (i < len(self.sorted) and int(self.sorted[i]) == key):
             return False
@@ -410,7 +411,7 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
     the documents it had consumed (cheap next to encoding; a RowStream instead continues from the
     position the record holds), and the result is byte for byte what an uninterrupted run writes.
     A record is written every progress_minutes."""
-    sep = special_ids["[SEP]"]
+    sep = np.array([special_ids["[SEP]"]], dtype=dtype)  # ends every document
     splits = ("train", "val")
     progress_path = os.path.join(out_dir, PROGRESS_FILE)
     progress = read_progress(progress_path, splits)
@@ -426,21 +427,28 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
     bar = tqdm(desc="encoding", unit=" docs", initial=read)
     last_record = time.time()
 
-    def flush(batch):  # (position in the source, text) pairs; the position decides the split
-        texts = [text for _, text in batch]
-        for (index, text), ids in zip(batch, enc.encode_ordinary_batch(texts, num_threads=workers or os.cpu_count() or 1)):
+    def encode(text):  # on a worker thread: all the per-document work, so it runs beside the encoding
+        # encode_to_numpy with no special tokens allowed is encode_ordinary without a Python list per document
+        return enc.encode_to_numpy(text, disallowed_special=()), seen.key(text) if seen else None
+
+    def write(job):  # a batch submitted to the workers, in source order; the position decides the split
+        nonlocal read
+        batch, results, end, short = job
+        for (index, text), (ids, key) in zip(batch, results):
             if max_compression and len(ids) > max_tokens_per_char * len(text):
                 stats["dropped_documents"] += 1
                 stats["dropped_tokens"] += len(ids)
                 continue
-            if seen and not seen.add(text):
+            if seen and not seen.add(key):
                 stats["duplicate_documents"] += 1
                 stats["duplicate_tokens"] += len(ids)
                 continue
             split = "val" if is_validation(index) else "train"
-            ids.append(sep)
-            writers[split].add(ids)
-            stats[f"{split}_tokens"] += len(ids)
+            writers[split].add(ids, sep)
+            stats[f"{split}_tokens"] += len(ids) + 1
+        stats["documents"] += end - read
+        stats["short_documents"] += short
+        read = end
 
     def record(**place):  # place: the source's (source_state) or, once encoding is done, the sorting pass'
         write_json(progress_path, dict(read=read, stats=stats, dedup_bytes=seen.state() if seen else 0,
@@ -454,28 +462,40 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
         texts = documents(progress["source_state"])
     else:
         texts = itertools.islice(documents(), read, None)
-    batch = []
+    # Batches of 256 documents or 4M characters (a few whole books; a tenth of a second of work)
+    # go to the workers as they are read, and each is written (here, in order) while the next one
+    # encodes: reading, writing and encoding overlap. `read` counts the documents written; a record
+    # first writes every batch in flight, so it is exact.
+    pool = ThreadPoolExecutor(workers or os.cpu_count() or 1)
+    jobs, batch, chars, position, short, stop = deque(), [], 0, read, 0, False
     try:
         for text in texts:
-            read += 1
-            stats["documents"] += 1
+            position += 1
             if len(text) < min_doc_chars:
-                stats["short_documents"] += 1
+                short += 1
             else:
-                batch.append((read - 1, text))
-            if len(batch) == 256:
-                flush(batch)
-                batch = []
+                batch.append((position - 1, text))
+                chars += len(text)
+            if len(batch) == 256 or chars >= 4_000_000:
+                jobs.append((batch, pool.map(encode, [text for _, text in batch]), position, short))
+                batch, chars, short = [], 0, 0
+                due = time.time() - last_record >= progress_minutes * 60
+                while len(jobs) > (0 if due else 1) and not stop:
+                    write(jobs.popleft())
+                    stop = bool(max_tokens) and stats["train_tokens"] >= max_tokens  # the batches after are not written
                 bar.update(read - bar.n)
                 bar.set_postfix(train_tokens=f"{stats['train_tokens']:,}")
-                if time.time() - last_record >= progress_minutes * 60:
+                if stop:
+                    break
+                if due:
                     record(source_state=documents.state() if isinstance(documents, RowStream) else None)
                     last_record = time.time()
-                if max_tokens and stats["train_tokens"] >= max_tokens:
-                    break
-        if batch:
-            flush(batch)
+        if not stop:
+            jobs.append((batch, pool.map(encode, [text for _, text in batch]), position, short))
+            while jobs:
+                write(jobs.popleft())
     finally:
+        pool.shutdown(cancel_futures=True)
         bar.close()
     if curriculum:
         step = dict(sorted_blocks=progress["sorted_blocks"], journaled=progress["journaled"]) if encoded else \

@@ -323,3 +323,11 @@ def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     assert load_meta(tmp_path / "killed")["documents"] == load_meta(tmp_path / "whole")["documents"] == 3000
+
+    # max_tokens stops after the first batch of 256 documents that reaches it: a prefix of the whole
+    monkeypatch.setattr(prepare, "max_tokens", 20000)
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "capped"))
+    prepare.main()
+    capped = load_meta(tmp_path / "capped")
+    assert capped["documents"] % 256 == 0 and 20000 <= capped["train_tokens"] < 20000 + 256 * 200
+    assert (tmp_path / "whole" / "train.bin").read_bytes().startswith((tmp_path / "capped" / "train.bin").read_bytes())
