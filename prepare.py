@@ -356,9 +356,10 @@ def sentence_end_ids(enc):
 def sort_by_sentence_ends(path, dtype, ends, start, journaled, record):
     """The curriculum, in place on the finished train token file: each block of curriculum_block
     sequences is sorted by its count of sentence-ending tokens, most first (stable, so ties keep
-    the corpus order). Blocks start..end are done, one in memory at a time. A sorted block goes to
-    a journal file before it overwrites its place, and record(block, journaled) notes each step,
-    so a kill mid-write is repaired from the journal on resuming."""
+    the corpus order). Blocks from `start` on are sorted, one in memory at a time; the number of
+    blocks is returned. A sorted block goes to a journal file before it overwrites its place, and
+    record(block, journaled) notes each step, so a kill mid-write is repaired from the journal on
+    resuming (journaled: the record says block `start` was being overwritten)."""
     row_bytes = seq_len * np.dtype(dtype).itemsize
     block_bytes = curriculum_block * row_bytes
     n_blocks = -(-os.path.getsize(path) // block_bytes)
