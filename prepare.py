@@ -17,9 +17,12 @@ import itertools
 import json
 import os
 import platform
+import re
 import sys
 import sysconfig
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tqdm import tqdm
@@ -44,9 +47,14 @@ min_doc_chars = 20      # drop shorter documents (blank lines, stubs)
 dedup = True            # drop documents whose normalised text (lower case, no whitespace) came before
 workers = 0             # threads encoding in parallel (tiktoken releases the GIL); 0: all cores
 progress_minutes = 1.0  # write a progress record this often: a killed run redoes at most this much
+curriculum = False      # the reference's order: within each block of train sequences, those with the most sentence ends first
+curriculum_block = 65536  # train sequences sorted together: bounds the memory (8M tokens, 16-32 MB) and keeps the curriculum mild
 # -----------------------------------------------------------------------------
 
 PROGRESS_FILE = "progress.json"
+CURRICULUM_JOURNAL = "curriculum.tmp"  # a sorted block, kept until it is safely in train.bin.tmp
+# a token ends a sentence when its bytes end with . ! or ?, then maybe closing quotes or brackets (ASCII or UTF-8 ’ ”)
+SENTENCE_END = re.compile(rb"[.!?](?:[\"')\]]|\xe2\x80[\x99\x9d])*$")
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
@@ -126,27 +134,43 @@ def text_of(row, where):
     return text or ""
 
 
-def record_documents(path):
+class RowStream:
+    """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet
+    file. An interrupted preparation resumes it without reading again what was done (for a hub
+    dataset, downloading it again): state() is datasets' state_dict() after the last document
+    yielded, and calling with that state continues from there."""
+
+    def __init__(self, load, where):
+        self.load, self.where, self.rows = load, where, None
+
+    def __call__(self, state=None):
+        try:
+            self.rows = self.load()
+            if state:
+                self.rows.load_state_dict(state)
+            for row in self.rows:
+                if text_field not in row:
+                    raise SystemExit(f"error: {self.where} has no '{text_field}' field (fields: {', '.join(row)}); "
+                                     f"set --text_field=")
+                yield text_of(row, self.where)
+        except Exception as e:  # datasets raises many types; the user needs one line
+            raise SystemExit(f"error: cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+    def state(self):
+        return self.rows.state_dict()
+
+
+def record_file(path):
     """Rows of a .jsonl/.json/.parquet file, read (streaming, offline) by `datasets`."""
     import datasets
     builder = "parquet" if path.endswith(".parquet") else "json"
-    rows = datasets.load_dataset(builder, data_files=path, split="train", streaming=True)
-    for row in rows:
-        if text_field not in row:
-            raise SystemExit(f"error: {path} has no '{text_field}' field (fields: {', '.join(row)}); set --text_field=")
-        yield text_of(row, path)
+    return RowStream(lambda: datasets.load_dataset(builder, data_files=path, split="train", streaming=True), path)
 
 
-def hub_documents(name):
+def hub_dataset(name):
     import datasets
-    try:
-        rows = datasets.load_dataset(name, hf_config or None, split=hf_split, streaming=True)
-        for row in rows:
-            yield text_of(row, name)
-    except KeyError:
-        raise SystemExit(f"error: hub dataset {name} has no '{text_field}' field; set --text_field=")
-    except Exception as e:  # datasets raises many types; the user needs one line
-        raise SystemExit(f"error: cannot stream hub dataset {name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    return RowStream(lambda: datasets.load_dataset(name, hf_config or None, split=hf_split, streaming=True),
+                     f"hub dataset {name}")
 
 
 def document_source(name):
@@ -157,17 +181,19 @@ def document_source(name):
         return f"pydocs ({versions})", pydocs_documents
     if os.path.exists(name):
         files = local_files(name)
+        if len(files) == 1 and ".txt" not in os.path.basename(files[0]):
+            return os.path.abspath(name), record_file(files[0])
 
         def documents():
             for path in files:
-                yield from (text_file_documents if ".txt" in os.path.basename(path) else record_documents)(path)
+                yield from text_file_documents(path) if ".txt" in os.path.basename(path) else record_file(path)()
         return os.path.abspath(name), documents
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
         raise SystemExit(f"error: file or folder not found: {name}")
     if not hub_reachable():
         raise SystemExit(f"error: '{name}' is not a local path and the Hugging Face hub cannot be reached; "
                          f"offline, use --dataset=pydocs (embedded) or a local .txt/.jsonl/.json/.parquet file or folder")
-    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), lambda: hub_documents(name)
+    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), hub_dataset(name)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -240,8 +266,8 @@ class SequenceWriter:
         self.pending = np.asarray(state["pending"] if state else [], dtype=dtype)
         self.sequences = state["sequences"] if state else 0
 
-    def add(self, tokens):
-        self.pending = np.concatenate([self.pending, np.asarray(tokens, dtype=self.dtype)])
+    def add(self, *tokens):
+        self.pending = np.concatenate([self.pending, *tokens], dtype=self.dtype)
         n = len(self.pending) // seq_len
         if n:
             self.file.write(self.pending[:n * seq_len].tobytes())
@@ -282,9 +308,8 @@ class SeenTexts:
         digest = hashlib.blake2b(text.lower().encode().translate(None, b" \t\n\r\x0b\x0c"), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
-    def add(self, text):
-        """False when the text was seen before, else remember it and return True."""
-        key = self.key(text)
+    def add(self, key):
+        """False when the text of this key was seen before, else remember it and return True."""
         i = np.searchsorted(self.sorted, np.uint64(key))
         if key in self.recent or (i < len(self.sorted) and int(self.sorted[i]) == key):
             return False
@@ -320,6 +345,53 @@ def read_progress(path, splits):
     return progress
 
 
+def sentence_end_ids(enc):
+    """A lookup table over the vocabulary: True for the tokens that end a sentence."""
+    ends = np.zeros(enc.n_vocab, dtype=bool)
+    for token in range(enc.n_vocab):
+        ends[token] = token not in enc.special_tokens_set and bool(SENTENCE_END.search(enc.decode_single_token_bytes(token)))
+    return ends
+
+
+def sort_by_sentence_ends(path, dtype, ends, start, journaled, record):
+    """The curriculum, in place on the finished train token file: each block of curriculum_block
+    sequences is sorted by its count of sentence-ending tokens, most first (stable, so ties keep
+    the corpus order). Blocks from `start` on are sorted, one in memory at a time; the number of
+    blocks is returned. A sorted block goes to a journal file before it overwrites its place, and
+    record(block, journaled) notes each step, so a kill mid-write is repaired from the journal on
+    resuming (journaled: the record says block `start` was being overwritten)."""
+    row_bytes = seq_len * np.dtype(dtype).itemsize
+    block_bytes = curriculum_block * row_bytes
+    n_blocks = -(-os.path.getsize(path) // block_bytes)
+    journal = os.path.join(out_dir, CURRICULUM_JOURNAL)
+
+    def write_block(f, i, data):
+        f.seek(i * block_bytes)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        record(i + 1, False)
+
+    with open(path, "r+b") as f:
+        if journaled:  # killed while block `start` was being overwritten: its sorted copy is whole
+            with open(journal, "rb") as j:
+                write_block(f, start, j.read())
+            start += 1
+        for i in tqdm(range(start, n_blocks), desc="curriculum", unit=" blocks", initial=start, total=n_blocks):
+            f.seek(i * block_bytes)
+            rows = np.frombuffer(f.read(block_bytes), dtype=dtype).reshape(-1, seq_len)
+            data = rows[np.argsort(-ends[rows].sum(axis=1), kind="stable")].tobytes()
+            with open(journal, "wb") as j:
+                j.write(data)
+                j.flush()
+                os.fsync(j.fileno())
+            record(i, True)
+            write_block(f, i, data)
+    if os.path.exists(journal):
+        os.remove(journal)
+    return n_blocks
+
+
 def median_tokens_per_char(documents, enc, n=1000, max_chars=5_000_000):
     """Tokens per character of the corpus' typical document: the median over its first n
     documents or max_chars characters, whichever comes first (deterministic, so a resumed
@@ -337,9 +409,10 @@ def median_tokens_per_char(documents, enc, n=1000, max_chars=5_000_000):
 def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
     """Encode and write every document, resuming an interrupted run from its last progress record:
     the files are cut back to what that record says was written, the source is read again up to
-    the documents it had consumed (cheap next to encoding), and the result is byte for byte what an
-    uninterrupted run writes. A record is written every progress_minutes."""
-    sep = special_ids["[SEP]"]
+    the documents it had consumed (cheap next to encoding; a RowStream instead continues from the
+    position the record holds), and the result is byte for byte what an uninterrupted run writes.
+    A record is written every progress_minutes."""
+    sep = np.array([special_ids["[SEP]"]], dtype=dtype)  # ends every document
     splits = ("train", "val")
     progress_path = os.path.join(out_dir, PROGRESS_FILE)
     progress = read_progress(progress_path, splits)
@@ -355,49 +428,86 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
     bar = tqdm(desc="encoding", unit=" docs", initial=read)
     last_record = time.time()
 
-    def flush(batch):  # (position in the source, text) pairs; the position decides the split
-        texts = [text for _, text in batch]
-        for (index, text), ids in zip(batch, enc.encode_ordinary_batch(texts, num_threads=workers or os.cpu_count() or 1)):
+    def encode(text):  # on a worker thread: all the per-document work, so it runs beside the encoding
+        # encode_to_numpy with no special tokens allowed is encode_ordinary without a Python list per document
+        return enc.encode_to_numpy(text, disallowed_special=()), seen.key(text) if seen else None
+
+    def write(job):  # a batch submitted to the workers, in source order; the position decides the split
+        nonlocal read
+        batch, results, end, short = job
+        for (index, text), (ids, key) in zip(batch, results):
             if max_compression and len(ids) > max_tokens_per_char * len(text):
                 stats["dropped_documents"] += 1
                 stats["dropped_tokens"] += len(ids)
                 continue
-            if seen and not seen.add(text):
+            if seen and not seen.add(key):
                 stats["duplicate_documents"] += 1
                 stats["duplicate_tokens"] += len(ids)
                 continue
             split = "val" if is_validation(index) else "train"
-            ids.append(sep)
-            writers[split].add(ids)
-            stats[f"{split}_tokens"] += len(ids)
+            writers[split].add(ids, sep)
+            stats[f"{split}_tokens"] += len(ids) + 1
+        stats["documents"] += end - read
+        stats["short_documents"] += short
+        read = end
 
-    def record():
+    def record(**place):  # place: the source's (source_state) or, once encoding is done, the sorting pass'
         write_json(progress_path, dict(read=read, stats=stats, dedup_bytes=seen.state() if seen else 0,
-                                       writers={split: w.state() for split, w in writers.items()}))
+                                       writers={split: w.state() for split, w in writers.items()}, **place))
 
-    batch = []
+    # a record with sorted_blocks was taken after the last document: encoding is done
+    encoded = bool(progress) and "sorted_blocks" in progress
+    if encoded:
+        texts = ()
+    elif progress and progress.get("source_state"):
+        texts = documents(progress["source_state"])
+    else:
+        texts = itertools.islice(documents(), read, None)
+    # Batches of 256 documents or 4M characters (a few whole books; a tenth of a second of work)
+    # go to the workers as they are read, and each is written (here, in order) while the next one
+    # encodes: reading, writing and encoding overlap. `read` counts the documents written; a record
+    # first writes every batch in flight, so it is exact.
+    pool = ThreadPoolExecutor(workers or os.cpu_count() or 1)
+    jobs, batch, chars, position, short, stop = deque(), [], 0, read, 0, False
     try:
-        for text in itertools.islice(documents(), read, None):
-            read += 1
-            stats["documents"] += 1
+        for text in texts:
+            position += 1
             if len(text) < min_doc_chars:
-                stats["short_documents"] += 1
+                short += 1
             else:
-                batch.append((read - 1, text))
-            if len(batch) == 256:
-                flush(batch)
-                batch = []
+                batch.append((position - 1, text))
+                chars += len(text)
+            if len(batch) == 256 or chars >= 4_000_000:
+                jobs.append((batch, pool.map(encode, [text for _, text in batch]), position, short))
+                batch, chars, short = [], 0, 0
+                due = time.time() - last_record >= progress_minutes * 60
+                while len(jobs) > (0 if due else 1) and not stop:
+                    write(jobs.popleft())
+                    stop = bool(max_tokens) and stats["train_tokens"] >= max_tokens  # the batches after are not written
                 bar.update(read - bar.n)
                 bar.set_postfix(train_tokens=f"{stats['train_tokens']:,}")
-                if time.time() - last_record >= progress_minutes * 60:
-                    record()
-                    last_record = time.time()
-                if max_tokens and stats["train_tokens"] >= max_tokens:
+                if stop:
                     break
-        if batch:
-            flush(batch)
+                if due:
+                    record(source_state=documents.state() if isinstance(documents, RowStream) else None)
+                    last_record = time.time()
+        if not stop:
+            jobs.append((batch, pool.map(encode, [text for _, text in batch]), position, short))
+            while jobs:
+                write(jobs.popleft())
     finally:
+        pool.shutdown(cancel_futures=True)
         bar.close()
+    if curriculum:
+        step = dict(sorted_blocks=progress["sorted_blocks"], journaled=progress["journaled"]) if encoded else \
+            dict(sorted_blocks=0, journaled=False)
+        if not encoded:
+            record(**step)  # the whole train file is now durable, and encoding is never redone
+        ends = sentence_end_ids(enc)
+        stats["curriculum_blocks"] = sort_by_sentence_ends(
+            writers["train"].path + ".tmp", dtype, ends, step["sorted_blocks"], step["journaled"],
+            lambda block, journaled: record(sorted_blocks=block, journaled=journaled))
+        stats["sentence_end_token_ids"] = int(ends.sum())
     for split, writer in writers.items():
         writer.finish()
         stats[f"{split}_sequences"] = writer.sequences
@@ -416,6 +526,8 @@ def main():
                     vocab_size=vocab_size, seq_len=seq_len, val_fraction=val_fraction,
                     tokenizer_train_chars=tokenizer_train_chars, max_tokens=max_tokens,
                     max_compression=max_compression, min_doc_chars=min_doc_chars, dedup=dedup)
+    if curriculum:  # only when on, so data prepared before the option existed still matches its settings
+        settings.update(curriculum=True, curriculum_block=curriculum_block)
     settings_path = os.path.join(out_dir, "settings.json")
     if os.path.exists(settings_path):
         with open(settings_path) as f:

@@ -75,6 +75,7 @@ dtype = "auto"            # autocast: 'auto' (bfloat16 on a GPU that has it, els
 compile = True            # torch.compile the training step (inductor; on a CPU too)
 peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
 seed = 0                  # model initialisation, data order and masks
+data_order = "shuffled"   # or 'file': the first epoch reads train.bin in its order (prepare.py's curriculum), later epochs shuffled
 log_interval = 10         # steps
 max_skipped_steps = 5     # stop after this many updates in a row skipped for a non-finite gradient
 eval_interval_minutes = 30.0
@@ -140,6 +141,8 @@ def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, r
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch):
     """The permutation of the training rows that epoch `epoch` visits."""
+    if data_order == "file" and epoch == 0:  # the file's own order is the curriculum; repeats are shuffled
+        return np.arange(n_rows)
     return np.random.default_rng((seed, epoch)).permutation(n_rows)
 
 
@@ -256,6 +259,8 @@ def check_settings(world):
         raise SystemExit(f"error: {e}")
     if optim not in ("adamw", "muon"):
         raise SystemExit(f"error: unknown --optim '{optim}' (adamw, muon)")
+    if data_order not in ("shuffled", "file"):
+        raise SystemExit(f"error: unknown --data_order '{data_order}' (shuffled, file)")
     if budget_tokens < 0 or (budget_tokens == 0 and budget_hours <= 0):
         raise SystemExit(f"error: --budget_hours must be above 0 (got {budget_hours}), or give --budget_tokens")
     if micro_batch < 0 or (micro_batch and batch_size % (micro_batch * world)):

@@ -6,4 +6,4 @@ dataset = "HuggingFaceFW/fineweb-edu"
 hf_config = "sample-10BT"
 vocab_size = 32768
 val_fraction = 0.0005
-tokenizer_train_chars = 2_000_000_000
+tokenizer_train_chars = 2_000_000_000  # word counts, not text, are kept: a few GB at most (BENCHMARKS.md)

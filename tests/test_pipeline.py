@@ -126,6 +126,8 @@ def test_train_bad_input(prepared, tmp_path):
                               *TINY_MODEL, check=False), "not a readable checkpoint")
     assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", "--lr_schedule=cosine", f"--out_dir={tmp_path}/x",
                               check=False), "unknown lr_schedule")
+    assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", "--data_order=sorted", f"--out_dir={tmp_path}/y",
+                              check=False), "unknown --data_order")
 
 
 def test_torchrun_two_processes(prepared, tmp_path):
@@ -228,3 +230,104 @@ def test_prepare_cleaning_counts(tmp_path, corpus_file):
     removed = meta["dropped_documents"] + meta["duplicate_documents"]  # each kept document also carries a [SEP]
     assert raw["train_tokens"] + raw["val_tokens"] == (meta["train_tokens"] + meta["val_tokens"] + meta["dropped_tokens"]
                                                        + meta["duplicate_tokens"] + removed)
+
+
+def test_prepare_curriculum_sorts_blocks_by_sentence_ends(tmp_path, corpus_file, monkeypatch):
+    """curriculum=True: the same sequences, each block of curriculum_block sorted by sentence-ending
+    tokens, most first; a kill while a block is overwritten is repaired from the journal; and
+    train.py's data_order='file' reads that order in the first epoch."""
+    import train
+    args = ["prepare.py", f"--dataset={corpus_file}", "--vocab_size=300", "--seq_len=32"]
+    run_script(*args, f"--out_dir={tmp_path / 'plain'}")
+    run_script(*args, f"--out_dir={tmp_path / 'sorted'}", "--curriculum=True", "--curriculum_block=50")
+    meta = load_meta(tmp_path / "sorted")
+    plain, rows = np.asarray(load_tokens(tmp_path / "plain", "train")), np.asarray(load_tokens(tmp_path / "sorted", "train"))
+    enc = load_tokenizer(tmp_path / "sorted")
+    ends = prepare.sentence_end_ids(enc)
+    assert ends[enc.encode_ordinary(" river.")[-1]] and not ends[meta["special_ids"]["[SEP]"]]
+    assert meta["curriculum_blocks"] == -(-len(rows) // 50) >= 3 and meta["settings"]["curriculum_block"] == 50
+    for start in range(0, len(rows), 50):
+        counts = ends[rows[start:start + 50]].sum(axis=1)
+        assert (np.diff(counts) <= 0).all() and counts[0] > counts[-1]
+        block = plain[start:start + 50]  # the same rows, ties in the file's order
+        assert (rows[start:start + 50] == block[np.argsort(-ends[block].sum(axis=1), kind="stable")]).all()
+    assert not (tmp_path / "sorted" / "curriculum.tmp").exists()
+
+    # killed while block 2 was being overwritten: half of it is garbage, the journal is whole
+    path = tmp_path / "train.bin.tmp"
+    path.write_bytes(plain.tobytes())
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path))
+    monkeypatch.setattr(prepare, "seq_len", 32)
+    monkeypatch.setattr(prepare, "curriculum_block", 50)
+
+    def killed(block, journaled):
+        if (block, journaled) == (2, True):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        prepare.sort_by_sentence_ends(str(path), "uint16", ends, 0, False, killed)
+    with open(path, "r+b") as f:
+        f.seek(2 * 50 * 32 * 2)
+        f.write(bytes(25 * 32 * 2))
+    steps = []
+    prepare.sort_by_sentence_ends(str(path), "uint16", ends, 2, True, lambda *step: steps.append(step))
+    assert steps[0] == (3, False) and path.read_bytes() == rows.tobytes()
+
+    n = len(rows)
+    monkeypatch.setattr(train, "data_order", "file")
+    train.epoch_order.cache_clear()
+    try:
+        first = train.rows_at(0, n + 10, n, seed=0)
+        assert (first[:n] == np.arange(n)).all() and (train.rows_at(n - 5, 15, n, seed=0) == first[n - 5:]).all()
+        assert (first[n:] != np.arange(10)).any()  # the second epoch is shuffled
+        monkeypatch.setattr(train, "data_order", "shuffled")
+        train.epoch_order.cache_clear()
+        assert not (train.rows_at(0, n, n, seed=0) == np.arange(n)).all()
+    finally:
+        train.epoch_order.cache_clear()
+
+
+def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):
+    """A .jsonl file or hub dataset (both `datasets` streams) resumes from the state_dict() in the
+    progress record, not by reading the stream again from its start; the files are the same."""
+    from conftest import synthetic_corpus
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in synthetic_corpus(n_docs=3000, seed=2)))
+    stream = prepare.record_file(str(data))
+    first = list(itertools.islice(stream(), 1000))
+    assert next(stream(stream.state())) == next(itertools.islice(stream(), 1000, None)) != first[-1]
+
+    for key, value in dict(dataset=str(data), vocab_size=300, seq_len=32, tokenizer_train_chars=50000,
+                           progress_minutes=0, workers=1).items():
+        monkeypatch.setattr(prepare, key, value)
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "whole"))
+    prepare.main()
+    write_json, records, states = prepare.write_json, [], []
+
+    def killed_at_the_fourth_record(path, obj):
+        if path.endswith(prepare.PROGRESS_FILE):
+            records.append(obj)
+            if len(records) == 4:
+                raise KeyboardInterrupt
+        write_json(path, obj)
+    monkeypatch.setattr(prepare, "write_json", killed_at_the_fourth_record)
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "killed"))
+    with pytest.raises(KeyboardInterrupt):
+        prepare.main()
+    assert records[2]["read"] == 768 and records[2]["source_state"]
+    monkeypatch.setattr(prepare, "write_json", write_json)
+    call = prepare.RowStream.__call__
+    monkeypatch.setattr(prepare.RowStream, "__call__", lambda self, state=None: states.append(state) or call(self, state))
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "killed"))
+    prepare.main()
+    assert states[-1] == records[2]["source_state"]  # the encoding pass continued the stream from its state
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert load_meta(tmp_path / "killed")["documents"] == load_meta(tmp_path / "whole")["documents"] == 3000
+
+    # max_tokens stops after the first batch of 256 documents that reaches it: a prefix of the whole
+    monkeypatch.setattr(prepare, "max_tokens", 20000)
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "capped"))
+    prepare.main()
+    capped = load_meta(tmp_path / "capped")
+    assert capped["documents"] % 256 == 0 and 20000 <= capped["train_tokens"] < 20000 + 256 * 200
+    assert (tmp_path / "whole" / "train.bin").read_bytes().startswith((tmp_path / "capped" / "train.bin").read_bytes())
