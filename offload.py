@@ -53,6 +53,12 @@ import torch.nn as nn
 from model import Block, param_groups
 
 
+def adamw_order(module):
+    """Parameter names in the order of param_groups(module): torch.optim.AdamW's state indices."""
+    named = list(module.named_parameters())
+    return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+
+
 class HostStream:
     """Stands in for torch.cuda.Stream and its events on a CPU, where work runs in program order."""
 
@@ -79,8 +85,7 @@ class OffloadTrainer:
         self.scaler = rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
         # the plain model's parameter order: checkpoints and AdamW state indices follow it
         self.names = [name for name, _ in model.named_parameters()]
-        self.decay_order = ([n for n, p in model.named_parameters() if p.dim() >= 2] +
-                            [n for n, p in model.named_parameters() if p.dim() < 2])
+        self.adamw_order = adamw_order(model)
         host_blocks, model.blocks = model.blocks, nn.ModuleList()
         self.stem = model.to(rt.device)
         self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
@@ -278,15 +283,10 @@ class OffloadTrainer:
     # checkpoints in normal mode's format
     def _locate(self):
         """name -> (optimizer, its index of the parameter), for every parameter of the plain model."""
-        where = {}
-        for name, optimizer in [(None, self.optimizer)] + [(f"blocks.{i}.", o) for i, o in
-                                                           enumerate(self.block_optimizers)]:
-            module = self.stem if name is None else self.host_blocks[int(name.split(".")[1])]
-            local = ([n for n, p in module.named_parameters() if p.dim() >= 2] +
-                     [n for n, p in module.named_parameters() if p.dim() < 2])
-            for index, n in enumerate(local):
-                where[(name or "") + n] = (optimizer, index)
-        return where
+        parts = [("", self.stem, self.optimizer)] + [(f"blocks.{i}.", block, optimizer) for i, (block, optimizer) in
+                                                     enumerate(zip(self.host_blocks, self.block_optimizers))]
+        return {prefix + name: (optimizer, index) for prefix, module, optimizer in parts
+                for index, name in enumerate(adamw_order(module))}
 
     def state_dict(self):
         """{'model': the plain CrammedBert state_dict, 'optimizer': torch.optim.AdamW's state_dict
@@ -296,14 +296,14 @@ class OffloadTrainer:
         states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.block_optimizers]}
         where = self._locate()
         state = {}
-        for index, name in enumerate(self.decay_order):
+        for index, name in enumerate(self.adamw_order):
             optimizer, local = where[name]
             if local in states[optimizer]:
                 state[index] = states[optimizer][local]
-        n_decay = sum(1 for name in self.decay_order if tensors[name].dim() >= 2)
+        n_decay = sum(1 for name in self.adamw_order if tensors[name].dim() >= 2)
         groups = [dict(g, params=params) for g, params in
                   zip(self.optimizer.state_dict()["param_groups"],
-                      (list(range(n_decay)), list(range(n_decay, len(self.decay_order)))))]
+                      (list(range(n_decay)), list(range(n_decay, len(self.adamw_order)))))]
         return dict(model={name: tensors[name] for name in self.names}, scaler=self.scaler.state_dict(),
                     optimizer=dict(state=state, param_groups=groups))
 
@@ -315,7 +315,7 @@ class OffloadTrainer:
         saved = checkpoint["optimizer"]
         for optimizer in [self.optimizer, *self.block_optimizers]:
             own = optimizer.state_dict()
-            state = {where[name][1]: saved["state"][index] for index, name in enumerate(self.decay_order)
+            state = {where[name][1]: saved["state"][index] for index, name in enumerate(self.adamw_order)
                      if where[name][0] is optimizer and index in saved["state"]}
             groups = [dict(g, **{k: v for k, v in s.items() if k != "params"})
                       for g, s in zip(own["param_groups"], saved["param_groups"])]
