@@ -291,7 +291,8 @@ def bench_offload(dims, micro, tokens, rt, n_steps, n_warmup):
         on_device.copy_(pinned, non_blocking=True)
         rt.synchronize()
         seconds.append(time.perf_counter() - start)
-    print(f"pinned host-to-device copy of 256 MiB: {spread([pinned.numel() / t / 1e9 for t in seconds], '{:.1f}')} GB/s")
+    bandwidth = spread([pinned.numel() / t / 1e9 for t in seconds], "{:.1f}")
+    print(f"pinned host-to-device copy of 256 MiB: {bandwidth} GB/s")
     del model, optimizer, pinned, on_device
     torch.cuda.empty_cache()
     cap = peaks["normal, eager"] / 3

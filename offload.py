@@ -19,10 +19,11 @@ templates); gradients copy back on a third stream, and the host adds block i+1's
 device works on block i. On a CPU the streams are HostStream, which does nothing, so the same
 code runs (and is tested) there.
 
-Precision: the templates hold the weights in the autocast dtype, so under bfloat16 every
-micro-step sees bfloat16-rounded weights and returns bfloat16 gradients (autocast does its
-matmuls in bfloat16 in normal mode too; the LayerNorm weights are the only ones normal mode
-keeps in float32 there); accumulation, clipping and the update are float32. float16 is not
+Precision: the templates hold the matrices in the autocast dtype, so under bfloat16 every
+micro-step sees bfloat16-rounded matrices and returns bfloat16 gradients for them (autocast
+does its matmuls in bfloat16 in normal mode too), and the vectors (norm weights, biases) in
+float32, as normal mode's LayerNorm sees them (CPU autocast also refuses a bfloat16 LayerNorm
+weight on a float32 input); accumulation, clipping and the update are float32. float16 is not
 supported (its loss scaler is not built for this mode). With float32 the mode is exact: the
 tests match normal mode's losses and parameters.
 
@@ -37,7 +38,8 @@ parameter, some 3G parameters/s on a 100 GB/s host, which accumulation over many
 amortises.
 
 Host bytes per block parameter: float32 master 4 + AdamW moments 8 + float32 accumulator 4 +
-pinned transfer copy 2 (bfloat16; none under float32, where the master itself is sent) = 18.
+pinned transfer copy 2 (bfloat16; none under float32, where the master itself is sent) = 18
+(the vectors' float32 copies are a rounding error beside the matrices).
 Only what crosses the bus is pinned (transfer copies and the gradient staging buffers): pinned
 memory is page-locked, and pinning all of it is what exhausts RAM in ZeRO-Offload setups.
 
@@ -101,16 +103,18 @@ class OffloadTrainer:
         self.block_optimizers = [torch.optim.AdamW(param_groups(block, weight_decay), lr=lr, betas=betas, eps=eps,
                                                    fused=True) for block in host_blocks]
         # what crosses the bus: a pinned low-precision copy, or under float32 the master itself
-        self.send = [[self._host_like(p, rt.dtype) for p in params] if rt.dtype != torch.float32 else params
-                     for params in self.masters]
+        self.send = [[self._host_like(p, self._wire_dtype(p)) for p in params] if rt.dtype != torch.float32
+                     else params for params in self.masters]
         self._refresh_send()
         args = {k: model.args[k] for k in ("d_model", "n_heads", "d_ffn", "bias", "glu", "norm_first", "norm_eps",
                                            "dropout")}
         with torch.device("meta"):  # shapes only: building the templates draws nothing from the RNG
             templates = [Block(**args) for _ in range(2)]
-        self.templates = [t.to_empty(device=rt.device).to(rt.dtype) for t in templates]
+        self.templates = [t.to_empty(device=rt.device) for t in templates]
+        for p in (p for t in self.templates for p in t.parameters()):
+            p.data = p.data.to(self._wire_dtype(p))
         # gradients land here before the host adds them to the accumulators (one set per template)
-        self.staging = [[self._host_like(p, rt.dtype) for p in self.templates[0].parameters()] if self.cuda else None
+        self.staging = [[self._host_like(p, p.dtype) for p in self.templates[0].parameters()] if self.cuda else None
                         for _ in range(2)]
         self.resident = [None, None]  # which block's current weights each template holds
         if self.cuda:
@@ -118,6 +122,10 @@ class OffloadTrainer:
         else:
             self.compute = self.h2d = self.d2h = HostStream()
         self.slot_free = [self.compute.record_event() for _ in range(2)]
+
+    def _wire_dtype(self, p):
+        """The dtype a block parameter crosses the bus and computes in: matrices in the autocast dtype."""
+        return self.rt.dtype if p.dim() >= 2 else torch.float32
 
     def _host_like(self, p, dtype):
         t = torch.empty(p.shape, dtype=dtype)

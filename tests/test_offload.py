@@ -20,10 +20,10 @@ def batches(n, size=4, seed=0):
             for _ in range(n)]
 
 
-def train_both(model_args, n_steps, accum, clip, lr=1e-2):
+def train_both(model_args, n_steps, accum, clip, lr=1e-2, dtype="float32"):
     """The same steps in normal mode (train_step, torch's fused AdamW) and off-load mode, from the
     same initialisation and RNG: (normal losses, off-load losses, normal model, optimizer, trainer)."""
-    rt = runtime.setup("cpu", "float32", compile=False)
+    rt = runtime.setup("cpu", dtype, compile=False)
     data = batches(n_steps * accum)
     torch.manual_seed(0)
     model = CrammedBert(vocab_size=VOCAB, seq_len=SEQ, **model_args)
@@ -72,6 +72,26 @@ def test_offload_trains_like_normal_mode_with_blocks_of_several_mib():
     normal, offloaded, model, optimizer, trainer = train_both(wide, n_steps=1, accum=2, clip=0.5, lr=1e-3)
     assert sum(p.numel() for p in model.blocks[0].parameters()) * 4 > 10e6
     assert_same_training(normal, offloaded, model, optimizer, trainer)
+
+
+def test_offload_under_bfloat16_sends_bfloat16_weights_and_trains_close_to_normal_mode():
+    """Under autocast the blocks' matrices cross the bus as bfloat16 copies of the float32 masters
+    (the vectors as float32); normal mode's matmuls round them to bfloat16 too, so the two stay
+    close (not equal: normal mode keeps float32 matrices for the weight gradients)."""
+    tiny = dict(n_layers=2, d_model=32, n_heads=2, d_ffn=128)
+    normal, offloaded, model, _, trainer = train_both(tiny, n_steps=2, accum=2, clip=0.5, lr=1e-3, dtype="bfloat16")
+    assert [t.dtype for t in trainer.send[0]] == [torch.bfloat16 if p.dim() >= 2 else torch.float32
+                                                  for p in trainer.masters[0]]
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trainer.masters[0])
+    for (loss_a, _), (loss_b, applied) in zip(normal, offloaded):
+        assert applied
+        torch.testing.assert_close(loss_b, loss_a, rtol=2e-2, atol=2e-2)
+    state = trainer.state_dict()["model"]
+    for name, value in model.state_dict().items():
+        assert state[name].dtype == torch.float32
+        torch.testing.assert_close(state[name], value, rtol=0, atol=2e-3)  # 2 steps of lr 1e-3 move weights ~2e-3
+    for send, master in zip(trainer.send[0], trainer.masters[0]):  # refreshed after the update
+        assert send.equal(master.detach().to(send.dtype))
 
 
 def test_a_non_finite_gradient_skips_the_update_in_offload_mode():
