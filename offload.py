@@ -29,13 +29,14 @@ tests match normal mode's losses and parameters.
 
 Clipping and the non-finite skip need the global gradient norm before any update, so each
 block's squared norm is taken as its last micro-step's gradients land, and after the backward
-the total (with the device part's) sets the clip scale; then every block steps, synchronously,
-with one fused CPU AdamW per block (the same groups and hyperparameters as
-model.param_groups). Left to build for speed: run the block steps in a background thread in
-forward order and have the next forward wait only for block i's update, and overlap the step
-with the backward of the last micro-step; per optimizer step the CPU moves about 30 bytes a
-parameter, some 3G parameters/s on a 100 GB/s host, which accumulation over many micro-steps
-amortises.
+the total (with the device part's) sets the clip scale. The device part steps at once; the
+blocks step on one host thread in forward order, each with its own fused CPU AdamW (the same
+groups and hyperparameters as model.param_groups), and the next forward waits only for block
+i's update before sending block i, so the host step overlaps the next step's forward. Left to
+build: overlapping the step with the last micro-step's backward (not possible exactly: the clip
+scale needs every block's gradient first; a step without clipping could start each block as
+its gradients land). Per optimizer step the CPU moves about 30 bytes a parameter, some 3G
+parameters/s on a 100 GB/s host, which accumulation over many micro-steps amortises.
 
 Host bytes per block parameter: float32 master 4 + AdamW moments 8 + float32 accumulator 4 +
 pinned transfer copy 2 (bfloat16; none under float32, where the master itself is sent) = 18
@@ -47,6 +48,7 @@ Checkpoints interchange with normal mode: state_dict() gives the plain CrammedBe
 (same keys) and torch.optim.AdamW's state_dict over param_groups(model, weight_decay).
 """
 import math
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
 import torch
@@ -105,7 +107,10 @@ class OffloadTrainer:
         # what crosses the bus: a pinned low-precision copy, or under float32 the master itself
         self.send = [[self._host_like(p, self._wire_dtype(p)) for p in params] if rt.dtype != torch.float32
                      else params for params in self.masters]
-        self._refresh_send()
+        for i in range(len(self.masters)):
+            self._refresh_send(i)
+        # one host thread steps the blocks in forward order; updates[i] is block i's step in flight
+        self.updater, self.updates = ThreadPoolExecutor(max_workers=1), [None] * len(self.masters)
         args = {k: model.args[k] for k in ("d_model", "n_heads", "d_ffn", "bias", "glu", "norm_first", "norm_eps",
                                            "dropout")}
         with torch.device("meta"):  # shapes only: building the templates draws nothing from the RNG
@@ -144,16 +149,37 @@ class OffloadTrainer:
             torch.set_rng_state(state)
 
     @torch.no_grad()
-    def _refresh_send(self):
+    def _refresh_send(self, i):
         if self.rt.dtype != torch.float32:
-            for send, params in zip(self.send, self.masters):
-                torch._foreach_copy_(send, params)
-        self.resident = [None, None]
+            torch._foreach_copy_(self.send[i], self.masters[i])
+
+    @torch.no_grad()
+    def _update_block(self, i, lr, scale):
+        """Block i's clipping, AdamW step and fresh transfer copy; runs on the updater thread."""
+        grads = [p.grad for p in self.masters[i]]
+        if scale != 1.0:
+            torch._foreach_mul_(grads, scale)
+        for group in self.block_optimizers[i].param_groups:
+            group["lr"] = lr
+        self.block_optimizers[i].step()
+        torch._foreach_zero_(grads)
+        self._refresh_send(i)
+
+    def _wait(self, i):
+        if self.updates[i] is not None:
+            self.updates[i].result()  # raises here what failed on the updater thread
+            self.updates[i] = None
+
+    def synchronize(self):
+        """Wait for the blocks' updates in flight (before reading the masters, or to time a step)."""
+        for i in range(len(self.masters)):
+            self._wait(i)
 
     @torch.no_grad()
     def _fetch(self, i):
         """Start copying block i's weights into template i % 2 on the side stream; returns the event
         the compute stream waits on (None when they are already there)."""
+        self._wait(i)  # its masters and transfer copy are being updated
         slot = i % 2
         if self.resident[slot] == i:
             return None
@@ -253,19 +279,18 @@ class OffloadTrainer:
         stem_norm = torch.stack(torch._foreach_norm(stem_grads)).square().sum().item() if stem_grads else 0.0
         norm = (stem_norm + sum(squares)) ** 0.5
         applied = math.isfinite(norm)
-        block_grads = [p.grad for params in self.masters for p in params]
         if applied:
-            if clip:  # as clip_grad_norm_
-                scale = min(1.0, clip / (norm + 1e-6))
+            scale = min(1.0, clip / (norm + 1e-6)) if clip else 1.0  # as clip_grad_norm_
+            if scale != 1.0:
                 torch._foreach_mul_(stem_grads, scale)
-                torch._foreach_mul_(block_grads, scale)
-            for optimizer in [self.optimizer, *self.block_optimizers]:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.step()
-            self._refresh_send()
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.resident = [None, None]
+            self.updates = [self.updater.submit(self._update_block, i, lr, scale) for i in range(len(self.masters))]
+        else:
+            torch._foreach_zero_([p.grad for params in self.masters for p in params])
         self.optimizer.zero_grad(set_to_none=True)
-        torch._foreach_zero_(block_grads)
         return total / accum_steps, applied
 
     # the model interface of evaluate() and fill_in(), streaming the blocks
@@ -299,6 +324,7 @@ class OffloadTrainer:
     def state_dict(self):
         """{'model': the plain CrammedBert state_dict, 'optimizer': torch.optim.AdamW's state_dict
         over param_groups(model), 'scaler': the (disabled) grad scaler's}."""
+        self.synchronize()
         tensors = dict(self.stem.state_dict())
         tensors.update({f"blocks.{k}": v for k, v in self.host_blocks.state_dict().items()})
         states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.block_optimizers]}
@@ -316,6 +342,7 @@ class OffloadTrainer:
                     optimizer=dict(state=state, param_groups=groups))
 
     def load_state_dict(self, checkpoint):
+        self.synchronize()
         model = checkpoint["model"]
         self.stem.load_state_dict({k: v for k, v in model.items() if not k.startswith("blocks.")})
         self.host_blocks.load_state_dict({k[len("blocks."):]: v for k, v in model.items() if k.startswith("blocks.")})
@@ -330,4 +357,6 @@ class OffloadTrainer:
             optimizer.load_state_dict(dict(state=state, param_groups=groups))
         if "scaler" in checkpoint:
             self.scaler.load_state_dict(checkpoint["scaler"])
-        self._refresh_send()
+        for i in range(len(self.masters)):
+            self._refresh_send(i)
+        self.resident = [None, None]
