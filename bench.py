@@ -13,6 +13,15 @@ then reports the ratios, the share of the device's own matmul speed that the ste
 matmul shapes of the model timed alone in the same run: the practical ceiling), the cost of data
 loading and masking, and tokens/s per micro-batch size up to the largest that fits (the search
 train.py's micro_batch=0 uses).
+
+offload=True adds off-load mode (train.py --offload=True, offload.py) beside normal mode, both
+eager, timed in alternation (A B A B: a shared machine drifts), with the host AdamW's speed
+(one fused AdamW per block, as off-load mode steps, against one over the same tensors); on a
+GPU also the peak memory of each, the bandwidth of a pinned host-to-device copy, and off-load
+mode run with the process capped (set_per_process_memory_fraction) at a third of what normal
+mode needs.
+
+    python bench.py --offload=True --baselines=False --sweep=False
 """
 import dataclasses
 import os
@@ -28,6 +37,7 @@ import runtime
 from configurator import read_config_file, configure
 from data import get_batch, load_meta, load_tokens, mask_tokens
 from model import CrammedBert, param_groups
+from offload import OffloadTrainer
 from train import MODEL_KEYS, train_step
 
 # -----------------------------------------------------------------------------
@@ -43,6 +53,8 @@ seq_len = 128
 device = "auto"
 dtype = "auto"          # as train.py: bfloat16 on a GPU, float32 on a CPU
 compile = True          # as train.py; the crammed row is also timed eager, for the comparison
+offload = False         # also time off-load mode against normal mode (both eager), interleaved
+repeats = 3             # off-load comparison: alternating rounds of `steps` steps per mode
 profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
 peak_tflops = 0.0       # for MFU; 0 looks the GPU up by name
 seed = 0
@@ -186,6 +198,118 @@ def time_data(tokens, micro, rt, vocab, n=20):
     return (time.perf_counter() - start) / n
 
 
+def alternate(timers, n_repeats):
+    """{name: [seconds per call, one per round]}, the timers called in turn each round (A B A B),
+    so that a drifting machine slows all of them alike."""
+    times = {name: [] for name in timers}
+    for _ in range(n_repeats):
+        for name, timer in timers.items():
+            times[name].append(timer())
+    return times
+
+
+def spread(values, fmt="{:,.0f}"):
+    """median (min-max)"""
+    return f"{fmt.format(np.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def bench_offload(dims, micro, tokens, rt, n_steps, n_warmup):
+    """Off-load mode beside normal mode (both eager, train.py's steps), the host AdamW per block
+    against one fused AdamW over the same tensors, and on a GPU memory, bus bandwidth and a run
+    capped at a third of normal mode's memory."""
+    rt = dataclasses.replace(rt, compile=False)
+    gpu = rt.device.type == "cuda"
+    ours = dict(seq_len=seq_len, **dims)
+    rng = np.random.default_rng(seed)
+    vocab = dims["vocab_size"]
+
+    def batch_at(micro_step):
+        idx = get_batch(tokens, rng.integers(0, len(tokens), micro), rt.device)
+        return mask_tokens(idx, 0.25, vocab - 1, vocab - N_SPECIAL)
+
+    torch.manual_seed(seed)
+    model = CrammedBert(**ours).to(rt.device)
+    optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
+    scaler = rt.grad_scaler()
+    trainer = OffloadTrainer(CrammedBert(**ours), rt, 1e-4, (0.9, 0.98), 1e-12, 0.01)
+    steps = {"normal, eager": lambda: train_step(model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)[0],
+             "off-load": lambda: trainer.step(batch_at, accum_steps, 1e-4, 0.5)[0]}
+    # the blocks' host updates run on past step(); a timing waits for them like the next step would
+    finish = {"normal, eager": rt.synchronize, "off-load": lambda: (trainer.synchronize(), rt.synchronize())}
+    peaks = {}
+
+    def timer(name):
+        def run():
+            rt.reset_peak_memory()
+            start = time.perf_counter()
+            for _ in range(n_steps):
+                loss = steps[name]()
+            loss.item()
+            finish[name]()
+            peaks[name] = rt.peak_memory()
+            return (time.perf_counter() - start) / n_steps
+        return run
+
+    for name in steps:  # warm-up
+        for _ in range(n_warmup):
+            steps[name]()
+    times = alternate({name: timer(name) for name in steps}, repeats)
+    print(f"\n| mode (eager) | micro-batch | tokens/s, median (min-max) of {repeats} alternating rounds | "
+          f"ms per micro-batch | peak GiB |\n|---|---|---|---|---|")
+    for name, seconds in times.items():
+        print(f"| {name} | {micro} | {spread([micro * accum_steps * seq_len / t for t in seconds])} | "
+              f"{1e3 * np.median(seconds) / accum_steps:.1f} | {gib(peaks[name])} |")
+    ratios = [n / o for n, o in zip(times["normal, eager"], times["off-load"])]
+    print(f"\noff-load / normal tokens/s: {spread(ratios, '{:.2f}')}x (per round)")
+
+    # the host AdamW: off-load mode's one fused AdamW per block against one over all the blocks
+    trainer.synchronize()
+    masters = [p for params in trainer.masters for p in params]
+    for p in masters:
+        p.grad.normal_()
+    whole = torch.optim.AdamW(param_groups(trainer.host_blocks, 0.01), lr=1e-4, fused=True)
+
+    def adamw(optimizers):
+        def run():
+            start = time.perf_counter()
+            for _ in range(n_steps):
+                for o in optimizers:
+                    o.step()
+            return (time.perf_counter() - start) / n_steps
+        return run
+    n_params = sum(p.numel() for p in masters)
+    times = alternate({"per block": adamw(trainer.block_optimizers), "one over all": adamw([whole])}, repeats)
+    print(f"host AdamW (fused, {len(trainer.block_optimizers)} blocks, {n_params / 1e6:.1f}M parameters, "
+          f"{torch.get_num_threads()} threads), M parameters/s, median (min-max): per block "
+          f"{spread([n_params / 1e6 / t for t in times['per block']])}, one AdamW over the same tensors "
+          f"{spread([n_params / 1e6 / t for t in times['one over all']])}")
+    if not gpu:
+        return
+    pinned = torch.empty(2 ** 28, dtype=torch.uint8).pin_memory()  # 256 MiB
+    on_device = torch.empty_like(pinned, device=rt.device)
+    seconds = []
+    for _ in range(5):
+        rt.synchronize()
+        start = time.perf_counter()
+        on_device.copy_(pinned, non_blocking=True)
+        rt.synchronize()
+        seconds.append(time.perf_counter() - start)
+    bandwidth = spread([pinned.numel() / t / 1e9 for t in seconds], "{:.1f}")
+    print(f"pinned host-to-device copy of 256 MiB: {bandwidth} GB/s")
+    del model, optimizer, pinned, on_device
+    torch.cuda.empty_cache()
+    cap = peaks["normal, eager"] / 3
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(rt.device).total_memory)
+    try:
+        seconds = timer("off-load")()
+        print(f"off-load mode capped at {gib(cap)} GiB (a third of normal mode's peak): "
+              f"{micro * accum_steps * seq_len / seconds:,.0f} tokens/s, peak {gib(peaks['off-load'])} GiB")
+    except torch.cuda.OutOfMemoryError:
+        print(f"off-load mode capped at {gib(cap)} GiB (a third of normal mode's peak): out of memory")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
 def gib(memory):
     return f"{memory / 2 ** 30:.1f}" if memory is not None else "-"
 
@@ -235,6 +359,9 @@ def main():
     data_seconds = time_data(tokens, micro, rt, dims["vocab_size"])
     print(f"\ndata loading + masking: {1e3 * data_seconds:.2f} ms per micro-batch, "
           f"{100 * data_seconds * accum_steps / crammed_seconds:.1f}% of the crammed step if not overlapped")
+
+    if offload:
+        bench_offload(dims, micro, tokens, rt, n_steps, n_warmup)
 
     if sweep:
         # eager, as train.py's micro_batch=0 probe: a compilation per size would take minutes

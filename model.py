@@ -116,11 +116,15 @@ class CrammedBert(nn.Module):
         if hasattr(module, "pos_emb"):
             nn.init.normal_(module.pos_emb, std=0.02)
 
-    def encode(self, idx, padding_mask=None):
-        """Final hidden states (B, T, d). padding_mask (B, T) is True at real tokens."""
+    def embed(self, idx):
+        """What enters the first block (B, T, d): token + position embeddings, normalised."""
         T = idx.shape[1]
         pos = self.pos_emb[:T] if hasattr(self, "pos_emb") else self.pos_scale * self.pos_table[:T]
-        x = self.emb_drop(self.emb_norm(self.tok_emb(idx) + pos))
+        return self.emb_drop(self.emb_norm(self.tok_emb(idx) + pos))
+
+    def encode(self, idx, padding_mask=None):
+        """Final hidden states (B, T, d). padding_mask (B, T) is True at real tokens."""
+        x = self.embed(idx)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
         for block in self.blocks:
             x = block(x, attn_mask)
@@ -136,7 +140,11 @@ class CrammedBert(nn.Module):
         Sparse prediction sends only the (B, k) masked positions through the output layer;
         dense prediction scores every position and ignores the rest, as the original BERT.
         """
-        hidden = self.encode(inputs)
+        return self.mlm_loss(self.encode(inputs), inputs, positions, labels)
+
+    def mlm_loss(self, hidden, inputs, positions, labels):
+        """forward's loss and correct count from the final hidden states (B, T, d); off-load mode
+        (offload.py) runs the blocks itself and joins here."""
         if self.sparse_prediction:
             hidden = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
             targets = labels

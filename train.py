@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import runtime
+from offload import OffloadTrainer
 from configurator import configure
 from data import (SPECIAL_TOKENS, get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens,
                   parse_ranks, save_checkpoint)
@@ -73,6 +74,8 @@ device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # autocast: 'auto' (bfloat16 on a GPU that has it, else float16; float32 on a CPU),
                           # 'float32', 'bfloat16', 'float16' (with loss scaling)
 compile = True            # torch.compile the training step (inductor; on a CPU too)
+offload = False           # blocks' master weights and AdamW state in host memory, streamed through the device:
+                          # for encoders whose training state exceeds the GPU (offload.py; one process, AdamW)
 peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
 seed = 0                  # model initialisation, data order and masks
 data_order = "shuffled"   # or 'file': the first epoch reads train.bin in its order (prepare.py's curriculum), later epochs shuffled
@@ -136,6 +139,27 @@ def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, r
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total / accum_steps, applied
+
+
+class Trainer:
+    """Normal mode: the whole model and its AdamW (or Muon) on the device, stepped by train_step.
+    OffloadTrainer (offload.py) is the same contract for off-load mode."""
+
+    def __init__(self, model, step_model, optimizer, scaler, rt):
+        self.model, self.step_model, self.optimizer, self.scaler, self.rt = model, step_model, optimizer, scaler, rt
+
+    def step(self, batch_at, accum_steps, step_lr, clip):
+        return train_step(self.step_model, self.optimizer, self.scaler, batch_at, accum_steps, step_lr, clip, self.rt)
+
+    def state_dict(self):
+        return dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                    scaler=self.scaler.state_dict())
+
+    def load_state_dict(self, checkpoint):
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if "scaler" in checkpoint:
+            self.scaler.load_state_dict(checkpoint["scaler"])
 
 
 @functools.lru_cache(maxsize=2)
@@ -266,6 +290,10 @@ def check_settings(world):
     if micro_batch < 0 or (micro_batch and batch_size % (micro_batch * world)):
         raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
                          f"the {world} process(es)")
+    if offload and world > 1:
+        raise SystemExit("error: --offload=True runs in one process: start it with python, not torchrun")
+    if offload and optim != "adamw":
+        raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
 
 def main(config):
@@ -277,7 +305,11 @@ def main(config):
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
-    rt = runtime.setup(device, dtype, compile, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+    # off-load mode runs the blocks eagerly through two templates: no torch.compile of the whole model
+    rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+    if offload and rt.dtype == torch.float16:
+        raise SystemExit("error: --offload=True needs --dtype=bfloat16 or float32 (float16's loss scaling is not "
+                         "built for it)")
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
 
@@ -298,7 +330,7 @@ def main(config):
         raise SystemExit(f"error: {ckpt_path} exists: pass --resume=True to continue it, or choose another --out_dir")
     os.makedirs(out_dir, exist_ok=True)
 
-    if micro_batch == 0 and rt.device.type == "cuda":
+    if micro_batch == 0 and rt.device.type == "cuda" and not offload:  # the probe measures normal mode
         micro_batch, tried = probe_micro_batch(model_args, rt, batch_size // world)
         if ddp:  # every rank takes the smallest that fits anywhere
             t = torch.tensor([micro_batch], device=rt.device)
@@ -312,28 +344,34 @@ def main(config):
     config["micro_batch"] = micro_batch
 
     torch.manual_seed(seed)
-    model = CrammedBert(**model_args).to(rt.device)
-    groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
-    optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
-    scaler = rt.grad_scaler()
+    model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
+    flops_per_token, n_params, n_matmul = model.flops_per_token(mask_rate), model.num_params(), model.num_params(True)
+    if offload:
+        # eval and fill-in run through the same streaming forward, so nothing needs the whole model on the device
+        trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        eval_model = trainer
+        log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; "
+            "eager (no torch.compile of the whole model)")
+    else:
+        model = model.to(rt.device)
+        groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
+        optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
+        step_model = rt.compile_model(model)
+        if ddp:
+            step_model = torch.nn.parallel.DistributedDataParallel(
+                step_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+        trainer, eval_model = Trainer(model, step_model, optimizer, rt.grad_scaler(), rt), model
     step, elapsed, tokens_seen, init_loss, last_saved = 0, 0.0, 0, None, None
-    if checkpoint:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        if "scaler" in checkpoint:
-            scaler.load_state_dict(checkpoint["scaler"])
+    if checkpoint:  # either mode resumes the other's checkpoints: they share the format
+        trainer.load_state_dict(checkpoint)
         step, elapsed, tokens_seen = checkpoint["step"], checkpoint["elapsed"], checkpoint["tokens"]
         init_loss, last_saved = checkpoint.get("init_val_loss"), step
         log(f"resuming {ckpt_path} at step {step}, {elapsed / 60:.1f} minutes and {tokens_seen / 1e6:.1f}M tokens in")
-    raw_model = model
-    model = rt.compile_model(model)
-    if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    scaler = trainer.scaler
     budget = budget_hours * 3600
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    flops_per_token = raw_model.flops_per_token(mask_rate)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
-    log(f"model: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.num_params(True) / 1e6:.2f}M in matmuls), "
+    log(f"model: {n_params / 1e6:.2f}M parameters ({n_matmul / 1e6:.2f}M in matmuls), "
         f"{flops_per_token / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro_batch}")
     warning = rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * seq_len, torch.get_num_threads())
@@ -365,14 +403,13 @@ def main(config):
         nonlocal last_saved
         if master:
             save_checkpoint(ckpt_path, dict(
-                model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                model_args=model_args, step=step, elapsed=elapsed, tokens=tokens_seen, config=config,
-                init_val_loss=init_loss, data_dir=os.path.abspath(data_dir), meta=meta, final=final,
+                **trainer.state_dict(), model_args=model_args, step=step, elapsed=elapsed, tokens=tokens_seen,
+                config=config, init_val_loss=init_loss, data_dir=os.path.abspath(data_dir), meta=meta, final=final,
                 tokenizer=tokenizer_text))
         last_saved = step
 
     def run_eval():
-        val_loss, val_acc = evaluate(raw_model, val_tokens, meta, micro_batch, rt, eval_sequences)
+        val_loss, val_acc = evaluate(eval_model, val_tokens, meta, micro_batch, rt, eval_sequences)
         log(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {val_acc:.3f} | "
             f"{elapsed / 60:.1f} min, {tokens_seen / 1e6:.1f}M tokens")
         record(kind="eval", step=step, elapsed=round(elapsed, 2), tokens=tokens_seen, val_loss=val_loss,
@@ -425,8 +462,7 @@ def main(config):
         accum = step_batch // (micro_batch * world)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         consumed = tokens_seen // seq_len
-        loss, applied = train_step(model, optimizer, scaler, lambda micro_step: batch_at(consumed, micro_step),
-                                   accum, step_lr, grad_clip, rt)
+        loss, applied = trainer.step(lambda micro_step: batch_at(consumed, micro_step), accum, step_lr, grad_clip)
         step += 1
         tokens_seen += step_batch * seq_len
         window_tokens += step_batch * seq_len
@@ -488,7 +524,7 @@ def main(config):
             log(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
         if master and fill_in_examples:
             enc = make_encoding(parse_ranks(tokenizer_text), meta["special_ids"])
-            for line in fill_in(raw_model, val_tokens, meta, enc, rt, fill_in_examples, seed):
+            for line in fill_in(eval_model, val_tokens, meta, enc, rt, fill_in_examples, seed):
                 log(line)
         log(f"final: step {step} | val loss {val_loss:.4f} (at init {init_loss:.4f}) | masked-token accuracy "
             f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"

@@ -19,3 +19,14 @@ def test_bench_prints_the_table_with_ratios(tmp_path):
 def test_bench_rejects_unknown_shape():
     proc = run_script("bench.py", "--shape=huge", check=False)
     assert proc.returncode != 0 and proc.stderr.strip() == "error: unknown shape 'huge' (reference, small)"
+
+
+def test_bench_times_offload_beside_normal_mode(tmp_path):
+    proc = run_script("bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=2", "--steps=1",
+                      "--warmup_steps=1", "--sweep=False", "--baselines=False", "--offload=True", "--repeats=2",
+                      f"--data_dir={tmp_path}", "--compile=False")
+    out = proc.stdout
+    assert re.search(r"^\| normal, eager \| 2 \| [\d,]+ \([\d,]+-[\d,]+\) \|", out, re.M)
+    assert re.search(r"^\| off-load \| 2 \| [\d,]+ \([\d,]+-[\d,]+\) \|", out, re.M)
+    assert re.search(r"off-load / normal tokens/s: [\d.]+ \([\d.]+-[\d.]+\)x", out)
+    assert re.search(r"host AdamW .*per block [\d,]+ .*one AdamW over the same tensors [\d,]+", out)

@@ -1,0 +1,362 @@
+"""Off-load mode (train.py --offload=True): train an encoder whose training state is larger than
+the GPU. The blocks' float32 master weights, their AdamW moments and their float32 gradient
+accumulators live in host memory; the device holds the embeddings, the final norm and the MLM
+head (with a normal AdamW) and two template blocks that each block's weights stream through.
+
+One micro-step:
+  forward   embeddings on the device (graph kept); then block by block under no_grad, keeping
+            only each block's input (the block-boundary activations) and the device RNG state
+            it started from; the head and loss with grad, backward to the last boundary.
+  backward  block by block from the last: copy its weights in, restore its RNG state (the same
+            dropout masks), recompute it with grad, backward from the boundary gradient; its
+            weight gradients go back to the host and are added to the float32 accumulators.
+            Last, the embeddings' backward.
+Weights cross the bus twice per micro-step (forward and recompute; the recompute's weights also
+serve its backward), in the autocast dtype (2 bytes a parameter for bfloat16), and the block
+just finished stays in its template, so the first block of each pass needs no copy. Block i+1's
+weights copy on a side stream while block i computes (double buffering over the two
+templates); gradients copy back on a third stream, and the host adds block i+1's while the
+device works on block i. On a CPU the streams are HostStream, which does nothing, so the same
+code runs (and is tested) there.
+
+Precision: the templates hold the matrices in the autocast dtype, so under bfloat16 every
+micro-step sees bfloat16-rounded matrices and returns bfloat16 gradients for them (autocast
+does its matmuls in bfloat16 in normal mode too), and the vectors (norm weights, biases) in
+float32, as normal mode's LayerNorm sees them (CPU autocast also refuses a bfloat16 LayerNorm
+weight on a float32 input); accumulation, clipping and the update are float32. float16 is not
+supported (its loss scaler is not built for this mode). With float32 the mode is exact: the
+tests match normal mode's losses and parameters.
+
+Clipping and the non-finite skip need the global gradient norm before any update, so each
+block's squared norm is taken as its last micro-step's gradients land, and after the backward
+the total (with the device part's) sets the clip scale. The device part steps at once; the
+blocks step on one host thread in forward order, each with its own fused CPU AdamW (the same
+groups and hyperparameters as model.param_groups), and the next forward waits only for block
+i's update before sending block i, so the host step overlaps the next step's forward. Left to
+build: overlapping the step with the last micro-step's backward (not possible exactly: the clip
+scale needs every block's gradient first; a step without clipping could start each block as
+its gradients land). Per optimizer step the CPU moves about 30 bytes a parameter, some 3G
+parameters/s on a 100 GB/s host, which accumulation over many micro-steps amortises.
+
+Host bytes per block parameter: float32 master 4 + AdamW moments 8 + float32 accumulator 4 +
+pinned transfer copy 2 (bfloat16; none under float32, where the master itself is sent) = 18
+(the vectors' float32 copies are a rounding error beside the matrices).
+Only what crosses the bus is pinned (transfer copies and the gradient staging buffers): pinned
+memory is page-locked, and pinning all of it is what exhausts RAM in ZeRO-Offload setups.
+
+Checkpoints interchange with normal mode: state_dict() gives the plain CrammedBert state_dict
+(same keys) and torch.optim.AdamW's state_dict over param_groups(model, weight_decay).
+"""
+import math
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+
+from model import Block, param_groups
+
+
+def adamw_order(module):
+    """Parameter names in the order of param_groups(module): torch.optim.AdamW's state indices."""
+    named = list(module.named_parameters())
+    return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+
+
+class HostStream:
+    """Stands in for torch.cuda.Stream and its events on a CPU, where work runs in program order."""
+
+    def record_event(self):
+        return self
+
+    def wait_event(self, event):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class OffloadTrainer:
+    """train.py's trainer for off-load mode: step(batch_at, accum_steps, lr, clip) -> (mean loss,
+    applied), state_dict()/load_state_dict() in normal mode's checkpoint format, and the model
+    interface evaluate() and fill_in() use (call, encode, logits, eval, train), which streams the
+    blocks too. Takes ownership of `model` (a CrammedBert on the host): its blocks become the
+    float32 masters, the rest moves to the device."""
+
+    def __init__(self, model, rt, lr, betas, eps, weight_decay):
+        self.rt = rt
+        self.cuda = rt.device.type == "cuda"
+        self.scaler = rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
+        # the plain model's parameter order: checkpoints and AdamW state indices follow it
+        self.names = [name for name, _ in model.named_parameters()]
+        self.adamw_order = adamw_order(model)
+        host_blocks, model.blocks = model.blocks, nn.ModuleList()
+        self.stem = model.to(rt.device)
+        self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
+        self.host_blocks = host_blocks
+        if self.cuda and rt.dtype == torch.float32:  # the masters themselves cross the bus
+            for p in host_blocks.parameters():
+                p.data = p.data.pin_memory()
+        self.masters = [list(block.parameters()) for block in host_blocks]
+        for params in self.masters:
+            for p in params:
+                p.grad = torch.zeros_like(p)  # the float32 accumulator; AdamW reads it as the gradient
+        # fused: one vectorised CPU kernel over a block's tensors
+        self.block_optimizers = [torch.optim.AdamW(param_groups(block, weight_decay), lr=lr, betas=betas, eps=eps,
+                                                   fused=True) for block in host_blocks]
+        # what crosses the bus: a pinned low-precision copy, or under float32 the master itself
+        self.send = [[self._host_like(p, self._wire_dtype(p)) for p in params] if rt.dtype != torch.float32
+                     else params for params in self.masters]
+        for i in range(len(self.masters)):
+            self._refresh_send(i)
+        # one host thread steps the blocks in forward order; updates[i] is block i's step in flight
+        self.updater, self.updates = ThreadPoolExecutor(max_workers=1), [None] * len(self.masters)
+        args = {k: model.args[k] for k in ("d_model", "n_heads", "d_ffn", "bias", "glu", "norm_first", "norm_eps",
+                                           "dropout")}
+        with torch.device("meta"):  # shapes only: building the templates draws nothing from the RNG
+            templates = [Block(**args) for _ in range(2)]
+        self.templates = [t.to_empty(device=rt.device) for t in templates]
+        for p in (p for t in self.templates for p in t.parameters()):
+            p.data = p.data.to(self._wire_dtype(p))
+        # gradients land here before the host adds them to the accumulators (one set per template)
+        self.staging = [[self._host_like(p, p.dtype) for p in self.templates[0].parameters()] if self.cuda else None
+                        for _ in range(2)]
+        self.resident = [None, None]  # which block's current weights each template holds
+        if self.cuda:
+            self.compute, self.h2d, self.d2h = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
+        else:
+            self.compute = self.h2d = self.d2h = HostStream()
+        self.slot_free = [self.compute.record_event() for _ in range(2)]
+
+    def _wire_dtype(self, p):
+        """The dtype a block parameter crosses the bus and computes in: matrices in the autocast dtype."""
+        return self.rt.dtype if p.dim() >= 2 else torch.float32
+
+    def _host_like(self, p, dtype):
+        t = torch.empty(p.shape, dtype=dtype)
+        return t.pin_memory() if self.cuda else t
+
+    def _stream(self, stream):
+        return torch.cuda.stream(stream) if self.cuda else nullcontext()
+
+    def _device_rng(self):
+        return torch.cuda.get_rng_state(self.rt.device) if self.cuda else torch.get_rng_state()
+
+    def _set_device_rng(self, state):
+        if self.cuda:
+            torch.cuda.set_rng_state(state, self.rt.device)
+        else:
+            torch.set_rng_state(state)
+
+    @torch.no_grad()
+    def _refresh_send(self, i):
+        if self.rt.dtype != torch.float32:
+            torch._foreach_copy_(self.send[i], self.masters[i])
+
+    @torch.no_grad()
+    def _update_block(self, i, lr, scale):
+        """Block i's clipping, AdamW step and fresh transfer copy; runs on the updater thread."""
+        grads = [p.grad for p in self.masters[i]]
+        if scale != 1.0:
+            torch._foreach_mul_(grads, scale)
+        for group in self.block_optimizers[i].param_groups:
+            group["lr"] = lr
+        self.block_optimizers[i].step()
+        torch._foreach_zero_(grads)
+        self._refresh_send(i)
+
+    def _wait(self, i):
+        if self.updates[i] is not None:
+            self.updates[i].result()  # raises here what failed on the updater thread
+            self.updates[i] = None
+
+    def synchronize(self):
+        """Wait for the blocks' updates in flight (before reading the masters, or to time a step)."""
+        for i in range(len(self.masters)):
+            self._wait(i)
+
+    @torch.no_grad()
+    def _fetch(self, i):
+        """Start copying block i's weights into template i % 2 on the side stream; returns the event
+        the compute stream waits on (None when they are already there)."""
+        self._wait(i)  # its masters and transfer copy are being updated
+        slot = i % 2
+        if self.resident[slot] == i:
+            return None
+        self.h2d.wait_event(self.slot_free[slot])  # the compute that last read this template is done
+        with self._stream(self.h2d):
+            for p, src in zip(self.templates[slot].parameters(), self.send[i]):
+                p.copy_(src, non_blocking=True)
+        self.resident[slot] = i
+        return self.h2d.record_event()
+
+    def _forward_blocks(self, h, inputs=None, rng=None):
+        """Run h through every block under no_grad; inputs and rng (lists), when given, collect each
+        block's input and the device RNG state it started from, for the recompute."""
+        n = len(self.masters)
+        ready = self._fetch(0)
+        for i in range(n):
+            upcoming = self._fetch(i + 1) if i + 1 < n else None  # overlaps block i's compute
+            if ready is not None:
+                self.compute.wait_event(ready)
+            if inputs is not None:
+                inputs.append(h)
+                rng.append(self._device_rng())
+            with torch.no_grad(), self.rt.autocast():
+                h = self.templates[i % 2](h)  # (B, T, d)
+            self.slot_free[i % 2] = self.compute.record_event()
+            ready = upcoming
+        return h
+
+    def _backward_blocks(self, grad, inputs, rng, last):
+        """Recompute each block from its saved input and RNG state, backward from grad (B, T, d),
+        and add its weight gradients to the host accumulators. Returns the gradient at the first
+        block's input and, when last, each block's squared gradient norm."""
+        n, pending, squares = len(self.masters), None, [0.0] * len(self.masters)
+
+        def accumulate(i, sources, landed):
+            landed.synchronize()
+            torch._foreach_add_([p.grad for p in self.masters[i]], sources)
+            if last:  # the accumulators are final: this block's share of the global norm
+                squares[i] = torch.stack(torch._foreach_norm([p.grad for p in self.masters[i]])).square().sum().item()
+
+        ready = self._fetch(n - 1)
+        for i in reversed(range(n)):
+            slot = i % 2
+            upcoming = self._fetch(i - 1) if i > 0 else None
+            if ready is not None:
+                self.compute.wait_event(ready)
+            self._set_device_rng(rng[i])  # the forward's dropout masks
+            x = inputs[i].requires_grad_()
+            with self.rt.autocast():
+                y = self.templates[slot](x)  # (B, T, d)
+            y.backward(grad)
+            grad = x.grad
+            grads = [p.grad for p in self.templates[slot].parameters()]
+            for p in self.templates[slot].parameters():
+                p.grad = None
+            done = self.compute.record_event()
+            self.slot_free[slot] = done
+            if self.cuda:
+                self.d2h.wait_event(done)
+                with self._stream(self.d2h):
+                    for s, g in zip(self.staging[slot], grads):
+                        s.copy_(g, non_blocking=True)
+                        g.record_stream(self.d2h)  # keep the allocator off g until the copy is done
+                sources = self.staging[slot]
+            else:
+                sources = grads
+            if pending is not None:  # the host adds block i+1's gradients while the device runs block i
+                accumulate(*pending)
+            pending = (i, sources, self.d2h.record_event())
+            ready = upcoming
+        accumulate(*pending)
+        return grad, squares
+
+    def _micro_step(self, inputs, positions, labels, accum_steps, last):
+        with self.rt.autocast():
+            x = self.stem.embed(inputs)  # (B, T, d), its graph kept for the stem's backward at the end
+        block_inputs, rng = [], []
+        top = self._forward_blocks(x.detach(), block_inputs, rng)
+        rng_after = self._device_rng()
+        top.requires_grad_()
+        with self.rt.autocast():
+            loss, _ = self.stem.mlm_loss(self.stem.final_norm(top), inputs, positions, labels)
+        (loss / accum_steps).backward()
+        grad, squares = self._backward_blocks(top.grad, block_inputs, rng, last)
+        x.backward(grad)
+        self._set_device_rng(rng_after)  # the recompute replayed the RNG; continue after the forward
+        return loss.detach(), squares
+
+    def step(self, batch_at, accum_steps, lr, clip):
+        """train.train_step's contract: one optimizer step over accum_steps micro-batches; the mean
+        loss (a tensor) and whether the update was applied (not with a non-finite gradient norm)."""
+        total = 0.0
+        for micro_step in range(accum_steps):
+            loss, squares = self._micro_step(*batch_at(micro_step), accum_steps, micro_step == accum_steps - 1)
+            total = total + loss
+        stem_grads = [p.grad for p in self.stem.parameters() if p.grad is not None]
+        stem_norm = torch.stack(torch._foreach_norm(stem_grads)).square().sum().item() if stem_grads else 0.0
+        norm = (stem_norm + sum(squares)) ** 0.5
+        applied = math.isfinite(norm)
+        if applied:
+            scale = min(1.0, clip / (norm + 1e-6)) if clip else 1.0  # as clip_grad_norm_
+            if scale != 1.0:
+                torch._foreach_mul_(stem_grads, scale)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.resident = [None, None]
+            self.updates = [self.updater.submit(self._update_block, i, lr, scale) for i in range(len(self.masters))]
+        else:
+            torch._foreach_zero_([p.grad for params in self.masters for p in params])
+        self.optimizer.zero_grad(set_to_none=True)
+        return total / accum_steps, applied
+
+    # the model interface of evaluate() and fill_in(), streaming the blocks
+    @torch.no_grad()
+    def encode(self, idx, padding_mask=None):
+        assert padding_mask is None, "off-load mode encodes unpadded MLM batches only"
+        return self.stem.final_norm(self._forward_blocks(self.stem.embed(idx)))
+
+    def logits(self, hidden):
+        return self.stem.logits(hidden)
+
+    def __call__(self, inputs, positions, labels):
+        return self.stem.mlm_loss(self.encode(inputs), inputs, positions, labels)
+
+    def eval(self):
+        for module in (self.stem, *self.templates):
+            module.eval()
+
+    def train(self):
+        for module in (self.stem, *self.templates):
+            module.train()
+
+    # checkpoints in normal mode's format
+    def _locate(self):
+        """name -> (optimizer, its index of the parameter), for every parameter of the plain model."""
+        parts = [("", self.stem, self.optimizer)] + [(f"blocks.{i}.", block, optimizer) for i, (block, optimizer) in
+                                                     enumerate(zip(self.host_blocks, self.block_optimizers))]
+        return {prefix + name: (optimizer, index) for prefix, module, optimizer in parts
+                for index, name in enumerate(adamw_order(module))}
+
+    def state_dict(self):
+        """{'model': the plain CrammedBert state_dict, 'optimizer': torch.optim.AdamW's state_dict
+        over param_groups(model), 'scaler': the (disabled) grad scaler's}."""
+        self.synchronize()
+        tensors = dict(self.stem.state_dict())
+        tensors.update({f"blocks.{k}": v for k, v in self.host_blocks.state_dict().items()})
+        states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.block_optimizers]}
+        where = self._locate()
+        state = {}
+        for index, name in enumerate(self.adamw_order):
+            optimizer, local = where[name]
+            if local in states[optimizer]:
+                state[index] = states[optimizer][local]
+        n_decay = sum(1 for name in self.adamw_order if tensors[name].dim() >= 2)
+        groups = [dict(g, params=params) for g, params in
+                  zip(self.optimizer.state_dict()["param_groups"],
+                      (list(range(n_decay)), list(range(n_decay, len(self.adamw_order)))))]
+        return dict(model={name: tensors[name] for name in self.names}, scaler=self.scaler.state_dict(),
+                    optimizer=dict(state=state, param_groups=groups))
+
+    def load_state_dict(self, checkpoint):
+        self.synchronize()
+        model = checkpoint["model"]
+        self.stem.load_state_dict({k: v for k, v in model.items() if not k.startswith("blocks.")})
+        self.host_blocks.load_state_dict({k[len("blocks."):]: v for k, v in model.items() if k.startswith("blocks.")})
+        where = self._locate()
+        saved = checkpoint["optimizer"]
+        for optimizer in [self.optimizer, *self.block_optimizers]:
+            own = optimizer.state_dict()
+            state = {where[name][1]: saved["state"][index] for index, name in enumerate(self.adamw_order)
+                     if where[name][0] is optimizer and index in saved["state"]}
+            groups = [dict(g, **{k: v for k, v in s.items() if k != "params"})
+                      for g, s in zip(own["param_groups"], saved["param_groups"])]
+            optimizer.load_state_dict(dict(state=state, param_groups=groups))
+        if "scaler" in checkpoint:
+            self.scaler.load_state_dict(checkpoint["scaler"])
+        for i in range(len(self.masters)):
+            self._refresh_send(i)
+        self.resident = [None, None]

@@ -1,0 +1,148 @@
+"""Off-load mode (offload.py): the same training as normal mode, and checkpoints either mode resumes."""
+import re
+
+import pytest
+import torch
+
+import runtime
+from conftest import TINY_MODEL, assert_one_line_error, run_script
+from data import mask_tokens
+from model import CrammedBert, param_groups
+from offload import OffloadTrainer
+from train import train_step
+
+VOCAB, SEQ = 300, 32
+
+
+def batches(n, size=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [mask_tokens(torch.randint(0, VOCAB - 4, (size, SEQ), generator=g), 0.25, VOCAB - 1, VOCAB - 4, g)
+            for _ in range(n)]
+
+
+def train_both(model_args, n_steps, accum, clip, lr=1e-2, dtype="float32"):
+    """The same steps in normal mode (train_step, torch's fused AdamW) and off-load mode, from the
+    same initialisation and RNG: (normal losses, off-load losses, normal model, optimizer, trainer)."""
+    rt = runtime.setup("cpu", dtype, compile=False)
+    data = batches(n_steps * accum)
+    torch.manual_seed(0)
+    model = CrammedBert(vocab_size=VOCAB, seq_len=SEQ, **model_args)
+    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.98), eps=1e-12, fused=True)
+    torch.manual_seed(0)
+    trainer = OffloadTrainer(CrammedBert(vocab_size=VOCAB, seq_len=SEQ, **model_args), rt, lr, (0.9, 0.98), 1e-12, 0.01)
+    torch.manual_seed(1)  # dropout draws from here in both modes
+    normal = [train_step(model, optimizer, rt.grad_scaler(), lambda m, s=s: data[s * accum + m], accum, lr, clip, rt)
+              for s in range(n_steps)]
+    torch.manual_seed(1)
+    offloaded = [trainer.step(lambda m, s=s: data[s * accum + m], accum, lr, clip) for s in range(n_steps)]
+    return normal, offloaded, model, optimizer, trainer
+
+
+def assert_same_training(normal, offloaded, model, optimizer, trainer):
+    for (loss_a, applied_a), (loss_b, applied_b) in zip(normal, offloaded):
+        assert applied_a and applied_b
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+    state = trainer.state_dict()
+    assert list(state["model"]) == list(model.state_dict())  # same keys, same order
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(state["model"][name], value, rtol=1e-4, atol=1e-6)
+    expected = optimizer.state_dict()
+    assert state["optimizer"]["param_groups"] == expected["param_groups"]
+    for index, moments in expected["state"].items():
+        for key, value in moments.items():
+            torch.testing.assert_close(state["optimizer"]["state"][index][key], value, rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_offload_trains_like_normal_mode(dropout):
+    """3 steps of 2 micro-batches with the clipping active; dropout 0.1 checks that the recompute
+    replays the forward's masks."""
+    tiny = dict(n_layers=2, d_model=32, n_heads=2, d_ffn=128, dropout=dropout)
+    normal, offloaded, model, optimizer, trainer = train_both(tiny, n_steps=3, accum=2, clip=0.05)
+    assert_same_training(normal, offloaded, model, optimizer, trainer)
+    torch.manual_seed(0)
+    fresh = CrammedBert(vocab_size=VOCAB, seq_len=SEQ, **tiny)
+    fresh(*batches(1)[0])[0].backward()
+    assert torch.stack([p.grad.norm() for p in fresh.parameters()]).norm() > 10 * 0.05  # the clipping was active
+
+
+def test_offload_trains_like_normal_mode_with_blocks_of_several_mib():
+    """d_model 512, d_ffn 2048: a block holds 2.6M parameters, 10.5 MB of float32."""
+    wide = dict(n_layers=2, d_model=512, n_heads=8, d_ffn=2048)
+    normal, offloaded, model, optimizer, trainer = train_both(wide, n_steps=1, accum=2, clip=0.5, lr=1e-3)
+    assert sum(p.numel() for p in model.blocks[0].parameters()) * 4 > 10e6
+    assert_same_training(normal, offloaded, model, optimizer, trainer)
+
+
+def test_offload_under_bfloat16_sends_bfloat16_weights_and_trains_close_to_normal_mode():
+    """Under autocast the blocks' matrices cross the bus as bfloat16 copies of the float32 masters
+    (the vectors as float32); normal mode's matmuls round them to bfloat16 too, so the two stay
+    close (not equal: normal mode keeps float32 matrices for the weight gradients)."""
+    tiny = dict(n_layers=2, d_model=32, n_heads=2, d_ffn=128)
+    normal, offloaded, model, _, trainer = train_both(tiny, n_steps=2, accum=2, clip=0.5, lr=1e-3, dtype="bfloat16")
+    assert [t.dtype for t in trainer.send[0]] == [torch.bfloat16 if p.dim() >= 2 else torch.float32
+                                                  for p in trainer.masters[0]]
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trainer.masters[0])
+    for (loss_a, _), (loss_b, applied) in zip(normal, offloaded):
+        assert applied
+        torch.testing.assert_close(loss_b, loss_a, rtol=2e-2, atol=2e-2)
+    state = trainer.state_dict()["model"]
+    for name, value in model.state_dict().items():
+        assert state[name].dtype == torch.float32
+        torch.testing.assert_close(state[name], value, rtol=0, atol=2e-3)  # 2 steps of lr 1e-3 move weights ~2e-3
+    for send, master in zip(trainer.send[0], trainer.masters[0]):  # refreshed after the update
+        assert send.equal(master.detach().to(send.dtype))
+
+
+def test_a_non_finite_gradient_skips_the_update_in_offload_mode():
+    rt = runtime.setup("cpu", "float32", compile=False)
+    torch.manual_seed(0)
+    trainer = OffloadTrainer(CrammedBert(vocab_size=VOCAB, seq_len=SEQ, n_layers=2, d_model=32, n_heads=2, d_ffn=128),
+                             rt, 1e-3, (0.9, 0.98), 1e-12, 0.01)
+    data = batches(1)[0]
+    assert trainer.step(lambda m: data, 1, 1e-3, 0.5)[1]
+    before = trainer.state_dict()
+    before = {"model": {k: v.clone() for k, v in before["model"].items()}, "steps": before["optimizer"]["state"]}
+    steps_before = {i: s["step"].item() for i, s in before["steps"].items()}
+    loss_of = trainer.stem.mlm_loss
+    trainer.stem.mlm_loss = lambda *args: (loss_of(*args)[0] * float("nan"), None)
+    loss, applied = trainer.step(lambda m: data, 2, 1e-3, 0.5)
+    assert not applied and not torch.isfinite(loss)
+    after = trainer.state_dict()
+    for name, value in after["model"].items():
+        assert torch.equal(value, before["model"][name]), name  # weights untouched
+    assert {i: s["step"].item() for i, s in after["optimizer"]["state"].items()} == steps_before  # moments untouched
+    assert all(p.grad is None for p in trainer.stem.parameters())
+    assert all(not p.grad.any() for params in trainer.masters for p in params)  # accumulators emptied
+    trainer.stem.mlm_loss = loss_of
+    assert trainer.step(lambda m: data, 1, 1e-3, 0.5)[1]
+
+
+def step_losses(stdout):
+    return dict(re.findall(r"^step (\d+) \| loss ([\d.]+) \|", stdout, re.M))
+
+
+@pytest.mark.parametrize("first, then", [("--offload=True", "--offload=False"), ("--offload=False", "--offload=True")])
+def test_either_mode_resumes_the_others_checkpoint(prepared, tmp_path, first, then):
+    """A run stopped after 8 steps in one mode and resumed in the other ends as an uninterrupted
+    run of the second mode: the same losses from step 10 on, the same final weights."""
+    common = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--budget_tokens=20000"]
+    whole = run_script(*common, f"--out_dir={tmp_path / 'whole'}", then).stdout
+    run_script(*common, f"--out_dir={tmp_path / 'switched'}", first, "--max_steps=8")
+    resumed = run_script(*common, f"--out_dir={tmp_path / 'switched'}", then, "--resume=True").stdout
+    assert "at step 8," in resumed and "final: step" in resumed
+    assert ("off-load mode" in resumed) == (then == "--offload=True")
+    expected, got = step_losses(whole), step_losses(resumed)
+    assert min(map(int, got)) == 10 and got == {s: loss for s, loss in expected.items() if int(s) >= 10}
+    a, b = torch.load(tmp_path / "whole" / "ckpt.pt"), torch.load(tmp_path / "switched" / "ckpt.pt")
+    assert a["step"] == b["step"] and list(a["model"]) == list(b["model"])
+    for name in a["model"]:
+        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-4, atol=1e-6)
+
+
+def test_offload_refuses_what_it_does_not_support(prepared, tmp_path, monkeypatch):
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--offload=True"]
+    assert_one_line_error(run_script(*train, "--optim=muon", check=False), "--offload=True", "--optim=muon")
+    assert_one_line_error(run_script(*train, "--dtype=float16", check=False), "--offload=True", "bfloat16")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it
+    assert_one_line_error(run_script(*train, check=False), "--offload=True", "torchrun")
