@@ -33,7 +33,8 @@ budget_tokens = 0         # > 0: every variant trains this many tokens, untimed 
 seeds = 3                 # training runs per variant (seeds 0, 1, ...)
 speed_steps = 12          # full-batch steps per timing run (the first log window, with start-up, is dropped)
 speed_repeats = 2         # timing runs per variant, interleaved across variants
-train_args = "--compile=False --eval_interval_minutes=0.5"  # for every run
+train_args = "--compile=False --eval_interval_minutes=0.5 --smear=False"  # every run, before the variant's own
+# (smear off: ablations start from the reference recipe, and the quickstart config turns smear on)
 out_dir = "out/ablate"
 # -----------------------------------------------------------------------------
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,6 +43,7 @@ VARIANTS = {
     "muon": ["--optim=muon"],                   # Muon on the blocks' matrices (muon.py)
     "mask40": ["--mask_rate=0.4"],              # Wettig et al.: masking 40% beats 15% (and our 25%?)
     "mask30": ["--mask_rate=0.3"],
+    "smear": ["--smear=True"],                  # neighbours' embeddings mixed into each position (model.py)
 }
 
 
@@ -62,7 +64,7 @@ def train(name, run_dir, *args):
     if os.path.isdir(run_dir):
         for f in os.listdir(run_dir):  # an unfinished run starts again
             os.remove(os.path.join(run_dir, f))
-    command = [sys.executable, os.path.join(HERE, "train.py"), base, *variant_args(name), *train_args.split(), *args,
+    command = [sys.executable, os.path.join(HERE, "train.py"), base, *train_args.split(), *variant_args(name), *args,
                f"--out_dir={run_dir}", "--fill_in_examples=0"]
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:

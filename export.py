@@ -114,7 +114,8 @@ def model_card(ckpt, run_dir, folder_name):
         "---", "library_name: transformers", "pipeline_tag: fill-mask", "tags: [cram, bert, masked-lm]", "---",
         "", "# A crammed BERT encoder trained from scratch with cram", "",
         f"{shape}; {'pre' if a['norm_first'] else 'post'}-LayerNorm, "
-        f"{'scaled sinusoidal' if not a['learned_positions'] else 'learned'} positions, tied output layer.", "",
+        f"{'scaled sinusoidal' if not a['learned_positions'] else 'learned'} positions, "
+        f"{'neighbouring embeddings smeared into each position, ' if a.get('smear') else ''}tied output layer.", "",
         "## How it was trained", "", *training_facts(ckpt, run_dir), "",
         "## Use", "", "```python", "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
         f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',

@@ -3,7 +3,8 @@
 Every architectural choice is a constructor argument, so the same class expresses both the
 crammed recipe (the defaults: pre-norm, no biases, gated GELU, scaled sinusoidal positions,
 sparse prediction) and the original BERT (post-norm, biases, plain GELU, learned positions,
-a prediction-head transform, dense prediction) for side-by-side comparisons.
+a prediction-head transform, dense prediction) for side-by-side comparisons. One addition beyond
+both, `smear` (off by default), mixes each position's neighbours into its embedding.
 """
 import math
 
@@ -80,13 +81,13 @@ class CrammedBert(nn.Module):
 
     def __init__(self, vocab_size=32768, seq_len=128, n_layers=16, d_model=768, n_heads=12,
                  d_ffn=3072, bias=False, norm_first=True, glu=True, learned_positions=False,
-                 head_transform=False, norm_eps=1e-12, dropout=0.0, sparse_prediction=True):
+                 head_transform=False, norm_eps=1e-12, dropout=0.0, sparse_prediction=True, smear=False):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be a multiple of n_heads"
         self.args = dict(vocab_size=vocab_size, seq_len=seq_len, n_layers=n_layers, d_model=d_model,
                          n_heads=n_heads, d_ffn=d_ffn, bias=bias, norm_first=norm_first, glu=glu,
                          learned_positions=learned_positions, head_transform=head_transform,
-                         norm_eps=norm_eps, dropout=dropout, sparse_prediction=sparse_prediction)
+                         norm_eps=norm_eps, dropout=dropout, sparse_prediction=sparse_prediction, smear=smear)
         self.sparse_prediction = sparse_prediction
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         if learned_positions:
@@ -94,6 +95,10 @@ class CrammedBert(nn.Module):
         else:  # scaled sinusoidal: a fixed table times one learned scalar
             self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
             self.pos_scale = nn.Parameter(torch.tensor(d_model ** -0.5))
+        # Smear (modded-nanogpt's smear, RWKV's token shift; both directions for an encoder): each
+        # position also gets a learned map of its two neighbours' embeddings, so the first layer
+        # already sees local context, which attention otherwise needs many steps to learn to find.
+        self.smear = nn.Linear(2 * d_model, d_model, bias=False) if smear else None
         self.emb_norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.emb_drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(d_model, n_heads, d_ffn, bias, glu, norm_first, norm_eps, dropout)
@@ -106,6 +111,8 @@ class CrammedBert(nn.Module):
             self.head = nn.Identity()
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
         self.apply(self._init_weights)
+        if smear:
+            nn.init.zeros_(self.smear.weight)  # starts as the model without it
 
     @staticmethod
     def _init_weights(module):
@@ -116,15 +123,21 @@ class CrammedBert(nn.Module):
         if hasattr(module, "pos_emb"):
             nn.init.normal_(module.pos_emb, std=0.02)
 
-    def embed(self, idx):
+    def embed(self, idx, padding_mask=None):
         """What enters the first block (B, T, d): token + position embeddings, normalised."""
         T = idx.shape[1]
         pos = self.pos_emb[:T] if hasattr(self, "pos_emb") else self.pos_scale * self.pos_table[:T]
-        return self.emb_drop(self.emb_norm(self.tok_emb(idx) + pos))
+        x = self.tok_emb(idx)  # (B, T, d)
+        if self.smear is not None:
+            n = x if padding_mask is None else x * padding_mask.unsqueeze(-1)  # padding is no neighbour
+            before = F.pad(n[:, :-1], (0, 0, 1, 0))  # (B, T, d): token t-1 at t, zeros at the start
+            after = F.pad(n[:, 1:], (0, 0, 0, 1))    # token t+1 at t, zeros at the end
+            x = x + self.smear(torch.cat([before, after], dim=-1))  # (B, T, 2d) -> (B, T, d)
+        return self.emb_drop(self.emb_norm(x + pos))
 
     def encode(self, idx, padding_mask=None):
         """Final hidden states (B, T, d). padding_mask (B, T) is True at real tokens."""
-        x = self.embed(idx)
+        x = self.embed(idx, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
         for block in self.blocks:
             x = block(x, attn_mask)
@@ -170,7 +183,8 @@ class CrammedBert(nn.Module):
         output_layer = 2 * a["vocab_size"] * a["d_model"] * predicted
         head = 2 * sum(m.weight.numel() for m in self.head.modules() if isinstance(m, nn.Linear)) * predicted
         blocks = 2 * sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
-        return 3 * (blocks + attention + output_layer + head)
+        smear = 2 * self.smear.weight.numel() if self.smear is not None else 0
+        return 3 * (blocks + attention + output_layer + head + smear)
 
 
 def param_groups(module, weight_decay):

@@ -53,6 +53,7 @@ learned_positions = False  # False: scaled sinusoidal positions
 head_transform = False    # the original BERT's dense + GELU + LayerNorm before the output layer
 dropout = 0.0             # the reference configures 0.1 but turns it off for pretraining
 sparse_prediction = True  # only the masked positions reach the output layer
+smear = False             # each position also gets a learned map of its neighbours' embeddings (model.py)
 # objective
 mask_rate = 0.25          # share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 eval_mask_rate = 0.25     # validation masks this share whatever mask_rate is, so recipes compare
@@ -90,7 +91,7 @@ wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ffn", "bias", "norm_first", "glu", "learned_positions",
-              "head_transform", "dropout", "sparse_prediction")
+              "head_transform", "dropout", "sparse_prediction", "smear")
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):

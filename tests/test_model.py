@@ -46,9 +46,12 @@ def test_sparse_prediction_equals_dense():
     torch.testing.assert_close(sparse.tok_emb.weight.grad, dense.tok_emb.weight.grad, rtol=1e-4, atol=1e-7)
 
 
-def test_padding_does_not_change_classification():
+@pytest.mark.parametrize("smear", [False, True])
+def test_padding_does_not_change_classification(smear):
     torch.manual_seed(0)
-    clf = SequenceClassifier(CrammedBert(**TINY, dropout=0.1), num_labels=3).eval()
+    clf = SequenceClassifier(CrammedBert(**TINY, dropout=0.1, smear=smear), num_labels=3).eval()
+    if smear:  # trained weights: a [PAD] neighbour would leak in
+        torch.nn.init.normal_(clf.encoder.smear.weight, std=0.1)
     short = torch.randint(0, 296, (1, 7))
     alone = clf(short)
     batch = torch.full((3, 20), 296)  # [PAD] id
@@ -58,6 +61,26 @@ def test_padding_does_not_change_classification():
     mask[1:] = True
     together = clf(batch, mask)
     torch.testing.assert_close(together[0:1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_smear_adds_a_map_of_the_neighbours():
+    torch.manual_seed(0)
+    model = CrammedBert(**TINY, smear=True)
+    idx = torch.randint(0, 296, (2, 32))
+    plain = CrammedBert(**TINY)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    torch.testing.assert_close(model.encode(idx), plain.encode(idx))  # zero-initialised: starts as without it
+    torch.nn.init.normal_(model.smear.weight, std=0.1)
+    w_before, w_after = model.smear.weight.split(64, dim=1)  # (d, 2d): the map of token t-1, of token t+1
+    emb = model.tok_emb(idx)
+    for t in (0, 5, 31):  # the edges see zeros beyond the sequence
+        x = emb[:, t].clone()
+        if t > 0:
+            x += emb[:, t - 1] @ w_before.t()
+        if t < 31:
+            x += emb[:, t + 1] @ w_after.t()
+        expected = model.emb_norm(x + model.pos_scale * model.pos_table[t])
+        torch.testing.assert_close(model.embed(idx)[:, t], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_training_reduces_loss_on_a_fixed_batch():
