@@ -17,11 +17,15 @@ train.py's micro_batch=0 uses).
 offload=True adds off-load mode (train.py --offload=True, offload.py) beside normal mode, both
 eager, timed in alternation (A B A B: a shared machine drifts), with the host AdamW's speed
 (one fused AdamW per block, as off-load mode steps, against one over the same tensors); on a
-GPU also the peak memory of each, the bandwidth of a pinned host-to-device copy, and off-load
-mode run with the process capped (set_per_process_memory_fraction) at a third of what normal
-mode needs.
+GPU also the peak memory of each, the bandwidth of a pinned host-to-device copy, and both
+modes run with the process capped (set_per_process_memory_fraction) at 0.3 of what
+normal mode needs: normal mode runs out of memory there, off-load mode trains.
 
     python bench.py --offload=True --baselines=False --sweep=False
+
+encode=<corpus> times data preparation instead: prepare.py's encoding pass against raw tiktoken.
+
+    python bench.py --encode=books.txt.gz --data_dir=data/books --repeats=3
 """
 import dataclasses
 import os
@@ -35,7 +39,7 @@ import torch.nn as nn
 
 import runtime
 from configurator import read_config_file, configure
-from data import get_batch, load_meta, load_tokens, mask_tokens
+from data import get_batch, load_meta, load_tokenizer, load_tokens, mask_tokens
 from model import CrammedBert, param_groups
 from offload import OffloadTrainer
 from train import MODEL_KEYS, train_step
@@ -58,6 +62,9 @@ repeats = 3             # off-load comparison: alternating rounds of `steps` ste
 profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
 peak_tflops = 0.0       # for MFU; 0 looks the GPU up by name
 seed = 0
+encode = ""             # instead: a corpus (file or folder) to time prepare.py's encoding pass on, against raw
+                        # tiktoken on the same text and threads (data_dir's tokenizer; `repeats` rounds)
+encode_chars = 0        # with encode: only the corpus' first documents up to this many characters (0: all)
 # -----------------------------------------------------------------------------
 SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),
           "small": dict(n_layers=4, d_model=256, n_heads=4, d_ffn=1024, vocab_size=8192)}
@@ -216,7 +223,7 @@ def spread(values, fmt="{:,.0f}"):
 def bench_offload(dims, micro, tokens, rt, n_steps, n_warmup):
     """Off-load mode beside normal mode (both eager, train.py's steps), the host AdamW per block
     against one fused AdamW over the same tensors, and on a GPU memory, bus bandwidth and a run
-    capped at a third of normal mode's memory."""
+    capped at 0.3 of normal mode's memory."""
     rt = dataclasses.replace(rt, compile=False)
     gpu = rt.device.type == "cuda"
     ours = dict(seq_len=seq_len, **dims)
@@ -254,10 +261,12 @@ def bench_offload(dims, micro, tokens, rt, n_steps, n_warmup):
         for _ in range(n_warmup):
             steps[name]()
     times = alternate({name: timer(name) for name in steps}, repeats)
+    flops = model.flops_per_token(0.25)
     print(f"\n| mode (eager) | micro-batch | tokens/s, median (min-max) of {repeats} alternating rounds | "
-          f"ms per micro-batch | peak GiB |\n|---|---|---|---|---|")
+          f"TFLOP/s | ms per micro-batch | peak GiB |\n|---|---|---|---|---|---|")
     for name, seconds in times.items():
         print(f"| {name} | {micro} | {spread([micro * accum_steps * seq_len / t for t in seconds])} | "
+              f"{flops * micro * accum_steps * seq_len / np.median(seconds) / 1e12:.3g} | "
               f"{1e3 * np.median(seconds) / accum_steps:.1f} | {gib(peaks[name])} |")
     ratios = [n / o for n, o in zip(times["normal, eager"], times["off-load"])]
     print(f"\noff-load / normal tokens/s: {spread(ratios, '{:.2f}')}x (per round)")
@@ -278,11 +287,13 @@ def bench_offload(dims, micro, tokens, rt, n_steps, n_warmup):
             return (time.perf_counter() - start) / n_steps
         return run
     n_params = sum(p.numel() for p in masters)
+    whole.step()  # its state is allocated on the first step: not timed, as the per-block ones are warm
     times = alternate({"per block": adamw(trainer.block_optimizers), "one over all": adamw([whole])}, repeats)
     print(f"host AdamW (fused, {len(trainer.block_optimizers)} blocks, {n_params / 1e6:.1f}M parameters, "
           f"{torch.get_num_threads()} threads), M parameters/s, median (min-max): per block "
           f"{spread([n_params / 1e6 / t for t in times['per block']])}, one AdamW over the same tensors "
           f"{spread([n_params / 1e6 / t for t in times['one over all']])}")
+    torch._foreach_zero_([p.grad for p in masters])  # the accumulators are the trainer's again
     if not gpu:
         return
     pinned = torch.empty(2 ** 28, dtype=torch.uint8).pin_memory()  # 256 MiB
@@ -298,16 +309,86 @@ def bench_offload(dims, micro, tokens, rt, n_steps, n_warmup):
     print(f"pinned host-to-device copy of 256 MiB: {bandwidth} GB/s")
     del model, optimizer, pinned, on_device
     torch.cuda.empty_cache()
-    cap = peaks["normal, eager"] / 3
+    # both modes under a cap below a third of normal mode's peak: normal mode, built afresh under
+    # it, runs out of memory; off-load mode trains
+    cap = 0.3 * peaks["normal, eager"]
     torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(rt.device).total_memory)
     try:
-        seconds = timer("off-load")()
-        print(f"off-load mode capped at {gib(cap)} GiB (a third of normal mode's peak): "
-              f"{micro * accum_steps * seq_len / seconds:,.0f} tokens/s, peak {gib(peaks['off-load'])} GiB")
-    except torch.cuda.OutOfMemoryError:
-        print(f"off-load mode capped at {gib(cap)} GiB (a third of normal mode's peak): out of memory")
+        for name in steps:
+            try:
+                if name == "normal, eager":
+                    model = CrammedBert(**ours).to(rt.device)
+                    optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
+                result = f"{micro * accum_steps * seq_len / timer(name)():,.0f} tokens/s, peak {gib(peaks[name])} GiB"
+            except torch.cuda.OutOfMemoryError:
+                result = "out of memory"
+            finally:
+                model = optimizer = None
+                torch.cuda.empty_cache()
+            print(f"{name} capped at {gib(cap)} GiB (0.3 of normal mode's peak): {result}")
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def bench_encoding(corpus):
+    """prepare.py's encoding pass (reading and decompressing the corpus, its compression median,
+    encoding, de-duplication hashing, writing the token files) against tiktoken's raw batch encoder
+    over the same documents already in memory, in the same batches, on the same threads, in
+    alternating rounds (A B A B)."""
+    import shutil
+    import tempfile
+
+    import prepare
+    enc = load_tokenizer(data_dir)
+    meta = load_meta(data_dir)
+    threads = os.cpu_count() or 1
+    _, documents = prepare.document_source(corpus)
+
+    def first_documents():
+        chars = 0
+        for text in documents():
+            if encode_chars and chars >= encode_chars:
+                return
+            chars += len(text)
+            yield text
+
+    texts = list(first_documents())
+    batches, batch, chars = [], [], 0
+    for text in texts:  # prepare.py's batches: 256 documents or 4M characters
+        batch.append(text)
+        chars += len(text)
+        if len(batch) == 256 or chars >= 4_000_000:
+            batches.append(batch)
+            batch, chars = [], 0
+    batches.append(batch)
+    n_bytes = sum(len(t.encode()) for t in texts)
+
+    def raw():
+        start = time.perf_counter()
+        for b in batches:
+            enc.encode_ordinary_batch(b, num_threads=threads)
+        return time.perf_counter() - start
+
+    def encoding_pass():
+        out = tempfile.mkdtemp()
+        prepare.out_dir, prepare.workers = out, threads
+        try:
+            start = time.perf_counter()
+            median = prepare.median_tokens_per_char(first_documents, enc)
+            prepare.encode_corpus(first_documents, enc, meta["special_ids"], meta["dtype"],
+                                  prepare.max_compression * median)
+            return time.perf_counter() - start
+        finally:
+            shutil.rmtree(out)
+
+    print(f"# {corpus}: {len(texts):,} documents, {n_bytes / 1e6:,.1f} MB of text | {data_dir}'s tokenizer "
+          f"({enc.n_vocab} tokens) | {threads} threads | {time.strftime('%Y-%m-%d')}")
+    times = alternate({"raw tiktoken": raw, "prepare.py's encoding pass": encoding_pass}, repeats)
+    print(f"\n| | MB/s, median (min-max) of {repeats} alternating rounds |\n|---|---|")
+    for name, seconds in times.items():
+        print(f"| {name} | {spread([n_bytes / 1e6 / t for t in seconds], '{:.1f}')} |")
+    ratios = [r / p for r, p in zip(times["raw tiktoken"], times["prepare.py's encoding pass"])]
+    print(f"\nthe pass at {spread([100 * r for r in ratios], '{:.0f}%')} of raw tiktoken's speed (per round)")
 
 
 def gib(memory):
@@ -324,6 +405,8 @@ def row(name, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak):
 
 
 def main():
+    if encode:
+        return bench_encoding(encode)
     rt = runtime.setup(device, dtype, compile)
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")

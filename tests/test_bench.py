@@ -30,3 +30,11 @@ def test_bench_times_offload_beside_normal_mode(tmp_path):
     assert re.search(r"^\| off-load \| 2 \| [\d,]+ \([\d,]+-[\d,]+\) \|", out, re.M)
     assert re.search(r"off-load / normal tokens/s: [\d.]+ \([\d.]+-[\d.]+\)x", out)
     assert re.search(r"host AdamW .*per block [\d,]+ .*one AdamW over the same tensors [\d,]+", out)
+
+
+def test_bench_times_the_encoding_pass_against_raw_tiktoken(prepared, corpus_file):
+    out = run_script("bench.py", f"--encode={corpus_file}", f"--data_dir={prepared}", "--repeats=2").stdout
+    assert re.search(r"^# .*grammar.txt: 400 documents, [\d.]+ MB of text .*\(384 tokens\)", out, re.M)
+    assert re.search(r"^\| raw tiktoken \| [\d.]+ \([\d.]+-[\d.]+\) \|", out, re.M)
+    assert re.search(r"^\| prepare.py's encoding pass \| [\d.]+ \([\d.]+-[\d.]+\) \|", out, re.M)
+    assert re.search(r"the pass at \d+% \(\d+%-\d+%\) of raw tiktoken's speed", out)
