@@ -100,7 +100,7 @@ def main():
     curves = {run: read_metrics(run) for run in dirs}  # fail on a bad run before training anything
     curves.update({run: read_metrics(run) for run in train_recipes(names)})
     print(table(curves))
-    path = png or os.path.join(out_dir if names else ".", "compare.png")
+    path = png or os.path.join(out_dir, "compare.png")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     plot(curves, path)
     print(f"wrote {path}")

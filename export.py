@@ -29,7 +29,7 @@ from configurator import configure
 from data import SPECIAL_TOKENS, load_checkpoint, parse_ranks, write_atomically, write_json
 
 # -----------------------------------------------------------------------------
-checkpoint = "out/quickstart/ckpt.pt"
+checkpoint = "out/quickstart/ckpt.pt"  # a train.py checkpoint (its tokenizer and settings travel in it)
 out_dir = ""              # default: hf/ beside the checkpoint
 # -----------------------------------------------------------------------------
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,6 +86,8 @@ def training_facts(ckpt, run_dir):
     hours = config.get("budget_hours", float("nan"))
     budget = (f"{config['budget_tokens']:,} tokens" if config.get("budget_tokens")
               else f"{hours:g} hours" if hours >= 1 else f"{60 * hours:g} minutes")
+    if config.get("max_steps"):
+        budget += f" or {config['max_steps']:,} steps, whichever came first"
     lines = [f"- Data: {meta.get('source', 'unknown')} ({meta.get('train_sequences', 0):,} training sequences of "
              f"{meta['seq_len']} tokens; vocabulary {meta['vocab_size']:,}, a byte-level BPE trained on that text)",
              f"- Budget: {budget}; trained {ckpt['step']:,} steps, {ckpt['tokens'] / 1e6:,.1f}M tokens in "
@@ -95,7 +97,7 @@ def training_facts(ckpt, run_dir):
     if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
         last = read_metrics(run_dir)[-1]
         lines.append(f"- Validation at step {last['step']:,}: MLM loss {last['val_loss']:.4f}, masked-token accuracy "
-                     f"{last['accuracy']:.3f} (25% of held-out tokens masked)")
+                     f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', 0.25):g}% of held-out tokens masked)")
     glue_path = os.path.join(run_dir, "glue.json")
     if os.path.isfile(glue_path):
         from finetune_glue import table

@@ -52,7 +52,8 @@ def test_config_file_then_command_line(tmp_path):
         configure(namespace(), [str(tmp_path / "missing.py")])
 
 
-@pytest.mark.parametrize("script", ["train.py", "prepare.py", "bench.py", "finetune_glue.py"])
+@pytest.mark.parametrize("script", ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "export.py", "compare.py",
+                                    "ablate.py"])
 def test_help_lists_every_setting_with_its_default_and_comment(script):
     import runpy
     from conftest import ROOT, run_script

@@ -145,7 +145,11 @@ def test_fill_mask_and_padding_and_training_through_transformers(exported):
 
 def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     card = (exported["folder"] / "README.md").read_text()
-    assert f"trained {exported['ckpt']['step']:,} steps" in card and "MLM loss" in card and "GLUE dev scores" not in card
+    ckpt = exported["ckpt"]
+    assert f"trained {ckpt['step']:,} steps, {ckpt['tokens'] / 1e6:,.1f}M tokens in" in card
+    assert f"- Data: {ckpt['meta']['source']} ({ckpt['meta']['train_sequences']:,} training sequences" in card
+    assert "- Budget: 24 hours or 60 steps, whichever came first" in card  # the fixture stops at --max_steps=60
+    assert "MLM loss" in card and "(25% of held-out tokens masked)" in card and "GLUE dev scores" not in card
     # with finetune_glue.py's glue.json beside the checkpoint, the card shows its scores
     shutil.copy(pretrained, tmp_path / "ckpt.pt")
     run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
