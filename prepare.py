@@ -498,6 +498,9 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
     finally:
         pool.shutdown(cancel_futures=True)
         bar.close()
+    if not writers["train"].sequences or not writers["val"].sequences:  # before anything is renamed into place
+        raise SystemExit(f"error: too little text for one {seq_len}-token sequence in each split "
+                         f"({stats['train_tokens']} train, {stats['val_tokens']} val tokens)")
     if curriculum:
         step = dict(sorted_blocks=progress["sorted_blocks"], journaled=progress["journaled"]) if encoded else \
             dict(sorted_blocks=0, journaled=False)
@@ -564,9 +567,6 @@ def main():
     median = median_tokens_per_char(documents, enc) if max_compression else 0.0
     stats = encode_corpus(documents, enc, special_ids, dtype, max_compression * median)
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
-    if stats["train_sequences"] == 0 or stats["val_sequences"] == 0:
-        raise SystemExit(f"error: too little text for one {seq_len}-token sequence in each split "
-                         f"({stats['train_tokens']} train, {stats['val_tokens']} val tokens)")
     meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=special_ids,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.time() - t1, 1))

@@ -15,7 +15,7 @@ import torch
 
 import runtime
 from conftest import PRETRAINED_MODEL, ROOT, TINY_MODEL, assert_one_line_error, run_script
-from data import mask_tokens
+from data import load_meta, mask_tokens
 from model import CrammedBert, param_groups
 from train import repeat_warning, rows_at, train_step
 
@@ -44,6 +44,45 @@ def test_warning_when_the_budget_repeats_the_data():
     warning = repeat_warning(2e9 + 600e3 * 23 * 3600, 10e9, "at 600,000 tokens/s")
     assert "at 600,000 tokens/s the run will train about 51.68B tokens, 5.2 epochs of the 10.00B" in warning
     assert repeat_warning(51.68e9, 100e9, "at 600,000 tokens/s") is None
+
+
+def rows_read(args, monkeypatch):
+    """Run train.py's main in this process with args and return the training rows its
+    micro-batches read, in order (its settings and signal handlers are restored afterwards)."""
+    import train
+    from configurator import configure
+    settings = dict(vars(train))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    rows, get_batch = [], train.get_batch
+
+    def recording(tokens, idx, device):
+        if str(tokens.filename).endswith("train.bin"):  # not the evaluations' validation rows
+            rows.extend(idx.tolist())
+        return get_batch(tokens, idx, device)
+    monkeypatch.setattr(train, "get_batch", recording)
+    torch.set_num_threads(1)
+    try:
+        train.main(configure(vars(train), args))
+    finally:
+        vars(train).update(settings)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
+    return rows
+
+
+def test_a_resumed_run_reads_the_rows_an_uninterrupted_one_reads(prepared, tmp_path, monkeypatch, capsys):
+    """The consumed row indices themselves: stopped at step 20 and resumed, a run reads exactly the
+    rows, in the same order, that the run without a stop reads: none skipped, none repeated."""
+    common = [f"--data_dir={prepared}", *TOKEN_RUN, "--fill_in_examples=0"]
+    whole = rows_read([*common, f"--out_dir={tmp_path / 'whole'}"], monkeypatch)
+    first = rows_read([*common, f"--out_dir={tmp_path / 'parts'}", "--max_steps=20"], monkeypatch)
+    second = rows_read([*common, f"--out_dir={tmp_path / 'parts'}", "--resume=True"], monkeypatch)
+    assert "resuming" in capsys.readouterr().out
+    n_rows = load_meta(prepared)["train_sequences"]
+    assert len(whole) >= 49152 // 32 > n_rows and first + second == whole
+    # the first epoch reads every row once; the second (half of one) repeats none
+    assert sorted(whole[:n_rows]) == list(range(n_rows)) and len(set(whole[n_rows:])) == len(whole) - n_rows
 
 
 def test_two_processes_train_like_one(prepared, tmp_path):
@@ -199,12 +238,13 @@ def test_bad_run_settings_and_data(prepared, pretrained, tmp_path, corpus_file):
         f.truncate(1000)
     assert_one_line_error(run_script("train.py", f"--data_dir={truncated}", *TINY_MODEL, check=False),
                           "does not match meta.json")
-    # resuming a checkpoint on data with another vocabulary
-    other = tmp_path / "other_vocab"
-    run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={other}", "--vocab_size=320", "--seq_len=32",
-               "--val_fraction=0.05")
+    # resuming a checkpoint on data with another vocabulary, or another sequence length
     shutil.copy(pretrained, tmp_path / "ckpt.pt")
-    proc = run_script("train.py", f"--data_dir={other}", f"--out_dir={tmp_path}", *PRETRAINED_MODEL, "--resume=True",
-                      check=False)
-    assert_one_line_error(proc, "differs from this config in vocab_size")
-    assert (tmp_path / "ckpt.pt").read_bytes() == pretrained.read_bytes()
+    for setting, name in (("--vocab_size=320", "vocab_size"), ("--seq_len=16", "seq_len")):
+        other = tmp_path / f"other_{name}"
+        run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={other}", "--vocab_size=384", "--seq_len=32",
+                   "--val_fraction=0.05", setting)
+        proc = run_script("train.py", f"--data_dir={other}", f"--out_dir={tmp_path}", *PRETRAINED_MODEL,
+                          "--resume=True", check=False)
+        assert_one_line_error(proc, f"differs from this config in {name}")
+        assert (tmp_path / "ckpt.pt").read_bytes() == pretrained.read_bytes()

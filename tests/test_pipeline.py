@@ -61,6 +61,13 @@ def test_prepare_bad_sources(tmp_path):
                    "cannot be reached", "--dataset=pydocs")
     assert_one_line_error(run_script("prepare.py", f"--dataset={tmp_path / 'missing.txt'}", check=False), "not found")
     assert_one_line_error(run_script("prepare.py", "--vocab_sise=100", check=False), "unknown config key 'vocab_sise'")
+    # too little text for one sequence in each split: nothing that could pass for prepared data is left
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("The cat saw the river.\n\nA dog liked the sea.\n")
+    out = tmp_path / "tiny"
+    assert_one_line_error(run_script("prepare.py", f"--dataset={tiny}", f"--out_dir={out}", "--vocab_size=300",
+                                     "--seq_len=32", check=False), "too little text for one 32-token sequence")
+    assert not {"train.bin", "val.bin", "meta.json"} & {p.name for p in out.iterdir()}
 
 
 def test_embedded_corpus_is_deterministic():
