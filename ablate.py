@@ -34,7 +34,7 @@ seeds = 3                 # training runs per variant (seeds 0, 1, ...)
 speed_steps = 12          # full-batch steps per timing run (the first log window, with start-up, is dropped)
 speed_repeats = 2         # timing runs per variant, interleaved across variants
 train_args = "--compile=False --eval_interval_minutes=0.5 --smear=False"  # every run, before the variant's own
-# (smear off: ablations start from the reference recipe, and the quickstart config turns smear on)
+# (smear off: ablations start from the paper's recipe, which train.py's default extends with smear)
 out_dir = "out/ablate"
 # -----------------------------------------------------------------------------
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -6,7 +6,8 @@
 Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile,
 fused AdamW, all set up by runtime.py as in training) after warm-up, with the device
 synchronised, for:
-  crammed        our model with the crammed recipe (the defaults), compiled and eager,
+  crammed        our model with the paper's crammed recipe (model.py's defaults; train.py's smear
+                 adds 1% of the reference shape's FLOPs), compiled and eager,
   original BERT  our model switched to the original recipe (config/bert_original.py),
   HF BERT        transformers' BertForMaskedLM of the same shape (SDPA attention), if installed;
 then reports the ratios, the share of the device's own matmul speed that the step reaches (the

@@ -5,10 +5,12 @@ table and a PNG; and the recipes' comparison at equal time in one command.
     python compare.py --runs=out/crammed,out/bert                # several runs on one picture
     python compare.py --recipes=crammed,bert_original            # train each recipe for the base
                                                                  # config's budget on its data, then both
+    python compare.py --recipes=crammed,recipe_reference         # cram's recipe against the paper's
 
 Reads each run's metrics.jsonl (written by train.py). A recipe is a config file in config/
-(bert_original: config/bert_original.py) applied on top of `base`, or `crammed` for the base
-itself; every recipe trains on the same data for the same wall-clock budget, one after the other.
+(bert_original: config/bert_original.py; recipe_reference: the paper's crammed recipe, without
+smear) applied on top of `base`, or `crammed` for the base itself (train.py's recipe); every
+recipe trains on the same data for the same wall-clock budget, one after the other.
 """
 import json
 import os

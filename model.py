@@ -4,7 +4,8 @@ Every architectural choice is a constructor argument, so the same class expresse
 crammed recipe (the defaults: pre-norm, no biases, gated GELU, scaled sinusoidal positions,
 sparse prediction) and the original BERT (post-norm, biases, plain GELU, learned positions,
 a prediction-head transform, dense prediction) for side-by-side comparisons. One addition beyond
-both, `smear` (off by default), mixes each position's neighbours into its embedding.
+both, `smear` (off by default here; train.py turns it on), mixes each position's neighbours into
+its embedding.
 """
 import math
 

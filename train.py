@@ -1,7 +1,8 @@
 """Wall-clock-budgeted MLM pretraining of crammed BERT.
 
     python train.py config/train_quickstart.py          # a few minutes on a CPU
-    python train.py --budget_hours=24                   # the reference recipe on one GPU
+    python train.py --budget_hours=24                   # the reference recipe (+ smear) on one GPU
+    python train.py config/recipe_reference.py          # the paper's recipe exactly (no smear)
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
@@ -53,7 +54,8 @@ learned_positions = False  # False: scaled sinusoidal positions
 head_transform = False    # the original BERT's dense + GELU + LayerNorm before the output layer
 dropout = 0.0             # the reference configures 0.1 but turns it off for pretraining
 sparse_prediction = True  # only the masked positions reach the output layer
-smear = False             # each position also gets a learned map of its neighbours' embeddings (model.py)
+smear = True              # each position also gets a learned map of its neighbours' embeddings (model.py):
+                          # cram's one change from the paper's recipe (config/recipe_reference.py turns it off)
 # objective
 mask_rate = 0.25          # share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 eval_mask_rate = 0.25     # validation masks this share whatever mask_rate is, so recipes compare

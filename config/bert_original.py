@@ -18,4 +18,4 @@ lr = 1e-4
 beta2 = 0.999
 eps = 1e-6
 grad_clip = 1.0
-smear = False  # the quickstart config turns it on
+smear = False  # cram's addition (train.py's default), not BERT's

@@ -1,8 +1,8 @@
 # A few-minute CPU run on the embedded pydocs corpus: a 4-layer, 256-wide crammed BERT.
 # python prepare.py && python train.py config/train_quickstart.py
-# One change from the reference recipe, smear (model.py): without it five minutes end on the
-# unigram plateau (masked-token accuracy 0.16, frequent tokens only); with it, near 0.3
-# (BENCHMARKS.md, "Recipe ablations"). --smear=False gives the reference recipe.
+# train.py's recipe, smear included: without smear (config/recipe_reference.py) five minutes end
+# on the unigram plateau (masked-token accuracy 0.16, frequent tokens only); with it, near 0.3
+# (BENCHMARKS.md, "Recipe ablations").
 data_dir = "data/pydocs"
 out_dir = "out/quickstart"
 budget_hours = 5 / 60
@@ -17,4 +17,3 @@ log_interval = 20
 eval_interval_minutes = 1.0
 ckpt_interval_minutes = 2.0
 eval_sequences = 512
-smear = True

@@ -50,7 +50,6 @@ def assert_one_line_error(proc, *fragments):
 
 TINY_MODEL = ["--n_layers=2", "--d_model=64", "--n_heads=2", "--d_ffn=256", "--micro_batch=16", "--batch_size=32",
               "--lr=3e-3", "--log_interval=5", "--eval_sequences=64", "--device=cpu", "--compile=False"]
-PRETRAINED_MODEL = [*TINY_MODEL, "--smear=True"]  # the `pretrained` checkpoint's: smear on, as the quickstart's
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +70,8 @@ def prepared(tmp_path_factory, corpus_file):
 
 @pytest.fixture(scope="session")
 def pretrained(tmp_path_factory, prepared):
-    """A tiny checkpoint pretrained for a few seconds on the prepared grammar corpus, with smear on
-    (the quickstart's), so that fine-tuning and the export are tested with it."""
+    """A tiny checkpoint pretrained for a few seconds on the prepared grammar corpus (train.py's
+    recipe: smear on, so fine-tuning and the export are tested with it)."""
     out = tmp_path_factory.mktemp("pretrained")
-    run_script("train.py", f"--data_dir={prepared}", f"--out_dir={out}", *PRETRAINED_MODEL, "--max_steps=60")
+    run_script("train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL, "--max_steps=60")
     return out / "ckpt.pt"

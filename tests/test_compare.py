@@ -1,5 +1,7 @@
 import json
 
+import torch
+
 from conftest import TINY_MODEL, assert_one_line_error, run_script
 
 
@@ -25,13 +27,18 @@ def test_compare_existing_runs(tmp_path):
 def test_compare_trains_recipes_at_equal_time(prepared, tmp_path):
     base = tmp_path / "base.py"
     base.write_text(f"data_dir = {str(prepared)!r}\nbudget_hours = 0.002\neval_interval_minutes = 0.05\n")
-    out = run_script("compare.py", "--recipes=crammed,bert_original", f"--base={base}", f"--out_dir={tmp_path}",
+    recipes = ("crammed", "recipe_reference", "bert_original")
+    out = run_script("compare.py", f"--recipes={','.join(recipes)}", f"--base={base}", f"--out_dir={tmp_path}",
                      f"--train_args={' '.join(TINY_MODEL)}").stdout
     rows = [line for line in out.splitlines() if line.startswith(f"| {tmp_path}")]
-    assert [row.split(" | ")[0] for row in rows] == [f"| {tmp_path / 'crammed'}", f"| {tmp_path / 'bert_original'}"]
-    for name in ("crammed", "bert_original"):
+    assert [row.split(" | ")[0] for row in rows] == [f"| {tmp_path / name}" for name in recipes]
+    for name, smear, norm_first in (("crammed", True, True), ("recipe_reference", False, True),
+                                    ("bert_original", False, False)):
         last = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[-1])
         assert last["kind"] == "eval" and 7.0 <= last["elapsed"] < 12  # the same 7.2 s budget
+        # train.py's recipe is the paper's plus smear; the paper's is one config file away
+        model_args = torch.load(tmp_path / name / "ckpt.pt", weights_only=True)["model_args"]
+        assert (model_args["smear"], model_args["norm_first"]) == (smear, norm_first)
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
 
 

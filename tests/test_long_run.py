@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import runtime
-from conftest import PRETRAINED_MODEL, ROOT, TINY_MODEL, assert_one_line_error, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from data import load_meta, mask_tokens
 from model import CrammedBert, param_groups
 from train import repeat_warning, rows_at, train_step
@@ -192,7 +192,7 @@ def test_repeated_non_finite_steps_stop_and_name_the_checkpoint(pretrained, tmp_
     ckpt["model"]["blocks.0.ffn.up.weight"][0, 0] = float("nan")
     torch.save(ckpt, tmp_path / "ckpt.pt")
     before = (tmp_path / "ckpt.pt").read_bytes()
-    proc = run_script("train.py", f"--data_dir={ckpt['data_dir']}", f"--out_dir={tmp_path}", *PRETRAINED_MODEL,
+    proc = run_script("train.py", f"--data_dir={ckpt['data_dir']}", f"--out_dir={tmp_path}", *TINY_MODEL,
                       "--resume=True", "--budget_hours=0.1", check=False)
     assert_one_line_error(proc, "5 steps in a row had a non-finite gradient", f"{tmp_path / 'ckpt.pt'} at step 60")
     assert (tmp_path / "ckpt.pt").read_bytes() == before
@@ -244,7 +244,7 @@ def test_bad_run_settings_and_data(prepared, pretrained, tmp_path, corpus_file):
         other = tmp_path / f"other_{name}"
         run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={other}", "--vocab_size=384", "--seq_len=32",
                    "--val_fraction=0.05", setting)
-        proc = run_script("train.py", f"--data_dir={other}", f"--out_dir={tmp_path}", *PRETRAINED_MODEL,
+        proc = run_script("train.py", f"--data_dir={other}", f"--out_dir={tmp_path}", *TINY_MODEL,
                           "--resume=True", check=False)
         assert_one_line_error(proc, f"differs from this config in {name}")
         assert (tmp_path / "ckpt.pt").read_bytes() == pretrained.read_bytes()
