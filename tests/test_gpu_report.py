@@ -1,0 +1,83 @@
+"""tools/gpu_report.py end to end on a CPU: every phase with tiny settings, as the GPU run uses them."""
+import json
+import os
+import re
+
+import torch
+
+from conftest import TINY_MODEL, assert_one_line_error, run_script
+
+GLUE_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
+TINY = [
+    "--prepare_args=--vocab_size=384 --seq_len=32 --val_fraction=0.05",
+    "--bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --sweep=False "
+    "--baselines=False --offload=True --repeats=1 --compile=False",
+    "--recipe_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
+    "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
+    # off-load: a 10 MiB device simulated, so the chosen encoder's state (16 B a parameter) exceeds it
+    "--device=cpu", "--device_memory_gib=0.01", "--host_memory_gib=1", "--offload_micro_batch=2", "--offload_steps=2",
+]
+
+
+def sections(out):
+    return {name[:-5]: json.load(open(out / "sections" / name)) for name in os.listdir(out / "sections")}
+
+
+def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
+    out, data = tmp_path / "report", tmp_path / "data"
+    proc = run_script("tools/gpu_report.py", f"--corpus={corpus_file}", f"--data_dir={data}",
+                      f"--glue_dir={GLUE_FIXTURES}", f"--out_dir={out}", *TINY)
+    assert f"wrote {out / 'report.md'}" in proc.stdout
+    report = (out / "report.md").read_text()
+    found = sections(out)
+    assert {name: s["status"] for name, s in found.items()} == dict.fromkeys(
+        ("prepare", "bench", "recipes", "glue", "offload"), "ok")
+    for s in found.values():  # every figure says where and when it was measured
+        assert s["environment"].startswith("CPU") and "torch " in s["environment"] and "tools/gpu_report.py" in s["command"]
+    # prepare made the data the other phases read
+    assert (data / "meta.json").is_file() and re.search(r"\| prepare \| ok \| [\d.]+ \| [\d,]+ train tokens, vocabulary 384",
+                                                        report)
+    # bench: its table, the off-load comparison and its headline figure
+    assert re.search(r"\| bench \| ok \| [\d.]+ \| crammed: [\d,]+ tokens/s at micro-batch 2", report)
+    assert "off-load / normal tokens/s" in found["bench"]["body"]
+    # recipes (compare.py --recipes): each trained for the same 3 s budget, compared in a table and a
+    # picture; train.py's recipe is the paper's plus smear, the paper's is one config file away
+    for name, smear in (("crammed", True), ("recipe_reference", False)):
+        evals = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        assert evals[-1]["kind"] == "eval" and 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
+        model_args = torch.load(out / "runs" / name / "ckpt.pt", weights_only=True)["model_args"]
+        assert model_args["smear"] == smear
+        assert f"| {out / 'runs' / name} | " in found["recipes"]["body"]
+    assert (out / "recipes.png").read_bytes()[:4] == b"\x89PNG" and "![validation loss" in report
+    # glue: each checkpoint fine-tuned on the three tasks, beside the published row
+    for name in ("crammed", "recipe_reference"):
+        scores = json.load(open(out / f"glue_{name}.json"))
+        assert sorted(scores["tasks"]) == ["cola", "rte", "stsb"]
+    assert report.count("| average (3 of 9) |") == 2
+    # off-load: a shape whose state exceeds the simulated device, normal mode refused, off-load trained
+    offload = found["offload"]["body"]
+    assert re.search(r"\| shape \| 16x64 \(vocabulary 384\), [\d.]+M parameters \|", offload)
+    assert "would not fit" in offload and re.search(r"\| off-load tokens/s \| [\d,]+ \|", offload)
+    losses = [float(x) for x in re.search(r"\| losses \| ([\d., ]+) \|", offload).group(1).split(", ")]
+    assert len(losses) == 3 and all(5.0 < x < 7.0 for x in losses)  # finite, near ln(384) = 5.95 at the start
+
+
+def test_a_failed_phase_is_reported_and_the_rest_go_on(corpus_file, tmp_path):
+    out = tmp_path / "report"
+    proc = run_script("tools/gpu_report.py", "--phases=glue,prepare", f"--glue_dir={tmp_path / 'no_glue'}",
+                      f"--corpus={corpus_file}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}", TINY[0], check=False)
+    assert_one_line_error(proc, "phase glue failed: no GLUE folder")
+    found = sections(out)
+    assert found["glue"]["status"] == "failed" and "no GLUE folder" in found["glue"]["headline"]
+    assert found["prepare"]["status"] == "ok"  # after the failure
+    # a phase run alone replaces its own section of the same report and keeps the others
+    run_script("tools/gpu_report.py", "--phases=prepare", f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}")
+    report = (out / "report.md").read_text()
+    assert "| glue | failed |" in report and "already prepared" in sections(out)["prepare"]["body"]
+    assert_one_line_error(run_script("tools/gpu_report.py", "--phases=prepare", f"--data_dir={tmp_path / 'none'}",
+                                     f"--out_dir={out}", check=False), "no --corpus was given")
+
+
+def test_bad_phase_names_are_one_line_errors(tmp_path):
+    assert_one_line_error(run_script("tools/gpu_report.py", "--phases=bench,train", f"--out_dir={tmp_path}", check=False),
+                          "unknown phase 'train'", "prepare, bench, recipes, glue, offload")

@@ -1,0 +1,491 @@
+"""The GPU evidence in one command: is this setup healthy, and how good is each recipe here?
+
+    python tools/gpu_report.py --corpus=books.txt.gz --glue_dir=glue      # every phase, ~25 minutes on an H100
+    python tools/gpu_report.py --phases=bench,offload                     # some phases; the report keeps the rest
+
+On one GPU, offline, from a text corpus and a local GLUE folder (tens of MB in all), in phases
+that each have their own time limit and settings and can run alone:
+  prepare   the corpus with a 32k vocabulary into data_dir, unless it is prepared already
+  bench     bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
+            the original-BERT and HF ratios, off-load beside normal mode with the capped check,
+            and the micro-batch probe
+  recipes   each recipe trained for recipe_minutes at the reference shape, one after the other,
+            and compare.py's validation loss (fixed masks) against minutes and tokens
+  glue      finetune_glue.py on each recipe's checkpoint, for the small tasks in glue_dir
+  offload   an encoder whose normal-mode training state (16 bytes a parameter) exceeds the GPU
+            but whose off-load state (18 bytes a block parameter, offload.py) fits the host:
+            normal mode fails to start (out of memory, caught), off-load mode trains a few steps
+Writes <out_dir>/report.md (and its pictures): a summary table, then each phase's figures with
+the commands, device, versions and date. A phase that fails or runs out of time is reported
+and the rest go on. Each phase runs in its own process (a crash or an out-of-memory stays
+there) and saves its section, so phases run in separate sessions end up in one report.
+
+On a CPU the same command runs end to end with tiny settings (tests/test_gpu_report.py):
+device_memory_gib then simulates the GPU's memory for the off-load phase.
+"""
+import gc
+import json
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configurator import configure  # noqa: E402  (the core sits one folder up)
+
+# -----------------------------------------------------------------------------
+corpus = ""                # text for the prepare phase (prepare.py's formats); empty: data_dir must be prepared
+data_dir = "data/gpu_report"  # the prepared corpus every phase reads
+glue_dir = ""              # a local GLUE folder (original layout); empty: the glue phase fails with a hint
+out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and logs, the recipes' runs
+phases = "prepare,bench,recipes,glue,offload"  # which phases to run, in this order
+# prepare
+prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
+prepare_minutes = 6.0      # the phase's time limit
+# bench
+bench_args = "--shape=reference --offload=True"  # more bench.py settings
+bench_minutes = 8.0
+# recipes
+recipes = "crammed,recipe_reference"  # as compare.py: crammed is train.py's recipe (the paper's + smear), others config/<name>.py
+recipe_minutes = 3.5       # training budget of each recipe (compilation included, evaluation not)
+train_args = ""            # more train.py settings for every recipe (the reference shape is train.py's default)
+# glue
+glue_tasks = "rte,mrpc,stsb,cola"  # those present in glue_dir are fine-tuned
+glue_args = ""             # more finetune_glue.py settings
+glue_minutes = 9.0
+# offload
+device_memory_gib = 0.0    # the device memory the shape must exceed; 0: the GPU's own (on a GPU, less caps the process)
+host_memory_gib = 0.0      # host memory the off-load state may use 85% of; 0: what the host has available
+offload_micro_batch = 64
+offload_accum = 2          # micro-batches per optimizer step
+offload_steps = 3          # timed optimizer steps, after one untimed
+offload_minutes = 8.0
+device = "auto"
+report = True              # write report.md after the phases (a phase run by the full command leaves it to it)
+# -----------------------------------------------------------------------------
+PHASES = ("prepare", "bench", "recipes", "glue", "offload")
+GLUE_FOLDERS = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI",
+                "qqp": "QQP", "mnli": "MNLI", "wnli": "WNLI"}
+WIDTHS = (4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128, 64)  # off-load shapes to try, widest first
+
+
+class PhaseFailed(Exception):
+    """A phase could not produce its figures; the message says why in one line."""
+
+
+# ---------------------------------------------------------------- running the scripts
+def run_logged(args, log_path, deadline):
+    """Run one of the project's scripts (args[0], then its arguments), its output shown as it comes
+    and saved to log_path, killed at `deadline` (time.time()). Returns the output; PhaseFailed if
+    the script failed or ran out of time."""
+    if deadline - time.time() <= 0:
+        raise PhaseFailed(f"no time left for {args[0]}")
+    command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
+    proc = subprocess.Popen(command, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(deadline - time.time(), proc.kill)
+    timer.start()
+    lines = []
+    with open(log_path, "w") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+            lines.append(line)
+    code = proc.wait()
+    timer.cancel()
+    if code != 0 and time.time() >= deadline:
+        raise PhaseFailed(f"{args[0]} ran past the phase's time limit (log: {log_path})")
+    if code != 0:
+        last = [line.strip() for line in lines if line.strip()][-1:] or ["(no output)"]
+        raise PhaseFailed(f"{args[0]} exited with {code}: {last[0]} (log: {log_path})")
+    return "".join(lines)
+
+
+def command_line(args):
+    return "python " + " ".join(args)
+
+
+def shape_args(text):
+    return [a for a in text.split() if a]
+
+
+# ---------------------------------------------------------------- the phases
+def phase_prepare(deadline, logs):
+    """data_dir prepared from the corpus unless meta.json says it is done."""
+    meta_path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(meta_path):
+        if not corpus:
+            raise PhaseFailed(f"{data_dir} is not prepared and no --corpus was given")
+        args = ["prepare.py", f"--dataset={corpus}", f"--out_dir={data_dir}", *shape_args(prepare_args)]
+        start = time.time()
+        run_logged(args, os.path.join(logs, "prepare.log"), deadline)
+        how = f"`{command_line(args)}` in {time.time() - start:.0f} s"
+    else:
+        how = "already prepared (nothing to do)"
+    with open(meta_path) as f:
+        meta = json.load(f)
+    train_tokens = os.path.getsize(os.path.join(data_dir, "train.bin")) // (2 if meta["dtype"] == "uint16" else 4)
+    headline = f"{train_tokens:,} train tokens, vocabulary {meta['vocab_size']}"
+    return headline, f"{data_dir}: {headline}, sequences of {meta['seq_len']}, from {meta['source']}; {how}."
+
+
+def phase_bench(deadline, logs):
+    args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args)]
+    output = run_logged(args, os.path.join(logs, "bench.log"), deadline)
+    crammed = re.search(r"^\| crammed \| (\d+) \| ([\d,]+) \|.*\| (\d+)% \| ([\d.]+%|-) \|$", output, re.M)
+    headline = (f"crammed: {crammed.group(2)} tokens/s at micro-batch {crammed.group(1)}, MFU {crammed.group(4)}, "
+                f"{crammed.group(3)}% of the measured matmul speed" if crammed else "see the tables")
+    body = output.replace("\n# ", "\n#### ")  # bench's own title line becomes a sub-heading
+    return headline, f"`{command_line(args)}`\n\n{body.lstrip('# ')}"
+
+
+def recipe_runs():
+    """name -> out_dir of each recipe's run (compare.py's layout)."""
+    return {name: os.path.join(out_dir, "runs", name) for name in recipes.split(",") if name}
+
+
+def run_speed(run):
+    """Median tokens/s and MFU of a run's logged windows after the first (compilation)."""
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        windows = [r for r in map(json.loads, f) if r["kind"] == "train"][1:]
+    if not windows:
+        return "-", "-"
+    middle = sorted(windows, key=lambda r: r["tokens_per_s"])[len(windows) // 2]
+    return f"{middle['tokens_per_s']:,}", f"{100 * middle['mfu']:.1f}%" if middle.get("mfu") else "-"
+
+
+def phase_recipes(deadline, logs):
+    """Each recipe trained for recipe_minutes on data_dir (compare.py --recipes), then plotted."""
+    runs = recipe_runs()
+    base = os.path.join(out_dir, "recipes_base.py")
+    with open(base, "w") as f:  # what every recipe shares: the data, the budget, evaluations along the way
+        f.write(f"data_dir = {os.path.abspath(data_dir)!r}\nbudget_hours = {recipe_minutes / 60!r}\n"
+                f"eval_interval_minutes = {recipe_minutes / 7!r}\nckpt_interval_minutes = 1e9\n")
+    for run in runs.values():  # a rerun trains afresh
+        for leftover in ("ckpt.pt", "metrics.jsonl"):
+            if os.path.exists(os.path.join(run, leftover)):
+                os.remove(os.path.join(run, leftover))
+    args = ["compare.py", f"--recipes={','.join(runs)}", f"--base={base}", f"--out_dir={os.path.join(out_dir, 'runs')}",
+            f"--train_args={' '.join([f'--device={device}', *shape_args(train_args)])}",
+            f"--png={os.path.join(out_dir, 'recipes.png')}"]
+    output = run_logged(args, os.path.join(logs, "recipes.log"), deadline)
+    table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
+    losses = re.findall(r"^\| \S+ \| ([\d.]+) \|", table, re.M)
+    headline = "validation loss " + ", ".join(f"{name} {loss}" for name, loss in zip(runs, losses))
+    speeds = "\n".join(f"| {name} | {' | '.join(run_speed(run))} |" for name, run in runs.items())
+    finals = "\n".join(f"    {line}" for line in re.findall(r"^final: .*$", output, re.M))
+    graphs = ", ".join(re.findall(r"torch.compile built (\d+) graph", output)) or "-"
+    return headline, (f"`{command_line(args)}` ({recipe_minutes} minutes each; validation loss with fixed 25% "
+                      f"masks)\n\n{table}\n\n| recipe | tokens/s (median window) | MFU |\n|---|---|---|\n{speeds}\n\n"
+                      f"![validation loss against minutes and tokens](recipes.png)\n\n"
+                      f"torch.compile graphs per run: {graphs}\n\n{finals}")
+
+
+def phase_glue(deadline, logs):
+    """finetune_glue.py on each recipe's checkpoint, for the tasks present in glue_dir."""
+    if not glue_dir or not os.path.isdir(glue_dir):
+        raise PhaseFailed(f"no GLUE folder at --glue_dir={glue_dir!r}: give one in the original layout (RTE/, MRPC/, ...)")
+    present = [t for t in glue_tasks.split(",") if os.path.isdir(os.path.join(glue_dir, GLUE_FOLDERS.get(t, t)))]
+    if not present:
+        raise PhaseFailed(f"none of {glue_tasks} is in {glue_dir}")
+    parts, averages = [], []
+    for name, run in recipe_runs().items():
+        args = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
+                f"--tasks={','.join(present)}", f"--out_json={os.path.join(out_dir, f'glue_{name}.json')}",
+                f"--device={device}", *shape_args(glue_args)]
+        try:
+            output = run_logged(args, os.path.join(logs, f"glue_{name}.log"), deadline)
+        except PhaseFailed as failure:  # the other recipes still get their turn
+            parts.append(f"#### {name}\n\nfailed: {failure}")
+            continue
+        average = re.search(r"^\| average \(\d+ of 9\) \| \| ([\d.na]+) \|", output, re.M)
+        averages.append(f"{name} {average.group(1) if average else '-'}")
+        table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
+        parts.append(f"#### {name}\n\n`{command_line(args)}`\n\n{table}")
+    if not averages:
+        raise PhaseFailed("no checkpoint could be fine-tuned (run the recipes phase first): " + " / ".join(parts))
+    return f"average of {len(present)} tasks: {', '.join(averages)}", "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------- off-load: larger than the GPU
+def host_available_bytes():
+    """MemAvailable from /proc/meminfo (Linux), else the free physical pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            return int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
+    except (OSError, AttributeError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def model_args_for(d_model, n_layers, vocab_size, seq_len):
+    """The crammed shape family at width d_model: heads of 64 (or 128 from 2048 up), feed-forward 4x."""
+    return dict(vocab_size=vocab_size, seq_len=seq_len, n_layers=n_layers, d_model=d_model,
+                n_heads=max(1, d_model // (128 if d_model >= 2048 else 64)), d_ffn=4 * d_model, smear=True)
+
+
+def offload_shape(device_bytes, host_bytes, vocab_size, seq_len):
+    """The widest shape of at least 16 blocks whose normal-mode training state (float32 weights,
+    gradients and two AdamW moments: 16 bytes a parameter) exceeds device_bytes by 2% and whose
+    off-load host state (18 bytes a block parameter, offload.py) stays under 85% of host_bytes:
+    (model_args, parameters), or PhaseFailed when no width fits between the two."""
+    import torch
+    from model import CrammedBert
+    for d in WIDTHS:
+        with torch.device("meta"):  # shapes only
+            one, two = (CrammedBert(**model_args_for(d, n, vocab_size, seq_len)).num_params() for n in (1, 2))
+        block, stem = two - one, 2 * one - two
+        n_layers = int((1.02 * device_bytes / 16 - stem) // block) + 1  # the fewest blocks over the device
+        if n_layers >= 16 and 18 * n_layers * block <= 0.85 * host_bytes:
+            return model_args_for(d, n_layers, vocab_size, seq_len), stem + n_layers * block
+    raise PhaseFailed(f"no shape between the device ({device_bytes / 2 ** 30:.1f} GiB at 16 bytes a parameter) and "
+                      f"85% of the host ({host_bytes / 2 ** 30:.1f} GiB at 18): the host is too small for off-load mode "
+                      f"to go beyond this GPU")
+
+
+def masked_batches(vocab_size, seq_len, micro, rt):
+    """batch_at(micro_step) for the off-load phase: data_dir's tokens when they match, else random ones."""
+    import numpy as np
+    import torch
+    from data import SPECIAL_TOKENS, get_batch, load_meta, load_tokens, mask_tokens
+    n_regular = vocab_size - len(SPECIAL_TOKENS)  # prepare.py gives the special tokens the last ids, [MASK] the very last
+    tokens = np.random.default_rng(0).integers(0, n_regular, (4096, seq_len)).astype(np.uint16)
+    if os.path.isfile(os.path.join(data_dir, "meta.json")):
+        meta = load_meta(data_dir)
+        if meta["vocab_size"] == vocab_size:
+            tokens = load_tokens(data_dir, "train", meta)
+    rows = np.random.default_rng(1)
+    return lambda micro_step: mask_tokens(get_batch(tokens, rows.integers(0, len(tokens), micro), rt.device), 0.25,
+                                          vocab_size - 1, n_regular, torch.Generator(rt.device).manual_seed(micro_step))
+
+
+def state_bytes(model, optimizer):
+    """Bytes of the training state: parameters, gradients and optimizer tensors."""
+    params = sum(p.numel() * p.element_size() * (2 if p.grad is not None else 1) for p in model.parameters())
+    return params + sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                        if hasattr(t, "numel"))
+
+
+def gib(n_bytes):
+    return f"{n_bytes / 2 ** 30:.3g} GiB"
+
+
+def try_normal_mode(model_args, rt, device_bytes, batch_at):
+    """One normal-mode step of the shape, built on the device: what happened, in words. On a GPU
+    it should run out of memory; a CPU has none to run out of, so there the state's size is
+    compared with device_bytes instead."""
+    import torch
+    from model import CrammedBert, param_groups
+    model = optimizer = None
+    try:
+        with torch.device(rt.device):  # where it would train: no host copy first
+            model = CrammedBert(**model_args)
+        optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4)
+        with rt.autocast():
+            loss, _ = model(*batch_at(0))
+        loss.backward()
+        optimizer.step()
+        needed = state_bytes(model, optimizer)
+        if rt.device.type == "cuda":
+            raise PhaseFailed(f"normal mode trained the shape in {gib(rt.peak_memory())}: it is not larger "
+                              f"than the GPU")
+        if needed <= device_bytes:
+            raise PhaseFailed(f"normal mode's state ({gib(needed)}) fits the simulated device")
+        return (f"its training state needs {gib(needed)}, over the simulated device's {gib(device_bytes)}: would not fit (a CPU has no device memory to run out of)")
+    except torch.cuda.OutOfMemoryError as error:
+        return f"out of memory, as it should: {str(error).splitlines()[0][:160]}"
+    finally:
+        model = optimizer = loss = None
+        gc.collect()
+        if rt.device.type == "cuda":
+            torch.cuda.empty_cache()
+            rt.reset_peak_memory()
+
+
+def train_offloaded(model_args, rt, batch_at):
+    """A few optimizer steps in off-load mode: seconds per step and losses (one untimed step first)."""
+    import torch
+    from model import CrammedBert
+    from offload import OffloadTrainer
+    torch.manual_seed(0)
+    start = time.time()
+    trainer = OffloadTrainer(CrammedBert(**model_args), rt, lr=1e-4, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01)
+    print(f"off-load: built the model and its host state in {time.time() - start:.0f} s", flush=True)
+    seconds, losses = [], []
+    for step in range(offload_steps + 1):
+        start = time.time()
+        loss, applied = trainer.step(batch_at, offload_accum, 1e-4, 0.5)
+        losses.append(loss.item())
+        trainer.synchronize()  # the host updates of the blocks finish before the clock stops
+        rt.synchronize()
+        seconds.append(time.time() - start)
+        print(f"off-load step {step}: loss {losses[-1]:.4f} in {seconds[-1]:.1f} s{'' if applied else ' (skipped)'}",
+              flush=True)
+    return seconds[1:], losses
+
+
+def phase_offload(deadline, logs):
+    import torch
+    import runtime
+    from model import CrammedBert
+    rt = runtime.setup(device, "auto", compile=False)
+    total = torch.cuda.get_device_properties(rt.device).total_memory if rt.device.type == "cuda" else 0
+    device_bytes = device_memory_gib * 2 ** 30 or total
+    if not device_bytes:
+        raise PhaseFailed("on a CPU give --device_memory_gib, the device memory to simulate")
+    if rt.device.type == "cuda" and device_bytes < total:  # a smaller GPU, simulated by a cap on this process
+        torch.cuda.set_per_process_memory_fraction(device_bytes / total)
+    host_bytes = host_memory_gib * 2 ** 30 or host_available_bytes()
+    vocab_size, seq_len = 32768, 128
+    if os.path.isfile(os.path.join(data_dir, "meta.json")):
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            meta = json.load(f)
+        vocab_size, seq_len = meta["vocab_size"], meta["seq_len"]
+    model_args, n_params = offload_shape(device_bytes, host_bytes, vocab_size, seq_len)
+    shape = f"{model_args['n_layers']}x{model_args['d_model']} (vocabulary {vocab_size}), {n_params / 1e6:,.1f}M parameters"
+    print(f"off-load shape: {shape}", flush=True)
+    batch_at = masked_batches(vocab_size, seq_len, offload_micro_batch, rt)
+    normal = try_normal_mode(model_args, rt, device_bytes, batch_at)
+    print(f"normal mode: {normal}", flush=True)
+    rt.reset_peak_memory()
+    seconds, losses = train_offloaded(model_args, rt, batch_at)
+    with torch.device("meta"):
+        flops = CrammedBert(**model_args).flops_per_token(0.25)
+    step = sorted(seconds)[len(seconds) // 2]
+    tokens_per_s = offload_micro_batch * offload_accum * seq_len / step
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    device_peak = rt.peak_memory()
+    rows = [("shape", shape), ("device memory it must exceed", f"{gib(device_bytes)}{' (simulated)' if device_bytes != total else ''}"),
+            ("host memory available", gib(host_bytes)),
+            ("normal-mode training state (16 B a parameter)", gib(16 * n_params)),
+            ("off-load host state (18 B a block parameter)", gib(18 * n_params)),
+            ("normal mode", normal),
+            ("off-load micro-batch x steps", f"{offload_micro_batch} x {offload_accum}, {offload_steps} timed steps"),
+            ("off-load seconds per step, median (min-max)", f"{step:.2f} ({min(seconds):.2f}-{max(seconds):.2f})"),
+            ("off-load tokens/s", f"{tokens_per_s:,.0f}"),
+            ("off-load TFLOP/s", f"{flops * tokens_per_s / 1e12:.3g}"),
+            ("peak device memory", gib(device_peak) if device_peak is not None else "-"),
+            ("peak host memory (RSS)", gib(host_peak)),
+            ("losses", ", ".join(f"{x:.3f}" for x in losses))]
+    headline = (f"{n_params / 1e6:,.1f}M parameters: normal mode {'out of memory' if 'out of memory' in normal else 'does not fit'}; "
+                f"off-load {tokens_per_s:,.0f} tokens/s, {flops * tokens_per_s / 1e12:.3g} TFLOP/s")
+    body = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return headline, body + "\n\nbench.py's capped normal-mode check (normal mode under 0.3 of its own peak) is in the bench section."
+
+
+# ---------------------------------------------------------------- the report
+PHASE_FUNCTIONS = dict(prepare=phase_prepare, bench=phase_bench, recipes=phase_recipes, glue=phase_glue,
+                       offload=phase_offload)
+PHASE_MINUTES = dict(prepare="prepare_minutes", bench="bench_minutes", recipes=None, glue="glue_minutes",
+                     offload="offload_minutes")
+
+
+def phase_limit(name):
+    """The phase's time limit in minutes: its own setting; the recipes' from their budgets."""
+    if name == "recipes":
+        return len(recipe_runs()) * (recipe_minutes + 1.5)  # + start-up, probe, evaluations, saving
+    return globals()[PHASE_MINUTES[name]]
+
+
+def environment():
+    """Device, versions, commit and date, for every section."""
+    import torch
+    if torch.cuda.is_available():
+        name = f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2 ** 30:.0f} GiB"
+    else:
+        name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    return (f"{name} | torch {torch.__version__}{f' (CUDA {torch.version.cuda})' if torch.version.cuda else ''} | "
+            f"Python {platform.python_version()} | cram {commit} | {time.strftime('%Y-%m-%d %H:%M')}")
+
+
+def section_path(name):
+    return os.path.join(out_dir, "sections", f"{name}.json")
+
+
+def save_section(name, status, headline, body, minutes, env):
+    os.makedirs(os.path.dirname(section_path(name)), exist_ok=True)
+    with open(section_path(name), "w") as f:
+        json.dump(dict(phase=name, status=status, headline=headline, body=body, minutes=round(minutes, 1),
+                       environment=env, command=command_line([os.path.relpath(__file__, ROOT), *sys.argv[1:]])), f)
+
+
+def run_phase(name):
+    """Run one phase in this process and save its section."""
+    logs = os.path.join(out_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    start = time.time()
+    print(f"== phase {name} (limit {phase_limit(name):.1f} min)", flush=True)
+    try:
+        headline, body = PHASE_FUNCTIONS[name](start + 60 * phase_limit(name), logs)
+        status = "ok"
+    except (PhaseFailed, SystemExit) as failure:  # SystemExit: a one-line error from the core
+        status, headline, body = "failed", str(failure), ""
+    save_section(name, status, headline, body, (time.time() - start) / 60, environment())
+    print(f"== phase {name}: {status}: {headline}", flush=True)
+
+
+def run_in_child(name):
+    """Run one phase in its own process (an out-of-memory or a crash stays there), within its limit."""
+    if os.path.exists(section_path(name)):
+        os.remove(section_path(name))
+    command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--phases={name}", "--report=False"]
+    start = time.time()
+    try:
+        why = f"its process ended with {subprocess.run(command, timeout=60 * phase_limit(name) + 120).returncode}"
+    except subprocess.TimeoutExpired:
+        why = f"it ran past its limit of {phase_limit(name):.1f} minutes"
+    if not os.path.exists(section_path(name)):  # killed or crashed before it could say so
+        save_section(name, "failed", why, "", (time.time() - start) / 60, "")
+
+
+def write_report():
+    """report.md from every saved section, in phase order: a summary table, then each phase."""
+    sections = [json.load(open(section_path(n))) for n in PHASES if os.path.exists(section_path(n))]
+    lines = ["# cram GPU report", "",
+             "Written by tools/gpu_report.py; each phase says its command, device, versions and date.", "",
+             "| phase | status | minutes | headline |", "|---|---|---|---|"]
+    lines += [f"| {s['phase']} | {s['status']} | {s['minutes']} | {s['headline']} |" for s in sections]
+    for s in sections:
+        lines += ["", f"## {s['phase']}", "", f"_{s['environment']}_  ", f"_`{s['command']}`_", "",
+                  s["body"] or f"**{s['status']}**: {s['headline']}"]
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def main():
+    names = [p for p in phases.split(",") if p]
+    unknown = [p for p in names if p not in PHASES]
+    if unknown or not names:
+        raise SystemExit(f"error: unknown phase {', '.join(map(repr, unknown)) or '(none given)'} "
+                         f"(phases: {', '.join(PHASES)})")
+    os.makedirs(out_dir, exist_ok=True)
+    if len(names) == 1:
+        run_phase(names[0])
+    else:
+        for name in names:
+            run_in_child(name)
+    if report:
+        print(f"wrote {write_report()}")
+    failed = [json.load(open(section_path(n))) for n in names]
+    failed = [s for s in failed if s["status"] != "ok"]
+    if len(failed) == 1:
+        raise SystemExit(f"error: phase {failed[0]['phase']} failed: {failed[0]['headline']}")
+    if failed:
+        raise SystemExit(f"error: {len(failed)} of {len(names)} phase(s) failed: see the report")
+
+
+if __name__ == "__main__":
+    configure(globals(), sys.argv[1:])
+    main()
