@@ -51,6 +51,16 @@ memory is page-locked, and pinning all of it is what exhausts RAM in ZeRO-Offloa
 
 Checkpoints interchange with normal mode: state_dict() gives the plain CrammedBert state_dict
 (same keys) and torch.optim.AdamW's state_dict over param_groups(model, weight_decay).
+
+The parts, one job each:
+  HostBlocks      the host side: the blocks' float32 masters and accumulators, the pinned copies
+                  that cross the bus, a fused AdamW per block and the one updater thread.
+  BlockStreamer   the device side: the two templates, the copy and gradient streams and their
+                  events; runs the blocks' forward and recompute-backward, streaming the weights
+                  in and the gradients out to HostBlocks.
+  OffloadTrainer  composes them with the device part (the stem: embeddings, final norm, head and
+                  its AdamW): the optimizer step with the global clip, the model interface, and
+                  checkpoints in normal mode's format.
 """
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +78,30 @@ def adamw_order(module):
     return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
 
 
+def wire_dtype(p, dtype):
+    """The dtype a block parameter crosses the bus and computes in: matrices in the autocast dtype
+    `dtype`, vectors in float32."""
+    return dtype if p.dim() >= 2 else torch.float32
+
+
+def host_like(p, dtype, pin):
+    """An empty host tensor of p's shape, pinned (page-locked) when it crosses the bus to a GPU."""
+    t = torch.empty(p.shape, dtype=dtype)
+    return t.pin_memory() if pin else t
+
+
+def device_rng(device):
+    """The RNG state dropout draws from on `device`."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def set_device_rng(device, state):
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
 class HostStream:
     """Stands in for torch.cuda.Stream and its events on a CPU, where work runs in program order."""
 
@@ -81,51 +115,106 @@ class HostStream:
         pass
 
 
-class OffloadTrainer:
-    """train.py's trainer for off-load mode: step(batch_at, accum_steps, lr, clip) -> (mean loss,
-    applied), state_dict()/load_state_dict() in normal mode's checkpoint format, and the model
-    interface evaluate() and fill_in() use (call, encode, logits, eval, train), which streams the
-    blocks too. Takes ownership of `model` (a CrammedBert on the host): its blocks become the
-    float32 masters, the rest moves to the device."""
+class HostBlocks:
+    """The host side: per block i, masters[i] (its float32 parameters, whose .grad are the float32
+    gradient accumulators), send[i] (what crosses the bus: pinned copies in the wire dtype, or
+    under float32 the masters themselves), optimizers[i] (a fused CPU AdamW over the same groups
+    and hyperparameters as model.param_groups) and updates[i] (its step in flight, or None). One
+    updater thread steps the blocks in forward order."""
 
-    def __init__(self, model, rt, lr, betas, eps, weight_decay):
-        self.rt = rt
-        self.cuda = rt.device.type == "cuda"
-        self.scaler = rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
-        # the plain model's parameter order: checkpoints and AdamW state indices follow it
-        self.names = [name for name, _ in model.named_parameters()]
-        self.adamw_order = adamw_order(model)
-        host_blocks, model.blocks = model.blocks, nn.ModuleList()
-        self.stem = model.to(rt.device)
-        self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
-        self.host_blocks = host_blocks
-        if self.cuda and rt.dtype == torch.float32:  # the masters themselves cross the bus
-            for p in host_blocks.parameters():
+    def __init__(self, blocks, rt, lr, betas, eps, weight_decay):
+        self.blocks = blocks  # the nn.ModuleList the masters belong to (checkpoints load into it)
+        self.dtype = rt.dtype
+        cuda = rt.device.type == "cuda"
+        if cuda and rt.dtype == torch.float32:  # the masters themselves cross the bus
+            for p in blocks.parameters():
                 p.data = p.data.pin_memory()
-        self.masters = [list(block.parameters()) for block in host_blocks]
+        self.masters = [list(block.parameters()) for block in blocks]
         for params in self.masters:
             for p in params:
                 p.grad = torch.zeros_like(p)  # the float32 accumulator; AdamW reads it as the gradient
         # fused: one vectorised CPU kernel over a block's tensors
-        self.block_optimizers = [torch.optim.AdamW(param_groups(block, weight_decay), lr=lr, betas=betas, eps=eps,
-                                                   fused=True) for block in host_blocks]
+        self.optimizers = [torch.optim.AdamW(param_groups(block, weight_decay), lr=lr, betas=betas, eps=eps,
+                                             fused=True) for block in blocks]
         # what crosses the bus: a pinned low-precision copy, or under float32 the master itself
-        self.send = [[self._host_like(p, self._wire_dtype(p)) for p in params] if rt.dtype != torch.float32
+        self.send = [[host_like(p, wire_dtype(p, rt.dtype), cuda) for p in params] if rt.dtype != torch.float32
                      else params for params in self.masters]
-        for i in range(len(self.masters)):
-            self._refresh_send(i)
-        # one host thread steps the blocks in forward order; updates[i] is block i's step in flight
-        self.updater, self.updates = ThreadPoolExecutor(max_workers=1), [None] * len(self.masters)
-        args = {k: model.args[k] for k in ("d_model", "n_heads", "d_ffn", "bias", "glu", "norm_first", "norm_eps",
-                                           "dropout")}
+        for i in range(len(self)):
+            self.refresh_send(i)
+        self.updater = ThreadPoolExecutor(max_workers=1)
+        self.updates = [None] * len(self)
+
+    def __len__(self):
+        return len(self.masters)
+
+    @torch.no_grad()
+    def refresh_send(self, i):
+        """Bring block i's transfer copies up to its masters (under float32 they are the masters)."""
+        if self.dtype != torch.float32:
+            torch._foreach_copy_(self.send[i], self.masters[i])
+
+    def accumulate(self, i, grads, landed, last):
+        """Add block i's gradients to its accumulators once `landed` (the event of their copy to the
+        host) has passed. When last (the step's last micro-step) the accumulators are final: returns
+        their squared norm, block i's share of the global norm; else 0.0."""
+        landed.synchronize()
+        accumulators = [p.grad for p in self.masters[i]]
+        torch._foreach_add_(accumulators, grads)
+        if not last:
+            return 0.0
+        return torch.stack(torch._foreach_norm(accumulators)).square().sum().item()
+
+    def start_updates(self, lr, scale):
+        """Queue every block's update on the updater thread, in forward order; the next forward waits
+        (wait(i)) only for the block it is about to send."""
+        self.updates = [self.updater.submit(self._update, i, lr, scale) for i in range(len(self))]
+
+    @torch.no_grad()
+    def _update(self, i, lr, scale):
+        """Block i's clipping, AdamW step and fresh transfer copy; runs on the updater thread."""
+        grads = [p.grad for p in self.masters[i]]
+        if scale != 1.0:
+            torch._foreach_mul_(grads, scale)
+        for group in self.optimizers[i].param_groups:
+            group["lr"] = lr
+        self.optimizers[i].step()
+        torch._foreach_zero_(grads)
+        self.refresh_send(i)
+
+    def wait(self, i):
+        """Wait for block i's update in flight, if any."""
+        if self.updates[i] is not None:
+            self.updates[i].result()  # raises here what failed on the updater thread
+            self.updates[i] = None
+
+    def synchronize(self):
+        for i in range(len(self)):
+            self.wait(i)
+
+    def discard_grads(self):
+        """Empty the accumulators without an update (the step's gradient norm was not finite)."""
+        torch._foreach_zero_([p.grad for params in self.masters for p in params])
+
+
+class BlockStreamer:
+    """The device side: runs the blocks of `host` (a HostBlocks) through two device templates,
+    Blocks built from `args`, block i in template i % 2, matrices in the autocast dtype. Three
+    streams: compute (the current one), h2d for the weights in and d2h for the gradients out;
+    resident[s] is the block whose current weights template s holds, slot_free[s] the event of the
+    last compute that read it. Gradients go out through pinned staging buffers, one set per template."""
+
+    def __init__(self, host, args, rt):
+        self.host = host
+        self.rt = rt
+        self.cuda = rt.device.type == "cuda"
         with torch.device("meta"):  # shapes only: building the templates draws nothing from the RNG
             templates = [Block(**args) for _ in range(2)]
         self.templates = [t.to_empty(device=rt.device) for t in templates]
         for p in (p for t in self.templates for p in t.parameters()):
-            p.data = p.data.to(self._wire_dtype(p))
+            p.data = p.data.to(wire_dtype(p, rt.dtype))
         # gradients land here before the host adds them to the accumulators (one set per template)
-        self.staging = [[self._host_like(p, p.dtype) for p in self.templates[0].parameters()] if self.cuda else None
-                        for _ in range(2)]
+        self.staging = [[host_like(p, p.dtype, pin=True) for p in self.templates[0].parameters()] if self.cuda
+                        else None for _ in range(2)]
         self.resident = [None, None]  # which block's current weights each template holds
         if self.cuda:
             self.compute, self.h2d, self.d2h = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
@@ -133,79 +222,39 @@ class OffloadTrainer:
             self.compute = self.h2d = self.d2h = HostStream()
         self.slot_free = [self.compute.record_event() for _ in range(2)]
 
-    def _wire_dtype(self, p):
-        """The dtype a block parameter crosses the bus and computes in: matrices in the autocast dtype."""
-        return self.rt.dtype if p.dim() >= 2 else torch.float32
-
-    def _host_like(self, p, dtype):
-        t = torch.empty(p.shape, dtype=dtype)
-        return t.pin_memory() if self.cuda else t
+    def invalidate(self):
+        """The masters changed (an update, a loaded checkpoint): no template holds current weights."""
+        self.resident = [None, None]
 
     def _stream(self, stream):
         return torch.cuda.stream(stream) if self.cuda else nullcontext()
-
-    def _device_rng(self):
-        return torch.cuda.get_rng_state(self.rt.device) if self.cuda else torch.get_rng_state()
-
-    def _set_device_rng(self, state):
-        if self.cuda:
-            torch.cuda.set_rng_state(state, self.rt.device)
-        else:
-            torch.set_rng_state(state)
-
-    @torch.no_grad()
-    def _refresh_send(self, i):
-        if self.rt.dtype != torch.float32:
-            torch._foreach_copy_(self.send[i], self.masters[i])
-
-    @torch.no_grad()
-    def _update_block(self, i, lr, scale):
-        """Block i's clipping, AdamW step and fresh transfer copy; runs on the updater thread."""
-        grads = [p.grad for p in self.masters[i]]
-        if scale != 1.0:
-            torch._foreach_mul_(grads, scale)
-        for group in self.block_optimizers[i].param_groups:
-            group["lr"] = lr
-        self.block_optimizers[i].step()
-        torch._foreach_zero_(grads)
-        self._refresh_send(i)
-
-    def _wait(self, i):
-        if self.updates[i] is not None:
-            self.updates[i].result()  # raises here what failed on the updater thread
-            self.updates[i] = None
-
-    def synchronize(self):
-        """Wait for the blocks' updates in flight (before reading the masters, or to time a step)."""
-        for i in range(len(self.masters)):
-            self._wait(i)
 
     @torch.no_grad()
     def _fetch(self, i):
         """Start copying block i's weights into template i % 2 on the side stream; returns the event
         the compute stream waits on (None when they are already there)."""
-        self._wait(i)  # its masters and transfer copy are being updated
+        self.host.wait(i)  # its masters and transfer copy are being updated
         slot = i % 2
         if self.resident[slot] == i:
             return None
         self.h2d.wait_event(self.slot_free[slot])  # the compute that last read this template is done
         with self._stream(self.h2d):
-            for p, src in zip(self.templates[slot].parameters(), self.send[i]):
+            for p, src in zip(self.templates[slot].parameters(), self.host.send[i]):
                 p.copy_(src, non_blocking=True)
         self.resident[slot] = i
         return self.h2d.record_event()
 
-    def _forward_blocks(self, h, inputs=None, rng=None):
+    def forward(self, h, inputs=None, rng=None):
         """Run h through every block under no_grad; inputs and rng (lists), when given, collect each
         block's input and the device RNG state it started from, for the recompute."""
-        n = len(self.masters)
+        n = len(self.host)
         ready = self._fetch(0)
         for i in range(n):
             if ready is not None:
                 self.compute.wait_event(ready)
             if inputs is not None:
                 inputs.append(h)
-                rng.append(self._device_rng())
+                rng.append(device_rng(self.rt.device))
             with torch.no_grad(), self.rt.autocast():
                 h = self.templates[i % 2](h)  # (B, T, d)
             self.slot_free[i % 2] = self.compute.record_event()
@@ -214,69 +263,104 @@ class OffloadTrainer:
             ready = self._fetch(i + 1) if i + 1 < n else None
         return h
 
-    def _backward_blocks(self, grad, inputs, rng, last):
+    def backward(self, grad, inputs, rng, last):
         """Recompute each block from its saved input and RNG state, backward from grad (B, T, d),
         and add its weight gradients to the host accumulators. Returns the gradient at the first
         block's input and, when last, each block's squared gradient norm."""
-        n, pending, squares = len(self.masters), None, [0.0] * len(self.masters)
-
-        def accumulate(i, sources, landed):
-            landed.synchronize()
-            torch._foreach_add_([p.grad for p in self.masters[i]], sources)
-            if last:  # the accumulators are final: this block's share of the global norm
-                squares[i] = torch.stack(torch._foreach_norm([p.grad for p in self.masters[i]])).square().sum().item()
-
+        n, pending, squares = len(self.host), None, [0.0] * len(self.host)
         ready = self._fetch(n - 1)
         for i in reversed(range(n)):
-            slot = i % 2
             upcoming = self._fetch(i - 1) if i > 0 else None
             if ready is not None:
                 self.compute.wait_event(ready)
-            self._set_device_rng(rng[i])  # the forward's dropout masks
-            x = inputs[i].requires_grad_()
-            with self.rt.autocast():
-                y = self.templates[slot](x)  # (B, T, d)
-            y.backward(grad)
-            grad = x.grad
-            grads = [p.grad for p in self.templates[slot].parameters()]
-            for p in self.templates[slot].parameters():
-                p.grad = None
-            done = self.compute.record_event()
-            self.slot_free[slot] = done
-            if self.cuda:
-                self.d2h.wait_event(done)
-                with self._stream(self.d2h):
-                    for s, g in zip(self.staging[slot], grads):
-                        s.copy_(g, non_blocking=True)
-                        g.record_stream(self.d2h)  # keep the allocator off g until the copy is done
-                sources = self.staging[slot]
-            else:
-                sources = grads
+            grad, grads = self._recompute(i % 2, grad, inputs[i], rng[i])
+            sources = self._send_back(i % 2, grads)
             if pending is not None:  # the host adds block i+1's gradients while the device runs block i
-                accumulate(*pending)
+                squares[pending[0]] = self.host.accumulate(*pending, last)
             pending = (i, sources, self.d2h.record_event())
             ready = upcoming
-        accumulate(*pending)
+        squares[pending[0]] = self.host.accumulate(*pending, last)
         return grad, squares
+
+    def _recompute(self, slot, grad, x, rng):
+        """The block in template `slot` again from its input x and the RNG state its forward started
+        from (the same dropout masks), with grad, and its backward from grad; returns the gradient
+        at x and the template's weight gradients, taken off the template."""
+        set_device_rng(self.rt.device, rng)
+        x = x.requires_grad_()
+        with self.rt.autocast():
+            y = self.templates[slot](x)  # (B, T, d)
+        y.backward(grad)
+        grads = [p.grad for p in self.templates[slot].parameters()]
+        for p in self.templates[slot].parameters():
+            p.grad = None
+        return x.grad, grads
+
+    def _send_back(self, slot, grads):
+        """Mark template `slot` free once its backward is done and, on a GPU, start copying its
+        gradients into the slot's staging buffers on the d2h stream; returns what the host adds."""
+        done = self.compute.record_event()
+        self.slot_free[slot] = done
+        if not self.cuda:
+            return grads
+        self.d2h.wait_event(done)
+        with self._stream(self.d2h):
+            for s, g in zip(self.staging[slot], grads):
+                s.copy_(g, non_blocking=True)
+                g.record_stream(self.d2h)  # keep the allocator off g until the copy is done
+        return self.staging[slot]
+
+
+class OffloadTrainer:
+    """train.py's trainer for off-load mode: step(batch_at, accum_steps, lr, clip) -> (mean loss,
+    applied), state_dict()/load_state_dict() in normal mode's checkpoint format, and the model
+    interface evaluate() and fill_in() use (call, encode, logits, eval, train), which streams the
+    blocks too. Takes ownership of `model` (a CrammedBert on the host): its blocks become the
+    float32 masters of a HostBlocks, the rest (the stem: embeddings, final norm, MLM head) moves
+    to the device with a normal AdamW, and a BlockStreamer runs the blocks."""
+
+    def __init__(self, model, rt, lr, betas, eps, weight_decay):
+        self.rt = rt
+        self.scaler = rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
+        # the plain model's parameter order: checkpoints and AdamW state indices follow it
+        self.names = [name for name, _ in model.named_parameters()]
+        self.adamw_order = adamw_order(model)
+        host_blocks, model.blocks = model.blocks, nn.ModuleList()
+        self.stem = model.to(rt.device)
+        self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
+        self.host = HostBlocks(host_blocks, rt, lr, betas, eps, weight_decay)
+        args = {k: model.args[k] for k in ("d_model", "n_heads", "d_ffn", "bias", "glu", "norm_first", "norm_eps",
+                                           "dropout")}
+        self.streamer = BlockStreamer(self.host, args, rt)
+        # the host side's state under the names bench.py and the tests read (the same lists)
+        self.host_blocks = self.host.blocks
+        self.masters = self.host.masters
+        self.block_optimizers = self.host.optimizers
+        self.send = self.host.send
+
+    def synchronize(self):
+        """Wait for the blocks' updates in flight (before reading the masters, or to time a step)."""
+        self.host.synchronize()
 
     def _micro_step(self, inputs, positions, labels, accum_steps, last):
         with self.rt.autocast():
             x = self.stem.embed(inputs)  # (B, T, d), its graph kept for the stem's backward at the end
         block_inputs, rng = [], []
-        top = self._forward_blocks(x.detach(), block_inputs, rng)
-        rng_after = self._device_rng()
+        top = self.streamer.forward(x.detach(), block_inputs, rng)
+        rng_after = device_rng(self.rt.device)
         top.requires_grad_()
         with self.rt.autocast():
             loss, _ = self.stem.mlm_loss(self.stem.final_norm(top), inputs, positions, labels)
         (loss / accum_steps).backward()
-        grad, squares = self._backward_blocks(top.grad, block_inputs, rng, last)
+        grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last)
         x.backward(grad)
-        self._set_device_rng(rng_after)  # the recompute replayed the RNG; continue after the forward
+        set_device_rng(self.rt.device, rng_after)  # the recompute replayed the RNG; continue after the forward
         return loss.detach(), squares
 
     def step(self, batch_at, accum_steps, lr, clip):
         """train.train_step's contract: one optimizer step over accum_steps micro-batches; the mean
-        loss (a tensor) and whether the update was applied (not with a non-finite gradient norm)."""
+        loss (a tensor) and whether the update was applied (not with a non-finite gradient norm).
+        The stem steps here; the blocks' updates are queued on the host's updater thread."""
         total = 0.0
         for micro_step in range(accum_steps):
             loss, squares = self._micro_step(*batch_at(micro_step), accum_steps, micro_step == accum_steps - 1)
@@ -292,10 +376,10 @@ class OffloadTrainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-            self.resident = [None, None]
-            self.updates = [self.updater.submit(self._update_block, i, lr, scale) for i in range(len(self.masters))]
+            self.streamer.invalidate()
+            self.host.start_updates(lr, scale)
         else:
-            torch._foreach_zero_([p.grad for params in self.masters for p in params])
+            self.host.discard_grads()
         self.optimizer.zero_grad(set_to_none=True)
         return total / accum_steps, applied
 
@@ -303,7 +387,7 @@ class OffloadTrainer:
     @torch.no_grad()
     def encode(self, idx, padding_mask=None):
         assert padding_mask is None, "off-load mode encodes unpadded MLM batches only"
-        return self.stem.final_norm(self._forward_blocks(self.stem.embed(idx)))
+        return self.stem.final_norm(self.streamer.forward(self.stem.embed(idx)))
 
     def logits(self, hidden):
         return self.stem.logits(hidden)
@@ -312,18 +396,18 @@ class OffloadTrainer:
         return self.stem.mlm_loss(self.encode(inputs), inputs, positions, labels)
 
     def eval(self):
-        for module in (self.stem, *self.templates):
+        for module in (self.stem, *self.streamer.templates):
             module.eval()
 
     def train(self):
-        for module in (self.stem, *self.templates):
+        for module in (self.stem, *self.streamer.templates):
             module.train()
 
     # checkpoints in normal mode's format
     def _locate(self):
         """name -> (optimizer, its index of the parameter), for every parameter of the plain model."""
         parts = [("", self.stem, self.optimizer)] + [(f"blocks.{i}.", block, optimizer) for i, (block, optimizer) in
-                                                     enumerate(zip(self.host_blocks, self.block_optimizers))]
+                                                     enumerate(zip(self.host.blocks, self.host.optimizers))]
         return {prefix + name: (optimizer, index) for prefix, module, optimizer in parts
                 for index, name in enumerate(adamw_order(module))}
 
@@ -332,8 +416,8 @@ class OffloadTrainer:
         over param_groups(model), 'scaler': the (disabled) grad scaler's}."""
         self.synchronize()
         tensors = dict(self.stem.state_dict())
-        tensors.update({f"blocks.{k}": v for k, v in self.host_blocks.state_dict().items()})
-        states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.block_optimizers]}
+        tensors.update({f"blocks.{k}": v for k, v in self.host.blocks.state_dict().items()})
+        states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.host.optimizers]}
         where = self._locate()
         state = {}
         for index, name in enumerate(self.adamw_order):
@@ -351,10 +435,10 @@ class OffloadTrainer:
         self.synchronize()
         model = checkpoint["model"]
         self.stem.load_state_dict({k: v for k, v in model.items() if not k.startswith("blocks.")})
-        self.host_blocks.load_state_dict({k[len("blocks."):]: v for k, v in model.items() if k.startswith("blocks.")})
+        self.host.blocks.load_state_dict({k[len("blocks."):]: v for k, v in model.items() if k.startswith("blocks.")})
         where = self._locate()
         saved = checkpoint["optimizer"]
-        for optimizer in [self.optimizer, *self.block_optimizers]:
+        for optimizer in [self.optimizer, *self.host.optimizers]:
             own = optimizer.state_dict()
             state = {where[name][1]: saved["state"][index] for index, name in enumerate(self.adamw_order)
                      if where[name][0] is optimizer and index in saved["state"]}
@@ -363,6 +447,6 @@ class OffloadTrainer:
             optimizer.load_state_dict(dict(state=state, param_groups=groups))
         if "scaler" in checkpoint:
             self.scaler.load_state_dict(checkpoint["scaler"])
-        for i in range(len(self.masters)):
-            self._refresh_send(i)
-        self.resident = [None, None]
+        for i in range(len(self.host)):
+            self.host.refresh_send(i)
+        self.streamer.invalidate()
