@@ -6,8 +6,8 @@
 Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile,
 fused AdamW, all set up by runtime.py as in training) after warm-up, with the device
 synchronised, for:
-  crammed        our model with the paper's crammed recipe (model.py's defaults; train.py's smear
-                 adds 1% of the reference shape's FLOPs), compiled and eager,
+  crammed        our model with train.py's recipe (model.py's ModelConfig defaults: the paper's
+                 crammed model plus smear, 1% of the reference shape's FLOPs), compiled and eager,
   original BERT  our model switched to the original recipe (config/bert_original.py),
   HF BERT        transformers' BertForMaskedLM of the same shape (SDPA attention), if installed;
 then reports the ratios, the share of the device's own matmul speed that the step reaches (the
@@ -15,20 +15,15 @@ matmul shapes of the model timed alone in the same run: the practical ceiling), 
 loading and masking, and tokens/s per micro-batch size up to the largest that fits (the search
 train.py's micro_batch=0 uses).
 
-offload=True adds off-load mode (train.py --offload=True, offload.py) beside normal mode, both
-eager, timed in alternation (A B A B: a shared machine drifts), with the host AdamW's speed
-(one fused AdamW per block, as off-load mode steps, against one over the same tensors); on a
-GPU also the peak memory of each, the bandwidth of a pinned host-to-device copy, and both
-modes run with the process capped (set_per_process_memory_fraction) at 0.3 of what
-normal mode needs: normal mode runs out of memory there, off-load mode trains.
-
-    python bench.py --offload=True --baselines=False --sweep=False
+Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too:
+tools/bench_prepare.py.
 
 encode=<corpus> times data preparation instead: prepare.py's encoding pass against raw tiktoken.
 
     python bench.py --encode=books.txt.gz --data_dir=data/books --repeats=3
 """
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -41,9 +36,8 @@ import torch.nn as nn
 import runtime
 from configurator import read_config_file, configure
 from data import get_batch, load_meta, load_tokenizer, load_tokens, mask_tokens
-from model import CrammedBert, param_groups
-from offload import OffloadTrainer
-from train import MODEL_KEYS, train_step
+from model import CrammedBert, ModelConfig, param_groups
+from runtime import train_step
 
 # -----------------------------------------------------------------------------
 shape = "auto"          # 'reference' (16x768, vocabulary 32768), 'small' (4x256, 8192); auto: by device
@@ -58,8 +52,6 @@ seq_len = 128
 device = "auto"
 dtype = "auto"          # as train.py: bfloat16 on a GPU, float32 on a CPU
 compile = True          # as train.py; the crammed row is also timed eager, for the comparison
-offload = False         # also time off-load mode against normal mode (both eager), interleaved
-repeats = 3             # off-load comparison: alternating rounds of `steps` steps per mode
 profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
 peak_tflops = 0.0       # for MFU; 0 looks the GPU up by name
 seed = 0
@@ -93,7 +85,7 @@ class HFMaskedLM(nn.Module):
 
 def recipes(dims):
     """name -> (model builder, mask rate, FLOPs per token), all of one shape."""
-    bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in MODEL_KEYS}
+    bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in ModelConfig.__dataclass_fields__}
     ours = dict(seq_len=seq_len, **dims)
     with torch.device("meta"):  # shapes only: counting FLOPs allocates nothing
         flops_crammed = CrammedBert(**ours).flops_per_token(0.25)
@@ -109,8 +101,9 @@ def recipes(dims):
     return out
 
 
-def token_source(vocab_size):
-    """Prepared sequences when data_dir matches the shape, else random regular tokens."""
+def token_source(data_dir, vocab_size, seq_len, seed):
+    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
+    regular tokens."""
     try:
         meta = load_meta(data_dir)
         if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
@@ -119,6 +112,18 @@ def token_source(vocab_size):
         pass
     rng = np.random.default_rng(seed)
     return rng.integers(0, vocab_size - N_SPECIAL, (4096, seq_len)).astype(np.uint16), "random tokens"
+
+
+class RandomRows:
+    """batch_at(micro_step): a masked micro-batch of random rows, as train.py's step takes it."""
+
+    def __init__(self, tokens, vocab, micro, rt, mask_rate=0.25, seed=0):
+        self.tokens, self.vocab, self.micro, self.device, self.mask_rate = tokens, vocab, micro, rt.device, mask_rate
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, micro_step):
+        idx = get_batch(self.tokens, self.rng.integers(0, len(self.tokens), self.micro), self.device)
+        return mask_tokens(idx, self.mask_rate, self.vocab - 1, self.vocab - N_SPECIAL)
 
 
 def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compiled, profiled=False):
@@ -130,16 +135,9 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compil
     scaler = rt.grad_scaler()
     fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
     step_model = dataclasses.replace(rt, compile=compiled).compile_model(model, fullgraph=fullgraph)
-    vocab = model.args["vocab_size"] if hasattr(model, "args") else model.bert.config.vocab_size
-    rng = np.random.default_rng(seed)
-
-    def batch_at(micro_step):
-        idx = get_batch(tokens, rng.integers(0, len(tokens), micro), rt.device)
-        return mask_tokens(idx, mask_rate, vocab - 1, vocab - N_SPECIAL)
-
-    def step():
-        return train_step(step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)[0]
-
+    vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
+    batch_at = RandomRows(tokens, vocab, micro, rt, mask_rate, seed)
+    step = functools.partial(train_step, step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)
     try:
         start = time.perf_counter()
         for _ in range(n_warmup):
@@ -151,7 +149,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compil
         with profiler:
             start = time.perf_counter()
             for _ in range(n_steps):
-                loss = step()
+                loss, _ = step()
             loss.item()
             rt.synchronize()
             seconds = (time.perf_counter() - start) / n_steps
@@ -204,131 +202,6 @@ def time_data(tokens, micro, rt, vocab, n=20):
                     vocab - N_SPECIAL)
     rt.synchronize()
     return (time.perf_counter() - start) / n
-
-
-def alternate(timers, n_repeats):
-    """{name: [seconds per call, one per round]}, the timers called in turn each round (A B A B),
-    so that a drifting machine slows all of them alike."""
-    times = {name: [] for name in timers}
-    for _ in range(n_repeats):
-        for name, timer in timers.items():
-            times[name].append(timer())
-    return times
-
-
-def spread(values, fmt="{:,.0f}"):
-    """median (min-max)"""
-    return f"{fmt.format(np.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
-def bench_offload(dims, micro, tokens, rt, n_steps, n_warmup):
-    """Off-load mode beside normal mode (both eager, train.py's steps), the host AdamW per block
-    against one fused AdamW over the same tensors, and on a GPU memory, bus bandwidth and a run
-    capped at 0.3 of normal mode's memory."""
-    rt = dataclasses.replace(rt, compile=False)
-    gpu = rt.device.type == "cuda"
-    ours = dict(seq_len=seq_len, **dims)
-    rng = np.random.default_rng(seed)
-    vocab = dims["vocab_size"]
-
-    def batch_at(micro_step):
-        idx = get_batch(tokens, rng.integers(0, len(tokens), micro), rt.device)
-        return mask_tokens(idx, 0.25, vocab - 1, vocab - N_SPECIAL)
-
-    torch.manual_seed(seed)
-    model = CrammedBert(**ours).to(rt.device)
-    optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
-    scaler = rt.grad_scaler()
-    trainer = OffloadTrainer(CrammedBert(**ours), rt, 1e-4, (0.9, 0.98), 1e-12, 0.01)
-    steps = {"normal, eager": lambda: train_step(model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)[0],
-             "off-load": lambda: trainer.step(batch_at, accum_steps, 1e-4, 0.5)[0]}
-    # the blocks' host updates run on past step(); a timing waits for them like the next step would
-    finish = {"normal, eager": rt.synchronize, "off-load": lambda: (trainer.synchronize(), rt.synchronize())}
-    peaks = {}
-
-    def timer(name):
-        def run():
-            rt.reset_peak_memory()
-            start = time.perf_counter()
-            for _ in range(n_steps):
-                loss = steps[name]()
-            loss.item()
-            finish[name]()
-            peaks[name] = rt.peak_memory()
-            return (time.perf_counter() - start) / n_steps
-        return run
-
-    for name in steps:  # warm-up
-        for _ in range(n_warmup):
-            steps[name]()
-    times = alternate({name: timer(name) for name in steps}, repeats)
-    flops = model.flops_per_token(0.25)
-    print(f"\n| mode (eager) | micro-batch | tokens/s, median (min-max) of {repeats} alternating rounds | "
-          f"TFLOP/s | ms per micro-batch | peak GiB |\n|---|---|---|---|---|---|")
-    for name, seconds in times.items():
-        print(f"| {name} | {micro} | {spread([micro * accum_steps * seq_len / t for t in seconds])} | "
-              f"{flops * micro * accum_steps * seq_len / np.median(seconds) / 1e12:.3g} | "
-              f"{1e3 * np.median(seconds) / accum_steps:.1f} | {gib(peaks[name])} |")
-    ratios = [n / o for n, o in zip(times["normal, eager"], times["off-load"])]
-    print(f"\noff-load / normal tokens/s: {spread(ratios, '{:.2f}')}x (per round)")
-
-    # the host AdamW: off-load mode's one fused AdamW per block against one over all the blocks
-    trainer.synchronize()
-    masters = [p for params in trainer.masters for p in params]
-    for p in masters:
-        p.grad.normal_()
-    whole = torch.optim.AdamW(param_groups(trainer.host_blocks, 0.01), lr=1e-4, fused=True)
-
-    def adamw(optimizers):
-        def run():
-            start = time.perf_counter()
-            for _ in range(n_steps):
-                for o in optimizers:
-                    o.step()
-            return (time.perf_counter() - start) / n_steps
-        return run
-    n_params = sum(p.numel() for p in masters)
-    whole.step()  # its state is allocated on the first step: not timed, as the per-block ones are warm
-    times = alternate({"per block": adamw(trainer.block_optimizers), "one over all": adamw([whole])}, repeats)
-    print(f"host AdamW (fused, {len(trainer.block_optimizers)} blocks, {n_params / 1e6:.1f}M parameters, "
-          f"{torch.get_num_threads()} threads), M parameters/s, median (min-max): per block "
-          f"{spread([n_params / 1e6 / t for t in times['per block']])}, one AdamW over the same tensors "
-          f"{spread([n_params / 1e6 / t for t in times['one over all']])}")
-    torch._foreach_zero_([p.grad for p in masters])  # the accumulators are the trainer's again
-    if not gpu:
-        return
-    pinned = torch.empty(2 ** 28, dtype=torch.uint8).pin_memory()  # 256 MiB
-    on_device = torch.empty_like(pinned, device=rt.device)
-    seconds = []
-    for _ in range(5):
-        rt.synchronize()
-        start = time.perf_counter()
-        on_device.copy_(pinned, non_blocking=True)
-        rt.synchronize()
-        seconds.append(time.perf_counter() - start)
-    bandwidth = spread([pinned.numel() / t / 1e9 for t in seconds], "{:.1f}")
-    print(f"pinned host-to-device copy of 256 MiB: {bandwidth} GB/s")
-    del model, optimizer, pinned, on_device
-    torch.cuda.empty_cache()
-    # both modes under a cap below a third of normal mode's peak: normal mode, built afresh under
-    # it, runs out of memory; off-load mode trains
-    cap = 0.3 * peaks["normal, eager"]
-    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(rt.device).total_memory)
-    try:
-        for name in steps:
-            try:
-                if name == "normal, eager":
-                    model = CrammedBert(**ours).to(rt.device)
-                    optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
-                result = f"{micro * accum_steps * seq_len / timer(name)():,.0f} tokens/s, peak {gib(peaks[name])} GiB"
-            except torch.cuda.OutOfMemoryError:
-                result = "out of memory"
-            finally:
-                model = optimizer = None
-                torch.cuda.empty_cache()
-            print(f"{name} capped at {gib(cap)} GiB (0.3 of normal mode's peak): {result}")
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
 
 
 def bench_encoding(corpus):
@@ -409,7 +282,7 @@ def main():
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
-    tokens, source = token_source(dims["vocab_size"])
+    tokens, source = token_source(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# {name} shape {dims['n_layers']}x{dims['d_model']}, vocabulary {dims['vocab_size']}, seq {seq_len} | "
           f"{rt.describe()} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads | "
           f"{accum_steps} micro-batches per step | data: {source} | {time.strftime('%Y-%m-%d')}\n")
@@ -434,9 +307,6 @@ def main():
     data_seconds = time_data(tokens, micro, rt, dims["vocab_size"])
     print(f"\ndata loading + masking: {1e3 * data_seconds:.2f} ms per micro-batch, "
           f"{100 * data_seconds * accum_steps / crammed_seconds:.1f}% of the crammed step if not overlapped")
-
-    if offload:
-        bench_offload(dims, micro, tokens, rt, n_steps, n_warmup)
 
     if sweep:
         # eager, as train.py's micro_batch=0 probe: a compilation per size would take minutes

@@ -7,6 +7,8 @@ A config file is Python that assigns some of the globals. Unknown keys and value
 wrong type are errors (a typo must never be silently ignored).
 """
 import ast
+import dataclasses
+import inspect
 import os
 import re
 
@@ -53,9 +55,33 @@ def read_config_file(path):
 SETTINGS_RULE = "# " + "-" * 77  # the line above and below a script's settings
 
 
-def settings_help(namespace):
+def dataclass_settings(cls, skip=()):
+    """The fields of a settings dataclass (model.ModelConfig) as {name: default}, less `skip`."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in skip} if cls else {}
+
+
+def help_line(key, default, comment):
+    default = default if isinstance(default, str) else repr(default)  # as typed after --key=
+    return (f"  --{key}={default}".ljust(36) + f" {comment or ''}").rstrip()
+
+
+def dataclass_help(cls, skip=()):
+    """The fields of a settings dataclass as help lines, with the comments of its source."""
+    lines = [f"{cls.__name__} ({inspect.getsourcefile(cls).rsplit(os.sep, 1)[-1]}): the model, settings here too"]
+    known = dataclass_settings(cls, skip)
+    for line in inspect.getsource(cls).splitlines():
+        field = re.match(r"\s+(\w+): \w+ = [^#]*?(?:#\s*(.*))?$", line)
+        if field and field.group(1) in known:
+            lines.append(help_line(field.group(1), known[field.group(1)], field.group(2)))
+        elif line.strip().startswith("#") and len(lines) > 1:  # a comment continued
+            lines.append(" " * 37 + line.strip().lstrip("# "))
+    return lines
+
+
+def settings_help(namespace, cls=None, skip=()):
     """The script's docstring, then its settings block: each setting as --key=default with its
-    comment, and the block's section comments, as the script's top lists them."""
+    comment, and the block's section comments, as the script's top lists them; then the fields
+    of `cls`, a settings dataclass the script also takes."""
     known = config_keys(namespace)
     lines = [(namespace.get("__doc__") or "").strip(), "",
              "settings (config files and --key=value override them, in order):"]
@@ -65,22 +91,23 @@ def settings_help(namespace):
     for line in source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []:
         setting = re.match(r"(\w+)\s*=\s*[^#]*?(?:#\s*(.*))?$", line)
         if setting and setting.group(1) in known:
-            key = setting.group(1)
-            default = known[key] if isinstance(known[key], str) else repr(known[key])  # as typed after --key=
-            lines.append((f"  --{key}={default}".ljust(36) + f" {setting.group(2) or ''}").rstrip())
+            lines.append(help_line(setting.group(1), known[setting.group(1)], setting.group(2)))
         elif line.startswith("#"):  # a section
             lines.append(line.lstrip("# "))
         elif line.strip().startswith("#"):  # a comment continued
             lines.append(" " * 37 + line.strip().lstrip("# "))
-    return "\n".join(lines)
+    return "\n".join(lines + (dataclass_help(cls, skip) if cls else []))
 
 
-def configure(namespace, argv):
+def configure(namespace, argv, cls=None, skip=()):
     """Apply config files and --key=value overrides from argv to namespace (a script's globals()).
-    --help or -h prints the script's settings and exits."""
-    known = config_keys(namespace)
+    Returns every setting as a dict: the script's globals, and the fields of `cls` (a settings
+    dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
+    defaults in the dataclass and live only in the dict. --help or -h prints them and exits."""
+    fields = dataclass_settings(cls, skip)
+    known = {**fields, **config_keys(namespace)}
     if {"--help", "-h"} & set(argv):
-        print(settings_help(namespace))
+        print(settings_help(namespace, cls, skip))
         raise SystemExit(0)
     for arg in argv:
         if arg.startswith("--"):
@@ -88,9 +115,10 @@ def configure(namespace, argv):
             if not sep:
                 raise SystemExit(f"error: expected --key=value, got '{arg}'")
             expected = type(known[key]) if key in known else str
-            value = _check(key, _parse(key, raw, expected), known)
-            namespace[key] = known[key] = value
+            known[key] = _check(key, _parse(key, raw, expected), known)
         else:
             for key, value in read_config_file(arg).items():
-                namespace[key] = known[key] = _check(key, value, known)
-    return config_keys(namespace)
+                known[key] = _check(key, value, known)
+    for key in config_keys(namespace):
+        namespace[key] = known[key]
+    return known

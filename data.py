@@ -149,3 +149,58 @@ def load_checkpoint(path):
     if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
         raise SystemExit(f"error: {path} is not a checkpoint written by train.py")
     return checkpoint
+
+
+def repeat_warning(expected, train_tokens, basis):
+    """A one-line warning when the run will train on more tokens than the data holds, else None;
+    basis says where the expected count comes from."""
+    if expected > train_tokens:
+        return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
+                f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
+                f"corpus (see the README)")
+    return None
+
+
+@torch.no_grad()
+def fill_in(model, tokens, meta, enc, rt, n, seed):
+    """n fill-in-the-blank lines: one word of each of n validation sequences spread over the split
+    replaced by [MASK], beside the model's three likeliest tokens for it."""
+    rng = np.random.default_rng(seed)
+    n_regular, lines = meta["n_regular"], []
+    model.eval()
+    for ids in np.asarray(tokens[np.linspace(0, len(tokens) - 1, n).astype(int)], dtype=np.int64):
+        words = [i for i in range(8, len(ids) - 4) if ids[i] < n_regular and
+                 re.fullmatch(r" [A-Za-z]{3,}", enc.decode([int(ids[i])]))]
+        if not words:
+            continue
+        pos = words[rng.integers(len(words))]
+        inputs = torch.tensor(ids, device=rt.device)[None]
+        inputs[0, pos] = meta["special_ids"]["[MASK]"]
+        with rt.autocast():
+            logits = model.logits(model.encode(inputs)[:, pos]).float()
+        probs, top = logits[0, :n_regular].softmax(-1).topk(3)
+        context = f"{enc.decode(ids[max(0, pos - 16):pos].tolist())} ____{enc.decode(ids[pos + 1:pos + 6].tolist())}"
+        guesses = ", ".join(f"{enc.decode([t])!r} {p:.2f}" for t, p in zip(top.tolist(), probs.tolist()))
+        lines.append(f"fill in: ...{' '.join(context.split())}... -> {guesses} (true: {enc.decode([int(ids[pos])])!r})")
+    model.train()
+    return lines
+
+
+def read_metrics(run):
+    """The evaluations of one run, in order, one per step (for a step logged twice, the later line:
+    a run resumed after a hard kill redoes the steps since its last checkpoint)."""
+    path = os.path.join(run, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {path} not found: is {run} the out_dir of a train.py run?")
+    evals = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise SystemExit(f"error: {path}:{number} is not a JSON line")
+            if record.get("kind") == "eval":
+                evals[record["step"]] = record
+    if not evals:
+        raise SystemExit(f"error: {path} has no evaluation yet")
+    return [evals[step] for step in sorted(evals)]

@@ -1,12 +1,13 @@
 """The crammed-BERT encoder (Geiping & Goldstein 2022), with its MLM and classification heads.
 
-Every architectural choice is a constructor argument, so the same class expresses both the
+Every architectural choice is a field of ModelConfig, so the same class expresses both the
 crammed recipe (the defaults: pre-norm, no biases, gated GELU, scaled sinusoidal positions,
 sparse prediction) and the original BERT (post-norm, biases, plain GELU, learned positions,
-a prediction-head transform, dense prediction) for side-by-side comparisons. One addition beyond
-both, `smear` (off by default here; train.py turns it on), mixes each position's neighbours into
-its embedding.
+a prediction-head transform, dense prediction: config/bert_original.py) for side-by-side
+comparisons. One addition beyond both, `smear` (on by default; config/recipe_reference.py turns
+it off), mixes each position's neighbours into its embedding.
 """
+import dataclasses
 import math
 
 import torch
@@ -68,6 +69,41 @@ class Block(nn.Module):
         return self.norm2(x + self.drop(self.ffn(x)))
 
 
+@dataclasses.dataclass
+class ModelConfig:
+    """Every model setting, declared once. train.py takes each as --key=value (the configurator adds
+    them to its settings and --help), checkpoints store them as `model_args`, and bench.py,
+    finetune_glue.py, off-load mode and the export read them from there. Adding a switch means a
+    field here and its use below. The defaults are the reference crammed-BERT shape (~120M
+    parameters) with train.py's recipe."""
+    vocab_size: int = 32768    # train.py: from the data (prepare.py's meta.json), not a setting
+    seq_len: int = 128         # train.py: from the data too
+    n_layers: int = 16
+    d_model: int = 768
+    n_heads: int = 12
+    d_ffn: int = 3072          # feed-forward width (split into gate and value halves when glu)
+    bias: bool = False         # biases in the linear layers
+    norm_first: bool = True    # pre-LayerNorm (False: the original post-norm)
+    glu: bool = True           # gated GELU feed-forward
+    learned_positions: bool = False  # False: scaled sinusoidal positions
+    head_transform: bool = False  # the original BERT's dense + GELU + LayerNorm before the output layer
+    norm_eps: float = 1e-12
+    dropout: float = 0.0       # the reference configures 0.1 but turns it off for pretraining
+    sparse_prediction: bool = True  # only the masked positions reach the output layer
+    smear: bool = True         # each position also gets a learned map of its neighbours' embeddings:
+                               # cram's one change from the paper's recipe (config/recipe_reference.py)
+
+    @classmethod
+    def from_settings(cls, settings, **data):
+        """The model a script's settings ask for: each field from `settings` (a configured dict),
+        the data's fields (vocab_size, seq_len) from `data`."""
+        fields = {f.name for f in dataclasses.fields(cls)} - set(data)
+        return cls(**{k: v for k, v in settings.items() if k in fields}, **data)
+
+
+DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
+
+
 def sinusoid_table(seq_len, d_model):
     position = torch.arange(seq_len).unsqueeze(1)
     freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
@@ -78,20 +114,18 @@ def sinusoid_table(seq_len, d_model):
 
 
 class CrammedBert(nn.Module):
-    """Encoder + tied MLM output layer. Defaults are the reference crammed-BERT shape (~120M)."""
+    """Encoder + tied MLM output layer. CrammedBert(**settings): any ModelConfig fields, the rest
+    their defaults (the reference crammed-BERT shape, ~120M); `model.config` holds them all."""
 
-    def __init__(self, vocab_size=32768, seq_len=128, n_layers=16, d_model=768, n_heads=12,
-                 d_ffn=3072, bias=False, norm_first=True, glu=True, learned_positions=False,
-                 head_transform=False, norm_eps=1e-12, dropout=0.0, sparse_prediction=True, smear=False):
+    def __init__(self, **settings):
         super().__init__()
+        self.config = c = ModelConfig(**settings)
+        vocab_size, seq_len, d_model, n_heads, d_ffn = c.vocab_size, c.seq_len, c.d_model, c.n_heads, c.d_ffn
+        bias, norm_eps, dropout = c.bias, c.norm_eps, c.dropout
         assert d_model % n_heads == 0, "d_model must be a multiple of n_heads"
-        self.args = dict(vocab_size=vocab_size, seq_len=seq_len, n_layers=n_layers, d_model=d_model,
-                         n_heads=n_heads, d_ffn=d_ffn, bias=bias, norm_first=norm_first, glu=glu,
-                         learned_positions=learned_positions, head_transform=head_transform,
-                         norm_eps=norm_eps, dropout=dropout, sparse_prediction=sparse_prediction, smear=smear)
-        self.sparse_prediction = sparse_prediction
+        self.sparse_prediction = c.sparse_prediction
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        if learned_positions:
+        if c.learned_positions:
             self.pos_emb = nn.Parameter(torch.zeros(seq_len, d_model))
         else:  # scaled sinusoidal: a fixed table times one learned scalar
             self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
@@ -99,20 +133,20 @@ class CrammedBert(nn.Module):
         # Smear (modded-nanogpt's smear, RWKV's token shift; both directions for an encoder): each
         # position also gets a learned map of its two neighbours' embeddings, so the first layer
         # already sees local context, which attention otherwise needs many steps to learn to find.
-        self.smear = nn.Linear(2 * d_model, d_model, bias=False) if smear else None
+        self.smear = nn.Linear(2 * d_model, d_model, bias=False) if c.smear else None
         self.emb_norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.emb_drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_ffn, bias, glu, norm_first, norm_eps, dropout)
-                                    for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_ffn, bias, c.glu, c.norm_first, norm_eps, dropout)
+                                    for _ in range(c.n_layers))
         # pre-norm leaves the residual stream un-normalised, so it needs a final norm
-        self.final_norm = nn.LayerNorm(d_model, eps=norm_eps) if norm_first else nn.Identity()
-        if head_transform:  # original BERT: dense -> GELU -> LayerNorm before the decoder
+        self.final_norm = nn.LayerNorm(d_model, eps=norm_eps) if c.norm_first else nn.Identity()
+        if c.head_transform:  # original BERT: dense -> GELU -> LayerNorm before the decoder
             self.head = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
         else:
             self.head = nn.Identity()
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
         self.apply(self._init_weights)
-        if smear:
+        if c.smear:
             nn.init.zeros_(self.smear.weight)  # starts as the model without it
 
     @staticmethod
@@ -178,10 +212,10 @@ class CrammedBert(nn.Module):
     def flops_per_token(self, mask_rate):
         """Training FLOPs per input token (forward + backward = 3x forward): matmul weights,
         attention scores and values, and the tied output layer on the predicted positions."""
-        a = self.args
-        attention = 2 * 2 * a["n_layers"] * a["seq_len"] * a["d_model"]
+        c = self.config
+        attention = 2 * 2 * c.n_layers * c.seq_len * c.d_model
         predicted = mask_rate if self.sparse_prediction else 1.0
-        output_layer = 2 * a["vocab_size"] * a["d_model"] * predicted
+        output_layer = 2 * c.vocab_size * c.d_model * predicted
         head = 2 * sum(m.weight.numel() for m in self.head.modules() if isinstance(m, nn.Linear)) * predicted
         blocks = 2 * sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
         smear = 2 * self.smear.weight.numel() if self.smear is not None else 0
@@ -217,7 +251,7 @@ class SequenceClassifier(nn.Module):
     def __init__(self, encoder, num_labels, hidden=1024, dropout=0.1):
         super().__init__()
         self.encoder = encoder
-        self.head = ClassificationHead(encoder.args["d_model"], num_labels, hidden, dropout)
+        self.head = ClassificationHead(encoder.config.d_model, num_labels, hidden, dropout)
 
     def forward(self, idx, padding_mask=None):
         return self.head(self.encoder.encode(idx, padding_mask)[:, 0])

@@ -329,8 +329,9 @@ class OffloadTrainer:
         self.stem = model.to(rt.device)
         self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
         self.host = HostBlocks(host_blocks, rt, lr, betas, eps, weight_decay)
-        args = {k: model.args[k] for k in ("d_model", "n_heads", "d_ffn", "bias", "glu", "norm_first", "norm_eps",
-                                           "dropout")}
+        c = model.config
+        args = dict(d_model=c.d_model, n_heads=c.n_heads, d_ffn=c.d_ffn, bias=c.bias, glu=c.glu, norm_first=c.norm_first,
+                    norm_eps=c.norm_eps, dropout=c.dropout)
         self.streamer = BlockStreamer(self.host, args, rt)
         # the host side's state under the names bench.py and the tests read (the same lists)
         self.host_blocks = self.host.blocks

@@ -1,14 +1,20 @@
-"""Where and how the arithmetic runs: device, precision, TF32, compilation, the optimizer and
-the micro-batch search, decided here once for train.py, bench.py and finetune_glue.py.
+"""Where and how the arithmetic runs: device, precision, TF32, compilation, the optimizer, the
+training step and the micro-batch search, decided here once for train.py, bench.py and
+finetune_glue.py.
 
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
 the tests run the GPU's code path on any machine, with only the device differing.
 """
+import functools
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from data import SPECIAL_TOKENS, mask_tokens
+from model import CrammedBert, param_groups
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -141,3 +147,69 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
         raise SystemExit(f"error: not even a micro-batch of {smallest} sequences fits in "
                          f"{(1 - margin) * capacity / 2 ** 30:.1f} GiB; use a smaller model or a larger GPU")
     return best, tried
+
+
+def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, rt):
+    """One optimizer step over accum_steps micro-batches. batch_at(micro_step) gives the masked
+    micro-batch (inputs, positions, labels) on the device. Returns the mean loss (a tensor) and
+    whether the update was applied: one with a non-finite gradient norm is skipped."""
+    for group in optimizer.param_groups:
+        group["lr"] = step_lr
+    total = 0.0
+    for micro_step in range(accum_steps):
+        inputs, positions, labels = batch_at(micro_step)
+        # DDP: all-reduce the gradients only on the last micro-batch
+        last = micro_step == accum_steps - 1
+        with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():
+            with rt.autocast():
+                loss, _ = model(inputs, positions, labels)
+            scaler.scale(loss / accum_steps).backward()
+        total = total + loss.detach()
+    scaler.unscale_(optimizer)  # the true gradients for the norm and the clipping (a no-op unless float16)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip or math.inf)
+    # one sync per step, so that a non-finite update never lands; the norm of the all-reduced
+    # gradients is the same on every rank, so all ranks decide alike
+    applied = math.isfinite(norm.item())
+    if applied:
+        scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total / accum_steps, applied
+
+
+def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
+    """Peak device bytes of one eager training step at micro-batch `size` (random tokens)."""
+    vocab, seq = model.config.vocab_size, model.config.seq_len
+    n_regular = vocab - len(SPECIAL_TOKENS)  # the special tokens take the last ids, [MASK] the very last
+    batch = mask_tokens(torch.randint(0, n_regular, (size, seq), device=rt.device), mask_rate, vocab - 1, n_regular)
+    rt.reset_peak_memory()
+    train_step(model, optimizer, scaler, lambda micro_step: batch, 1, 0.0, 1.0, rt)
+    rt.synchronize()
+    return rt.peak_memory()
+
+
+def probe_micro_batch(model_config, rt, largest, mask_rate):
+    """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a
+    throwaway model of the real shape, its AdamW state and one eager step per size (eager keeps at
+    least the activations a compiled step keeps, so the compiled run fits too).
+    Returns (size, {size: peak bytes or None})."""
+    model = CrammedBert(**vars(model_config)).to(rt.device)
+    optimizer = rt.optimizer(param_groups(model, 0.0), lr=0.0)
+    scaler = rt.grad_scaler()
+    try:
+        peak_bytes = functools.partial(probe_peak_bytes, model, optimizer, scaler, mask_rate=mask_rate, rt=rt)
+        return largest_micro_batch(peak_bytes, free_device_memory(rt), largest)
+    finally:
+        del model, optimizer
+        torch.cuda.empty_cache()
+        rt.reset_peak_memory()  # the training log reports training's own peak
+
+
+def cpu_warning(flops_per_step, threads, cpu_flops_per_thread=75e9):
+    """A one-line warning when one optimizer step at the full batch takes over 10 minutes on this
+    CPU (float32 reaches about 75 GFLOP/s per AVX2 thread), else None."""
+    minutes = flops_per_step / (cpu_flops_per_thread * threads) / 60
+    if minutes > 10:
+        return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
+                f"shape needs a GPU. For a run of a few minutes: python train.py config/train_quickstart.py")
+    return None

@@ -1,7 +1,7 @@
 """Wall-clock-budgeted MLM pretraining of crammed BERT.
 
+    python train.py                                     # the real run: 24 hours on data/fineweb-edu, one GPU
     python train.py config/train_quickstart.py          # a few minutes on a CPU
-    python train.py --budget_hours=24                   # the reference recipe (+ smear) on one GPU
     python train.py config/recipe_reference.py          # the paper's recipe exactly (no smear)
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
@@ -12,50 +12,35 @@ training time, compilation included; evaluation and checkpointing are not counte
 SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same command with
 --resume=True continues the schedules and the data order where they were.
 """
+import dataclasses
 import functools
 import json
-import math
 import os
-import re
 import signal
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import runtime
-from offload import OffloadTrainer
 from configurator import configure
-from data import (SPECIAL_TOKENS, get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens,
-                  parse_ranks, save_checkpoint)
-from model import CrammedBert, param_groups
-from muon import muon_groups
+from data import (fill_in, get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens, parse_ranks,
+                  repeat_warning, save_checkpoint)
+from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
+from runtime import cpu_warning, train_step
 
 # -----------------------------------------------------------------------------
-data_dir = "data/pydocs"  # written by prepare.py
+data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 budget_hours = 24.0       # training time, compilation included; the schedules follow the share spent
 budget_tokens = 0         # > 0: the schedules follow tokens trained instead of the clock and the run ends there
                           # (reproducible runs, equal-token comparisons); budget_hours is then not used
 max_steps = 0             # also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
-# model (the reference crammed-BERT shape; vocabulary and sequence length come from the data)
-n_layers = 16
-d_model = 768
-n_heads = 12
-d_ffn = 3072              # feed-forward width (split into gate and value halves when glu)
-bias = False              # biases in the linear layers
-norm_first = True         # pre-LayerNorm (False: the original post-norm)
-glu = True                # gated GELU feed-forward
-learned_positions = False  # False: scaled sinusoidal positions
-head_transform = False    # the original BERT's dense + GELU + LayerNorm before the output layer
-dropout = 0.0             # the reference configures 0.1 but turns it off for pretraining
-sparse_prediction = True  # only the masked positions reach the output layer
-smear = True              # each position also gets a learned map of its neighbours' embeddings (model.py):
-                          # cram's one change from the paper's recipe (config/recipe_reference.py turns it off)
+# model: every field of model.py's ModelConfig (n_layers, d_model, ..., smear) is a setting here too,
+# with its default there (--help lists them); vocabulary and sequence length come from the data
 # objective
 mask_rate = 0.25          # share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 eval_mask_rate = 0.25     # validation masks this share whatever mask_rate is, so recipes compare
@@ -92,8 +77,6 @@ wandb_log = False         # also log to Weights & Biases (pip install wandb; imp
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ffn", "bias", "norm_first", "glu", "learned_positions",
-              "head_transform", "dropout", "sparse_prediction", "smear")
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
@@ -116,64 +99,16 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
-def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, rt):
-    """One optimizer step over accum_steps micro-batches. batch_at(micro_step) gives the masked
-    micro-batch (inputs, positions, labels) on the device. Returns the mean loss (a tensor) and
-    whether the update was applied: one with a non-finite gradient norm is skipped."""
-    for group in optimizer.param_groups:
-        group["lr"] = step_lr
-    total = 0.0
-    for micro_step in range(accum_steps):
-        inputs, positions, labels = batch_at(micro_step)
-        # DDP: all-reduce the gradients only on the last micro-batch
-        last = micro_step == accum_steps - 1
-        with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():
-            with rt.autocast():
-                loss, _ = model(inputs, positions, labels)
-            scaler.scale(loss / accum_steps).backward()
-        total = total + loss.detach()
-    scaler.unscale_(optimizer)  # the true gradients for the norm and the clipping (a no-op unless float16)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip or math.inf)
-    # one sync per step, so that a non-finite update never lands; the norm of the all-reduced
-    # gradients is the same on every rank, so all ranks decide alike
-    applied = math.isfinite(norm.item())
-    if applied:
-        scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return total / accum_steps, applied
-
-
-class Trainer:
-    """Normal mode: the whole model and its AdamW (or Muon) on the device, stepped by train_step.
-    OffloadTrainer (offload.py) is the same contract for off-load mode."""
-
-    def __init__(self, model, step_model, optimizer, scaler, rt):
-        self.model, self.step_model, self.optimizer, self.scaler, self.rt = model, step_model, optimizer, scaler, rt
-
-    def step(self, batch_at, accum_steps, step_lr, clip):
-        return train_step(self.step_model, self.optimizer, self.scaler, batch_at, accum_steps, step_lr, clip, self.rt)
-
-    def state_dict(self):
-        return dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                    scaler=self.scaler.state_dict())
-
-    def load_state_dict(self, checkpoint):
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        if "scaler" in checkpoint:
-            self.scaler.load_state_dict(checkpoint["scaler"])
-
-
 @functools.lru_cache(maxsize=2)
-def epoch_order(n_rows, seed, epoch):
-    """The permutation of the training rows that epoch `epoch` visits."""
-    if data_order == "file" and epoch == 0:  # the file's own order is the curriculum; repeats are shuffled
+def epoch_order(n_rows, seed, epoch, order="shuffled"):
+    """The permutation of the training rows that epoch `epoch` visits. order='file': the first
+    epoch reads the file's own order (prepare.py's curriculum); repeats are shuffled."""
+    if order == "file" and epoch == 0:
         return np.arange(n_rows)
     return np.random.default_rng((seed, epoch)).permutation(n_rows)
 
 
-def rows_at(start, count, n_rows, seed):
+def rows_at(start, count, n_rows, seed, order="shuffled"):
     """Rows of the run's sequences start .. start + count - 1, where sequence i is row
     epoch_order(i // n_rows)[i % n_rows]: every epoch visits each row once, and a resumed run
     continues from the number of sequences consumed (the checkpoint's tokens / seq_len)."""
@@ -181,29 +116,27 @@ def rows_at(start, count, n_rows, seed):
     while count > 0:
         epoch, offset = divmod(start, n_rows)
         take = min(count, n_rows - offset)
-        parts.append(epoch_order(n_rows, seed, epoch)[offset:offset + take])
+        parts.append(epoch_order(n_rows, seed, epoch, order)[offset:offset + take])
         start, count = start + take, count - take
     return np.concatenate(parts)
 
 
-def repeat_warning(expected, train_tokens, basis):
-    """A one-line warning when the run will train on more tokens than the data holds, else None;
-    basis says where the expected count comes from."""
-    if expected > train_tokens:
-        return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
-                f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
-                f"corpus (see the README)")
-    return None
+class Batches:
+    """The masked micro-batches of one process. at(consumed, micro_step) is micro-batch
+    `micro_step` of this rank in the global batch that starts after `consumed` sequences: ranks
+    take disjoint slices, and rows and masks depend only on the place in the run's sequence
+    order, so a resumed run or another rank count sees the same."""
 
+    def __init__(self, tokens, meta, micro, rank, world, rt):
+        self.tokens, self.micro, self.rank, self.world, self.device = tokens, micro, rank, world, rt.device
+        self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
+        self.generator = torch.Generator(device=rt.device)
 
-def cpu_warning(flops_per_step, threads, cpu_flops_per_thread=75e9):
-    """A one-line warning when one optimizer step at the full batch takes over 10 minutes on this
-    CPU (float32 reaches about 75 GFLOP/s per AVX2 thread), else None."""
-    minutes = flops_per_step / (cpu_flops_per_thread * threads) / 60
-    if minutes > 10:
-        return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
-                f"shape needs a GPU. For a run of a few minutes: python train.py config/train_quickstart.py")
-    return None
+    def at(self, consumed, micro_step):
+        start = consumed + (micro_step * self.world + self.rank) * self.micro
+        idx = get_batch(self.tokens, rows_at(start, self.micro, len(self.tokens), seed, data_order), self.device)
+        self.generator.manual_seed(int(np.random.default_rng((seed, start)).integers(2 ** 62)))
+        return mask_tokens(idx, mask_rate, self.mask_id, self.n_regular, self.generator)
 
 
 @torch.no_grad()
@@ -227,55 +160,18 @@ def evaluate(model, tokens, meta, batch, rt, n_sequences):
     return loss_sum / predicted, correct / predicted
 
 
-@torch.no_grad()
-def fill_in(model, tokens, meta, enc, rt, n, seed):
-    """n fill-in-the-blank lines: one word of each of n validation sequences spread over the split
-    replaced by [MASK], beside the model's three likeliest tokens for it."""
-    rng = np.random.default_rng(seed)
-    n_regular, lines = meta["n_regular"], []
-    model.eval()
-    for ids in np.asarray(tokens[np.linspace(0, len(tokens) - 1, n).astype(int)], dtype=np.int64):
-        words = [i for i in range(8, len(ids) - 4) if ids[i] < n_regular and
-                 re.fullmatch(r" [A-Za-z]{3,}", enc.decode([int(ids[i])]))]
-        if not words:
-            continue
-        pos = words[rng.integers(len(words))]
-        inputs = torch.tensor(ids, device=rt.device)[None]
-        inputs[0, pos] = meta["special_ids"]["[MASK]"]
-        with rt.autocast():
-            logits = model.logits(model.encode(inputs)[:, pos]).float()
-        probs, top = logits[0, :n_regular].softmax(-1).topk(3)
-        context = f"{enc.decode(ids[max(0, pos - 16):pos].tolist())} ____{enc.decode(ids[pos + 1:pos + 6].tolist())}"
-        guesses = ", ".join(f"{enc.decode([t])!r} {p:.2f}" for t, p in zip(top.tolist(), probs.tolist()))
-        lines.append(f"fill in: ...{' '.join(context.split())}... -> {guesses} (true: {enc.decode([int(ids[pos])])!r})")
-    model.train()
-    return lines
+class StopRequest:
+    """SIGTERM (schedulers, pre-emption) and SIGINT (Ctrl-C) ask the loop to finish its step,
+    save and exit; a second signal kills at once."""
 
+    def __init__(self):
+        self.signum = None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle)
 
-def probe_micro_batch(model_args, rt, largest):
-    """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a
-    throwaway model of the real shape, its AdamW state and one eager step per size (eager keeps at
-    least the activations a compiled step keeps, so the compiled run fits too)."""
-    model = CrammedBert(**model_args).to(rt.device)
-    optimizer = rt.optimizer(param_groups(model, weight_decay), lr=0.0)
-    scaler = rt.grad_scaler()
-    vocab, seq = model_args["vocab_size"], model_args["seq_len"]
-    n_regular = vocab - len(SPECIAL_TOKENS)  # the special tokens take the last ids, [MASK] the very last
-
-    def peak_bytes(size):
-        idx = torch.randint(0, n_regular, (size, seq), device=rt.device)
-        batch = mask_tokens(idx, mask_rate, vocab - 1, n_regular)
-        rt.reset_peak_memory()
-        train_step(model, optimizer, scaler, lambda micro_step: batch, 1, 0.0, grad_clip, rt)
-        rt.synchronize()
-        return rt.peak_memory()
-
-    try:
-        return runtime.largest_micro_batch(peak_bytes, runtime.free_device_memory(rt), largest)
-    finally:
-        del model, optimizer
-        torch.cuda.empty_cache()
-        rt.reset_peak_memory()  # the training log reports training's own peak
+    def handle(self, signum, frame):
+        self.signum = signum
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def check_settings(world):
@@ -299,245 +195,288 @@ def check_settings(world):
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
 
+def load_data(path):
+    """meta.json, the train and val tokens and the tokenizer's text (checkpoints carry it, so
+    fine-tuning needs nothing else); a one-line error names the command that prepares `path`."""
+    if not os.path.isfile(os.path.join(path, "meta.json")):
+        how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
+            f"python prepare.py --out_dir={path} --dataset=..."
+        raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on the embedded corpus "
+                         f"`python prepare.py && python train.py config/train_quickstart.py`")
+    meta = load_meta(path)
+    with open(os.path.join(path, meta["tokenizer_file"])) as f:
+        tokenizer_text = f.read()
+    return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
+
+
+def open_checkpoint(path, model_args):
+    """The checkpoint to resume (with resume=True), after checking it trains the same model; None
+    for a fresh run, which refuses to overwrite one."""
+    if not resume:
+        if os.path.exists(path):
+            raise SystemExit(f"error: {path} exists: pass --resume=True to continue it, or choose another --out_dir")
+        return None
+    checkpoint = load_checkpoint(path)
+    if checkpoint["model_args"] != model_args:
+        changed = [k for k in model_args if checkpoint["model_args"].get(k) != model_args[k]]
+        raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
+    return checkpoint
+
+
+def choose_micro_batch(model_config, rt, ddp, world, log):
+    """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
+    torchrun the smallest over the ranks) and divides the batch, on a CPU 32 or less."""
+    if micro_batch or rt.device.type != "cuda" or offload:  # the probe measures normal mode
+        return micro_batch or max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0)
+    chosen, tried = runtime.probe_micro_batch(model_config, rt, batch_size // world, mask_rate)
+    if ddp:
+        t = torch.tensor([chosen], device=rt.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        chosen = int(t.item())
+    while batch_size % (chosen * world):
+        chosen //= 2
+    peaks = ", ".join(f"{s}: {b / 2 ** 30:.1f}" if b else f"{s}: out of memory" for s, b in tried.items())
+    log(f"micro_batch=0: chose {chosen}, the largest power of two within 90% of the GPU's free memory "
+        f"(peak GiB by size: {peaks})")
+    return chosen
+
+
+def build_training(model, rt, ddp, log):
+    """(model, step_model, optimizer, trainer): in normal mode the model on the device, its compiled
+    (and DDP-wrapped) step model and optimizer; in off-load mode the OffloadTrainer, which is also
+    the model that evaluation and fill-in call (it streams the blocks through the device)."""
+    if offload:
+        from offload import OffloadTrainer
+        trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; "
+            "eager (no torch.compile of the whole model)")
+        return trainer, None, None, trainer
+    model = model.to(rt.device)
+    if optim == "muon":
+        from muon import muon_groups
+        groups = muon_groups(model, weight_decay)
+    else:
+        groups = param_groups(model, weight_decay)
+    optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
+    step_model = rt.compile_model(model)
+    if ddp:
+        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+        step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
+    return model, step_model, optimizer, None
+
+
+def training_state(model, optimizer, scaler, trainer):
+    """What a checkpoint keeps to resume training: either mode's state, in one format."""
+    if trainer is not None:
+        return trainer.state_dict()
+    return dict(model=model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict())
+
+
+def load_training_state(checkpoint, model, optimizer, scaler, trainer):
+    if trainer is not None:
+        return trainer.load_state_dict(checkpoint)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if "scaler" in checkpoint:
+        scaler.load_state_dict(checkpoint["scaler"])
+
+
+def record(path, fields):
+    """Append one log or evaluation line to metrics.jsonl (and wandb when on)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(fields) + "\n")
+    if wandb_log:
+        import wandb
+        wandb.log(fields, step=fields["step"])
+
+
+def run_eval(model, tokens, meta, rt, batch, run, metrics_path):
+    val_loss, accuracy = evaluate(model, tokens, meta, batch, rt, eval_sequences)
+    print(f"eval  step {run['step']} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | "
+          f"{run['elapsed'] / 60:.1f} min, {run['tokens'] / 1e6:.1f}M tokens")
+    record(metrics_path, dict(kind="eval", step=run["step"], elapsed=round(run["elapsed"], 2), tokens=run["tokens"],
+                              val_loss=val_loss, accuracy=accuracy))
+    return val_loss, accuracy
+
+
+def log_step(run, loss, step_lr, step_batch, tokens_per_s, mfu, rt, epoch, progress, metrics_path):
+    memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
+    skipped = f" | {run['skipped']} updates skipped (non-finite)" if run["skipped"] else ""
+    print(f"step {run['step']} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
+          f"{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{memory} | epoch {epoch:.2f} | {run['elapsed'] / 60:.1f} min | "
+          f"{100 * (1 - progress):.0f}% of the budget left{skipped}")
+    record(metrics_path, dict(kind="train", step=run["step"], elapsed=round(run["elapsed"], 2), tokens=run["tokens"],
+                              loss=loss, lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
+                              skipped=run["skipped"]))
+
+
+def save(path, state, run, model_args, config, meta, tokenizer_text, final=False):
+    """A self-contained checkpoint: weights and training state, the model's settings, the run's
+    place in its schedules and data, and the tokenizer."""
+    save_checkpoint(path, dict(**state, model_args=model_args, step=run["step"], elapsed=run["elapsed"],
+                               tokens=run["tokens"], config=config, init_val_loss=run["init_loss"],
+                               data_dir=os.path.abspath(data_dir), meta=meta, final=final, tokenizer=tokenizer_text))
+
+
 def main(config):
-    global micro_batch
-    ddp = "RANK" in os.environ
-    check_settings(int(os.environ.get("WORLD_SIZE", 1)))
+    ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))
+    check_settings(world)
     if ddp:
         dist.init_process_group(backend="nccl" if device != "cpu" and torch.cuda.is_available() else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world = 0, 1
+    rank = dist.get_rank() if ddp else 0
+    master = rank == 0
+    log = print if master else (lambda *a, **k: None)
     # off-load mode runs the blocks eagerly through two templates: no torch.compile of the whole model
     rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     if offload and rt.dtype == torch.float16:
         raise SystemExit("error: --offload=True needs --dtype=bfloat16 or float32 (float16's loss scaling is not "
                          "built for it)")
-    master = rank == 0
-    log = print if master else (lambda *a, **k: None)
-
-    meta = load_meta(data_dir)
-    train_tokens, val_tokens = load_tokens(data_dir, "train", meta), load_tokens(data_dir, "val", meta)
-    with open(os.path.join(data_dir, meta["tokenizer_file"])) as f:
-        tokenizer_text = f.read()  # checkpoints carry their tokenizer, so fine-tuning needs nothing else
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    model_args = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"], norm_eps=1e-12,
-                      **{k: config[k] for k in MODEL_KEYS})
-    checkpoint = None
-    if resume:
-        checkpoint = load_checkpoint(ckpt_path)
-        if checkpoint["model_args"] != model_args:
-            changed = [k for k in model_args if checkpoint["model_args"].get(k) != model_args[k]]
-            raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
-    elif os.path.exists(ckpt_path):
-        raise SystemExit(f"error: {ckpt_path} exists: pass --resume=True to continue it, or choose another --out_dir")
+    meta, train_tokens, val_tokens, tokenizer_text = load_data(data_dir)
+    model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
+    model_args = dataclasses.asdict(model_config)
+    ckpt_path, metrics_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "metrics.jsonl")
+    checkpoint = open_checkpoint(ckpt_path, model_args)
     os.makedirs(out_dir, exist_ok=True)
+    micro = config["micro_batch"] = choose_micro_batch(model_config, rt, ddp, world, log)
 
-    if micro_batch == 0 and rt.device.type == "cuda" and not offload:  # the probe measures normal mode
-        micro_batch, tried = probe_micro_batch(model_args, rt, batch_size // world)
-        if ddp:  # every rank takes the smallest that fits anywhere
-            t = torch.tensor([micro_batch], device=rt.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
-            micro_batch = int(t.item())
-        while batch_size % (micro_batch * world):  # a power of two that divides the batch
-            micro_batch //= 2
-        log(f"micro_batch=0: chose {micro_batch}, the largest power of two within 90% of the GPU's free memory "
-            f"(peak GiB by size: {', '.join(f'{s}: {b / 2 ** 30:.1f}' if b else f'{s}: out of memory' for s, b in tried.items())})")
-    micro_batch = micro_batch or max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0)
-    config["micro_batch"] = micro_batch
-
+    # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
     flops_per_token, n_params, n_matmul = model.flops_per_token(mask_rate), model.num_params(), model.num_params(True)
-    if offload:
-        # eval and fill-in run through the same streaming forward, so nothing needs the whole model on the device
-        trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
-        eval_model = trainer
-        log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; "
-            "eager (no torch.compile of the whole model)")
-    else:
-        model = model.to(rt.device)
-        groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
-        optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
-        step_model = rt.compile_model(model)
-        if ddp:
-            step_model = torch.nn.parallel.DistributedDataParallel(
-                step_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
-        trainer, eval_model = Trainer(model, step_model, optimizer, rt.grad_scaler(), rt), model
-    step, elapsed, tokens_seen, init_loss, last_saved = 0, 0.0, 0, None, None
+    model, step_model, optimizer, trainer = build_training(model, rt, ddp, log)
+    scaler = trainer.scaler if offload else rt.grad_scaler()
+    run = dict(step=0, elapsed=0.0, tokens=0, skipped=0, init_loss=None, last_saved=None)
     if checkpoint:  # either mode resumes the other's checkpoints: they share the format
-        trainer.load_state_dict(checkpoint)
-        step, elapsed, tokens_seen = checkpoint["step"], checkpoint["elapsed"], checkpoint["tokens"]
-        init_loss, last_saved = checkpoint.get("init_val_loss"), step
-        log(f"resuming {ckpt_path} at step {step}, {elapsed / 60:.1f} minutes and {tokens_seen / 1e6:.1f}M tokens in")
-    scaler = trainer.scaler
-    budget = budget_hours * 3600
+        load_training_state(checkpoint, model, optimizer, scaler, trainer)
+        run.update(step=checkpoint["step"], elapsed=checkpoint["elapsed"], tokens=checkpoint["tokens"],
+                   init_loss=checkpoint.get("init_val_loss"), last_saved=checkpoint["step"])
+        log(f"resuming {ckpt_path} at step {run['step']}, {run['elapsed'] / 60:.1f} minutes and "
+            f"{run['tokens'] / 1e6:.1f}M tokens in")
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
     log(f"model: {n_params / 1e6:.2f}M parameters ({n_matmul / 1e6:.2f}M in matmuls), "
         f"{flops_per_token / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
-        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro_batch}")
-    warning = rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * seq_len, torch.get_num_threads())
-    if warning:
-        log(warning)
-    warning = budget_tokens and repeat_warning(budget_tokens, n_rows * seq_len,
-                                               f"with --budget_tokens={budget_tokens:,}")
-    if warning:
-        log(warning)
+        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
+    for warning in (rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * seq_len,
+                                                            torch.get_num_threads()),
+                    budget_tokens and repeat_warning(budget_tokens, n_rows * seq_len,
+                                                     f"with --budget_tokens={budget_tokens:,}")):
+        if warning:
+            log(warning)
 
     # every log and evaluation line as JSON: a fresh run starts the file, a resumed one appends
     # (steps redone after a hard kill appear twice; the later line is the one that counts)
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
     if master and not resume:
         open(metrics_path, "w").close()
     if master and wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
                    config=config)
+    if run["init_loss"] is None and master:
+        run["init_loss"] = run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)[0]
+    batches, stop_request = Batches(train_tokens, meta, micro, rank, world, rt), StopRequest()
+    budget = budget_hours * 3600
 
-    def record(**fields):
-        if master:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(fields) + "\n")
-            if wandb_log:
-                wandb.log(fields, step=fields["step"])
-
-    def save(final=False):
-        nonlocal last_saved
-        if master:
-            save_checkpoint(ckpt_path, dict(
-                **trainer.state_dict(), model_args=model_args, step=step, elapsed=elapsed, tokens=tokens_seen,
-                config=config, init_val_loss=init_loss, data_dir=os.path.abspath(data_dir), meta=meta, final=final,
-                tokenizer=tokenizer_text))
-        last_saved = step
-
-    def run_eval():
-        val_loss, val_acc = evaluate(eval_model, val_tokens, meta, micro_batch, rt, eval_sequences)
-        log(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {val_acc:.3f} | "
-            f"{elapsed / 60:.1f} min, {tokens_seen / 1e6:.1f}M tokens")
-        record(kind="eval", step=step, elapsed=round(elapsed, 2), tokens=tokens_seen, val_loss=val_loss,
-               accuracy=val_acc)
-        return val_loss, val_acc
-
-    if init_loss is None and master:
-        init_loss = run_eval()[0]
-
-    mask_id, n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
-    generator = torch.Generator(device=rt.device)
-
-    def batch_at(consumed, micro_step):
-        """The masked micro-batch `micro_step` of this rank in the global batch that starts after
-        `consumed` sequences: ranks take disjoint slices, and rows and masks depend only on the
-        place in the run's sequence order, so a resumed run or another rank count sees the same."""
-        start = consumed + (micro_step * world + rank) * micro_batch
-        idx = get_batch(train_tokens, rows_at(start, micro_batch, n_rows, seed), rt.device)
-        generator.manual_seed(int(np.random.default_rng((seed, start)).integers(2 ** 62)))
-        return mask_tokens(idx, mask_rate, mask_id, n_regular, generator)
-
-    # SIGTERM (schedulers, pre-emption) and SIGINT (Ctrl-C) finish the step, save and exit;
-    # a second signal kills at once
-    signals = []
-
-    def request_stop(signum, frame):
-        signals.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, request_stop)
-
-    last_eval = last_ckpt = elapsed
-    skipped = skipped_in_a_row = 0
-    warned_repeat = budget_tokens > 0  # a token budget was checked at the start
+    # -------------------------------------------------------------------- the loop; the clock runs
+    last_eval = last_ckpt = run["elapsed"]
+    skipped_in_a_row, warned_repeat = 0, budget_tokens > 0  # a token budget was checked at the start
     window_start, window_tokens = time.perf_counter(), 0
     clock = time.perf_counter()
     while True:
         now = time.perf_counter()
-        elapsed += now - clock
+        run["elapsed"] += now - clock
         clock = now
-        stop = 1.0 if signals else 0.0
+        stop = stop_request.signum is not None
         if ddp:  # every rank follows rank 0's clock, so all take the same batch size, and all stop together
-            t = torch.tensor([elapsed if master else 0.0, stop], dtype=torch.float64, device=rt.device)
+            t = torch.tensor([run["elapsed"] if master else 0.0, float(stop)], dtype=torch.float64, device=rt.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            elapsed, stop = t.tolist()
-        progress = tokens_seen / budget_tokens if budget_tokens else elapsed / budget
-        if progress >= 1.0 or (max_steps and step >= max_steps) or stop:
+            run["elapsed"], stop = t[0].item(), bool(t[1].item())
+        progress = run["tokens"] / budget_tokens if budget_tokens else run["elapsed"] / budget
+        if progress >= 1.0 or (max_steps and run["step"] >= max_steps) or stop:
             break
-        step_batch = batch_size_at(progress, micro_batch * world, batch_size, batch_ramp)
-        accum = step_batch // (micro_batch * world)
-        step_lr = lr_at(progress, lr, lr_schedule, warmup)
-        consumed = tokens_seen // seq_len
-        loss, applied = trainer.step(lambda micro_step: batch_at(consumed, micro_step), accum, step_lr, grad_clip)
-        step += 1
-        tokens_seen += step_batch * seq_len
+        step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)
+        accum, step_lr = step_batch // (micro * world), lr_at(progress, lr, lr_schedule, warmup)
+        batch_at = functools.partial(batches.at, run["tokens"] // seq_len)
+        if offload:
+            loss, applied = trainer.step(batch_at, accum, step_lr, grad_clip)
+        else:
+            loss, applied = train_step(step_model, optimizer, scaler, batch_at, accum, step_lr, grad_clip, rt)
+        run["step"] += 1
+        run["tokens"] += step_batch * seq_len
         window_tokens += step_batch * seq_len
         # float16's loss scaler skips overflowing steps by design while it halves its scale: only
         # skips at a scale below 1 say that the run itself diverged
         diverging = not applied and (not scaler.is_enabled() or scaler.get_scale() < 1)
-        skipped += not applied
+        run["skipped"] += not applied
         skipped_in_a_row = skipped_in_a_row + 1 if diverging else 0
         if skipped_in_a_row >= max_skipped_steps:
-            where = f"the last checkpoint is {ckpt_path} at step {last_saved}" if last_saved is not None else \
-                "no checkpoint was saved"
-            raise SystemExit(f"error: {skipped_in_a_row} steps in a row had a non-finite gradient (up to step {step}); "
-                             f"{where}: lower --lr and resume it")
-        if step % log_interval == 0:
+            where = f"the last checkpoint is {ckpt_path} at step {run['last_saved']}" \
+                if run["last_saved"] is not None else "no checkpoint was saved"
+            raise SystemExit(f"error: {skipped_in_a_row} steps in a row had a non-finite gradient (up to step "
+                             f"{run['step']}); {where}: lower --lr and resume it")
+        if run["step"] % log_interval == 0:
             if ddp:  # the mean over all ranks' micro-batches, as one process would report it
                 dist.all_reduce(loss)
                 loss = loss / world
             loss = loss.item()  # syncs the device, so the window time is real
-            window = time.perf_counter() - window_start
-            tokens_per_s = window_tokens / window
-            budget_left = f"{100 * (1 - progress):.0f}% of the budget left"
+            tokens_per_s = window_tokens / (time.perf_counter() - window_start)
             mfu = flops_per_token * tokens_per_s / world / peak if peak else None
-            memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
-            log(f"step {step} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
-                f"{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{memory} | epoch {tokens_seen / (n_rows * seq_len):.2f} | "
-                f"{elapsed / 60:.1f} min | {budget_left}{f' | {skipped} updates skipped (non-finite)' if skipped else ''}")
-            record(kind="train", step=step, elapsed=round(elapsed, 2), tokens=tokens_seen, loss=loss, lr=step_lr,
-                   batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu, skipped=skipped)
+            if master:
+                log_step(run, loss, step_lr, step_batch, tokens_per_s, mfu, rt, run["tokens"] / (n_rows * seq_len),
+                         progress, metrics_path)
             window_start, window_tokens = time.perf_counter(), 0
             rt.reset_peak_memory()  # each log line reports the peak of its own window
-            if not warned_repeat and elapsed >= min(120.0, 0.05 * budget):
+            if not warned_repeat and run["elapsed"] >= min(120.0, 0.05 * budget):
                 warned_repeat = True  # after the first minutes, when the speed is known
-                expected = tokens_seen + tokens_per_s * max(0.0, budget - elapsed)
+                expected = run["tokens"] + tokens_per_s * max(0.0, budget - run["elapsed"])
                 warning = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s")
                 if warning:
                     log(warning)
-        due_eval = elapsed - last_eval >= eval_interval_minutes * 60
-        due_ckpt = elapsed - last_ckpt >= ckpt_interval_minutes * 60
-        if due_eval or due_ckpt:
+        due_eval = run["elapsed"] - last_eval >= eval_interval_minutes * 60
+        due_ckpt = run["elapsed"] - last_ckpt >= ckpt_interval_minutes * 60
+        if due_eval or due_ckpt:  # the clock stops: evaluation and saving are not charged to the budget
             paused = time.perf_counter()
             if due_eval and master:
-                run_eval()
-                last_eval = elapsed
+                run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)
+                last_eval = run["elapsed"]
             if due_ckpt:
-                save()
-                last_ckpt = elapsed
-            clock += time.perf_counter() - paused  # evaluation and saving are not charged to the budget
+                if master:
+                    save(ckpt_path, training_state(model, optimizer, scaler, trainer), run, model_args, config, meta,
+                         tokenizer_text)
+                run["last_saved"], last_ckpt = run["step"], run["elapsed"]
+            clock += time.perf_counter() - paused
             window_start += time.perf_counter() - paused
 
-    if stop:
-        save()
-        name = signal.Signals(signals[0]).name if signals else "a signal to another rank"
-        log(f"stopped by {name} at step {step} ({tokens_seen / 1e6:.1f}M tokens, {elapsed / 60:.1f} min): saved "
-            f"{ckpt_path}; continue with the same command and --resume=True")
-    else:
-        val_loss, val_acc = run_eval() if master else (None, None)
-        save(final=True)
-        if rt.compile:
-            log(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
-        if master and fill_in_examples:
-            enc = make_encoding(parse_ranks(tokenizer_text), meta["special_ids"])
-            for line in fill_in(eval_model, val_tokens, meta, enc, rt, fill_in_examples, seed):
-                log(line)
-        log(f"final: step {step} | val loss {val_loss:.4f} (at init {init_loss:.4f}) | masked-token accuracy "
-            f"{val_acc:.3f} | {tokens_seen / 1e6:.1f}M tokens in {elapsed / 60:.1f} min | saved {ckpt_path}"
-            if master else "")
+    # -------------------------------------------------------------------- the end; the clock has stopped
+    if master:
+        final = None if stop else run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)
+        save(ckpt_path, training_state(model, optimizer, scaler, trainer), run, model_args, config, meta,
+             tokenizer_text, final=not stop)
+        finish(model, val_tokens, meta, rt, run, final, stop_request.signum, tokenizer_text, ckpt_path)
     if ddp:
         dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others
         dist.destroy_process_group()
     if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
-        sys.exit(128 + (signals[0] if signals else signal.SIGTERM))
+        sys.exit(128 + (stop_request.signum or signal.SIGTERM))
+
+
+def finish(model, val_tokens, meta, rt, run, final, signum, tokenizer_text, ckpt_path):
+    """The last lines: how the run stopped, or its fill-in examples and final figures."""
+    if final is None:
+        name = signal.Signals(signum).name if signum else "a signal to another rank"
+        print(f"stopped by {name} at step {run['step']} ({run['tokens'] / 1e6:.1f}M tokens, {run['elapsed'] / 60:.1f} "
+              f"min): saved {ckpt_path}; continue with the same command and --resume=True")
+        return
+    if rt.compile:
+        print(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
+    if fill_in_examples:
+        enc = make_encoding(parse_ranks(tokenizer_text), meta["special_ids"])
+        for line in fill_in(model, val_tokens, meta, enc, rt, fill_in_examples, seed):
+            print(line)
+    print(f"final: step {run['step']} | val loss {final[0]:.4f} (at init {run['init_loss']:.4f}) | masked-token "
+          f"accuracy {final[1]:.3f} | {run['tokens'] / 1e6:.1f}M tokens in {run['elapsed'] / 60:.1f} min | "
+          f"saved {ckpt_path}")
 
 
 if __name__ == "__main__":
-    main(configure(globals(), sys.argv[1:]))
+    main(configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS))

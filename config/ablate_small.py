@@ -1,8 +1,8 @@
-# The larger of ablate.py's two CPU scales: a 6-layer, 384-wide crammed BERT on a book corpus of
+# The larger of the two CPU scales of the recipe comparisons (tools/compare.py): a 6-layer, 384-wide crammed BERT on a book corpus of
 # about 11 MB of text (any plain-text .txt.gz; 24 books), prepared with its own 32768-token tokenizer
 # (a tenth of the books held out: 1% of 24 would be none):
 # python prepare.py --dataset=<folder>/gutenberg_en.small_train.txt.gz --out_dir=data/gutenberg_small --vocab_size=32768 --val_fraction=0.1
-# python ablate.py --base=config/ablate_small.py --budget_minutes=15 --out_dir=out/ablate_small
+# python tools/compare.py --base=config/ablate_small.py --variants=crammed,recipe_reference --protocol=tokens --seeds=3 --budget_minutes=15 --out_dir=out/ablate_small
 data_dir = "data/gutenberg_small"
 budget_hours = 0.25
 n_layers = 6

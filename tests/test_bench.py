@@ -22,9 +22,8 @@ def test_bench_rejects_unknown_shape():
 
 
 def test_bench_times_offload_beside_normal_mode(tmp_path):
-    proc = run_script("bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=2", "--steps=1",
-                      "--warmup_steps=1", "--sweep=False", "--baselines=False", "--offload=True", "--repeats=2",
-                      f"--data_dir={tmp_path}", "--compile=False")
+    proc = run_script("tools/bench_offload.py", "--shape=small", "--micro_batch=2", "--accum_steps=2", "--steps=1",
+                      "--warmup_steps=1", "--repeats=2", f"--data_dir={tmp_path}")
     out = proc.stdout
     assert re.search(r"^\| normal, eager \| 2 \| [\d,]+ \([\d,]+-[\d,]+\) \|", out, re.M)
     assert re.search(r"^\| off-load \| 2 \| [\d,]+ \([\d,]+-[\d,]+\) \|", out, re.M)

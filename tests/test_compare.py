@@ -1,6 +1,10 @@
+"""tools/compare.py: runs plotted, variants trained and compared (protocol=clock runs in
+tests/test_gpu_report.py's recipes phase; protocol=tokens here), finished runs reused."""
 import json
+import os
 
-from conftest import assert_one_line_error, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
+from compare import variant_args
 
 
 def write_metrics(run, evals):
@@ -16,16 +20,48 @@ def test_compare_existing_runs(tmp_path):
     # b was resumed after a kill: step 10 is logged twice, and the later line counts
     write_metrics(tmp_path / "b", [(0, 0.0, 0, 9.0, 0.1), (10, 60.0, 900, 7.9, 0.11), (10, 61.0, 900, 7.0, 0.12)])
     png = tmp_path / "pic.png"
-    out = run_script("compare.py", f"--runs={tmp_path / 'a'},{tmp_path / 'b'}", f"--png={png}").stdout
+    out = run_script("tools/compare.py", f"--runs={tmp_path / 'a'},{tmp_path / 'b'}", f"--png={png}").stdout
     assert f"| {tmp_path / 'a'} | 6.0000 | 0.150 | 2.0 | 0.00M | 20 |" in out
     assert f"| {tmp_path / 'b'} | 7.0000 | 0.120 | 1.0 | 0.00M | 10 |" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
-# compare.py --recipes (recipes trained at equal time) runs in tests/test_gpu_report.py's recipes phase
+ARGS = ["--protocol=tokens", "--seeds=2", "--budget_minutes=0.05", "--speed_steps=4", "--speed_repeats=1",
+        "--train_args=--compile=False --eval_interval_minutes=0.02 " + " ".join(TINY_MODEL)]
+
+
+def test_tokens_protocol_times_then_trains_equal_time_budgets_and_reuses_runs(prepared, tmp_path):
+    base = tmp_path / "base.py"
+    base.write_text(f"data_dir = {str(prepared)!r}\n")
+    out = tmp_path / "compare"
+    proc = run_script("tools/compare.py", "--variants=crammed,mask_rate=0.4", f"--base={base}", f"--out_dir={out}", *ARGS)
+    results = json.loads((out / "results.json").read_text())
+    for name in ("crammed", "mask_rate=0.4"):
+        r = results["variants"][name]
+        assert len(r["val_loss"]) == 2 and r["budget_tokens"] == int(r["tokens_per_s"] * 3)
+        # each run trained for its variant's token budget (the last step may pass it by one batch)
+        assert all(r["budget_tokens"] <= c[-1]["tokens"] < r["budget_tokens"] + 32 * 32 for c in r["curves"])
+        assert f"| {name} |" in proc.stdout
+    assert results["target"] == sum(results["variants"]["crammed"]["val_loss"]) / 2
+    assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    # a rerun with one more seed trains only that seed
+    stamp = (out / "mask_rate=0.4" / "seed0" / "ckpt.pt").stat().st_mtime
+    run_script("tools/compare.py", "--variants=crammed,mask_rate=0.4", f"--base={base}", f"--out_dir={out}",
+               *ARGS[:1], *ARGS[2:], "--seeds=3")
+    assert (out / "mask_rate=0.4" / "seed0" / "ckpt.pt").stat().st_mtime == stamp
+    assert len(json.loads((out / "results.json").read_text())["variants"]["mask_rate=0.4"]["val_loss"]) == 3
+
+
+def test_variants_name_configs_or_settings_or_combine_them():
+    assert variant_args("crammed") == []
+    assert variant_args("recipe_reference+lr=2e-3+batch_size=32") == [
+        os.path.join(ROOT, "config", "recipe_reference.py"), "--lr=2e-3", "--batch_size=32"]
 
 
 def test_compare_errors(tmp_path):
-    assert_one_line_error(run_script("compare.py", check=False), "--runs=", "--recipes=")
-    assert_one_line_error(run_script("compare.py", f"--runs={tmp_path}", check=False), "metrics.jsonl not found")
-    assert_one_line_error(run_script("compare.py", "--recipes=bert_huge", check=False), "unknown recipe 'bert_huge'")
+    assert_one_line_error(run_script("tools/compare.py", check=False), "--runs=", "--variants=")
+    assert_one_line_error(run_script("tools/compare.py", f"--runs={tmp_path}", check=False), "metrics.jsonl not found")
+    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed,bert_huge", check=False),
+                          "unknown variant 'bert_huge'")
+    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed", "--protocol=fast", check=False),
+                          "unknown --protocol 'fast'")

@@ -52,8 +52,27 @@ def test_config_file_then_command_line(tmp_path):
         configure(namespace(), [str(tmp_path / "missing.py")])
 
 
-@pytest.mark.parametrize("script", ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "export.py", "compare.py",
-                                    "ablate.py"])
+def test_model_settings_come_from_the_dataclass(tmp_path):
+    """A settings dataclass (model.ModelConfig) adds its fields, defaults and types to a script's
+    settings: config files and --key=value set them, they land in the returned dict only, and the
+    data's fields stay out."""
+    from model import DATA_FIELDS, ModelConfig
+    cfg = tmp_path / "recipe.py"
+    cfg.write_text("smear = False\nn_layers = 4\nlr = 5e-4\n")
+    ns = namespace()
+    config = configure(ns, [str(cfg), "--d_model=128"], ModelConfig, skip=DATA_FIELDS)
+    assert (config["smear"], config["n_layers"], config["d_model"], config["n_heads"]) == (False, 4, 128, 12)
+    assert ns["lr"] == config["lr"] == 5e-4 and "n_layers" not in ns
+    model = ModelConfig.from_settings(config, vocab_size=300, seq_len=32)
+    assert (model.n_layers, model.d_model, model.smear, model.vocab_size) == (4, 128, False, 300)
+    with pytest.raises(SystemExit, match="--glu expects bool"):
+        configure(namespace(), ["--glu=1"], ModelConfig, skip=DATA_FIELDS)
+    with pytest.raises(SystemExit, match="unknown config key 'vocab_size'"):  # it comes from the data
+        configure(namespace(), ["--vocab_size=300"], ModelConfig, skip=DATA_FIELDS)
+
+
+@pytest.mark.parametrize("script", ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py",
+                                    "tools/compare.py", "tools/gpu_report.py", "tools/bench_offload.py"])
 def test_help_lists_every_setting_with_its_default_and_comment(script):
     import runpy
     from conftest import ROOT, run_script
@@ -69,4 +88,7 @@ def test_help_lists_every_setting_with_its_default_and_comment(script):
             assert f"  --{key}=" in out, key
     if script == "train.py":
         assert "  --budget_hours=24.0" in out and "the schedules follow the share spent" in out
-        assert "  --data_dir=data/pydocs" in out and "model (the reference crammed-BERT shape" in out
+        assert "  --data_dir=data/fineweb-edu" in out
+        # the model's settings, declared once in model.py's ModelConfig, with their comments
+        assert "ModelConfig (model.py)" in out and "  --n_layers=16" in out and "  --smear=True" in out
+        assert "pre-LayerNorm (False: the original post-norm)" in out and "--vocab_size" not in out

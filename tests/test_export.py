@@ -1,4 +1,4 @@
-"""export.py: the exported folder, loaded by transformers in a fresh process that cannot import any
+"""tools/export.py: the exported folder, loaded by transformers in a fresh process that cannot import any
 cram module, computes what cram computes: same logits, hidden states and token ids."""
 import json
 import shutil
@@ -11,7 +11,7 @@ import torch
 
 from conftest import assert_one_line_error, run_script
 from data import load_checkpoint, make_encoding, parse_ranks
-from export import bpe_merges
+from export import bpe_merges  # tools/export.py
 from model import CrammedBert
 from test_glue import FIXTURES
 
@@ -90,7 +90,7 @@ def exported(tmp_path_factory, pretrained):
     """The pretrained tiny checkpoint exported, and what the fresh process computed from it."""
     root = tmp_path_factory.mktemp("export")
     folder = root / "hf"
-    run_script("export.py", f"--checkpoint={pretrained}", f"--out_dir={folder}")
+    run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={folder}")
     ckpt = load_checkpoint(str(pretrained))
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     rng = np.random.default_rng(0)
@@ -154,16 +154,16 @@ def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     shutil.copy(pretrained, tmp_path / "ckpt.pt")
     run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
                "--epochs=1", "--device=cpu")
-    run_script("export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}")
+    run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}")
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "GLUE dev scores" in card and "| rte | accuracy |" in card
 
 
 def test_bad_input_gives_one_line_errors(tmp_path):
-    assert_one_line_error(run_script("export.py", f"--checkpoint={tmp_path / 'none.pt'}", check=False),
+    assert_one_line_error(run_script("tools/export.py", f"--checkpoint={tmp_path / 'none.pt'}", check=False),
                           "checkpoint not found")
     torch.save({"model": {}}, tmp_path / "other.pt")
-    assert_one_line_error(run_script("export.py", f"--checkpoint={tmp_path / 'other.pt'}", check=False),
+    assert_one_line_error(run_script("tools/export.py", f"--checkpoint={tmp_path / 'other.pt'}", check=False),
                           "not a checkpoint written by train.py")
 
 

@@ -11,7 +11,8 @@ GLUE_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
 TINY = [
     "--prepare_args=--vocab_size=384 --seq_len=32 --val_fraction=0.05",
     "--bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --sweep=False "
-    "--baselines=False --offload=True --repeats=1 --compile=False",
+    "--baselines=False --compile=False",
+    "--offload_bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --repeats=1",
     "--recipe_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
     "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
     # off-load: a 10 MiB device simulated, so the chosen encoder's state (16 B a parameter) exceeds it
@@ -39,15 +40,15 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
                                                         report)
     # bench: its table, the off-load comparison and its headline figure
     assert re.search(r"\| bench \| ok \| [\d.]+ \| crammed: [\d,]+ tokens/s at micro-batch 2", report)
-    assert "off-load / normal tokens/s" in found["bench"]["body"]
-    # recipes (compare.py --recipes): each trained for the same 3 s budget, compared in a table and a
+    assert "off-load / normal tokens/s" in found["offload"]["body"]
+    # recipes (tools/compare.py --variants): each trained for the same 3 s budget, compared in a table and a
     # picture; train.py's recipe is the paper's plus smear, the paper's is one config file away
     for name, smear in (("crammed", True), ("recipe_reference", False)):
-        evals = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        evals = [json.loads(line) for line in (out / "runs" / name / "seed0" / "metrics.jsonl").read_text().splitlines()]
         assert evals[-1]["kind"] == "eval" and 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
-        model_args = torch.load(out / "runs" / name / "ckpt.pt", weights_only=True)["model_args"]
+        model_args = torch.load(out / "runs" / name / "seed0" / "ckpt.pt", weights_only=True)["model_args"]
         assert model_args["smear"] == smear
-        assert f"| {out / 'runs' / name} | " in found["recipes"]["body"]
+        assert f"| {name} | " in found["recipes"]["body"]
     assert (out / "recipes.png").read_bytes()[:4] == b"\x89PNG" and "![validation loss" in report
     # glue: each checkpoint fine-tuned on the three tasks, beside the published row
     for name in ("crammed", "recipe_reference"):

@@ -17,7 +17,8 @@ import runtime
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from data import load_meta, mask_tokens
 from model import CrammedBert, param_groups
-from train import repeat_warning, rows_at, train_step
+from runtime import train_step
+from train import repeat_warning, rows_at
 
 # 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
 TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--budget_tokens=49152", "--log_interval=1", "--eval_sequences=32"]
@@ -62,7 +63,7 @@ def rows_read(args, monkeypatch):
     monkeypatch.setattr(train, "get_batch", recording)
     torch.set_num_threads(1)
     try:
-        train.main(configure(vars(train), args))
+        train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS))
     finally:
         vars(train).update(settings)
         for s, handler in handlers.items():

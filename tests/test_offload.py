@@ -9,7 +9,7 @@ from conftest import TINY_MODEL, assert_one_line_error, run_script
 from data import mask_tokens
 from model import CrammedBert, param_groups
 from offload import OffloadTrainer
-from train import train_step
+from runtime import train_step
 
 VOCAB, SEQ = 300, 32
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU: real streams and pinned copies

@@ -280,17 +280,10 @@ def test_prepare_curriculum_sorts_blocks_by_sentence_ends(tmp_path, corpus_file,
     assert steps[0] == (3, False) and path.read_bytes() == rows.tobytes()
 
     n = len(rows)
-    monkeypatch.setattr(train, "data_order", "file")
-    train.epoch_order.cache_clear()
-    try:
-        first = train.rows_at(0, n + 10, n, seed=0)
-        assert (first[:n] == np.arange(n)).all() and (train.rows_at(n - 5, 15, n, seed=0) == first[n - 5:]).all()
-        assert (first[n:] != np.arange(10)).any()  # the second epoch is shuffled
-        monkeypatch.setattr(train, "data_order", "shuffled")
-        train.epoch_order.cache_clear()
-        assert not (train.rows_at(0, n, n, seed=0) == np.arange(n)).all()
-    finally:
-        train.epoch_order.cache_clear()
+    first = train.rows_at(0, n + 10, n, seed=0, order="file")
+    assert (first[:n] == np.arange(n)).all() and (train.rows_at(n - 5, 15, n, seed=0, order="file") == first[n - 5:]).all()
+    assert (first[n:] != np.arange(10)).any()  # the second epoch is shuffled
+    assert not (train.rows_at(0, n, n, seed=0) == np.arange(n)).all()
 
 
 def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):

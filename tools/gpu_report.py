@@ -7,14 +7,15 @@ On one GPU, offline, from a text corpus and a local GLUE folder (tens of MB in a
 that each have their own time limit and settings and can run alone:
   prepare   the corpus with a 32k vocabulary into data_dir, unless it is prepared already
   bench     bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
-            the original-BERT and HF ratios, off-load beside normal mode with the capped check,
-            and the micro-batch probe
+            the original-BERT and HF ratios, and the micro-batch probe
   recipes   each recipe trained for recipe_minutes at the reference shape, one after the other,
-            and compare.py's validation loss (fixed masks) against minutes and tokens
+            and tools/compare.py's validation loss (fixed masks) against minutes and tokens
   glue      finetune_glue.py on each recipe's checkpoint, for the small tasks in glue_dir
-  offload   an encoder whose normal-mode training state (16 bytes a parameter) exceeds the GPU
-            but whose off-load state (18 bytes a block parameter, offload.py) fits the host:
-            normal mode fails to start (out of memory, caught), off-load mode trains a few steps
+  offload   tools/bench_offload.py at the reference shape (off-load beside normal mode, and both
+            under a cap normal mode cannot train in); then an encoder whose normal-mode training
+            state (16 bytes a parameter) exceeds the GPU but whose off-load state (18 bytes a block
+            parameter, offload.py) fits the host: normal mode fails to start (out of memory,
+            caught), off-load mode trains a few steps
 Writes <out_dir>/report.md (and its pictures): a summary table, then each phase's figures with
 the commands, device, versions and date. A phase that fails or runs out of time is reported
 and the rest go on. Each phase runs in its own process (a crash or an out-of-memory stays
@@ -29,6 +30,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import threading
@@ -48,10 +50,10 @@ phases = "prepare,bench,recipes,glue,offload"  # which phases to run, in this or
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
 prepare_minutes = 6.0      # the phase's time limit
 # bench
-bench_args = "--shape=reference --offload=True"  # more bench.py settings
+bench_args = "--shape=reference"  # more bench.py settings
 bench_minutes = 8.0
 # recipes
-recipes = "crammed,recipe_reference"  # as compare.py: crammed is train.py's recipe (the paper's + smear), others config/<name>.py
+recipes = "crammed,recipe_reference"  # tools/compare.py's variants: crammed is train.py's recipe (the paper's + smear)
 recipe_minutes = 3.5       # training budget of each recipe (compilation included, evaluation not)
 train_args = ""            # more train.py settings for every recipe (the reference shape is train.py's default)
 # glue
@@ -59,6 +61,7 @@ glue_tasks = "rte,mrpc,stsb,cola"  # those present in glue_dir are fine-tuned
 glue_args = ""             # more finetune_glue.py settings
 glue_minutes = 9.0
 # offload
+offload_bench_args = "--shape=reference"  # more tools/bench_offload.py settings
 device_memory_gib = 0.0    # the device memory the shape must exceed; 0: the GPU's own (on a GPU, less caps the process)
 host_memory_gib = 0.0      # host memory the off-load state may use 85% of; 0: what the host has available
 offload_micro_batch = 64
@@ -146,8 +149,8 @@ def phase_bench(deadline, logs):
 
 
 def recipe_runs():
-    """name -> out_dir of each recipe's run (compare.py's layout)."""
-    return {name: os.path.join(out_dir, "runs", name) for name in recipes.split(",") if name}
+    """name -> out_dir of each recipe's run (tools/compare.py's layout)."""
+    return {name: os.path.join(out_dir, "runs", name, "seed0") for name in recipes.split(",") if name}
 
 
 def run_speed(run):
@@ -161,22 +164,19 @@ def run_speed(run):
 
 
 def phase_recipes(deadline, logs):
-    """Each recipe trained for recipe_minutes on data_dir (compare.py --recipes), then plotted."""
+    """Each recipe trained for recipe_minutes on data_dir (tools/compare.py --variants), then plotted."""
     runs = recipe_runs()
     base = os.path.join(out_dir, "recipes_base.py")
-    with open(base, "w") as f:  # what every recipe shares: the data, the budget, evaluations along the way
-        f.write(f"data_dir = {os.path.abspath(data_dir)!r}\nbudget_hours = {recipe_minutes / 60!r}\n"
-                f"eval_interval_minutes = {recipe_minutes / 7!r}\nckpt_interval_minutes = 1e9\n")
-    for run in runs.values():  # a rerun trains afresh
-        for leftover in ("ckpt.pt", "metrics.jsonl"):
-            if os.path.exists(os.path.join(run, leftover)):
-                os.remove(os.path.join(run, leftover))
-    args = ["compare.py", f"--recipes={','.join(runs)}", f"--base={base}", f"--out_dir={os.path.join(out_dir, 'runs')}",
-            f"--train_args={' '.join([f'--device={device}', *shape_args(train_args)])}",
-            f"--png={os.path.join(out_dir, 'recipes.png')}"]
+    with open(base, "w") as f:  # what every recipe shares: the data, evaluations along the way
+        f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {recipe_minutes / 7!r}\n"
+                f"ckpt_interval_minutes = 1e9\n")
+    shutil.rmtree(os.path.join(out_dir, "runs"), ignore_errors=True)  # a rerun trains afresh
+    args = ["tools/compare.py", f"--variants={','.join(runs)}", f"--base={base}", f"--budget_minutes={recipe_minutes}",
+            f"--out_dir={os.path.join(out_dir, 'runs')}", f"--png={os.path.join(out_dir, 'recipes.png')}",
+            f"--train_args={' '.join([f'--device={device}', *shape_args(train_args)])}"]
     output = run_logged(args, os.path.join(logs, "recipes.log"), deadline)
     table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
-    losses = re.findall(r"^\| \S+ \| ([\d.]+) \|", table, re.M)
+    losses = re.findall(r"^\| \S+ \| ([\d.]+) ", table, re.M)
     headline = "validation loss " + ", ".join(f"{name} {loss}" for name, loss in zip(runs, losses))
     speeds = "\n".join(f"| {name} | {' | '.join(run_speed(run))} |" for name, run in runs.items())
     finals = "\n".join(f"    {line}" for line in re.findall(r"^final: .*$", output, re.M))
@@ -333,6 +333,8 @@ def phase_offload(deadline, logs):
     import torch
     import runtime
     from model import CrammedBert
+    args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
+    bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
     rt = runtime.setup(device, "auto", compile=False)
     total = torch.cuda.get_device_properties(rt.device).total_memory if rt.device.type == "cuda" else 0
     device_bytes = device_memory_gib * 2 ** 30 or total
@@ -375,7 +377,7 @@ def phase_offload(deadline, logs):
     headline = (f"{n_params / 1e6:,.1f}M parameters: normal mode {'out of memory' if 'out of memory' in normal else 'does not fit'}; "
                 f"off-load {tokens_per_s:,.0f} tokens/s, {flops * tokens_per_s / 1e12:.3g} TFLOP/s")
     body = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
-    return headline, body + "\n\nbench.py's capped normal-mode check (normal mode under 0.3 of its own peak) is in the bench section."
+    return headline, f"{body}\n\n{bench}"
 
 
 # ---------------------------------------------------------------- the report

@@ -1,6 +1,6 @@
 """A checkpoint -> a folder that Hugging Face transformers loads with no cram code installed.
 
-    python export.py --checkpoint=out/quickstart/ckpt.pt        # writes out/quickstart/hf/
+    python tools/export.py --checkpoint=out/quickstart/ckpt.pt  # writes out/quickstart/hf/
 
     from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
     model = AutoModelForMaskedLM.from_pretrained("out/quickstart/hf", trust_remote_code=True)
@@ -25,8 +25,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from configurator import configure
-from data import SPECIAL_TOKENS, load_checkpoint, parse_ranks, write_atomically, write_json
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configurator import configure  # noqa: E402  (the core sits one folder up)
+from data import SPECIAL_TOKENS, load_checkpoint, parse_ranks, read_metrics, write_atomically, write_json  # noqa: E402
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"  # a train.py checkpoint (its tokenizer and settings travel in it)
@@ -81,7 +83,6 @@ def hf_tokenizer(ranks, special_ids, seq_len):
 
 def training_facts(ckpt, run_dir):
     """Markdown lines on how the checkpoint was trained, from the checkpoint and the files beside it."""
-    from compare import read_metrics
     config, meta = ckpt.get("config", {}), ckpt["meta"]
     hours = config.get("budget_hours", float("nan"))
     budget = (f"{config['budget_tokens']:,} tokens" if config.get("budget_tokens")
@@ -157,8 +158,8 @@ def main():
         tokenizer_class="PreTrainedTokenizerFast", model_max_length=args["seq_len"], padding_side="right",
         pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
         model_input_names=["input_ids", "attention_mask"]))
-    for name in ("model.py", "modeling_cram.py"):
-        shutil.copyfile(os.path.join(HERE, name), os.path.join(folder, name))
+    for source in (os.path.join(ROOT, "model.py"), os.path.join(HERE, "modeling_cram.py")):
+        shutil.copyfile(source, os.path.join(folder, os.path.basename(source)))
     card = model_card(ckpt, run_dir, folder)
     write_atomically(os.path.join(folder, "README.md"), lambda tmp: Path(tmp).write_text(card))
     print(f"wrote {folder}: {sum(v.numel() for v in ckpt['model'].values()) / 1e6:.2f}M parameters, "

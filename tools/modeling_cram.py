@@ -1,4 +1,4 @@
-"""Hugging Face transformers classes around model.py, for checkpoints exported by export.py.
+"""Hugging Face transformers classes around model.py, for checkpoints exported by tools/export.py.
 
 export.py copies this file and model.py into the exported folder, and transformers imports them
 from there with `trust_remote_code=True` (hence the relative import: cram itself never imports
@@ -8,28 +8,27 @@ mask <-> our padding mask, and our tensors <-> transformers' output classes.
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     model = AutoModelForMaskedLM.from_pretrained("out/quickstart/hf", trust_remote_code=True)
 """
-import inspect
+import dataclasses
 
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
-from .model import ClassificationHead, CrammedBert, sinusoid_table
+from .model import ClassificationHead, CrammedBert, ModelConfig, sinusoid_table
 
-MODEL_ARGS = [name for name in inspect.signature(CrammedBert.__init__).parameters if name != "self"]
+MODEL_ARGS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}  # the fields and their defaults
 
 
 class CramConfig(PretrainedConfig):
-    """CrammedBert's constructor arguments, plus the GLUE head's width and dropout."""
+    """model.ModelConfig's fields, plus the GLUE head's width and dropout."""
     model_type = "cram"
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                      "intermediate_size": "d_ffn", "max_position_embeddings": "seq_len"}
 
     def __init__(self, classifier_hidden=1024, classifier_dropout=0.1, **kwargs):
-        defaults = inspect.signature(CrammedBert.__init__).parameters
-        for name in MODEL_ARGS:
-            setattr(self, name, kwargs.pop(name, defaults[name].default))
+        for name, default in MODEL_ARGS.items():
+            setattr(self, name, kwargs.pop(name, default))
         self.classifier_hidden, self.classifier_dropout = classifier_hidden, classifier_dropout
         super().__init__(**kwargs)
 
