@@ -236,12 +236,11 @@ def bench_encoding(corpus):
 
     def encoding_pass():
         out = tempfile.mkdtemp()
-        prepare.out_dir, prepare.workers = out, threads
         try:
             start = time.perf_counter()
             median = prepare.median_tokens_per_char(first_documents, enc)
             prepare.encode_corpus(first_documents, enc, meta["special_ids"], meta["dtype"],
-                                  prepare.max_compression * median)
+                                  prepare.max_compression * median, out, workers=threads)
             return time.perf_counter() - start
         finally:
             shutil.rmtree(out)

@@ -10,6 +10,7 @@ and meta.json, which is written last and marks the work as done. Documents are s
 tokens written as they come, so memory does not grow with the corpus.
 """
 import ast
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -51,6 +52,7 @@ curriculum = False      # the reference's order: within each block of train sequ
 curriculum_block = 65536  # train sequences sorted together: bounds the memory (8M tokens, 16-32 MB) and keeps the curriculum mild
 # -----------------------------------------------------------------------------
 
+SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 CURRICULUM_JOURNAL = "curriculum.tmp"  # a sorted block, kept until it is safely in train.bin.tmp
 # a token ends a sentence when its bytes end with . ! or ?, then maybe closing quotes or brackets (ASCII or UTF-8 ’ ”)
@@ -124,7 +126,7 @@ def text_file_documents(path):
         raise SystemExit(f"error: cannot read {path}: {e}")
 
 
-def text_of(row, where):
+def text_of(row, where, text_field):
     """The text field of a record; null is an empty document (skipped), anything else but a
     string is an error rather than a silent str() of it."""
     text = row[text_field]
@@ -140,8 +142,8 @@ class RowStream:
     dataset, downloading it again): state() is datasets' state_dict() after the last document
     yielded, and calling with that state continues from there."""
 
-    def __init__(self, load, where):
-        self.load, self.where, self.rows = load, where, None
+    def __init__(self, load, where, text_field):
+        self.load, self.where, self.text_field, self.rows = load, where, text_field, None
 
     def __call__(self, state=None):
         try:
@@ -149,10 +151,10 @@ class RowStream:
             if state:
                 self.rows.load_state_dict(state)
             for row in self.rows:
-                if text_field not in row:
-                    raise SystemExit(f"error: {self.where} has no '{text_field}' field (fields: {', '.join(row)}); "
-                                     f"set --text_field=")
-                yield text_of(row, self.where)
+                if self.text_field not in row:
+                    raise SystemExit(f"error: {self.where} has no '{self.text_field}' field "
+                                     f"(fields: {', '.join(row)}); set --text_field=")
+                yield text_of(row, self.where, self.text_field)
         except Exception as e:  # datasets raises many types; the user needs one line
             raise SystemExit(f"error: cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
@@ -160,21 +162,29 @@ class RowStream:
         return self.rows.state_dict()
 
 
-def record_file(path):
+def record_file(path, text_field="text"):
     """Rows of a .jsonl/.json/.parquet file, read (streaming, offline) by `datasets`."""
     import datasets
     builder = "parquet" if path.endswith(".parquet") else "json"
-    return RowStream(lambda: datasets.load_dataset(builder, data_files=path, split="train", streaming=True), path)
+    return RowStream(lambda: datasets.load_dataset(builder, data_files=path, split="train", streaming=True), path,
+                     text_field)
 
 
-def hub_dataset(name):
+def hub_dataset(name, hf_config, hf_split, text_field):
     import datasets
     return RowStream(lambda: datasets.load_dataset(name, hf_config or None, split=hf_split, streaming=True),
-                     f"hub dataset {name}")
+                     f"hub dataset {name}", text_field)
 
 
-def document_source(name):
-    """(description, function returning a fresh document iterator) for --dataset."""
+def local_documents(files, text_field):
+    """The documents of local files, one file after the other."""
+    for path in files:
+        yield from text_file_documents(path) if ".txt" in os.path.basename(path) else record_file(path, text_field)()
+
+
+def document_source(name, hf_config="", hf_split="train", text_field="text"):
+    """(description, function returning a fresh document iterator) for --dataset; the other
+    arguments are the settings of the same names (defaults: theirs)."""
     if name == "pydocs":
         versions = f"Python {platform.python_version()}, " + ", ".join(
             f"{pkg} {__import__(pkg).__version__}" for pkg, _ in pydocs_roots()[1:])
@@ -182,18 +192,14 @@ def document_source(name):
     if os.path.exists(name):
         files = local_files(name)
         if len(files) == 1 and ".txt" not in os.path.basename(files[0]):
-            return os.path.abspath(name), record_file(files[0])
-
-        def documents():
-            for path in files:
-                yield from text_file_documents(path) if ".txt" in os.path.basename(path) else record_file(path)()
-        return os.path.abspath(name), documents
+            return os.path.abspath(name), record_file(files[0], text_field)
+        return os.path.abspath(name), functools.partial(local_documents, files, text_field)
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
         raise SystemExit(f"error: file or folder not found: {name}")
     if not hub_reachable():
         raise SystemExit(f"error: '{name}' is not a local path and the Hugging Face hub cannot be reached; "
                          f"offline, use --dataset=pydocs (embedded) or a local .txt/.jsonl/.json/.parquet file or folder")
-    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), hub_dataset(name)
+    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), hub_dataset(name, hf_config, hf_split, text_field)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -232,21 +238,32 @@ def bpe_ranks(bpe):
     return ranks
 
 
-def train_tokenizer(documents, path):
-    """Train the corpus' tokenizer on its first tokenizer_train_chars characters and save it
-    in tiktoken's format; the special tokens will take the ids after the BPE's."""
-    def limited_text():
-        chars = 0
-        for doc in documents():
-            yield doc
-            chars += len(doc)
-            if chars >= tokenizer_train_chars:
-                return
+def first_characters(documents, n_chars):
+    """The documents from the start of the corpus until they hold n_chars characters."""
+    chars = 0
+    for doc in documents():
+        yield doc
+        chars += len(doc)
+        if chars >= n_chars:
+            return
 
-    print(f"training a {vocab_size}-token BPE on up to {tokenizer_train_chars:,} characters")
-    ranks = bpe_ranks(train_bpe(limited_text(), vocab_size - len(SPECIAL_TOKENS)))
+
+def train_tokenizer(documents, path, vocab_size, train_chars):
+    """Train the corpus' tokenizer on its first train_chars characters and save it in tiktoken's
+    format; the special tokens will take the ids after the BPE's."""
+    print(f"training a {vocab_size}-token BPE on up to {train_chars:,} characters")
+    ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars), vocab_size - len(SPECIAL_TOKENS)))
     write_atomically(path, lambda tmp: write_ranks(tmp, ranks))
     return ranks
+
+
+def load_or_train_tokenizer(documents, path, vocab_size, train_chars):
+    """The BPE ranks saved by an earlier run in this folder, else those of a new tokenizer."""
+    if os.path.exists(path):
+        ranks = read_ranks(path)
+        print(f"reusing {path}")
+        return ranks
+    return train_tokenizer(documents, path, vocab_size, train_chars)
 
 
 # ---------------------------------------------------------------- token files
@@ -255,8 +272,8 @@ class SequenceWriter:
     state() makes what was written durable and describes it; a writer built from that state
     continues the same file, dropping whatever was written after the state was taken."""
 
-    def __init__(self, path, dtype, state=None):
-        self.path, self.dtype = path, dtype
+    def __init__(self, path, dtype, seq_len, state=None):
+        self.path, self.dtype, self.seq_len = path, dtype, seq_len
         if state:
             self.file = open(path + ".tmp", "r+b")
             self.file.truncate(state["bytes"])
@@ -268,10 +285,10 @@ class SequenceWriter:
 
     def add(self, *tokens):
         self.pending = np.concatenate([self.pending, *tokens], dtype=self.dtype)
-        n = len(self.pending) // seq_len
+        n = len(self.pending) // self.seq_len
         if n:
-            self.file.write(self.pending[:n * seq_len].tobytes())
-            self.pending = self.pending[n * seq_len:]
+            self.file.write(self.pending[:n * self.seq_len].tobytes())
+            self.pending = self.pending[n * self.seq_len:]
             self.sequences += n
 
     def state(self):
@@ -284,7 +301,7 @@ class SequenceWriter:
         os.replace(self.path + ".tmp", self.path)
 
 
-def is_validation(doc_index):
+def is_validation(doc_index, val_fraction):
     """Spread val_fraction of the documents evenly over the corpus (deterministic): by position in
     the source, so the filters do not move the held-out documents."""
     return int((doc_index + 1) * val_fraction) > int(doc_index * val_fraction)
@@ -332,14 +349,15 @@ class SeenTexts:
         os.remove(self.file.name)
 
 
-def read_progress(path, splits):
-    """The last progress record of an interrupted preparation with these settings, or None
-    (then it starts over) when there is none or its files are gone."""
+def read_progress(out_dir, dedup):
+    """The last progress record of an interrupted preparation in out_dir, or None (then it starts
+    over) when there is none or its files are gone."""
+    path = os.path.join(out_dir, PROGRESS_FILE)
     if not os.path.exists(path):
         return None
     with open(path) as f:
         progress = json.load(f)
-    files = [f"{split}.bin.tmp" for split in splits] + (["dedup.bin"] if dedup else [])
+    files = [f"{split}.bin.tmp" for split in SPLITS] + (["dedup.bin"] if dedup else [])
     if not all(os.path.exists(os.path.join(out_dir, name)) for name in files):
         return None
     return progress
@@ -353,49 +371,50 @@ def sentence_end_ids(enc):
     return ends
 
 
-def sort_by_sentence_ends(path, dtype, ends, start, journaled, record):
-    """The curriculum, in place on the finished train token file: each block of curriculum_block
-    sequences is sorted by its count of sentence-ending tokens, most first (stable, so ties keep
+def write_durably(f, offset, data):
+    """Write data at offset and return only once it is on disk."""
+    f.seek(offset)
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def sort_by_sentence_ends(path, dtype, ends, start, journaled, record, *, seq_len, block):
+    """The curriculum, in place on the finished train token file: each block of `block` sequences of
+    seq_len tokens is sorted by its count of sentence-ending tokens, most first (stable, so ties keep
     the corpus order). Blocks from `start` on are sorted, one in memory at a time; the number of
-    blocks is returned. A sorted block goes to a journal file before it overwrites its place, and
-    record(block, journaled) notes each step, so a kill mid-write is repaired from the journal on
-    resuming (journaled: the record says block `start` was being overwritten)."""
-    row_bytes = seq_len * np.dtype(dtype).itemsize
-    block_bytes = curriculum_block * row_bytes
+    blocks is returned. A sorted block goes to a journal file beside the token file before it
+    overwrites its place, and record(block, journaled) notes each step, so a kill mid-write is
+    repaired from the journal on resuming (journaled: the record says block `start` was being
+    overwritten)."""
+    block_bytes = block * seq_len * np.dtype(dtype).itemsize
     n_blocks = -(-os.path.getsize(path) // block_bytes)
-    journal = os.path.join(out_dir, CURRICULUM_JOURNAL)
-
-    def write_block(f, i, data):
-        f.seek(i * block_bytes)
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-        record(i + 1, False)
-
+    journal = os.path.join(os.path.dirname(path), CURRICULUM_JOURNAL)
     with open(path, "r+b") as f:
         if journaled:  # killed while block `start` was being overwritten: its sorted copy is whole
             with open(journal, "rb") as j:
-                write_block(f, start, j.read())
+                write_durably(f, start * block_bytes, j.read())
+            record(start + 1, False)
             start += 1
         for i in tqdm(range(start, n_blocks), desc="curriculum", unit=" blocks", initial=start, total=n_blocks):
             f.seek(i * block_bytes)
             rows = np.frombuffer(f.read(block_bytes), dtype=dtype).reshape(-1, seq_len)
             data = rows[np.argsort(-ends[rows].sum(axis=1), kind="stable")].tobytes()
             with open(journal, "wb") as j:
-                j.write(data)
-                j.flush()
-                os.fsync(j.fileno())
+                write_durably(j, 0, data)
             record(i, True)
-            write_block(f, i, data)
+            write_durably(f, i * block_bytes, data)
+            record(i + 1, False)
     if os.path.exists(journal):
         os.remove(journal)
     return n_blocks
 
 
-def median_tokens_per_char(documents, enc, n=1000, max_chars=5_000_000):
-    """Tokens per character of the corpus' typical document: the median over its first n
-    documents or max_chars characters, whichever comes first (deterministic, so a resumed
-    preparation finds the same; bounded, so a corpus of whole books is not read twice)."""
+def median_tokens_per_char(documents, enc, min_doc_chars=20, n=1000, max_chars=5_000_000):
+    """Tokens per character of the corpus' typical document (of at least min_doc_chars characters):
+    the median over its first n documents or max_chars characters, whichever comes first
+    (deterministic, so a resumed preparation finds the same; bounded, so a corpus of whole books is
+    not read twice)."""
     texts, chars = [], 0
     for text in documents():
         if len(text) >= min_doc_chars:
@@ -406,153 +425,228 @@ def median_tokens_per_char(documents, enc, n=1000, max_chars=5_000_000):
     return float(np.median([len(ids) / len(t) for t, ids in zip(texts, enc.encode_ordinary_batch(texts))]))
 
 
-def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char):
-    """Encode and write every document, resuming an interrupted run from its last progress record:
-    the files are cut back to what that record says was written, the source is read again up to
-    the documents it had consumed (cheap next to encoding; a RowStream instead continues from the
-    position the record holds), and the result is byte for byte what an uninterrupted run writes.
-    A record is written every progress_minutes."""
-    sep = np.array([special_ids["[SEP]"]], dtype=dtype)  # ends every document
-    splits = ("train", "val")
-    progress_path = os.path.join(out_dir, PROGRESS_FILE)
-    progress = read_progress(progress_path, splits)
-    writers = {split: SequenceWriter(os.path.join(out_dir, f"{split}.bin"), dtype,
-                                     progress["writers"][split] if progress else None) for split in splits}
-    stats = progress["stats"] if progress else {
-        "documents": 0, "short_documents": 0, "dropped_documents": 0, "dropped_tokens": 0, "duplicate_documents": 0,
-        "duplicate_tokens": 0, "train_tokens": 0, "val_tokens": 0}
-    seen = SeenTexts(os.path.join(out_dir, "dedup.bin"), progress["dedup_bytes"] if progress else 0) if dedup else None
-    read = progress["read"] if progress else 0  # documents consumed from the source
-    if progress:
-        print(f"resuming an interrupted preparation after {read:,} documents ({stats['train_tokens']:,} train tokens)")
-    bar = tqdm(desc="encoding", unit=" docs", initial=read)
-    last_record = time.time()
+# ---------------------------------------------------------------- the encoding pass
+class TokenFiles:
+    """What the encoding pass has written and counted so far: the train and val token files, the
+    counts for meta.json, the de-duplication memory and `read`, the documents consumed from the
+    source. Built from a progress record, it continues where that record left off."""
 
-    def encode(text):  # on a worker thread: all the per-document work, so it runs beside the encoding
-        # encode_to_numpy with no special tokens allowed is encode_ordinary without a Python list per document
-        return enc.encode_to_numpy(text, disallowed_special=()), seen.key(text) if seen else None
+    def __init__(self, out_dir, dtype, seq_len, sep_id, max_tokens_per_char, val_fraction, dedup, progress):
+        self.progress_path = os.path.join(out_dir, PROGRESS_FILE)
+        self.seq_len = seq_len
+        self.sep = np.array([sep_id], dtype=dtype)  # ends every document
+        self.max_tokens_per_char = max_tokens_per_char
+        self.val_fraction = val_fraction
+        self.writers = {}
+        for split in SPLITS:
+            state = progress["writers"][split] if progress else None
+            self.writers[split] = SequenceWriter(os.path.join(out_dir, f"{split}.bin"), dtype, seq_len, state)
+        self.stats = progress["stats"] if progress else {
+            "documents": 0, "short_documents": 0, "dropped_documents": 0, "dropped_tokens": 0, "duplicate_documents": 0,
+            "duplicate_tokens": 0, "train_tokens": 0, "val_tokens": 0}
+        self.seen = None
+        if dedup:
+            self.seen = SeenTexts(os.path.join(out_dir, "dedup.bin"), progress["dedup_bytes"] if progress else 0)
+        self.read = progress["read"] if progress else 0  # documents consumed from the source
 
-    def write(job):  # a batch submitted to the workers, in source order; the position decides the split
-        nonlocal read
-        batch, results, end, short = job
+    def write_batch(self, batch, results, end, short):
+        """Write an encoded batch of (source position, text) in source order: the position decides the
+        split. Documents that compress too badly or came before are dropped and counted; `end` is the
+        source position after the batch, `short` the documents in it skipped for being too short."""
         for (index, text), (ids, key) in zip(batch, results):
-            if max_compression and len(ids) > max_tokens_per_char * len(text):
-                stats["dropped_documents"] += 1
-                stats["dropped_tokens"] += len(ids)
-                continue
-            if seen and not seen.add(key):
-                stats["duplicate_documents"] += 1
-                stats["duplicate_tokens"] += len(ids)
-                continue
-            split = "val" if is_validation(index) else "train"
-            writers[split].add(ids, sep)
-            stats[f"{split}_tokens"] += len(ids) + 1
-        stats["documents"] += end - read
-        stats["short_documents"] += short
-        read = end
-
-    def record(**place):  # place: the source's (source_state) or, once encoding is done, the sorting pass'
-        write_json(progress_path, dict(read=read, stats=stats, dedup_bytes=seen.state() if seen else 0,
-                                       writers={split: w.state() for split, w in writers.items()}, **place))
-
-    # a record with sorted_blocks was taken after the last document: encoding is done
-    encoded = bool(progress) and "sorted_blocks" in progress
-    if encoded:
-        texts = ()
-    elif progress and progress.get("source_state"):
-        texts = documents(progress["source_state"])
-    else:
-        texts = itertools.islice(documents(), read, None)
-    # Batches of 256 documents or 4M characters (a few whole books; a tenth of a second of work)
-    # go to the workers as they are read, and each is written (here, in order) while the next one
-    # encodes: reading, writing and encoding overlap. `read` counts the documents written; a record
-    # first writes every batch in flight, so it is exact.
-    pool = ThreadPoolExecutor(workers or os.cpu_count() or 1)
-    jobs, batch, chars, position, short, stop = deque(), [], 0, read, 0, False
-    try:
-        for text in texts:
-            position += 1
-            if len(text) < min_doc_chars:
-                short += 1
+            if self.max_tokens_per_char and len(ids) > self.max_tokens_per_char * len(text):
+                self.stats["dropped_documents"] += 1
+                self.stats["dropped_tokens"] += len(ids)
+            elif self.seen and not self.seen.add(key):
+                self.stats["duplicate_documents"] += 1
+                self.stats["duplicate_tokens"] += len(ids)
             else:
-                batch.append((position - 1, text))
-                chars += len(text)
-            if len(batch) == 256 or chars >= 4_000_000:
-                jobs.append((batch, pool.map(encode, [text for _, text in batch]), position, short))
-                batch, chars, short = [], 0, 0
-                due = time.time() - last_record >= progress_minutes * 60
-                while len(jobs) > (0 if due else 1) and not stop:
-                    write(jobs.popleft())
-                    stop = bool(max_tokens) and stats["train_tokens"] >= max_tokens  # the batches after are not written
-                bar.update(read - bar.n)
-                bar.set_postfix(train_tokens=f"{stats['train_tokens']:,}")
-                if stop:
-                    break
-                if due:
-                    record(source_state=documents.state() if isinstance(documents, RowStream) else None)
-                    last_record = time.time()
-        if not stop:
-            jobs.append((batch, pool.map(encode, [text for _, text in batch]), position, short))
-            while jobs:
-                write(jobs.popleft())
+                split = "val" if is_validation(index, self.val_fraction) else "train"
+                self.writers[split].add(ids, self.sep)
+                self.stats[f"{split}_tokens"] += len(ids) + 1
+        self.stats["documents"] += end - self.read
+        self.stats["short_documents"] += short
+        self.read = end
+
+    def record(self, **place):
+        """Make all that was written durable and write a progress record of it. place: where the
+        source is (source_state) or, once encoding is done, the sorting pass (sorted_blocks, journaled)."""
+        dedup_bytes = self.seen.state() if self.seen else 0
+        writers = {split: writer.state() for split, writer in self.writers.items()}
+        write_json(self.progress_path, dict(read=self.read, stats=self.stats, dedup_bytes=dedup_bytes,
+                                            writers=writers, **place))
+
+    def record_sorting(self, block, journaled):
+        self.record(sorted_blocks=block, journaled=journaled)
+
+    def check_enough_text(self):
+        """Before anything is renamed into place: each split needs a whole sequence."""
+        if not self.writers["train"].sequences or not self.writers["val"].sequences:
+            raise SystemExit(f"error: too little text for one {self.seq_len}-token sequence in each split "
+                             f"({self.stats['train_tokens']} train, {self.stats['val_tokens']} val tokens)")
+
+    def finish(self):
+        """Rename the token files into place; returns the counts, with the sequences of each split."""
+        for split, writer in self.writers.items():
+            writer.finish()
+            self.stats[f"{split}_sequences"] = writer.sequences
+        if self.seen:
+            self.seen.close()
+        return self.stats
+
+
+def unread_documents(documents, progress, read):
+    """The source after its first `read` documents: a RowStream continues from the position the
+    progress record holds; any other source is read again and those documents skipped (cheap next
+    to encoding)."""
+    if progress and progress.get("source_state"):
+        return documents(progress["source_state"])
+    return itertools.islice(documents(), read, None)
+
+
+def batches(texts, position, min_doc_chars):
+    """The documents of `texts`, the first at source position `position`, in batches of 256
+    documents or 4M characters (a few whole books; a tenth of a second of work), as tuples
+    (batch, end, short, last): batch holds the (source position, text) of each document kept, end
+    is the source position after the batch, short counts the documents skipped for being shorter
+    than min_doc_chars, and last marks the final batch, the rest of the source (maybe empty)."""
+    batch, chars, short = [], 0, 0
+    for text in texts:
+        position += 1
+        if len(text) < min_doc_chars:
+            short += 1
+        else:
+            batch.append((position - 1, text))
+            chars += len(text)
+        if len(batch) == 256 or chars >= 4_000_000:
+            yield batch, position, short, False
+            batch, chars, short = [], 0, 0
+    yield batch, position, short, True
+
+
+def encode_document(enc, dedup, text):
+    """All the per-document work, on a worker thread so that it runs beside the encoding: the
+    token ids and, with dedup, the de-duplication key."""
+    # encode_to_numpy with no special tokens allowed is encode_ordinary without a Python list per document
+    return enc.encode_to_numpy(text, disallowed_special=()), SeenTexts.key(text) if dedup else None
+
+
+def write_in_flight(files, jobs, keep, max_tokens):
+    """Write the oldest batches in flight until `keep` are left; True, and the batches after are
+    not written, once the train tokens reach max_tokens (0: no limit)."""
+    while len(jobs) > keep:
+        files.write_batch(*jobs.popleft())
+        if max_tokens and files.stats["train_tokens"] >= max_tokens:
+            return True
+    return False
+
+
+def encode_documents(files, documents, progress, enc, workers, min_doc_chars, max_tokens, progress_minutes):
+    """Encode and write the documents that `files` has not read yet, with a progress record every
+    progress_minutes. Batches go to the workers as they are read, and each is written (here, in
+    order) while the next one encodes: reading, writing and encoding overlap. `files.read` counts
+    the documents written; a record first writes every batch in flight, so it is exact."""
+    encode = functools.partial(encode_document, enc, files.seen is not None)
+    texts = unread_documents(documents, progress, files.read)
+    bar = tqdm(desc="encoding", unit=" docs", initial=files.read)
+    pool = ThreadPoolExecutor(workers or os.cpu_count() or 1)
+    jobs, last_record = deque(), time.time()
+    try:
+        for batch, end, short, last in batches(texts, files.read, min_doc_chars):
+            jobs.append((batch, pool.map(encode, [text for _, text in batch]), end, short))
+            if last:
+                break
+            due = time.time() - last_record >= progress_minutes * 60
+            stop = write_in_flight(files, jobs, 0 if due else 1, max_tokens)
+            bar.update(files.read - bar.n)
+            bar.set_postfix(train_tokens=f"{files.stats['train_tokens']:,}")
+            if stop:
+                return
+            if due:
+                files.record(source_state=documents.state() if isinstance(documents, RowStream) else None)
+                last_record = time.time()
+        while jobs:  # the end of the source: the batches left are all written
+            files.write_batch(*jobs.popleft())
     finally:
         pool.shutdown(cancel_futures=True)
         bar.close()
-    if not writers["train"].sequences or not writers["val"].sequences:  # before anything is renamed into place
-        raise SystemExit(f"error: too little text for one {seq_len}-token sequence in each split "
-                         f"({stats['train_tokens']} train, {stats['val_tokens']} val tokens)")
-    if curriculum:
-        step = dict(sorted_blocks=progress["sorted_blocks"], journaled=progress["journaled"]) if encoded else \
-            dict(sorted_blocks=0, journaled=False)
-        if not encoded:
-            record(**step)  # the whole train file is now durable, and encoding is never redone
-        ends = sentence_end_ids(enc)
-        stats["curriculum_blocks"] = sort_by_sentence_ends(
-            writers["train"].path + ".tmp", dtype, ends, step["sorted_blocks"], step["journaled"],
-            lambda block, journaled: record(sorted_blocks=block, journaled=journaled))
-        stats["sentence_end_token_ids"] = int(ends.sum())
-    for split, writer in writers.items():
-        writer.finish()
-        stats[f"{split}_sequences"] = writer.sequences
-    if seen:
-        seen.close()
-    return stats
+
+
+def apply_curriculum(files, enc, block, start, journaled):
+    """Sort the finished train file by sentence ends (sort_by_sentence_ends), from block `start`
+    on; the counts gain the number of blocks and of sentence-ending tokens."""
+    ends = sentence_end_ids(enc)
+    train = files.writers["train"]
+    files.stats["curriculum_blocks"] = sort_by_sentence_ends(train.path + ".tmp", train.dtype, ends, start, journaled,
+                                                             files.record_sorting, seq_len=files.seq_len, block=block)
+    files.stats["sentence_end_token_ids"] = int(ends.sum())
+
+
+def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, *, workers=0, seq_len=128,
+                  val_fraction=0.01, min_doc_chars=20, dedup=True, max_tokens=0, progress_minutes=1.0,
+                  curriculum=False, curriculum_block=65536):
+    """Encode every document of `documents` (a function returning a fresh document iterator) into
+    out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
+    max_tokens_per_char tokens per character are dropped (0: none are); the other arguments are the
+    settings of the same names (defaults: theirs).
+    Resumes an interrupted run from its last progress record: the files are cut back to what that
+    record says was written, the source is read again up to the documents it had consumed (a
+    RowStream instead continues from the position the record holds), and the result is byte for
+    byte what an uninterrupted run writes."""
+    progress = read_progress(out_dir, dedup)
+    files = TokenFiles(out_dir, dtype, seq_len, special_ids["[SEP]"], max_tokens_per_char, val_fraction, dedup,
+                       progress)
+    if progress:
+        print(f"resuming an interrupted preparation after {files.read:,} documents "
+              f"({files.stats['train_tokens']:,} train tokens)")
+    # a record with sorted_blocks was taken after the last document: encoding is done
+    encoded = bool(progress) and "sorted_blocks" in progress
+    if not encoded:
+        encode_documents(files, documents, progress, enc, workers, min_doc_chars, max_tokens, progress_minutes)
+    files.check_enough_text()
+    if curriculum and encoded:
+        apply_curriculum(files, enc, curriculum_block, progress["sorted_blocks"], progress["journaled"])
+    elif curriculum:
+        # the whole train file is now durable, and encoding is never redone
+        files.record(sorted_blocks=0, journaled=False)
+        apply_curriculum(files, enc, curriculum_block, 0, False)
+    return files.finish()
+
+
+# ---------------------------------------------------------------- main
+def check_settings(out_dir, settings):
+    """Refuse a folder prepared with other settings; a new folder records these."""
+    path = os.path.join(out_dir, "settings.json")
+    if not os.path.exists(path):
+        write_json(path, settings)
+        return
+    with open(path) as f:
+        previous = json.load(f)
+    if previous != settings:
+        changed = ", ".join(k for k in settings if previous.get(k) != settings[k])
+        raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
+                         f"use another --out_dir or delete it")
 
 
 def main():
-    global out_dir
-    source, documents = document_source(dataset)
+    source, documents = document_source(dataset, hf_config, hf_split, text_field)
     name = "pydocs" if dataset == "pydocs" else os.path.basename(dataset.rstrip("/")).split(".")[0] or "corpus"
-    out_dir = out_dir or os.path.join("data", name)
-    os.makedirs(out_dir, exist_ok=True)
+    out = out_dir or os.path.join("data", name)
+    os.makedirs(out, exist_ok=True)
     settings = dict(dataset=dataset, hf_config=hf_config, hf_split=hf_split, text_field=text_field,
                     vocab_size=vocab_size, seq_len=seq_len, val_fraction=val_fraction,
                     tokenizer_train_chars=tokenizer_train_chars, max_tokens=max_tokens,
                     max_compression=max_compression, min_doc_chars=min_doc_chars, dedup=dedup)
     if curriculum:  # only when on, so data prepared before the option existed still matches its settings
         settings.update(curriculum=True, curriculum_block=curriculum_block)
-    settings_path = os.path.join(out_dir, "settings.json")
-    if os.path.exists(settings_path):
-        with open(settings_path) as f:
-            previous = json.load(f)
-        if previous != settings:
-            changed = ", ".join(k for k in settings if previous.get(k) != settings[k])
-            raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
-                             f"use another --out_dir or delete it")
-    else:
-        write_json(settings_path, settings)
-    meta_path = os.path.join(out_dir, "meta.json")
+    check_settings(out, settings)
+    meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
-        print(f"{out_dir} is already prepared (delete it to start over)")
+        print(f"{out} is already prepared (delete it to start over)")
         return
 
     t0 = time.time()
-    tokenizer_path = os.path.join(out_dir, TOKENIZER_FILE)
-    if os.path.exists(tokenizer_path):
-        ranks = read_ranks(tokenizer_path)
-        print(f"reusing {tokenizer_path}")
-    else:
-        ranks = train_tokenizer(documents, tokenizer_path)
+    ranks = load_or_train_tokenizer(documents, os.path.join(out, TOKENIZER_FILE), vocab_size, tokenizer_train_chars)
     n_regular = len(ranks)
     if n_regular + len(SPECIAL_TOKENS) < vocab_size:
         print(f"note: the corpus only supports {n_regular + len(SPECIAL_TOKENS)} tokens (asked for {vocab_size})")
@@ -564,17 +658,20 @@ def main():
     # 32k lower-cased WordPiece; byte-level BPE compresses by the vocabulary size and the text, so
     # the limit is relative: a multiple of this corpus' own median (1.5x removes the worst tail;
     # the absolute 0.25 would remove 20% of English books at 32k and 55% of pydocs at 8k)
-    median = median_tokens_per_char(documents, enc) if max_compression else 0.0
-    stats = encode_corpus(documents, enc, special_ids, dtype, max_compression * median)
+    median = median_tokens_per_char(documents, enc, min_doc_chars) if max_compression else 0.0
+    stats = encode_corpus(documents, enc, special_ids, dtype, max_compression * median, out, workers=workers,
+                          seq_len=seq_len, val_fraction=val_fraction, min_doc_chars=min_doc_chars, dedup=dedup,
+                          max_tokens=max_tokens, progress_minutes=progress_minutes, curriculum=curriculum,
+                          curriculum_block=curriculum_block)
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
     meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=special_ids,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.time() - t1, 1))
     write_json(meta_path, meta)
-    progress_path = os.path.join(out_dir, PROGRESS_FILE)
+    progress_path = os.path.join(out, PROGRESS_FILE)
     if os.path.exists(progress_path):  # the work is done: the record is no longer needed
         os.remove(progress_path)
-    print(f"wrote {out_dir}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "
+    print(f"wrote {out}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "
           f"of {seq_len} tokens, vocabulary {enc.n_vocab}, in {time.time() - t0:.0f}s")
 
 

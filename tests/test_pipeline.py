@@ -263,20 +263,18 @@ def test_prepare_curriculum_sorts_blocks_by_sentence_ends(tmp_path, corpus_file,
     # killed while block 2 was being overwritten: half of it is garbage, the journal is whole
     path = tmp_path / "train.bin.tmp"
     path.write_bytes(plain.tobytes())
-    monkeypatch.setattr(prepare, "out_dir", str(tmp_path))
-    monkeypatch.setattr(prepare, "seq_len", 32)
-    monkeypatch.setattr(prepare, "curriculum_block", 50)
 
     def killed(block, journaled):
         if (block, journaled) == (2, True):
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        prepare.sort_by_sentence_ends(str(path), "uint16", ends, 0, False, killed)
+        prepare.sort_by_sentence_ends(str(path), "uint16", ends, 0, False, killed, seq_len=32, block=50)
     with open(path, "r+b") as f:
         f.seek(2 * 50 * 32 * 2)
         f.write(bytes(25 * 32 * 2))
     steps = []
-    prepare.sort_by_sentence_ends(str(path), "uint16", ends, 2, True, lambda *step: steps.append(step))
+    prepare.sort_by_sentence_ends(str(path), "uint16", ends, 2, True, lambda *step: steps.append(step), seq_len=32,
+                                  block=50)
     assert steps[0] == (3, False) and path.read_bytes() == rows.tobytes()
 
     n = len(rows)
