@@ -18,9 +18,6 @@ train.py's micro_batch=0 uses).
 Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too:
 tools/bench_prepare.py.
 
-encode=<corpus> times data preparation instead: prepare.py's encoding pass against raw tiktoken.
-
-    python bench.py --encode=books.txt.gz --data_dir=data/books --repeats=3
 """
 import dataclasses
 import functools
@@ -35,7 +32,7 @@ import torch.nn as nn
 
 import runtime
 from configurator import read_config_file, configure
-from data import get_batch, load_meta, load_tokenizer, load_tokens, mask_tokens
+from data import get_batch, load_meta, load_tokens, mask_tokens
 from model import CrammedBert, ModelConfig, param_groups
 from runtime import train_step
 
@@ -55,9 +52,6 @@ compile = True          # as train.py; the crammed row is also timed eager, for 
 profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
 peak_tflops = 0.0       # for MFU; 0 looks the GPU up by name
 seed = 0
-encode = ""             # instead: a corpus (file or folder) to time prepare.py's encoding pass on, against raw
-                        # tiktoken on the same text and threads (data_dir's tokenizer; `repeats` rounds)
-encode_chars = 0        # with encode: only the corpus' first documents up to this many characters (0: all)
 # -----------------------------------------------------------------------------
 SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),
           "small": dict(n_layers=4, d_model=256, n_heads=4, d_ffn=1024, vocab_size=8192)}
@@ -204,57 +198,6 @@ def time_data(tokens, micro, rt, vocab, n=20):
     return (time.perf_counter() - start) / n
 
 
-def bench_encoding(corpus):
-    """prepare.py's encoding pass (reading and decompressing the corpus, its compression median,
-    encoding, de-duplication hashing, writing the token files) against tiktoken's raw batch encoder
-    over the same documents already in memory, on the same threads, in alternating rounds (A B A B)."""
-    import shutil
-    import tempfile
-
-    import prepare
-    enc = load_tokenizer(data_dir)
-    meta = load_meta(data_dir)
-    threads = os.cpu_count() or 1
-    _, documents = prepare.document_source(corpus)
-
-    def first_documents():
-        chars = 0
-        for text in documents():
-            if encode_chars and chars >= encode_chars:
-                return
-            chars += len(text)
-            yield text
-
-    texts = list(first_documents())
-    n_bytes = sum(len(t.encode()) for t in texts)
-
-    def raw():  # at its best: 256 whole documents a call, however long (prepare.py also caps a batch at 4M characters)
-        start = time.perf_counter()
-        for i in range(0, len(texts), 256):
-            enc.encode_ordinary_batch(texts[i:i + 256], num_threads=threads)
-        return time.perf_counter() - start
-
-    def encoding_pass():
-        out = tempfile.mkdtemp()
-        try:
-            start = time.perf_counter()
-            median = prepare.median_tokens_per_char(first_documents, enc)
-            prepare.encode_corpus(first_documents, enc, meta["special_ids"], meta["dtype"],
-                                  prepare.max_compression * median, out, workers=threads)
-            return time.perf_counter() - start
-        finally:
-            shutil.rmtree(out)
-
-    print(f"# {corpus}: {len(texts):,} documents, {n_bytes / 1e6:,.1f} MB of text | {data_dir}'s tokenizer "
-          f"({enc.n_vocab} tokens) | {threads} threads | {time.strftime('%Y-%m-%d')}")
-    times = alternate({"raw tiktoken": raw, "prepare.py's encoding pass": encoding_pass}, repeats)
-    print(f"\n| | MB/s, median (min-max) of {repeats} alternating rounds |\n|---|---|")
-    for name, seconds in times.items():
-        print(f"| {name} | {spread([n_bytes / 1e6 / t for t in seconds], '{:.1f}')} |")
-    ratios = [r / p for r, p in zip(times["raw tiktoken"], times["prepare.py's encoding pass"])]
-    print(f"\nthe pass at {spread([100 * r for r in ratios], '{:.0f}%')} of raw tiktoken's speed (per round)")
-
-
 def gib(memory):
     return f"{memory / 2 ** 30:.1f}" if memory is not None else "-"
 
@@ -269,8 +212,6 @@ def row(name, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak):
 
 
 def main():
-    if encode:
-        return bench_encoding(encode)
     rt = runtime.setup(device, dtype, compile)
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")

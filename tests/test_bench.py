@@ -32,7 +32,7 @@ def test_bench_times_offload_beside_normal_mode(tmp_path):
 
 
 def test_bench_times_the_encoding_pass_against_raw_tiktoken(prepared, corpus_file):
-    out = run_script("bench.py", f"--encode={corpus_file}", f"--data_dir={prepared}", "--repeats=2").stdout
+    out = run_script("tools/bench_prepare.py", f"--corpus={corpus_file}", f"--data_dir={prepared}", "--repeats=2").stdout
     assert re.search(r"^# .*grammar.txt: 400 documents, [\d.]+ MB of text .*\(384 tokens\)", out, re.M)
     assert re.search(r"^\| raw tiktoken \| [\d.]+ \([\d.]+-[\d.]+\) \|", out, re.M)
     assert re.search(r"^\| prepare.py's encoding pass \| [\d.]+ \([\d.]+-[\d.]+\) \|", out, re.M)
