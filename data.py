@@ -1,10 +1,13 @@
-"""Reading what prepare.py wrote: metadata, the tokenizer, token files; MLM masking; and the
-file writes every script uses: atomic writes, checkpoints.
+"""Reading what prepare.py wrote: metadata, the tokenizer, token files; the training data's
+order (rows_at: a pure function of the position in the run) and its masked micro-batches
+(Batches, fixed-count MLM masking); fill-in examples; the runs' metrics.jsonl; and the file
+writes every script uses: atomic writes, checkpoints.
 
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
 """
 import base64
+import functools
 import json
 import os
 import pickle
@@ -204,3 +207,58 @@ def read_metrics(run):
     if not evals:
         raise SystemExit(f"error: {path} has no evaluation yet")
     return [evals[step] for step in sorted(evals)]
+
+
+@functools.lru_cache(maxsize=2)
+def epoch_order(n_rows, seed, epoch, order="shuffled"):
+    """The permutation of the training rows that epoch `epoch` visits. order='file': the first
+    epoch reads the file's own order (prepare.py's curriculum); repeats are shuffled."""
+    if order == "file" and epoch == 0:
+        return np.arange(n_rows)
+    return np.random.default_rng((seed, epoch)).permutation(n_rows)
+
+
+def rows_at(start, count, n_rows, seed, order="shuffled"):
+    """Rows of the run's sequences start .. start + count - 1, where sequence i is row
+    epoch_order(i // n_rows)[i % n_rows]: every epoch visits each row once, and a resumed run
+    continues from the number of sequences consumed (the checkpoint's tokens / seq_len)."""
+    parts = []
+    while count > 0:
+        epoch, offset = divmod(start, n_rows)
+        take = min(count, n_rows - offset)
+        parts.append(epoch_order(n_rows, seed, epoch, order)[offset:offset + take])
+        start, count = start + take, count - take
+    return np.concatenate(parts)
+
+
+class Batches:
+    """The masked micro-batches of one process. at(consumed, micro_step) is micro-batch
+    `micro_step` of this rank in the global batch that starts after `consumed` sequences: ranks
+    take disjoint slices, and rows and masks depend only on the place in the run's sequence
+    order, so a resumed run or another rank count sees the same."""
+
+    def __init__(self, tokens, meta, micro, rank, world, device, mask_rate, seed, order="shuffled"):
+        self.tokens, self.micro, self.rank, self.world, self.device = tokens, micro, rank, world, device
+        self.mask_rate, self.seed, self.order = mask_rate, seed, order
+        self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
+        self.generator = torch.Generator(device=device)
+
+    def at(self, consumed, micro_step):
+        start = consumed + (micro_step * self.world + self.rank) * self.micro
+        idx = get_batch(self.tokens, rows_at(start, self.micro, len(self.tokens), self.seed, self.order), self.device)
+        self.generator.manual_seed(int(np.random.default_rng((self.seed, start)).integers(2 ** 62)))
+        return mask_tokens(idx, self.mask_rate, self.mask_id, self.n_regular, self.generator)
+
+
+def load_run_data(path):
+    """meta.json, the train and val tokens and the tokenizer's text (checkpoints carry it, so
+    fine-tuning needs nothing else); a one-line error names the command that prepares `path`."""
+    if not os.path.isfile(os.path.join(path, "meta.json")):
+        how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
+            f"python prepare.py --out_dir={path} --dataset=..."
+        raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on the embedded corpus "
+                         f"`python prepare.py && python train.py config/train_quickstart.py`")
+    meta = load_meta(path)
+    with open(os.path.join(path, meta["tokenizer_file"])) as f:
+        tokenizer_text = f.read()
+    return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text

@@ -213,3 +213,21 @@ def cpu_warning(flops_per_step, threads, cpu_flops_per_thread=75e9):
         return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
                 f"shape needs a GPU. For a run of a few minutes: python train.py config/train_quickstart.py")
     return None
+
+
+def choose_micro_batch(micro_batch, batch_size, model_config, rt, world, mask_rate, offload, log):
+    """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
+    torchrun the smallest over the ranks) and divides the batch, on a CPU 32 or less."""
+    if micro_batch or rt.device.type != "cuda" or offload:  # the probe measures normal mode
+        return micro_batch or max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0)
+    chosen, tried = probe_micro_batch(model_config, rt, batch_size // world, mask_rate)
+    if world > 1:
+        t = torch.tensor([chosen], device=rt.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        chosen = int(t.item())
+    while batch_size % (chosen * world):
+        chosen //= 2
+    peaks = ", ".join(f"{s}: {b / 2 ** 30:.1f}" if b else f"{s}: out of memory" for s, b in tried.items())
+    log(f"micro_batch=0: chose {chosen}, the largest power of two within 90% of the GPU's free memory "
+        f"(peak GiB by size: {peaks})")
+    return chosen

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (fill_in, get_batch, load_checkpoint, load_meta, load_tokens, make_encoding, mask_tokens, parse_ranks,
+from data import (Batches, fill_in, get_batch, load_checkpoint, load_run_data, make_encoding, mask_tokens, parse_ranks,
                   repeat_warning, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
 from runtime import cpu_warning, train_step
@@ -99,46 +99,6 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
-@functools.lru_cache(maxsize=2)
-def epoch_order(n_rows, seed, epoch, order="shuffled"):
-    """The permutation of the training rows that epoch `epoch` visits. order='file': the first
-    epoch reads the file's own order (prepare.py's curriculum); repeats are shuffled."""
-    if order == "file" and epoch == 0:
-        return np.arange(n_rows)
-    return np.random.default_rng((seed, epoch)).permutation(n_rows)
-
-
-def rows_at(start, count, n_rows, seed, order="shuffled"):
-    """Rows of the run's sequences start .. start + count - 1, where sequence i is row
-    epoch_order(i // n_rows)[i % n_rows]: every epoch visits each row once, and a resumed run
-    continues from the number of sequences consumed (the checkpoint's tokens / seq_len)."""
-    parts = []
-    while count > 0:
-        epoch, offset = divmod(start, n_rows)
-        take = min(count, n_rows - offset)
-        parts.append(epoch_order(n_rows, seed, epoch, order)[offset:offset + take])
-        start, count = start + take, count - take
-    return np.concatenate(parts)
-
-
-class Batches:
-    """The masked micro-batches of one process. at(consumed, micro_step) is micro-batch
-    `micro_step` of this rank in the global batch that starts after `consumed` sequences: ranks
-    take disjoint slices, and rows and masks depend only on the place in the run's sequence
-    order, so a resumed run or another rank count sees the same."""
-
-    def __init__(self, tokens, meta, micro, rank, world, rt):
-        self.tokens, self.micro, self.rank, self.world, self.device = tokens, micro, rank, world, rt.device
-        self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
-        self.generator = torch.Generator(device=rt.device)
-
-    def at(self, consumed, micro_step):
-        start = consumed + (micro_step * self.world + self.rank) * self.micro
-        idx = get_batch(self.tokens, rows_at(start, self.micro, len(self.tokens), seed, data_order), self.device)
-        self.generator.manual_seed(int(np.random.default_rng((seed, start)).integers(2 ** 62)))
-        return mask_tokens(idx, mask_rate, self.mask_id, self.n_regular, self.generator)
-
-
 @torch.no_grad()
 def evaluate(model, tokens, meta, batch, rt, n_sequences):
     """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks
@@ -195,20 +155,6 @@ def check_settings(world):
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
 
-def load_data(path):
-    """meta.json, the train and val tokens and the tokenizer's text (checkpoints carry it, so
-    fine-tuning needs nothing else); a one-line error names the command that prepares `path`."""
-    if not os.path.isfile(os.path.join(path, "meta.json")):
-        how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
-            f"python prepare.py --out_dir={path} --dataset=..."
-        raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on the embedded corpus "
-                         f"`python prepare.py && python train.py config/train_quickstart.py`")
-    meta = load_meta(path)
-    with open(os.path.join(path, meta["tokenizer_file"])) as f:
-        tokenizer_text = f.read()
-    return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
-
-
 def open_checkpoint(path, model_args):
     """The checkpoint to resume (with resume=True), after checking it trains the same model; None
     for a fresh run, which refuses to overwrite one."""
@@ -221,24 +167,6 @@ def open_checkpoint(path, model_args):
         changed = [k for k in model_args if checkpoint["model_args"].get(k) != model_args[k]]
         raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
     return checkpoint
-
-
-def choose_micro_batch(model_config, rt, ddp, world, log):
-    """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
-    torchrun the smallest over the ranks) and divides the batch, on a CPU 32 or less."""
-    if micro_batch or rt.device.type != "cuda" or offload:  # the probe measures normal mode
-        return micro_batch or max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0)
-    chosen, tried = runtime.probe_micro_batch(model_config, rt, batch_size // world, mask_rate)
-    if ddp:
-        t = torch.tensor([chosen], device=rt.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        chosen = int(t.item())
-    while batch_size % (chosen * world):
-        chosen //= 2
-    peaks = ", ".join(f"{s}: {b / 2 ** 30:.1f}" if b else f"{s}: out of memory" for s, b in tried.items())
-    log(f"micro_batch=0: chose {chosen}, the largest power of two within 90% of the GPU's free memory "
-        f"(peak GiB by size: {peaks})")
-    return chosen
 
 
 def build_training(model, rt, ddp, log):
@@ -331,13 +259,14 @@ def main(config):
     if offload and rt.dtype == torch.float16:
         raise SystemExit("error: --offload=True needs --dtype=bfloat16 or float32 (float16's loss scaling is not "
                          "built for it)")
-    meta, train_tokens, val_tokens, tokenizer_text = load_data(data_dir)
+    meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     model_args = dataclasses.asdict(model_config)
     ckpt_path, metrics_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "metrics.jsonl")
     checkpoint = open_checkpoint(ckpt_path, model_args)
     os.makedirs(out_dir, exist_ok=True)
-    micro = config["micro_batch"] = choose_micro_batch(model_config, rt, ddp, world, log)
+    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world, mask_rate,
+                                                               offload, log)
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
@@ -374,7 +303,8 @@ def main(config):
                    config=config)
     if run["init_loss"] is None and master:
         run["init_loss"] = run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)[0]
-    batches, stop_request = Batches(train_tokens, meta, micro, rank, world, rt), StopRequest()
+    batches = Batches(train_tokens, meta, micro, rank, world, rt.device, mask_rate, seed, data_order)
+    stop_request = StopRequest()
     budget = budget_hours * 3600
 
     # -------------------------------------------------------------------- the loop; the clock runs

@@ -18,7 +18,7 @@ from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from data import load_meta, mask_tokens
 from model import CrammedBert, param_groups
 from runtime import train_step
-from train import repeat_warning, rows_at
+from data import repeat_warning, rows_at
 
 # 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
 TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--budget_tokens=49152", "--log_interval=1", "--eval_sequences=32"]
@@ -54,13 +54,14 @@ def rows_read(args, monkeypatch):
     from configurator import configure
     settings = dict(vars(train))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    rows, get_batch = [], train.get_batch
+    import data
+    rows, get_batch = [], data.get_batch
 
     def recording(tokens, idx, device):
         if str(tokens.filename).endswith("train.bin"):  # not the evaluations' validation rows
             rows.extend(idx.tolist())
         return get_batch(tokens, idx, device)
-    monkeypatch.setattr(train, "get_batch", recording)
+    monkeypatch.setattr(data, "get_batch", recording)  # what Batches reads the training rows with
     torch.set_num_threads(1)
     try:
         train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS))

@@ -9,7 +9,7 @@ import torch
 
 import prepare
 from conftest import TINY_MODEL, assert_one_line_error, run_script
-from data import load_meta, load_tokenizer, load_tokens
+from data import load_meta, load_tokenizer, load_tokens, rows_at
 
 
 def test_prepare_writes_token_files(prepared):
@@ -243,7 +243,6 @@ def test_prepare_curriculum_sorts_blocks_by_sentence_ends(tmp_path, corpus_file,
     """curriculum=True: the same sequences, each block of curriculum_block sorted by sentence-ending
     tokens, most first; a kill while a block is overwritten is repaired from the journal; and
     train.py's data_order='file' reads that order in the first epoch."""
-    import train
     args = ["prepare.py", f"--dataset={corpus_file}", "--vocab_size=300", "--seq_len=32"]
     run_script(*args, f"--out_dir={tmp_path / 'plain'}")
     run_script(*args, f"--out_dir={tmp_path / 'sorted'}", "--curriculum=True", "--curriculum_block=50")
@@ -278,10 +277,10 @@ def test_prepare_curriculum_sorts_blocks_by_sentence_ends(tmp_path, corpus_file,
     assert steps[0] == (3, False) and path.read_bytes() == rows.tobytes()
 
     n = len(rows)
-    first = train.rows_at(0, n + 10, n, seed=0, order="file")
-    assert (first[:n] == np.arange(n)).all() and (train.rows_at(n - 5, 15, n, seed=0, order="file") == first[n - 5:]).all()
+    first = rows_at(0, n + 10, n, seed=0, order="file")
+    assert (first[:n] == np.arange(n)).all() and (rows_at(n - 5, 15, n, seed=0, order="file") == first[n - 5:]).all()
     assert (first[n:] != np.arange(10)).any()  # the second epoch is shuffled
-    assert not (train.rows_at(0, n, n, seed=0) == np.arange(n)).all()
+    assert not (rows_at(0, n, n, seed=0) == np.arange(n)).all()
 
 
 def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):

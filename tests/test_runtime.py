@@ -9,8 +9,7 @@ import runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script
 from data import mask_tokens
 from model import CrammedBert, param_groups
-from runtime import train_step
-from train import cpu_warning
+from runtime import cpu_warning, train_step
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,
