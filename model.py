@@ -52,14 +52,16 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model, n_heads, d_ffn, bias, glu, norm_first, norm_eps, dropout):
+    """One transformer layer of a ModelConfig `c` (off-load mode builds its templates from it too)."""
+
+    def __init__(self, c):
         super().__init__()
-        self.norm_first = norm_first
-        self.norm1 = nn.LayerNorm(d_model, eps=norm_eps)
-        self.attn = Attention(d_model, n_heads, bias, dropout)
-        self.norm2 = nn.LayerNorm(d_model, eps=norm_eps)
-        self.ffn = FeedForward(d_model, d_ffn, bias, glu)
-        self.drop = nn.Dropout(dropout)
+        self.norm_first = c.norm_first
+        self.norm1 = nn.LayerNorm(c.d_model, eps=c.norm_eps)
+        self.attn = Attention(c.d_model, c.n_heads, c.bias, c.dropout)
+        self.norm2 = nn.LayerNorm(c.d_model, eps=c.norm_eps)
+        self.ffn = FeedForward(c.d_model, c.d_ffn, c.bias, c.glu)
+        self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x, attn_mask=None):
         if self.norm_first:
@@ -120,9 +122,8 @@ class CrammedBert(nn.Module):
     def __init__(self, **settings):
         super().__init__()
         self.config = c = ModelConfig(**settings)
-        vocab_size, seq_len, d_model, n_heads, d_ffn = c.vocab_size, c.seq_len, c.d_model, c.n_heads, c.d_ffn
-        bias, norm_eps, dropout = c.bias, c.norm_eps, c.dropout
-        assert d_model % n_heads == 0, "d_model must be a multiple of n_heads"
+        vocab_size, seq_len, d_model, norm_eps = c.vocab_size, c.seq_len, c.d_model, c.norm_eps
+        assert d_model % c.n_heads == 0, "d_model must be a multiple of n_heads"
         self.sparse_prediction = c.sparse_prediction
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         if c.learned_positions:
@@ -135,16 +136,15 @@ class CrammedBert(nn.Module):
         # already sees local context, which attention otherwise needs many steps to learn to find.
         self.smear = nn.Linear(2 * d_model, d_model, bias=False) if c.smear else None
         self.emb_norm = nn.LayerNorm(d_model, eps=norm_eps)
-        self.emb_drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_ffn, bias, c.glu, c.norm_first, norm_eps, dropout)
-                                    for _ in range(c.n_layers))
+        self.emb_drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         # pre-norm leaves the residual stream un-normalised, so it needs a final norm
         self.final_norm = nn.LayerNorm(d_model, eps=norm_eps) if c.norm_first else nn.Identity()
         if c.head_transform:  # original BERT: dense -> GELU -> LayerNorm before the decoder
             self.head = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
         else:
             self.head = nn.Identity()
-        self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if c.bias else None
         self.apply(self._init_weights)
         if c.smear:
             nn.init.zeros_(self.smear.weight)  # starts as the model without it

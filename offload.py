@@ -198,17 +198,17 @@ class HostBlocks:
 
 class BlockStreamer:
     """The device side: runs the blocks of `host` (a HostBlocks) through two device templates,
-    Blocks built from `args`, block i in template i % 2, matrices in the autocast dtype. Three
+    Blocks of the model's `config`, block i in template i % 2, matrices in the autocast dtype. Three
     streams: compute (the current one), h2d for the weights in and d2h for the gradients out;
     resident[s] is the block whose current weights template s holds, slot_free[s] the event of the
     last compute that read it. Gradients go out through pinned staging buffers, one set per template."""
 
-    def __init__(self, host, args, rt):
+    def __init__(self, host, config, rt):
         self.host = host
         self.rt = rt
         self.cuda = rt.device.type == "cuda"
         with torch.device("meta"):  # shapes only: building the templates draws nothing from the RNG
-            templates = [Block(**args) for _ in range(2)]
+            templates = [Block(config) for _ in range(2)]
         self.templates = [t.to_empty(device=rt.device) for t in templates]
         for p in (p for t in self.templates for p in t.parameters()):
             p.data = p.data.to(wire_dtype(p, rt.dtype))
@@ -329,10 +329,7 @@ class OffloadTrainer:
         self.stem = model.to(rt.device)
         self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
         self.host = HostBlocks(host_blocks, rt, lr, betas, eps, weight_decay)
-        c = model.config
-        args = dict(d_model=c.d_model, n_heads=c.n_heads, d_ffn=c.d_ffn, bias=c.bias, glu=c.glu, norm_first=c.norm_first,
-                    norm_eps=c.norm_eps, dropout=c.dropout)
-        self.streamer = BlockStreamer(self.host, args, rt)
+        self.streamer = BlockStreamer(self.host, model.config, rt)
         # the host side's state under the names bench.py and the tests read (the same lists)
         self.host_blocks = self.host.blocks
         self.masters = self.host.masters
