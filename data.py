@@ -212,7 +212,7 @@ def read_metrics(run):
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
     """The permutation of the training rows that epoch `epoch` visits. order='file': the first
-    epoch reads the file's own order (prepare.py's curriculum); repeats are shuffled."""
+    epoch reads the file's own order (tools/curriculum.py's); repeats are shuffled."""
     if order == "file" and epoch == 0:
         return np.arange(n_rows)
     return np.random.default_rng((seed, epoch)).permutation(n_rows)

@@ -18,7 +18,6 @@ import itertools
 import json
 import os
 import platform
-import re
 import sys
 import sysconfig
 import time
@@ -48,15 +47,11 @@ min_doc_chars = 20      # drop shorter documents (blank lines, stubs)
 dedup = True            # drop documents whose normalised text (lower case, no whitespace) came before
 workers = 0             # threads encoding in parallel (tiktoken releases the GIL); 0: all cores
 progress_minutes = 1.0  # write a progress record this often: a killed run redoes at most this much
-curriculum = False      # the reference's order: within each block of train sequences, those with the most sentence ends first
-curriculum_block = 65536  # train sequences sorted together: bounds the memory (8M tokens, 16-32 MB) and keeps the curriculum mild
 # -----------------------------------------------------------------------------
 
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
-CURRICULUM_JOURNAL = "curriculum.tmp"  # a sorted block, kept until it is safely in train.bin.tmp
-# a token ends a sentence when its bytes end with . ! or ?, then maybe closing quotes or brackets (ASCII or UTF-8 ’ ”)
-SENTENCE_END = re.compile(rb"[.!?](?:[\"')\]]|\xe2\x80[\x99\x9d])*$")
+OLD_JOURNAL = "curriculum.tmp"  # left by the curriculum pass prepare.py once had (now tools/curriculum.py)
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
@@ -351,63 +346,17 @@ class SeenTexts:
 
 def read_progress(out_dir, dedup):
     """The last progress record of an interrupted preparation in out_dir, or None (then it starts
-    over) when there is none or its files are gone."""
+    over) when there is none, its files are gone, or the curriculum pass prepare.py once had was
+    killed while it overwrote a block of train.bin.tmp (journaled: that block may be half written)."""
     path = os.path.join(out_dir, PROGRESS_FILE)
     if not os.path.exists(path):
         return None
     with open(path) as f:
         progress = json.load(f)
     files = [f"{split}.bin.tmp" for split in SPLITS] + (["dedup.bin"] if dedup else [])
-    if not all(os.path.exists(os.path.join(out_dir, name)) for name in files):
+    if not all(os.path.exists(os.path.join(out_dir, name)) for name in files) or progress.get("journaled"):
         return None
     return progress
-
-
-def sentence_end_ids(enc):
-    """A lookup table over the vocabulary: True for the tokens that end a sentence."""
-    ends = np.zeros(enc.n_vocab, dtype=bool)
-    for token in range(enc.n_vocab):
-        ends[token] = token not in enc.special_tokens_set and bool(SENTENCE_END.search(enc.decode_single_token_bytes(token)))
-    return ends
-
-
-def write_durably(f, offset, data):
-    """Write data at offset and return only once it is on disk."""
-    f.seek(offset)
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def sort_by_sentence_ends(path, dtype, ends, start, journaled, record, *, seq_len, block):
-    """The curriculum, in place on the finished train token file: each block of `block` sequences of
-    seq_len tokens is sorted by its count of sentence-ending tokens, most first (stable, so ties keep
-    the corpus order). Blocks from `start` on are sorted, one in memory at a time; the number of
-    blocks is returned. A sorted block goes to a journal file beside the token file before it
-    overwrites its place, and record(block, journaled) notes each step, so a kill mid-write is
-    repaired from the journal on resuming (journaled: the record says block `start` was being
-    overwritten)."""
-    block_bytes = block * seq_len * np.dtype(dtype).itemsize
-    n_blocks = -(-os.path.getsize(path) // block_bytes)
-    journal = os.path.join(os.path.dirname(path), CURRICULUM_JOURNAL)
-    with open(path, "r+b") as f:
-        if journaled:  # killed while block `start` was being overwritten: its sorted copy is whole
-            with open(journal, "rb") as j:
-                write_durably(f, start * block_bytes, j.read())
-            record(start + 1, False)
-            start += 1
-        for i in tqdm(range(start, n_blocks), desc="curriculum", unit=" blocks", initial=start, total=n_blocks):
-            f.seek(i * block_bytes)
-            rows = np.frombuffer(f.read(block_bytes), dtype=dtype).reshape(-1, seq_len)
-            data = rows[np.argsort(-ends[rows].sum(axis=1), kind="stable")].tobytes()
-            with open(journal, "wb") as j:
-                write_durably(j, 0, data)
-            record(i, True)
-            write_durably(f, i * block_bytes, data)
-            record(i + 1, False)
-    if os.path.exists(journal):
-        os.remove(journal)
-    return n_blocks
 
 
 def median_tokens_per_char(documents, enc, min_doc_chars=20, n=1000, max_chars=5_000_000):
@@ -468,16 +417,13 @@ class TokenFiles:
         self.stats["short_documents"] += short
         self.read = end
 
-    def record(self, **place):
-        """Make all that was written durable and write a progress record of it. place: where the
-        source is (source_state) or, once encoding is done, the sorting pass (sorted_blocks, journaled)."""
+    def record(self, source_state):
+        """Make all that was written durable and write a progress record of it, with where the source
+        is (a RowStream's state, else None)."""
         dedup_bytes = self.seen.state() if self.seen else 0
         writers = {split: writer.state() for split, writer in self.writers.items()}
         write_json(self.progress_path, dict(read=self.read, stats=self.stats, dedup_bytes=dedup_bytes,
-                                            writers=writers, **place))
-
-    def record_sorting(self, block, journaled):
-        self.record(sorted_blocks=block, journaled=journaled)
+                                            writers=writers, source_state=source_state))
 
     def check_enough_text(self):
         """Before anything is renamed into place: each split needs a whole sequence."""
@@ -563,7 +509,7 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
             if stop:
                 return
             if due:
-                files.record(source_state=documents.state() if isinstance(documents, RowStream) else None)
+                files.record(documents.state() if isinstance(documents, RowStream) else None)
                 last_record = time.time()
         while jobs:  # the end of the source: the batches left are all written
             files.write_batch(*jobs.popleft())
@@ -572,19 +518,8 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
         bar.close()
 
 
-def apply_curriculum(files, enc, block, start, journaled):
-    """Sort the finished train file by sentence ends (sort_by_sentence_ends), from block `start`
-    on; the counts gain the number of blocks and of sentence-ending tokens."""
-    ends = sentence_end_ids(enc)
-    train = files.writers["train"]
-    files.stats["curriculum_blocks"] = sort_by_sentence_ends(train.path + ".tmp", train.dtype, ends, start, journaled,
-                                                             files.record_sorting, seq_len=files.seq_len, block=block)
-    files.stats["sentence_end_token_ids"] = int(ends.sum())
-
-
 def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, *, workers=0, seq_len=128,
-                  val_fraction=0.01, min_doc_chars=20, dedup=True, max_tokens=0, progress_minutes=1.0,
-                  curriculum=False, curriculum_block=65536):
+                  val_fraction=0.01, min_doc_chars=20, dedup=True, max_tokens=0, progress_minutes=1.0):
     """Encode every document of `documents` (a function returning a fresh document iterator) into
     out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
     max_tokens_per_char tokens per character are dropped (0: none are); the other arguments are the
@@ -599,17 +534,12 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     if progress:
         print(f"resuming an interrupted preparation after {files.read:,} documents "
               f"({files.stats['train_tokens']:,} train tokens)")
-    # a record with sorted_blocks was taken after the last document: encoding is done
-    encoded = bool(progress) and "sorted_blocks" in progress
-    if not encoded:
+    if progress and "sorted_blocks" in progress:  # taken after the last document by the old curriculum pass
+        print(f"note: the curriculum pass under way is no longer prepare.py's: train.bin keeps the "
+              f"{progress['sorted_blocks']} blocks it sorted; tools/curriculum.py at the same --block sorts the rest")
+    else:
         encode_documents(files, documents, progress, enc, workers, min_doc_chars, max_tokens, progress_minutes)
     files.check_enough_text()
-    if curriculum and encoded:
-        apply_curriculum(files, enc, curriculum_block, progress["sorted_blocks"], progress["journaled"])
-    elif curriculum:
-        # the whole train file is now durable, and encoding is never redone
-        files.record(sorted_blocks=0, journaled=False)
-        apply_curriculum(files, enc, curriculum_block, 0, False)
     return files.finish()
 
 
@@ -622,8 +552,8 @@ def check_settings(out_dir, settings):
         return
     with open(path) as f:
         previous = json.load(f)
-    if previous != settings:
-        changed = ", ".join(k for k in settings if previous.get(k) != settings[k])
+    changed = ", ".join(k for k in settings if previous.get(k) != settings[k])
+    if changed:  # settings prepare.py no longer has (curriculum, curriculum_block) are ignored
         raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
                          f"use another --out_dir or delete it")
 
@@ -637,8 +567,6 @@ def main():
                     vocab_size=vocab_size, seq_len=seq_len, val_fraction=val_fraction,
                     tokenizer_train_chars=tokenizer_train_chars, max_tokens=max_tokens,
                     max_compression=max_compression, min_doc_chars=min_doc_chars, dedup=dedup)
-    if curriculum:  # only when on, so data prepared before the option existed still matches its settings
-        settings.update(curriculum=True, curriculum_block=curriculum_block)
     check_settings(out, settings)
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
@@ -661,16 +589,15 @@ def main():
     median = median_tokens_per_char(documents, enc, min_doc_chars) if max_compression else 0.0
     stats = encode_corpus(documents, enc, special_ids, dtype, max_compression * median, out, workers=workers,
                           seq_len=seq_len, val_fraction=val_fraction, min_doc_chars=min_doc_chars, dedup=dedup,
-                          max_tokens=max_tokens, progress_minutes=progress_minutes, curriculum=curriculum,
-                          curriculum_block=curriculum_block)
+                          max_tokens=max_tokens, progress_minutes=progress_minutes)
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
     meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=special_ids,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.time() - t1, 1))
     write_json(meta_path, meta)
-    progress_path = os.path.join(out, PROGRESS_FILE)
-    if os.path.exists(progress_path):  # the work is done: the record is no longer needed
-        os.remove(progress_path)
+    for name in (PROGRESS_FILE, OLD_JOURNAL):  # the work is done: the record is no longer needed
+        if os.path.exists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
     print(f"wrote {out}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "
           f"of {seq_len} tokens, vocabulary {enc.n_vocab}, in {time.time() - t0:.0f}s")
 

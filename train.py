@@ -66,7 +66,7 @@ offload = False           # blocks' master weights and AdamW state in host memor
                           # for encoders whose training state exceeds the GPU (offload.py; one process, AdamW)
 peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
 seed = 0                  # model initialisation, data order and masks
-data_order = "shuffled"   # or 'file': the first epoch reads train.bin in its order (prepare.py's curriculum), later epochs shuffled
+data_order = "shuffled"   # or 'file': the first epoch reads train.bin in its order (tools/curriculum.py's), later epochs shuffled
 log_interval = 10         # steps
 max_skipped_steps = 5     # stop after this many updates in a row skipped for a non-finite gradient
 eval_interval_minutes = 30.0

@@ -239,42 +239,63 @@ def test_prepare_cleaning_counts(tmp_path, corpus_file):
                                                        + meta["duplicate_tokens"] + removed)
 
 
-def test_prepare_curriculum_sorts_blocks_by_sentence_ends(tmp_path, corpus_file, monkeypatch):
-    """curriculum=True: the same sequences, each block of curriculum_block sorted by sentence-ending
-    tokens, most first; a kill while a block is overwritten is repaired from the journal; and
+def test_curriculum_tool_sorts_blocks_by_sentence_ends(tmp_path, corpus_file, monkeypatch):
+    """tools/curriculum.py: the same sequences, each block of `block` sorted by sentence-ending tokens,
+    most first; a kill while a block is written loses nothing and the next run finishes the pass; and
     train.py's data_order='file' reads that order in the first epoch."""
-    args = ["prepare.py", f"--dataset={corpus_file}", "--vocab_size=300", "--seq_len=32"]
-    run_script(*args, f"--out_dir={tmp_path / 'plain'}")
-    run_script(*args, f"--out_dir={tmp_path / 'sorted'}", "--curriculum=True", "--curriculum_block=50")
-    meta = load_meta(tmp_path / "sorted")
-    plain, rows = np.asarray(load_tokens(tmp_path / "plain", "train")), np.asarray(load_tokens(tmp_path / "sorted", "train"))
-    enc = load_tokenizer(tmp_path / "sorted")
-    ends = prepare.sentence_end_ids(enc)
+    import shutil
+    import curriculum  # tools/curriculum.py
+    plain_dir, sorted_dir = tmp_path / "plain", tmp_path / "sorted"
+    run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={plain_dir}", "--vocab_size=300", "--seq_len=32")
+    shutil.copytree(plain_dir, sorted_dir)
+    run_script("tools/curriculum.py", f"--data_dir={sorted_dir}", "--block=50")
+    meta = load_meta(sorted_dir)
+    plain, rows = np.asarray(load_tokens(plain_dir, "train")), np.asarray(load_tokens(sorted_dir, "train"))
+    enc = load_tokenizer(sorted_dir)
+    ends = curriculum.sentence_end_ids(enc)
     assert ends[enc.encode_ordinary(" river.")[-1]] and not ends[meta["special_ids"]["[SEP]"]]
-    assert meta["curriculum_blocks"] == -(-len(rows) // 50) >= 3 and meta["settings"]["curriculum_block"] == 50
+    assert meta["curriculum_blocks"] == -(-len(rows) // 50) >= 3 and meta["curriculum_block"] == 50
+    assert meta["sentence_end_token_ids"] == ends.sum()
+    assert {k: v for k, v in meta.items() if not k.startswith(("curriculum", "sentence_end"))} == load_meta(plain_dir)
     for start in range(0, len(rows), 50):
         counts = ends[rows[start:start + 50]].sum(axis=1)
         assert (np.diff(counts) <= 0).all() and counts[0] > counts[-1]
         block = plain[start:start + 50]  # the same rows, ties in the file's order
         assert (rows[start:start + 50] == block[np.argsort(-ends[block].sum(axis=1), kind="stable")]).all()
-    assert not (tmp_path / "sorted" / "curriculum.tmp").exists()
+    assert not list(sorted_dir.glob("*.tmp"))
+    assert "already sorted in blocks of 50" in run_script("tools/curriculum.py", f"--data_dir={sorted_dir}",
+                                                          "--block=50").stdout
+    for args, error in (("--block=64", "already sorted in blocks of 50"), ("--block=0", "--block must be at least 1")):
+        assert_one_line_error(run_script("tools/curriculum.py", f"--data_dir={sorted_dir}", args, check=False), error)
+    assert_one_line_error(run_script("tools/curriculum.py", f"--data_dir={tmp_path}", check=False), "run `python prepare.py`")
 
-    # killed while block 2 was being overwritten: half of it is garbage, the journal is whole
-    path = tmp_path / "train.bin.tmp"
-    path.write_bytes(plain.tobytes())
+    # killed while block 2 was being written: train.bin is untouched, the copy holds 2 blocks and a cut one
+    killed = tmp_path / "killed"
+    shutil.copytree(plain_dir, killed)
 
-    def killed(block, journaled):
-        if (block, journaled) == (2, True):
+    def killed_at_block_2(rows, ends):
+        if rows.shape == plain[100:150].shape and (rows == plain[100:150]).all():
             raise KeyboardInterrupt
+        return block_sort(rows, ends)
+    block_sort = curriculum.sort_block
+    monkeypatch.setattr(curriculum, "sort_block", killed_at_block_2)
+    monkeypatch.setattr(curriculum, "data_dir", str(killed))
+    monkeypatch.setattr(curriculum, "block", 50)
     with pytest.raises(KeyboardInterrupt):
-        prepare.sort_by_sentence_ends(str(path), "uint16", ends, 0, False, killed, seq_len=32, block=50)
-    with open(path, "r+b") as f:
-        f.seek(2 * 50 * 32 * 2)
+        curriculum.main()
+    copy = killed / "train.bin.curriculum-50.tmp"
+    with open(copy, "ab") as f:
         f.write(bytes(25 * 32 * 2))
-    steps = []
-    prepare.sort_by_sentence_ends(str(path), "uint16", ends, 2, True, lambda *step: steps.append(step), seq_len=32,
-                                  block=50)
-    assert steps[0] == (3, False) and path.read_bytes() == rows.tobytes()
+    assert (killed / "train.bin").read_bytes() == plain.tobytes() and load_meta(killed) == load_meta(plain_dir)
+    proc = run_script("tools/curriculum.py", f"--data_dir={killed}", "--block=50")
+    assert "| 1/" in proc.stderr  # went on from the last whole block (redone), not from the start
+    assert (killed / "train.bin").read_bytes() == rows.tobytes() and load_meta(killed) == meta
+    assert not copy.exists()
+    # killed after meta.json recorded the pass, before the rename: the next run renames the copy
+    shutil.copy(plain_dir / "train.bin", killed / "train.bin")
+    shutil.copy(sorted_dir / "train.bin", copy)
+    assert "already sorted" in run_script("tools/curriculum.py", f"--data_dir={killed}", "--block=50").stdout
+    assert (killed / "train.bin").read_bytes() == rows.tobytes() and not copy.exists()
 
     n = len(rows)
     first = rows_at(0, n + 10, n, seed=0, order="file")
