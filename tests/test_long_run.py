@@ -50,21 +50,22 @@ def test_warning_when_the_budget_repeats_the_data():
 def rows_read(args, monkeypatch):
     """Run train.py's main in this process with args and return the training rows its
     micro-batches read, in order (its settings and signal handlers are restored afterwards)."""
+    import data
     import train
     from configurator import configure
     settings = dict(vars(train))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    import data
     rows, get_batch = [], data.get_batch
 
     def recording(tokens, idx, device):
         if str(tokens.filename).endswith("train.bin"):  # not the evaluations' validation rows
             rows.extend(idx.tolist())
         return get_batch(tokens, idx, device)
-    monkeypatch.setattr(data, "get_batch", recording)  # what Batches reads the training rows with
     torch.set_num_threads(1)
     try:
-        train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS))
+        with monkeypatch.context() as patch:  # undone after this run, so the next run records only its own rows
+            patch.setattr(data, "get_batch", recording)  # what data.Batches reads the training rows with
+            train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS))
     finally:
         vars(train).update(settings)
         for s, handler in handlers.items():
