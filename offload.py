@@ -1,66 +1,39 @@
 """Off-load mode (train.py --offload=True): train an encoder whose training state is larger than
-the GPU. The blocks' float32 master weights, their AdamW moments and their float32 gradient
-accumulators live in host memory; the device holds the embeddings, the final norm and the MLM
-head (with a normal AdamW) and two template blocks that each block's weights stream through.
+the GPU. The blocks' float32 masters, AdamW moments and float32 gradient accumulators live in host
+memory; the device holds the stem (embeddings, final norm, MLM head, with a normal AdamW) and two
+template blocks that each block's weights stream through.
 
-One micro-step:
-  forward   embeddings on the device (graph kept); then block by block under no_grad, keeping
-            only each block's input (the block-boundary activations) and the device RNG state
-            it started from; the head and loss with grad, backward to the last boundary.
-  backward  block by block from the last: copy its weights in, restore its RNG state (the same
-            dropout masks), recompute it with grad, backward from the boundary gradient; its
-            weight gradients go back to the host and are added to the float32 accumulators.
-            Last, the embeddings' backward.
-Weights cross the bus twice per micro-step (forward and recompute; the recompute's weights also
-serve its backward), in the autocast dtype (2 bytes a parameter for bfloat16), and the block
-just finished stays in its template, so the first block of each pass needs no copy. Block i+1's
-weights copy on a side stream while block i computes (double buffering over the two
-templates); gradients copy back on a third stream, and the host adds block i+1's while the
-device works on block i. On a CPU the streams are HostStream, which does nothing, so the same
-code runs (and is tested) there.
+One micro-step. Forward: the embeddings with grad, then block by block under no_grad, keeping only
+each block's input and the device RNG state it started from; the head and loss with grad.
+Backward, from the last block: copy its weights in, restore its RNG state (the same dropout masks),
+recompute it with grad and backward from the boundary gradient; its weight gradients go to the
+host and are added to the accumulators. Weights cross the bus twice per micro-step in the autocast
+dtype (the block just finished stays in its template, so each pass starts with no copy); block
+i+1's copy runs on a side stream while block i computes, gradients go back on a third. On a CPU
+the streams are HostStream, which does nothing, so the same code runs (and is tested) there.
 
-Precision: the templates hold the matrices in the autocast dtype, so under bfloat16 every
-micro-step sees bfloat16-rounded matrices and returns bfloat16 gradients for them (autocast
-does its matmuls in bfloat16 in normal mode too), and the vectors (norm weights, biases) in
-float32, as normal mode's LayerNorm sees them (CPU autocast also refuses a bfloat16 LayerNorm
-weight on a float32 input); accumulation, clipping and the update are float32. float16 is not
-supported (its loss scaler is not built for this mode). With float32 the mode is exact: the
-tests match normal mode's losses and parameters.
+Precision: the templates hold matrices in the autocast dtype (bfloat16 matmuls, as autocast does
+in normal mode) and vectors in float32; accumulation, clipping and the update are float32. With
+float32 the mode is exact (the tests match normal mode). float16 is not supported.
 
-Clipping and the non-finite skip need the global gradient norm before any update, so each
-block's squared norm is taken as its last micro-step's gradients land, and after the backward
-the total (with the device part's) sets the clip scale: the step is held until the norm is known
-(exact clipping, as normal mode), and the copies still overlap. The device part steps at once;
-the blocks step on one host thread in forward order, each with its own fused CPU AdamW (the same
-groups and hyperparameters as model.param_groups), and the next forward waits only for block
-i's update before sending block i (queued behind block i-1's compute), so the host step overlaps
-the next step's forward. What holding costs: the device idles while block 0 updates, and
-whenever a block's update takes longer than the previous block's forward. At the reference shape
-on an H100 a block's update is ~3 ms (5.9M parameters at ~2G parameters/s on 16 cores) and its
-forward at micro-batch 512 ~4 ms, so the cost is one block's update per optimizer step: ~1% of a
-one-micro-batch step early in the batch ramp, under 0.1% at the full batch. Stepping each block
-as its gradients land in the last backward would hide that too, but only with an inexact clip
-(the previous step's norm). Per optimizer step the CPU moves about 30 bytes a parameter, some 3G
-parameters/s on a 100 GB/s host.
+The step is held until the global gradient norm is known (exact clipping and the non-finite skip,
+as normal mode); then the blocks step with one fused CPU AdamW each, in forward order on one host
+thread, and the next forward waits only for the update of the block it sends. The cost: about one
+block's update per optimizer step (~3 ms at the reference shape on an H100 host).
 
-Host bytes per block parameter: float32 master 4 + AdamW moments 8 + float32 accumulator 4 +
-pinned transfer copy 2 (bfloat16; none under float32, where the master itself is sent) = 18
-(the vectors' float32 copies are a rounding error beside the matrices).
-Only what crosses the bus is pinned (transfer copies and the gradient staging buffers): pinned
-memory is page-locked, and pinning all of it is what exhausts RAM in ZeRO-Offload setups.
-
-Checkpoints interchange with normal mode: state_dict() gives the plain CrammedBert state_dict
-(same keys) and torch.optim.AdamW's state_dict over param_groups(model, weight_decay).
+Host bytes per block parameter: master 4 + moments 8 + accumulator 4 + pinned bfloat16 copy for
+the bus 2 = 18 (16 under float32, where the master itself is sent). Only what crosses the bus is
+pinned. Checkpoints interchange with normal mode: the plain CrammedBert state_dict and AdamW's
+state_dict over param_groups(model, weight_decay). docs/offload.md has the arithmetic of speed.
 
 The parts, one job each:
-  HostBlocks      the host side: the blocks' float32 masters and accumulators, the pinned copies
-                  that cross the bus, a fused AdamW per block and the one updater thread.
+  HostBlocks      the host side: masters, accumulators, the pinned copies that cross the bus, a
+                  fused AdamW per block and the one updater thread.
   BlockStreamer   the device side: the two templates, the copy and gradient streams and their
-                  events; runs the blocks' forward and recompute-backward, streaming the weights
-                  in and the gradients out to HostBlocks.
-  OffloadTrainer  composes them with the device part (the stem: embeddings, final norm, head and
-                  its AdamW): the optimizer step with the global clip, the model interface, and
-                  checkpoints in normal mode's format.
+                  events; runs the blocks forward and recompute-backward, streaming weights in
+                  and gradients out to HostBlocks.
+  OffloadTrainer  composes them with the stem: the optimizer step with the global clip, the model
+                  interface evaluation uses, and checkpoints in normal mode's format.
 """
 import math
 from concurrent.futures import ThreadPoolExecutor
