@@ -32,8 +32,8 @@ import torch.nn as nn
 
 import runtime
 from configurator import read_config_file, configure
-from data import get_batch, load_meta, load_tokens, mask_tokens
-from model import CrammedBert, ModelConfig, param_groups
+from data import SPECIAL_TOKENS, RandomBatches, benchmark_tokens, get_batch, mask_tokens
+from model import SHAPES, CrammedBert, ModelConfig, param_groups
 from runtime import train_step
 
 # -----------------------------------------------------------------------------
@@ -53,9 +53,6 @@ profile = False         # print the crammed step's 20 costliest kernels (torch.p
 peak_tflops = 0.0       # for MFU; 0 looks the GPU up by name
 seed = 0
 # -----------------------------------------------------------------------------
-SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),
-          "small": dict(n_layers=4, d_model=256, n_heads=4, d_ffn=1024, vocab_size=8192)}
-N_SPECIAL = 4  # [PAD] [CLS] [SEP] [MASK] take the last ids
 ORIGINAL_BERT = read_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "bert_original.py"))
 
 
@@ -95,31 +92,6 @@ def recipes(dims):
     return out
 
 
-def token_source(data_dir, vocab_size, seq_len, seed):
-    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
-    regular tokens."""
-    try:
-        meta = load_meta(data_dir)
-        if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
-            return load_tokens(data_dir, "train", meta), data_dir
-    except SystemExit:
-        pass
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, vocab_size - N_SPECIAL, (4096, seq_len)).astype(np.uint16), "random tokens"
-
-
-class RandomRows:
-    """batch_at(micro_step): a masked micro-batch of random rows, as train.py's step takes it."""
-
-    def __init__(self, tokens, vocab, micro, rt, mask_rate=0.25, seed=0):
-        self.tokens, self.vocab, self.micro, self.device, self.mask_rate = tokens, vocab, micro, rt.device, mask_rate
-        self.rng = np.random.default_rng(seed)
-
-    def __call__(self, micro_step):
-        idx = get_batch(self.tokens, self.rng.integers(0, len(self.tokens), self.micro), self.device)
-        return mask_tokens(idx, self.mask_rate, self.vocab - 1, self.vocab - N_SPECIAL)
-
-
 def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compiled, profiled=False):
     """Seconds per optimizer step of train.py's step, the warm-up seconds (compilation included)
     and the peak memory (bytes; None on a CPU). profiled: print the costliest kernels too."""
@@ -130,7 +102,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compil
     fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
     step_model = dataclasses.replace(rt, compile=compiled).compile_model(model, fullgraph=fullgraph)
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
-    batch_at = RandomRows(tokens, vocab, micro, rt, mask_rate, seed)
+    batch_at = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
     step = functools.partial(train_step, step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)
     try:
         start = time.perf_counter()
@@ -193,7 +165,7 @@ def time_data(tokens, micro, rt, vocab, n=20):
     start = time.perf_counter()
     for _ in range(n):
         mask_tokens(get_batch(tokens, rng.integers(0, len(tokens), micro), rt.device), 0.25, vocab - 1,
-                    vocab - N_SPECIAL)
+                    vocab - len(SPECIAL_TOKENS))
     rt.synchronize()
     return (time.perf_counter() - start) / n
 
@@ -222,7 +194,7 @@ def main():
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
-    tokens, source = token_source(data_dir, dims["vocab_size"], seq_len, seed)
+    tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# {name} shape {dims['n_layers']}x{dims['d_model']}, vocabulary {dims['vocab_size']}, seq {seq_len} | "
           f"{rt.describe()} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads | "
           f"{accum_steps} micro-batches per step | data: {source} | {time.strftime('%Y-%m-%d')}\n")

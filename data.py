@@ -262,3 +262,46 @@ def load_run_data(path):
     with open(os.path.join(path, meta["tokenizer_file"])) as f:
         tokenizer_text = f.read()
     return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
+
+
+
+
+
+def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
+    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
+    regular tokens."""
+    try:
+        meta = load_meta(data_dir)
+        if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
+            return load_tokens(data_dir, "train", meta), data_dir
+    except SystemExit:
+        pass
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab_size - len(SPECIAL_TOKENS), (4096, seq_len)).astype(np.uint16), "random tokens"
+
+
+class RandomBatches:
+    """batch_at(micro_step): a masked micro-batch of random rows, as train.py's step takes it."""
+
+    def __init__(self, tokens, vocab, micro, rt, mask_rate=0.25, seed=0):
+        self.tokens, self.vocab, self.micro, self.device, self.mask_rate = tokens, vocab, micro, rt.device, mask_rate
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, micro_step):
+        idx = get_batch(self.tokens, self.rng.integers(0, len(self.tokens), self.micro), self.device)
+        return mask_tokens(idx, self.mask_rate, self.vocab - 1, self.vocab - len(SPECIAL_TOKENS))
+
+
+def bytes_to_unicode():
+    """The byte-level BPE alphabet: printable characters stand for themselves, the other
+    bytes are shifted past 255, so every byte is one visible unicode character."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, shift = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + shift)
+            shift += 1
+    return chars

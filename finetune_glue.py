@@ -363,7 +363,7 @@ def main(config):
     path = out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
     write_json(path, dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
                           seeds=[seed + s for s in range(seeds)], settings=config, tasks=results,
-                          average=average, average_over=counted, reference=REFERENCE))
+                          average=average, average_over=counted, reference=REFERENCE, table=markdown))
     print(f"wrote {path}")
 
 

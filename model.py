@@ -104,6 +104,9 @@ class ModelConfig:
 
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
+# named shapes for the benchmarks: the reference crammed BERT and the CPU quickstart's
+SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),
+          "small": dict(n_layers=4, d_model=256, n_heads=4, d_ffn=1024, vocab_size=8192)}
 
 
 def sinusoid_table(seq_len, d_model):

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import configure
-from data import (SPECIAL_TOKENS, TOKENIZER_FILE, hub_reachable, make_encoding, read_ranks, write_atomically,
+from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, hub_reachable, make_encoding, read_ranks, write_atomically,
                   write_json, write_ranks)
 
 # -----------------------------------------------------------------------------
@@ -198,21 +198,6 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
 
 
 # ---------------------------------------------------------------- tokenizer
-def bytes_to_unicode():
-    """The byte-level BPE alphabet: printable characters stand for themselves, the other
-    bytes are shifted past 255, so every byte is one visible unicode character."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, shift = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + shift)
-            shift += 1
-    return chars
-
-
 def train_bpe(texts, size):
     """A byte-level BPE of `size` tokens trained with `tokenizers` on an iterable of strings."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

@@ -20,10 +20,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import runtime  # noqa: E402  (the core sits one folder up)
-from bench import SHAPES, RandomRows, gib, token_source  # noqa: E402
 from configurator import configure  # noqa: E402
-from measure import alternate, spread  # noqa: E402
-from model import CrammedBert, param_groups  # noqa: E402
+from data import RandomBatches, benchmark_tokens  # noqa: E402
+from measure import alternate, gib, spread  # noqa: E402
+from model import SHAPES, CrammedBert, param_groups  # noqa: E402
 from offload import OffloadTrainer  # noqa: E402
 from runtime import train_step  # noqa: E402
 
@@ -169,10 +169,10 @@ def main():
         raise SystemExit(f"error: unknown shape '{name}' ({', '.join(SHAPES)})")
     dims, micro = SHAPES[name], micro_batch or (128 if gpu else 32)
     n_steps, n_warmup = steps or (10 if gpu else 3), warmup_steps or (3 if gpu else 1)
-    tokens, source = token_source(data_dir, dims["vocab_size"], seq_len, seed)
+    tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# off-load mode beside normal mode | {name} shape {dims['n_layers']}x{dims['d_model']} | {rt.describe()} | "
           f"torch {torch.__version__} | {accum_steps} micro-batches per step | data: {source} | {time.strftime('%Y-%m-%d')}")
-    batch_at = RandomRows(tokens, dims["vocab_size"], micro, rt, 0.25, seed)
+    batch_at = RandomBatches(tokens, dims["vocab_size"], micro, rt, 0.25, seed)
     torch.manual_seed(seed)
     offloaded = OffloadMode(dims, rt)
     times, peaks = compare_modes([NormalMode(dims, rt), offloaded], batch_at, n_steps, n_warmup, rt)

@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import SPECIAL_TOKENS, load_checkpoint, parse_ranks, read_metrics, write_atomically, write_json  # noqa: E402
+from data import (SPECIAL_TOKENS, bytes_to_unicode, load_checkpoint, parse_ranks, read_metrics,  # noqa: E402
+                  write_atomically, write_json)
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"  # a train.py checkpoint (its tokenizer and settings travel in it)
@@ -59,7 +60,6 @@ def hf_tokenizer(ranks, special_ids, seq_len):
     """cram's tokenizer as a `tokenizers` Tokenizer that gives the same ids."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-    from prepare import bytes_to_unicode
     char = bytes_to_unicode()  # the byte-level alphabet the BPE was trained in
 
     def text(token):
@@ -101,11 +101,11 @@ def training_facts(ckpt, run_dir):
                      f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', 0.25):g}% of held-out tokens masked)")
     glue_path = os.path.join(run_dir, "glue.json")
     if os.path.isfile(glue_path):
-        from finetune_glue import table
         with open(glue_path) as f:
             glue = json.load(f)
-        lines += ["", f"GLUE dev scores (finetune_glue.py, median of {len(glue['seeds'])} seed(s), "
-                      f"reference: the published crammed BERT):", "", table(glue["tasks"])[0]]
+        if "table" in glue:  # the markdown finetune_glue.py printed (older glue.json files lack it)
+            lines += ["", f"GLUE dev scores (finetune_glue.py, median of {len(glue['seeds'])} seed(s), "
+                          f"reference: the published crammed BERT):", "", glue["table"]]
     return lines
 
 

@@ -15,3 +15,8 @@ def alternate(timers, n_repeats):
 def spread(values, fmt="{:,.0f}"):
     """median (min-max)"""
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def gib(n_bytes):
+    """Bytes in GiB for a table, or '-' when there is no figure (a CPU has no device peak)."""
+    return f"{n_bytes / 2 ** 30:.1f}" if n_bytes is not None else "-"
