@@ -24,7 +24,7 @@ from tqdm import tqdm
 import runtime
 from configurator import configure
 from data import hub_reachable, load_checkpoint, make_encoding, parse_ranks, write_json
-from model import CrammedBert, SequenceClassifier
+from model import CrammedBert, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"
@@ -262,7 +262,7 @@ def finetune(name, encoded, ckpt, run_seed, rt):
     train_ids, labels = encoded["train"]
 
     torch.manual_seed(run_seed)
-    encoder = CrammedBert(**{**ckpt["model_args"], "dropout": dropout})
+    encoder = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": dropout})
     encoder.load_state_dict(ckpt["model"])
     model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout).to(rt.device)
     optimizer = rt.optimizer(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)

@@ -97,3 +97,13 @@ def test_training_reduces_loss_on_a_fixed_batch():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
+
+
+def test_a_checkpoint_from_before_a_switch_loads_as_it_trained():
+    """model_args saved before smear existed lack it: the model they describe has none."""
+    from model import saved_model_args
+    old = CrammedBert(**TINY, smear=False)
+    saved = {k: v for k, v in vars(old.config).items() if k != "smear"}  # what such a checkpoint holds
+    model = CrammedBert(**saved_model_args(saved))
+    model.load_state_dict(old.state_dict())  # strict: the same parameters
+    assert model.smear is None and CrammedBert(**saved).smear is not None  # today's default would differ

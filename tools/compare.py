@@ -71,11 +71,16 @@ def train(name, run_dir, *args):
     command = [sys.executable, os.path.join(ROOT, "train.py"), *([base] if base else []), *train_args.split(),
                *variant_args(name), *args,
                f"--out_dir={run_dir}", "--fill_in_examples=0"]
-    print(f"training {name} -> {run_dir}", flush=True)
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {' '.join(command)} failed:\n{proc.stderr[-2000:]}")
-    print("\n".join(line for line in proc.stdout.splitlines() if line.startswith(("final:", "torch.compile"))))
+    os.makedirs(run_dir)
+    log_path = os.path.join(run_dir, "train.log")  # follow a long run with tail -f
+    print(f"training {name} -> {log_path}", flush=True)
+    with open(log_path, "w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+    with open(log_path) as log:
+        output = log.read()
+    if code != 0:
+        raise SystemExit(f"error: {' '.join(command)} failed:\n{output[-2000:]}")
+    print("\n".join(line for line in output.splitlines() if line.startswith(("final:", "torch.compile"))), flush=True)
     open(os.path.join(run_dir, "done"), "w").close()
 
 

@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from data import (SPECIAL_TOKENS, bytes_to_unicode, load_checkpoint, parse_ranks, read_metrics,  # noqa: E402
                   write_atomically, write_json)
+from model import saved_model_args  # noqa: E402
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"  # a train.py checkpoint (its tokenizer and settings travel in it)
@@ -110,7 +111,7 @@ def training_facts(ckpt, run_dir):
 
 
 def model_card(ckpt, run_dir, folder_name):
-    a = ckpt["model_args"]
+    a = saved_model_args(ckpt["model_args"])
     shape = (f"{a['n_layers']} layers, width {a['d_model']}, {a['n_heads']} heads, feed-forward {a['d_ffn']}"
              f"{' (gated GELU)' if a['glu'] else ''}, sequence length {a['seq_len']}")
     return "\n".join([
@@ -134,7 +135,7 @@ def main():
     ckpt = load_checkpoint(checkpoint)
     run_dir = os.path.dirname(os.path.abspath(checkpoint))
     folder = out_dir or os.path.join(run_dir, "hf")
-    meta, args = ckpt["meta"], ckpt["model_args"]
+    meta, args = ckpt["meta"], saved_model_args(ckpt["model_args"])
     ranks = parse_ranks(ckpt["tokenizer"])
     if len(ranks) + len(SPECIAL_TOKENS) != args["vocab_size"]:
         raise SystemExit(f"error: {checkpoint}: its tokenizer has {len(ranks) + len(SPECIAL_TOKENS)} tokens but its "
