@@ -28,7 +28,7 @@ import runtime
 from configurator import configure
 from data import (Batches, fill_in, get_batch, load_checkpoint, load_run_data, make_encoding, mask_tokens, parse_ranks,
                   repeat_warning, save_checkpoint)
-from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
+from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
 from runtime import cpu_warning, train_step
 
 # -----------------------------------------------------------------------------
@@ -163,8 +163,9 @@ def open_checkpoint(path, model_args):
             raise SystemExit(f"error: {path} exists: pass --resume=True to continue it, or choose another --out_dir")
         return None
     checkpoint = load_checkpoint(path)
-    if checkpoint["model_args"] != model_args:
-        changed = [k for k in model_args if checkpoint["model_args"].get(k) != model_args[k]]
+    saved = saved_model_args(checkpoint["model_args"])
+    if saved != model_args:
+        changed = [k for k in model_args if saved[k] != model_args[k]]
         raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
     return checkpoint
 
