@@ -189,6 +189,12 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
     return lines
 
 
+def append_metrics(path, fields):
+    """One line of a run's metrics.jsonl (train.py's log and evaluation lines; read_metrics reads them)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(fields) + "\n")
+
+
 def read_metrics(run):
     """The evaluations of one run, in order, one per step (for a step logged twice, the later line:
     a run resumed after a hard kill redoes the steps since its last checkpoint)."""
@@ -305,3 +311,24 @@ def bytes_to_unicode():
             chars[b] = chr(256 + shift)
             shift += 1
     return chars
+
+
+@torch.no_grad()
+def evaluate(model, tokens, meta, batch, rt, n_sequences, mask_rate=0.25):
+    """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks
+    (mask_rate of every row: train.py's eval_mask_rate, the same whatever the training recipe)."""
+    model.eval()
+    generator = torch.Generator(device=rt.device).manual_seed(1234)
+    n = min(n_sequences, len(tokens))
+    loss_sum, correct, predicted = 0.0, 0, 0
+    for start in range(0, n, batch):
+        idx = get_batch(tokens, np.arange(start, min(n, start + batch)), rt.device)
+        inputs, positions, labels = mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"],
+                                                meta["n_regular"], generator)
+        with rt.autocast():
+            loss, hits = model(inputs, positions, labels)
+        loss_sum += loss.item() * labels.numel()
+        correct += hits.item()
+        predicted += labels.numel()
+    model.train()
+    return loss_sum / predicted, correct / predicted

@@ -14,19 +14,17 @@ SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same 
 """
 import dataclasses
 import functools
-import json
 import os
 import signal
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (Batches, fill_in, get_batch, load_checkpoint, load_run_data, make_encoding, mask_tokens, parse_ranks,
+from data import (Batches, append_metrics, evaluate, fill_in, load_checkpoint, load_run_data, make_encoding, parse_ranks,
                   repeat_warning, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
 from runtime import cpu_warning, train_step
@@ -97,27 +95,6 @@ def batch_size_at(progress, micro, final, ramp):
     at `ramp` of the budget, rounded down to a whole number of micro-batches."""
     target = final if ramp <= 0 else micro + (final - micro) * min(1.0, progress / ramp)
     return max(micro, int(target) // micro * micro)
-
-
-@torch.no_grad()
-def evaluate(model, tokens, meta, batch, rt, n_sequences):
-    """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks
-    (eval_mask_rate of every row, the same whatever the training recipe)."""
-    model.eval()
-    generator = torch.Generator(device=rt.device).manual_seed(1234)
-    n = min(n_sequences, len(tokens))
-    loss_sum, correct, predicted = 0.0, 0, 0
-    for start in range(0, n, batch):
-        idx = get_batch(tokens, np.arange(start, min(n, start + batch)), rt.device)
-        inputs, positions, labels = mask_tokens(idx, eval_mask_rate, meta["special_ids"]["[MASK]"],
-                                                meta["n_regular"], generator)
-        with rt.autocast():
-            loss, hits = model(inputs, positions, labels)
-        loss_sum += loss.item() * labels.numel()
-        correct += hits.item()
-        predicted += labels.numel()
-    model.train()
-    return loss_sum / predicted, correct / predicted
 
 
 class StopRequest:
@@ -211,16 +188,15 @@ def load_training_state(checkpoint, model, optimizer, scaler, trainer):
 
 
 def record(path, fields):
-    """Append one log or evaluation line to metrics.jsonl (and wandb when on)."""
-    with open(path, "a") as f:
-        f.write(json.dumps(fields) + "\n")
+    """One log or evaluation line to metrics.jsonl, and to wandb when on."""
+    append_metrics(path, fields)
     if wandb_log:
         import wandb
         wandb.log(fields, step=fields["step"])
 
 
 def run_eval(model, tokens, meta, rt, batch, run, metrics_path):
-    val_loss, accuracy = evaluate(model, tokens, meta, batch, rt, eval_sequences)
+    val_loss, accuracy = evaluate(model, tokens, meta, batch, rt, eval_sequences, eval_mask_rate)
     print(f"eval  step {run['step']} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | "
           f"{run['elapsed'] / 60:.1f} min, {run['tokens'] / 1e6:.1f}M tokens")
     record(metrics_path, dict(kind="eval", step=run["step"], elapsed=round(run["elapsed"], 2), tokens=run["tokens"],
