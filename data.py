@@ -262,15 +262,12 @@ def load_run_data(path):
     if not os.path.isfile(os.path.join(path, "meta.json")):
         how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
             f"python prepare.py --out_dir={path} --dataset=..."
-        raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on the embedded corpus "
-                         f"`python prepare.py && python train.py config/train_quickstart.py`")
+        raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on "
+                         f"the embedded corpus `python prepare.py && python train.py config/train_quickstart.py`")
     meta = load_meta(path)
     with open(os.path.join(path, meta["tokenizer_file"])) as f:
         tokenizer_text = f.read()
     return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
-
-
-
 
 
 def benchmark_tokens(data_dir, vocab_size, seq_len, seed):

@@ -111,6 +111,8 @@ ABSENT = {"smear": False}
 def saved_model_args(model_args):
     """A checkpoint's model_args completed: a switch added after it was saved is off, as it trained."""
     return dataclasses.asdict(ModelConfig(**{**ABSENT, **model_args}))
+
+
 # named shapes for the benchmarks: the reference crammed BERT and the CPU quickstart's
 SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),
           "small": dict(n_layers=4, d_model=256, n_heads=4, d_ffn=1024, vocab_size=8192)}

@@ -248,22 +248,6 @@ def offload_shape(device_bytes, host_bytes, vocab_size, seq_len):
                       f"to go beyond this GPU")
 
 
-def masked_batches(vocab_size, seq_len, micro, rt):
-    """batch_at(micro_step) for the off-load phase: data_dir's tokens when they match, else random ones."""
-    import numpy as np
-    import torch
-    from data import SPECIAL_TOKENS, get_batch, load_meta, load_tokens, mask_tokens
-    n_regular = vocab_size - len(SPECIAL_TOKENS)  # prepare.py gives the special tokens the last ids, [MASK] the very last
-    tokens = np.random.default_rng(0).integers(0, n_regular, (4096, seq_len)).astype(np.uint16)
-    if os.path.isfile(os.path.join(data_dir, "meta.json")):
-        meta = load_meta(data_dir)
-        if meta["vocab_size"] == vocab_size:
-            tokens = load_tokens(data_dir, "train", meta)
-    rows = np.random.default_rng(1)
-    return lambda micro_step: mask_tokens(get_batch(tokens, rows.integers(0, len(tokens), micro), rt.device), 0.25,
-                                          vocab_size - 1, n_regular, torch.Generator(rt.device).manual_seed(micro_step))
-
-
 def state_bytes(model, optimizer):
     """Bytes of the training state: parameters, gradients and optimizer tensors."""
     params = sum(p.numel() * p.element_size() * (2 if p.grad is not None else 1) for p in model.parameters())
@@ -296,7 +280,8 @@ def try_normal_mode(model_args, rt, device_bytes, batch_at):
                               f"than the GPU")
         if needed <= device_bytes:
             raise PhaseFailed(f"normal mode's state ({gib(needed)}) fits the simulated device")
-        return (f"its training state needs {gib(needed)}, over the simulated device's {gib(device_bytes)}: would not fit (a CPU has no device memory to run out of)")
+        return (f"its training state needs {gib(needed)}, over the simulated device's {gib(device_bytes)}: would not "
+                f"fit (a CPU has no device memory to run out of)")
     except torch.cuda.OutOfMemoryError as error:
         return f"out of memory, as it should: {str(error).splitlines()[0][:160]}"
     finally:
@@ -332,6 +317,7 @@ def train_offloaded(model_args, rt, batch_at):
 def phase_offload(deadline, logs):
     import torch
     import runtime
+    from data import RandomBatches, benchmark_tokens
     from model import CrammedBert
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
@@ -351,7 +337,8 @@ def phase_offload(deadline, logs):
     model_args, n_params = offload_shape(device_bytes, host_bytes, vocab_size, seq_len)
     shape = f"{model_args['n_layers']}x{model_args['d_model']} (vocabulary {vocab_size}), {n_params / 1e6:,.1f}M parameters"
     print(f"off-load shape: {shape}", flush=True)
-    batch_at = masked_batches(vocab_size, seq_len, offload_micro_batch, rt)
+    tokens, _ = benchmark_tokens(data_dir, vocab_size, seq_len, seed=0)  # the data's when they match, else random
+    batch_at = RandomBatches(tokens, vocab_size, offload_micro_batch, rt)
     normal = try_normal_mode(model_args, rt, device_bytes, batch_at)
     print(f"normal mode: {normal}", flush=True)
     rt.reset_peak_memory()
