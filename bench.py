@@ -37,21 +37,21 @@ from model import SHAPES, CrammedBert, ModelConfig, param_groups
 from runtime import train_step
 
 # -----------------------------------------------------------------------------
-shape = "auto"          # 'reference' (16x768, vocabulary 32768), 'small' (4x256, 8192); auto: by device
-micro_batch = 0         # 0: 128 on a GPU, 32 on a CPU
-accum_steps = 4         # micro-batches per optimizer step (training accumulates many)
-steps = 0               # timed optimizer steps (0: 10 on a GPU, 3 on a CPU)
-warmup_steps = 0        # untimed steps first, compilation included (0: 3 on a GPU, 1 on a CPU)
+shape = "auto"          # {auto, reference, small}: 16x768 with 32768 tokens, 4x256 with 8192; auto: by device
+micro_batch = 0         # >= 0: if 0, 128 on a GPU and 32 on a CPU
+accum_steps = 4         # >= 1: micro-batches per optimizer step (training accumulates many)
+steps = 0               # >= 0: timed optimizer steps (0: 10 on a GPU, 3 on a CPU)
+warmup_steps = 0        # >= 0: untimed steps first, compilation included (0: 3 on a GPU, 1 on a CPU)
 baselines = True        # time the original-BERT recipe and BertForMaskedLM too
 sweep = True            # crammed tokens/s per micro-batch size (on a GPU up to the largest that fits)
 data_dir = "data/pydocs"  # real tokens when its vocabulary matches the shape; random tokens otherwise
-seq_len = 128
+seq_len = 128           # >= 2
 device = "auto"
-dtype = "auto"          # as train.py: bfloat16 on a GPU, float32 on a CPU
+dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py
 compile = True          # as train.py; the crammed row is also timed eager, for the comparison
 profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
-peak_tflops = 0.0       # for MFU; 0 looks the GPU up by name
-seed = 0
+peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
+seed = 0                # >= 0
 # -----------------------------------------------------------------------------
 ORIGINAL_BERT = read_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "bert_original.py"))
 
@@ -187,8 +187,6 @@ def main():
     rt = runtime.setup(device, dtype, compile)
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")
-    if name not in SHAPES:
-        raise SystemExit(f"error: unknown shape '{name}' ({', '.join(SHAPES)})")
     dims = SHAPES[name]
     micro = micro_batch or (128 if gpu else 32)
     n_steps = steps or (10 if gpu else 3)

@@ -4,15 +4,24 @@ and this module overrides them from config files and `--key=value` arguments, in
     python train.py config/train_quickstart.py --budget_hours=0.1
 
 A config file is Python that assigns some of the globals. Unknown keys and values of the
-wrong type are errors (a typo must never be silently ignored).
+wrong type are errors (a typo must never be silently ignored). A setting's comment may start
+with the values it allows, checked before any work starts:
+
+    lr = 1e-3            # > 0: peak learning rate          (also >= x)
+    mask_rate = 0.25     # (0, 1): share of tokens to predict  (intervals: [ ] closed, ( ) open, inf)
+    optim = "adamw"      # {adamw, muon}: the optimizer
 """
 import ast
 import dataclasses
 import inspect
 import os
 import re
+import traceback
 
 CONFIG_TYPES = (bool, int, float, str, tuple)
+SETTINGS_RULE = "# " + "-" * 77  # the line above and below a script's settings
+NUMBER = r"-?(?:inf|\d[\d_]*\.?\d*(?:e-?\d+)?)"
+ALLOWED = re.compile(rf"(?:(>=?) ?({NUMBER})|([\[(])({NUMBER}), ?({NUMBER})([\])])|\{{([^}}]*)\}})(?::|$)")
 
 
 def config_keys(namespace):
@@ -43,16 +52,73 @@ def _parse(key, raw, expected):
 
 
 def read_config_file(path):
-    """The settings a config file assigns (names starting with _ and imports left out)."""
+    """The settings a config file assigns (names starting with _ and imports left out); an error in
+    the file is one line naming the file and the line."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: config file not found: {path}")
     assigned = {}
-    exec(open(path).read(), {}, assigned)
+    try:
+        exec(compile(open(path).read(), path, "exec"), {}, assigned)
+    except SyntaxError as e:
+        raise SystemExit(f"error: {path}:{e.lineno}: {e.msg}")
+    except Exception as e:
+        line = [frame.lineno for frame in traceback.extract_tb(e.__traceback__) if frame.filename == path][-1:]
+        raise SystemExit(f"error: {path}:{line[0] if line else '?'}: {type(e).__name__}: {e}")
     return {k: v for k, v in assigned.items()
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 
 
-SETTINGS_RULE = "# " + "-" * 77  # the line above and below a script's settings
+def allowed(comment):
+    """(test, words) for the values a setting's comment starts with (see the module's docstring),
+    or None when it declares none."""
+    m = ALLOWED.match(comment or "")
+    if not m:
+        return None
+    op, bound, left, lo, hi, right, choices = m.groups()
+    if choices is not None:
+        names = [c.strip() for c in choices.split(",")]
+        return (lambda v: v in names), f"one of {', '.join(names)}"
+    if op:
+        b = float(bound)
+        return (lambda v: v >= b) if op == ">=" else (lambda v: v > b), f"{op} {bound}"
+    a, b = float(lo), float(hi)
+    return (lambda v: (a <= v if left == "[" else a < v) and (v <= b if right == "]" else v < b)), \
+        f"in {left}{lo}, {hi}{right}"
+
+
+def check_allowed(key, value, comment):
+    """A one-line error when `value` is not among the values `comment` declares."""
+    rule = allowed(comment)
+    if rule and not rule[0](value):  # NaN fails every comparison, so it is never allowed
+        raise SystemExit(f"error: --{key}={value} is not allowed: {key} must be {rule[1]}")
+
+
+def declared(lines, pattern, known):
+    """The settings block of a source: ('setting', key, comment) for each setting of `known` that
+    a line of `lines` declares (pattern: its regex, groups key and comment), ('section', text) and
+    ('more', text) for section comments and continued comments."""
+    for line in lines:
+        match = re.match(pattern, line)
+        if match and match.group(1) in known:
+            yield "setting", match.group(1), match.group(2)
+        elif line.startswith("#"):
+            yield "section", line.lstrip("# ")
+        elif line.strip().startswith("#"):
+            yield "more", line.strip().lstrip("# ")
+
+
+def script_block(namespace):
+    """The lines between the script's two SETTINGS_RULE lines."""
+    if "__file__" not in namespace:
+        return []
+    with open(namespace["__file__"]) as f:
+        source = f.read().splitlines()
+    rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
+    return source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []
+
+
+SCRIPT_SETTING = r"(\w+)\s*=\s*[^#]*?(?:#\s*(.*))?$"
+FIELD = r"\s+(\w+): \w+ = [^#]*?(?:#\s*(.*))?$"
 
 
 def dataclass_settings(cls, skip=()):
@@ -60,54 +126,37 @@ def dataclass_settings(cls, skip=()):
     return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in skip} if cls else {}
 
 
-def help_line(key, default, comment):
-    default = default if isinstance(default, str) else repr(default)  # as typed after --key=
-    return (f"  --{key}={default}".ljust(36) + f" {comment or ''}").rstrip()
+def declarations(namespace, cls=None, skip=()):
+    """Every declaration of the script's settings, then of cls's fields (see `declared`)."""
+    yield from declared(script_block(namespace), SCRIPT_SETTING, config_keys(namespace))
+    if cls:
+        yield "section", f"{cls.__name__} ({inspect.getsourcefile(cls).rsplit(os.sep, 1)[-1]}): the model, settings here too"
+        yield from (d for d in declared(inspect.getsource(cls).splitlines(), FIELD, dataclass_settings(cls, skip))
+                    if d[0] != "section")
 
 
-def dataclass_help(cls, skip=()):
-    """The fields of a settings dataclass as help lines, with the comments of its source."""
-    lines = [f"{cls.__name__} ({inspect.getsourcefile(cls).rsplit(os.sep, 1)[-1]}): the model, settings here too"]
-    known = dataclass_settings(cls, skip)
-    for line in inspect.getsource(cls).splitlines():
-        field = re.match(r"\s+(\w+): \w+ = [^#]*?(?:#\s*(.*))?$", line)
-        if field and field.group(1) in known:
-            lines.append(help_line(field.group(1), known[field.group(1)], field.group(2)))
-        elif line.strip().startswith("#") and len(lines) > 1:  # a comment continued
-            lines.append(" " * 37 + line.strip().lstrip("# "))
-    return lines
-
-
-def settings_help(namespace, cls=None, skip=()):
-    """The script's docstring, then its settings block: each setting as --key=default with its
-    comment, and the block's section comments, as the script's top lists them; then the fields
-    of `cls`, a settings dataclass the script also takes."""
-    known = config_keys(namespace)
-    lines = [(namespace.get("__doc__") or "").strip(), "",
-             "settings (config files and --key=value override them, in order):"]
-    with open(namespace["__file__"]) as f:
-        source = f.read().splitlines()
-    rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
-    for line in source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []:
-        setting = re.match(r"(\w+)\s*=\s*[^#]*?(?:#\s*(.*))?$", line)
-        if setting and setting.group(1) in known:
-            lines.append(help_line(setting.group(1), known[setting.group(1)], setting.group(2)))
-        elif line.startswith("#"):  # a section
-            lines.append(line.lstrip("# "))
-        elif line.strip().startswith("#"):  # a comment continued
-            lines.append(" " * 37 + line.strip().lstrip("# "))
-    return "\n".join(lines + (dataclass_help(cls, skip) if cls else []))
+def settings_help(namespace, known, cls=None, skip=()):
+    """The script's docstring, then its settings as the script's top lists them: each as
+    --key=default with its comment, with the section comments; then the fields of `cls`."""
+    lines = [(namespace.get("__doc__") or "").strip(), "", "settings (config files and --key=value override them, in order):"]
+    for kind, *rest in declarations(namespace, cls, skip):
+        if kind == "setting":
+            default = known[rest[0]] if isinstance(known[rest[0]], str) else repr(known[rest[0]])  # as typed after --key=
+            lines.append((f"  --{rest[0]}={default}".ljust(36) + f" {rest[1] or ''}").rstrip())
+        else:
+            lines.append(rest[0] if kind == "section" else " " * 37 + rest[0])
+    return "\n".join(lines)
 
 
 def configure(namespace, argv, cls=None, skip=()):
-    """Apply config files and --key=value overrides from argv to namespace (a script's globals()).
-    Returns every setting as a dict: the script's globals, and the fields of `cls` (a settings
-    dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
-    defaults in the dataclass and live only in the dict. --help or -h prints them and exits."""
-    fields = dataclass_settings(cls, skip)
-    known = {**fields, **config_keys(namespace)}
+    """Apply config files and --key=value overrides from argv to namespace (a script's globals()),
+    then check every value against what its comment allows. Returns every setting as a dict: the
+    script's globals, and the fields of `cls` (a settings dataclass such as model.ModelConfig, less
+    `skip`), which are settings too but keep their defaults in the dataclass and live only in the
+    dict. --help or -h prints them and exits."""
+    known = {**dataclass_settings(cls, skip), **config_keys(namespace)}
     if {"--help", "-h"} & set(argv):
-        print(settings_help(namespace, cls, skip))
+        print(settings_help(namespace, known, cls, skip))
         raise SystemExit(0)
     for arg in argv:
         if arg.startswith("--"):
@@ -119,6 +168,9 @@ def configure(namespace, argv, cls=None, skip=()):
         else:
             for key, value in read_config_file(arg).items():
                 known[key] = _check(key, value, known)
+    for kind, *rest in declarations(namespace, cls, skip):
+        if kind == "setting":
+            check_allowed(rest[0], known[rest[0]], rest[1])
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known

@@ -7,11 +7,13 @@ Kept free of `datasets` so that training, benchmarking and fine-tuning run on ma
 that only have torch, numpy and tiktoken.
 """
 import base64
+import errno
 import functools
 import json
 import os
 import pickle
 import re
+import shutil
 import socket
 
 import numpy as np
@@ -36,14 +38,78 @@ def hub_reachable(timeout=3.0):
         return False
 
 
+def cannot_write(path, e):
+    """The one-line error for an OSError while writing `path`."""
+    full = "the disk is full: free space and run the same command again; " if e.errno == errno.ENOSPC else ""
+    return SystemExit(f"error: cannot write {path}: {e.strerror or e} ({full}what was written before is intact)")
+
+
 def write_atomically(path, write):
+    """write(tmp) writes the file at a temporary path; it replaces `path` only once complete and on
+    the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves
+    the old file or the new one, never half of one."""
     tmp = path + ".tmp"
     try:
         write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as e:
+        raise cannot_write(path, e)
     finally:  # a failed or interrupted write leaves nothing behind
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+LOCK_FILE = ".lock"
+HELD = {}  # the folders this process has claimed, and their lock files: held until it ends
+
+
+def check_writable(path, setting):
+    """A one-line error unless a file can be written at `path`: checked before the work, not after."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {setting}={path} is a folder, not a file")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        open(path + ".tmp", "w").close()
+        os.remove(path + ".tmp")
+    except OSError as e:
+        raise SystemExit(f"error: cannot write to {setting}={path}: {e.strerror or e}")
+
+
+def claim_folder(path, setting="--out_dir", need_bytes=0):
+    """Create the folder `path` if needed and lock it for this process, before any work: a one-line
+    error when it cannot be written, has less than need_bytes free, or another process holds it.
+    The lock is the kernel's (flock), released when the process ends however it ends, so a crash
+    never leaves it behind."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SystemExit(f"error: {setting}={path} is a file, not a folder")
+    check_writable(os.path.join(path, LOCK_FILE), setting)
+    free = shutil.disk_usage(path).free
+    if free < need_bytes:
+        raise SystemExit(f"error: {setting}={path} has {free / 1e9:.1f} GB free and this run needs about "
+                         f"{need_bytes / 1e9:.1f} GB there: free space or choose another {setting}")
+    if os.path.realpath(path) in HELD:
+        return
+    lock = open(os.path.join(path, LOCK_FILE), "a+")
+    try:
+        import fcntl
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no flock (Windows): no lock
+        pass
+    except OSError:
+        lock.seek(0)
+        raise SystemExit(f"error: {path} is in use by another process (pid {lock.read().strip() or '?'}): wait for "
+                         f"it to end, or choose another {setting}")
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    HELD[os.path.realpath(path)] = lock
 
 
 def write_json(path, obj):
@@ -100,7 +166,8 @@ def load_tokens(data_dir, split, meta=None):
     path = os.path.join(data_dir, f"{split}.bin")
     n = meta[f"{split}_sequences"]
     if not os.path.isfile(path) or os.path.getsize(path) != n * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize:
-        raise SystemExit(f"error: {path} is missing or does not match meta.json: run `python prepare.py` again")
+        raise SystemExit(f"error: {path} is missing or does not match meta.json: the folder is damaged; delete it "
+                         f"and run prepare.py again")
     return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(n, meta["seq_len"]))
 
 
@@ -191,8 +258,11 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
 
 def append_metrics(path, fields):
     """One line of a run's metrics.jsonl (train.py's log and evaluation lines; read_metrics reads them)."""
-    with open(path, "a") as f:
-        f.write(json.dumps(fields) + "\n")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+    except OSError as e:
+        raise cannot_write(path, e)
 
 
 def read_metrics(run):

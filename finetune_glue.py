@@ -23,29 +23,29 @@ from tqdm import tqdm
 
 import runtime
 from configurator import configure
-from data import hub_reachable, load_checkpoint, make_encoding, parse_ranks, write_json
+from data import check_writable, hub_reachable, load_checkpoint, make_encoding, parse_ranks, write_json
 from model import CrammedBert, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"
 tasks = "cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte"  # wnli on request
 glue_dir = ""           # a folder in the original GLUE layout (<dir>/<TASK>/train.tsv ...); empty: the hub
-seeds = 1               # fine-tuning seeds per task; the reference reports the median of 5
-batch_size = 16
-lr = 4e-5
-beta1 = 0.9
-beta2 = 0.98
-eps = 1e-6
-weight_decay = 0.0
-epochs = 5
-warmup = 0.1            # share of the steps
-dropout = 0.1
-eval_batch_size = 0     # 0: 512 on a GPU, 128 on a CPU
-max_train_examples = 0  # use only the first N training examples (0: all); for quick looks
+seeds = 1               # >= 1: fine-tuning seeds per task; the reference reports the median of 5
+batch_size = 16         # >= 1
+lr = 4e-5               # > 0
+beta1 = 0.9             # [0, 1)
+beta2 = 0.98            # [0, 1)
+eps = 1e-6              # >= 0
+weight_decay = 0.0      # >= 0
+epochs = 5              # >= 1
+warmup = 0.1            # [0, 1): share of the steps
+dropout = 0.1           # [0, 1)
+eval_batch_size = 0     # >= 0: if 0, 512 on a GPU and 128 on a CPU
+max_train_examples = 0  # >= 0: use only the first N training examples (0: all); for quick looks
 out_json = ""           # default: glue.json beside the checkpoint
-device = "auto"        # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
-dtype = "auto"         # as train.py: bfloat16 on a GPU, float32 on a CPU (no compile: padded lengths vary)
-seed = 0
+device = "auto"         # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
+dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py (no compile here: padded lengths vary)
+seed = 0                # >= 0
 # -----------------------------------------------------------------------------
 
 # Each task: its folder and columns in the GLUE distribution (header names, or indices where the
@@ -202,6 +202,18 @@ def load_task(name):
     return data
 
 
+def check_task(name, data):
+    """A task's splits, or a one-line error if one is empty or cannot be scored (constant scores)."""
+    where = glue_dir and os.path.join(glue_dir, TASKS[name]["folder"]) or "the hub's copy"
+    for split, (texts, labels) in data.items():
+        if not texts:
+            raise SystemExit(f"error: task {name} has no {split} examples in {where}")
+        if split != "train" and TASKS[name]["labels"] is None and len(set(labels)) < 2:
+            raise SystemExit(f"error: task {name}'s {split} scores are all {labels[0]} in {where}: a correlation "
+                             f"cannot be measured")
+    return data
+
+
 def encode_examples(enc, texts, max_len, special_ids):
     """[CLS] a [SEP] (b [SEP]), the longer segment truncated first to fit max_len."""
     cls, sep = special_ids["[CLS]"], special_ids["[SEP]"]
@@ -329,9 +341,9 @@ def main(config):
     if unknown or not names:
         raise SystemExit(f"error: unknown task {', '.join(map(repr, unknown)) or '(none given)'} "
                          f"(tasks: {', '.join(TASKS)})")
-    if seeds < 1 or batch_size < 1 or epochs < 1:
-        raise SystemExit("error: --seeds, --batch_size and --epochs must be at least 1")
     ckpt = load_checkpoint(checkpoint)
+    path = out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
+    check_writable(path, "--out_json")  # now, not after an hour of fine-tuning
     ranks, special_ids = parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"]
     if len(ranks) + len(special_ids) != ckpt["model_args"]["vocab_size"]:
         raise SystemExit(f"error: {checkpoint}: its tokenizer has {len(ranks) + len(special_ids)} tokens but its model "
@@ -343,7 +355,7 @@ def main(config):
           f"{ckpt['model_args']['d_model']}) on {', '.join(names)} with {seeds} seed(s) on {rt.describe()}")
 
     results = {}
-    datasets_by_task = {name: load_task(name) for name in names}  # fail on bad data before any training
+    datasets_by_task = {name: check_task(name, load_task(name)) for name in names}  # bad data fails before any training
     for name in names:
         data = datasets_by_task[name]
         if max_train_examples:
@@ -360,7 +372,6 @@ def main(config):
 
     markdown, average, counted = table(results)
     print(markdown)
-    path = out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
     write_json(path, dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
                           seeds=[seed + s for s in range(seeds)], settings=config, tasks=results,
                           average=average, average_over=counted, reference=REFERENCE, table=markdown))

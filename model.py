@@ -80,27 +80,36 @@ class ModelConfig:
     parameters) with train.py's recipe."""
     vocab_size: int = 32768    # train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # train.py: from the data too
-    n_layers: int = 16
-    d_model: int = 768
-    n_heads: int = 12
-    d_ffn: int = 3072          # feed-forward width (split into gate and value halves when glu)
+    n_layers: int = 16         # >= 1
+    d_model: int = 768         # >= 1: a multiple of n_heads
+    n_heads: int = 12          # >= 1
+    d_ffn: int = 3072          # >= 2: feed-forward width (split into gate and value halves when glu)
     bias: bool = False         # biases in the linear layers
     norm_first: bool = True    # pre-LayerNorm (False: the original post-norm)
     glu: bool = True           # gated GELU feed-forward
     learned_positions: bool = False  # False: scaled sinusoidal positions
     head_transform: bool = False  # the original BERT's dense + GELU + LayerNorm before the output layer
-    norm_eps: float = 1e-12
-    dropout: float = 0.0       # the reference configures 0.1 but turns it off for pretraining
+    norm_eps: float = 1e-12    # > 0
+    dropout: float = 0.0       # [0, 1): the reference configures 0.1 but turns it off for pretraining
     sparse_prediction: bool = True  # only the masked positions reach the output layer
     smear: bool = True         # each position also gets a learned map of its neighbours' embeddings:
                                # cram's one change from the paper's recipe (config/recipe_reference.py)
 
+    def __post_init__(self):  # what the ranges beside the fields cannot say
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
+        if self.glu and self.d_ffn % 2:
+            raise ValueError(f"d_ffn={self.d_ffn} must be even with glu (its gate and value halves)")
+
     @classmethod
     def from_settings(cls, settings, **data):
         """The model a script's settings ask for: each field from `settings` (a configured dict),
-        the data's fields (vocab_size, seq_len) from `data`."""
+        the data's fields (vocab_size, seq_len) from `data`; a one-line error if they do not fit."""
         fields = {f.name for f in dataclasses.fields(cls)} - set(data)
-        return cls(**{k: v for k, v in settings.items() if k in fields}, **data)
+        try:
+            return cls(**{k: v for k, v in settings.items() if k in fields}, **data)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
 
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
@@ -135,7 +144,6 @@ class CrammedBert(nn.Module):
         super().__init__()
         self.config = c = ModelConfig(**settings)
         vocab_size, seq_len, d_model, norm_eps = c.vocab_size, c.seq_len, c.d_model, c.norm_eps
-        assert d_model % c.n_heads == 0, "d_model must be a multiple of n_heads"
         self.sparse_prediction = c.sparse_prediction
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         if c.learned_positions:

@@ -28,8 +28,8 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import configure
-from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, hub_reachable, make_encoding, read_ranks, write_atomically,
-                  write_json, write_ranks)
+from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, claim_folder, hub_reachable, load_meta, make_encoding,
+                  read_ranks, write_atomically, write_json, write_ranks)
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -37,16 +37,16 @@ hf_config = ""          # hub dataset configuration, e.g. 'sample-10BT'
 hf_split = "train"
 text_field = "text"     # the text column of .jsonl/.json/.parquet files and hub datasets
 out_dir = ""            # default: data/<dataset name>
-vocab_size = 8192       # including the 4 special tokens; the reference uses 32768
-seq_len = 128
-val_fraction = 0.01     # share of documents held out for validation
-tokenizer_train_chars = 500_000_000  # train the tokenizer on at most this much text (the start of the corpus)
-max_tokens = 0          # stop after this many train tokens (0: the whole corpus)
-max_compression = 1.5   # drop documents with more tokens per character than this times the corpus median (0: off)
-min_doc_chars = 20      # drop shorter documents (blank lines, stubs)
+vocab_size = 8192       # >= 260: including the 4 special tokens; the reference uses 32768
+seq_len = 128           # >= 2
+val_fraction = 0.01     # (0, 1): share of documents held out for validation
+tokenizer_train_chars = 500_000_000  # >= 1: train the tokenizer on at most this much text (the start of the corpus)
+max_tokens = 0          # >= 0: stop after this many train tokens (0: the whole corpus)
+max_compression = 1.5   # >= 0: drop documents with more tokens per character than this times the corpus median (0: off)
+min_doc_chars = 20      # >= 0: drop shorter documents (blank lines, stubs)
 dedup = True            # drop documents whose normalised text (lower case, no whitespace) came before
-workers = 0             # threads encoding in parallel (tiktoken releases the GIL); 0: all cores
-progress_minutes = 1.0  # write a progress record this often: a killed run redoes at most this much
+workers = 0             # >= 0: threads encoding in parallel (tiktoken releases the GIL); 0: all cores
+progress_minutes = 1.0  # >= 0: write a progress record this often: a killed run redoes at most this much
 # -----------------------------------------------------------------------------
 
 SPLITS = ("train", "val")
@@ -218,31 +218,48 @@ def bpe_ranks(bpe):
     return ranks
 
 
-def first_characters(documents, n_chars):
-    """The documents from the start of the corpus until they hold n_chars characters."""
+def first_characters(documents, n_chars, digest=None):
+    """The documents from the start of the corpus until they hold n_chars characters; each also
+    updates `digest` (a hashlib object), which then identifies the text the tokenizer trained on."""
     chars = 0
     for doc in documents():
+        if digest:
+            digest.update(doc.encode() + b"\0")
         yield doc
         chars += len(doc)
         if chars >= n_chars:
             return
 
 
+def training_text_digest(documents, n_chars):
+    digest = hashlib.blake2b(digest_size=16)
+    for _ in first_characters(documents, n_chars, digest):
+        pass
+    return digest.hexdigest()
+
+
 def train_tokenizer(documents, path, vocab_size, train_chars):
     """Train the corpus' tokenizer on its first train_chars characters and save it in tiktoken's
-    format; the special tokens will take the ids after the BPE's."""
+    format, with the digest of that text beside it; the special tokens will take the ids after the BPE's."""
     print(f"training a {vocab_size}-token BPE on up to {train_chars:,} characters")
-    ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars), vocab_size - len(SPECIAL_TOKENS)))
+    digest = hashlib.blake2b(digest_size=16)
+    ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
+    write_json(path + ".source", dict(digest=digest.hexdigest()))  # first: a tokenizer without one is not reused
     write_atomically(path, lambda tmp: write_ranks(tmp, ranks))
     return ranks
 
 
-def load_or_train_tokenizer(documents, path, vocab_size, train_chars):
-    """The BPE ranks saved by an earlier run in this folder, else those of a new tokenizer."""
-    if os.path.exists(path):
-        ranks = read_ranks(path)
-        print(f"reusing {path}")
-        return ranks
+def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
+    """The BPE ranks saved by an earlier run in this folder if they were trained on the text this
+    corpus starts with now (checked for local and embedded corpora: a hub dataset is not read
+    twice), else those of a new tokenizer."""
+    if os.path.exists(path) and os.path.exists(path + ".source"):
+        with open(path + ".source") as f:
+            trained_on = json.load(f).get("digest")
+        if not local or trained_on == training_text_digest(documents, train_chars):
+            print(f"reusing {path}")
+            return read_ranks(path)
+        print(f"note: {path} was trained on text this corpus no longer starts with: training it again")
     return train_tokenizer(documents, path, vocab_size, train_chars)
 
 
@@ -329,19 +346,46 @@ class SeenTexts:
         os.remove(self.file.name)
 
 
-def read_progress(out_dir, dedup):
+def read_progress(out_dir, dedup, seq_len, itemsize):
     """The last progress record of an interrupted preparation in out_dir, or None (then it starts
-    over) when there is none, its files are gone, or the curriculum pass prepare.py once had was
-    killed while it overwrote a block of train.bin.tmp (journaled: that block may be half written)."""
+    over) when there is none, its files are gone, it does not agree with them (damaged: said in a
+    line), or the curriculum pass prepare.py once had was killed while it overwrote a block of
+    train.bin.tmp (journaled: that block may be half written)."""
     path = os.path.join(out_dir, PROGRESS_FILE)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        progress = json.load(f)
     files = [f"{split}.bin.tmp" for split in SPLITS] + (["dedup.bin"] if dedup else [])
-    if not all(os.path.exists(os.path.join(out_dir, name)) for name in files) or progress.get("journaled"):
+    if not all(os.path.exists(os.path.join(out_dir, name)) for name in files):
+        return None
+    try:
+        with open(path) as f:
+            progress = json.load(f)
+        if isinstance(progress, dict) and progress.get("journaled"):
+            return None
+        problem = progress_problem(progress, out_dir, dedup, seq_len, itemsize)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        problem = f"{type(e).__name__}: {e}"
+    if problem:
+        print(f"warning: {path} is damaged ({problem}): the encoding starts over (the tokenizer is kept)")
         return None
     return progress
+
+
+def progress_problem(progress, out_dir, dedup, seq_len, itemsize):
+    """What in a progress record disagrees with the files it describes, or None."""
+    if type(progress["read"]) is not int or progress["read"] < 0:
+        return "documents read"
+    for split in SPLITS:
+        writer, size = progress["writers"][split], os.path.getsize(os.path.join(out_dir, f"{split}.bin.tmp"))
+        pending, tokens = writer["pending"], writer["sequences"] * seq_len + len(writer["pending"])
+        if not writer["bytes"] == writer["sequences"] * seq_len * itemsize <= size or len(pending) >= seq_len or \
+                not all(type(t) is int for t in pending) or progress["stats"][f"{split}_tokens"] != tokens:
+            return f"{split} counts"
+    dedup_bytes = progress["dedup_bytes"]
+    if dedup and not (type(dedup_bytes) is int and 0 <= dedup_bytes <= os.path.getsize(os.path.join(
+            out_dir, "dedup.bin")) and dedup_bytes % 8 == 0):
+        return "dedup counts"
+    return None
 
 
 def median_tokens_per_char(documents, enc, min_doc_chars=20, n=1000, max_chars=5_000_000):
@@ -513,7 +557,7 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     record says was written, the source is read again up to the documents it had consumed (a
     RowStream instead continues from the position the record holds), and the result is byte for
     byte what an uninterrupted run writes."""
-    progress = read_progress(out_dir, dedup)
+    progress = read_progress(out_dir, dedup, seq_len, np.dtype(dtype).itemsize)
     files = TokenFiles(out_dir, dtype, seq_len, special_ids["[SEP]"], max_tokens_per_char, val_fraction, dedup,
                        progress)
     if progress:
@@ -529,37 +573,81 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
 
 
 # ---------------------------------------------------------------- main
-def check_settings(out_dir, settings):
-    """Refuse a folder prepared with other settings; a new folder records these."""
+def fingerprint(dataset):
+    """What identifies a local corpus' content cheaply: its files' names and sizes and their first
+    and last 64 KiB (None for the embedded corpus and hub datasets: their names say it)."""
+    if not os.path.exists(dataset):
+        return None
+    digest = hashlib.blake2b(digest_size=8)
+    for path in local_files(dataset):
+        size = os.path.getsize(path)
+        digest.update(f"{os.path.relpath(path, dataset)} {size}".encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(65536))
+            f.seek(max(0, size - 65536))
+            digest.update(f.read(65536))
+    return digest.hexdigest()
+
+
+STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding
+
+
+def check_folder(out_dir, settings, source):
+    """Refuse a folder prepared with other settings. An unfinished encoding there of another version
+    of the corpus (its progress record and partial files) is stale and removed (a tokenizer has its
+    own check); unfinished work records these settings and this source."""
     path = os.path.join(out_dir, "settings.json")
-    if not os.path.exists(path):
-        write_json(path, settings)
-        return
-    with open(path) as f:
-        previous = json.load(f)
-    changed = ", ".join(k for k in settings if previous.get(k) != settings[k])
+    previous = {}
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                previous = dict(json.load(f))
+        except (OSError, ValueError, TypeError) as e:
+            raise SystemExit(f"error: {path} is damaged ({e}): delete {out_dir} and prepare again")
+    changed = ", ".join(k for k in settings if k in previous and previous[k] != settings[k])
     if changed:  # settings prepare.py no longer has (curriculum, curriculum_block) are ignored
         raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
                          f"use another --out_dir or delete it")
+    unfinished = not os.path.exists(os.path.join(out_dir, "meta.json"))
+    if unfinished and previous.get("source", source) != source:
+        print(f"note: the corpus changed since the unfinished preparation in {out_dir}: its encoding starts over")
+        for name in STALE:
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+    if unfinished:
+        write_json(path, dict(settings, source=source))
+
+
+def check_prepared(out_dir):
+    """A finished folder's token files against its meta.json: a one-line error if they disagree."""
+    meta = load_meta(out_dir)
+    for split in SPLITS:
+        path = os.path.join(out_dir, f"{split}.bin")
+        expected = meta[f"{split}_sequences"] * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize
+        if not os.path.isfile(path) or os.path.getsize(path) != expected:
+            raise SystemExit(f"error: {out_dir} is damaged: {path} does not match meta.json; delete {out_dir} and "
+                             f"prepare again")
 
 
 def main():
     source, documents = document_source(dataset, hf_config, hf_split, text_field)
     name = "pydocs" if dataset == "pydocs" else os.path.basename(dataset.rstrip("/")).split(".")[0] or "corpus"
     out = out_dir or os.path.join("data", name)
-    os.makedirs(out, exist_ok=True)
+    claim_folder(out)
     settings = dict(dataset=dataset, hf_config=hf_config, hf_split=hf_split, text_field=text_field,
                     vocab_size=vocab_size, seq_len=seq_len, val_fraction=val_fraction,
                     tokenizer_train_chars=tokenizer_train_chars, max_tokens=max_tokens,
                     max_compression=max_compression, min_doc_chars=min_doc_chars, dedup=dedup)
-    check_settings(out, settings)
+    check_folder(out, settings, f"{source} {fingerprint(dataset) or ''}".strip())
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
+        check_prepared(out)
         print(f"{out} is already prepared (delete it to start over)")
         return
 
     t0 = time.time()
-    ranks = load_or_train_tokenizer(documents, os.path.join(out, TOKENIZER_FILE), vocab_size, tokenizer_train_chars)
+    ranks = load_or_train_tokenizer(documents, os.path.join(out, TOKENIZER_FILE), vocab_size, tokenizer_train_chars,
+                                    local=not source.startswith("hub:"))
     n_regular = len(ranks)
     if n_regular + len(SPECIAL_TOKENS) < vocab_size:
         print(f"note: the corpus only supports {n_regular + len(SPECIAL_TOKENS)} tokens (asked for {vocab_size})")
@@ -580,7 +668,7 @@ def main():
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.time() - t1, 1))
     write_json(meta_path, meta)
-    for name in (PROGRESS_FILE, OLD_JOURNAL):  # the work is done: the record is no longer needed
+    for name in (PROGRESS_FILE, OLD_JOURNAL, TOKENIZER_FILE + ".source"):  # the work is done: records no longer needed
         if os.path.exists(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
     print(f"wrote {out}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "

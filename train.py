@@ -14,6 +14,7 @@ SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same 
 """
 import dataclasses
 import functools
+import math
 import os
 import signal
 import sys
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (Batches, append_metrics, evaluate, fill_in, load_checkpoint, load_run_data, make_encoding, parse_ranks,
+from data import (Batches, append_metrics, claim_folder, evaluate, fill_in, load_checkpoint, load_run_data, make_encoding, parse_ranks,
                   repeat_warning, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
 from runtime import cpu_warning, train_step
@@ -32,45 +33,45 @@ from runtime import cpu_warning, train_step
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-budget_hours = 24.0       # training time, compilation included; the schedules follow the share spent
-budget_tokens = 0         # > 0: the schedules follow tokens trained instead of the clock and the run ends there
+budget_hours = 24.0       # > 0: training time, compilation included; the schedules follow the share spent
+budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock and the run ends there
                           # (reproducible runs, equal-token comparisons); budget_hours is then not used
-max_steps = 0             # also stop after this many optimizer steps (0: budget only)
+max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
 # model: every field of model.py's ModelConfig (n_layers, d_model, ..., smear) is a setting here too,
 # with its default there (--help lists them); vocabulary and sequence length come from the data
 # objective
-mask_rate = 0.25          # share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
-eval_mask_rate = 0.25     # validation masks this share whatever mask_rate is, so recipes compare
+mask_rate = 0.25          # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
+eval_mask_rate = 0.25     # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
-optim = "adamw"           # 'adamw' (reference), or 'muon': Muon on the blocks' matrices, AdamW on the rest (muon.py)
-lr = 1e-3                 # peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size)
-beta1 = 0.9
-beta2 = 0.98
-eps = 1e-12
-weight_decay = 0.01       # not on biases, norms and scalars
-grad_clip = 0.5           # gradient norm clipping (0: off)
-lr_schedule = "triangle"  # 'triangle' (reference, see lr_at) or 'warmup_linear' (original BERT)
-warmup = 0.01             # warm-up share of the budget for 'warmup_linear'
-micro_batch = 0           # sequences per device per forward pass; 0: on a GPU the largest that fits (a probe), 32 on a CPU
-batch_size = 8192         # sequences per optimizer step at the end of the ramp
-batch_ramp = 0.6          # share of the budget over which the batch grows from one micro-batch
+optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (muon.py)
+lr = 1e-3                 # (0, inf): peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size)
+beta1 = 0.9               # [0, 1)
+beta2 = 0.98              # [0, 1)
+eps = 1e-12               # >= 0
+weight_decay = 0.01       # >= 0: not on biases, norms and scalars
+grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
+lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
+warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
+micro_batch = 0           # >= 0: sequences per device per forward pass; 0: on a GPU the largest that fits, 32 on a CPU
+batch_size = 8192         # >= 1: sequences per optimizer step at the end of the ramp
+batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from one micro-batch
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
-dtype = "auto"            # autocast: 'auto' (bfloat16 on a GPU that has it, else float16; float32 on a CPU),
-                          # 'float32', 'bfloat16', 'float16' (with loss scaling)
+dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: bfloat16 on a GPU that has it, else
+                          # float16 (with loss scaling); float32 on a CPU
 compile = True            # torch.compile the training step (inductor; on a CPU too)
 offload = False           # blocks' master weights and AdamW state in host memory, streamed through the device:
                           # for encoders whose training state exceeds the GPU (offload.py; one process, AdamW)
-peak_tflops = 0.0         # for MFU; 0 looks the GPU up by name
-seed = 0                  # model initialisation, data order and masks
-data_order = "shuffled"   # or 'file': the first epoch reads train.bin in its order (tools/curriculum.py's), later epochs shuffled
-log_interval = 10         # steps
-max_skipped_steps = 5     # stop after this many updates in a row skipped for a non-finite gradient
-eval_interval_minutes = 30.0
-eval_sequences = 4096     # validation sequences per evaluation (fixed masks)
-ckpt_interval_minutes = 60.0
-fill_in_examples = 3      # at the end, fill-in-the-blank examples from the validation text
+peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
+seed = 0                  # >= 0: model initialisation, data order and masks
+data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
+log_interval = 10         # >= 1: steps
+max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged (see train.py's loop)
+eval_interval_minutes = 30.0  # >= 0
+eval_sequences = 4096     # >= 1: validation sequences per evaluation (fixed masks)
+ckpt_interval_minutes = 60.0  # >= 0: a checkpoint is saved only if no step since the last one diverged
+fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
@@ -111,19 +112,11 @@ class StopRequest:
         signal.signal(signum, signal.SIG_DFL)
 
 
-def check_settings(world):
-    """One-line errors for settings that cannot run, before any work."""
-    try:
-        lr_at(0.0, lr, lr_schedule, warmup)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    if optim not in ("adamw", "muon"):
-        raise SystemExit(f"error: unknown --optim '{optim}' (adamw, muon)")
-    if data_order not in ("shuffled", "file"):
-        raise SystemExit(f"error: unknown --data_order '{data_order}' (shuffled, file)")
-    if budget_tokens < 0 or (budget_tokens == 0 and budget_hours <= 0):
-        raise SystemExit(f"error: --budget_hours must be above 0 (got {budget_hours}), or give --budget_tokens")
-    if micro_batch < 0 or (micro_batch and batch_size % (micro_batch * world)):
+def check_settings(world, config):
+    """One-line errors for settings that cannot run together, before any work (each setting's own
+    range is declared beside it and checked by the configurator)."""
+    ModelConfig.from_settings(config)
+    if micro_batch and batch_size % (micro_batch * world):
         raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
                          f"the {world} process(es)")
     if offload and world > 1:
@@ -132,9 +125,10 @@ def check_settings(world):
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
 
-def open_checkpoint(path, model_args):
-    """The checkpoint to resume (with resume=True), after checking it trains the same model; None
-    for a fresh run, which refuses to overwrite one."""
+def open_checkpoint(path, model_args, tokenizer_text):
+    """The checkpoint to resume (with resume=True), after checking it continues the same run: the
+    same model, tokenizer and optimizer, and finite weights. None for a fresh run, which refuses
+    to overwrite one. The autocast dtype may change (a run moved to another GPU)."""
     if not resume:
         if os.path.exists(path):
             raise SystemExit(f"error: {path} exists: pass --resume=True to continue it, or choose another --out_dir")
@@ -144,6 +138,15 @@ def open_checkpoint(path, model_args):
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]
         raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
+    if checkpoint["tokenizer"] != tokenizer_text:
+        raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with its own "
+                         f"data, --data_dir={checkpoint.get('data_dir')}")
+    trained_with = checkpoint.get("config", {}).get("optim", "adamw")
+    if trained_with != optim:
+        raise SystemExit(f"error: {path} trained with --optim={trained_with}: resume it with that optimizer (their "
+                         f"states do not convert)")
+    if not all(v.isfinite().all() for v in checkpoint["model"].values() if v.is_floating_point()):
+        raise SystemExit(f"error: {path} holds non-finite weights and cannot be resumed")
     return checkpoint
 
 
@@ -183,7 +186,7 @@ def load_training_state(checkpoint, model, optimizer, scaler, trainer):
         return trainer.load_state_dict(checkpoint)
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
-    if "scaler" in checkpoint:
+    if checkpoint.get("scaler"):  # float16's loss scale; empty when the run used another dtype
         scaler.load_state_dict(checkpoint["scaler"])
 
 
@@ -215,17 +218,32 @@ def log_step(run, loss, step_lr, step_batch, tokens_per_s, mfu, rt, epoch, progr
                               skipped=run["skipped"]))
 
 
-def save(path, state, run, model_args, config, meta, tokenizer_text, final=False):
-    """A self-contained checkpoint: weights and training state, the model's settings, the run's
-    place in its schedules and data, and the tokenizer."""
-    save_checkpoint(path, dict(**state, model_args=model_args, step=run["step"], elapsed=run["elapsed"],
-                               tokens=run["tokens"], config=config, init_val_loss=run["init_loss"],
-                               data_dir=os.path.abspath(data_dir), meta=meta, final=final, tokenizer=tokenizer_text))
+def diverged(loss, vocab_size):
+    """Whether a loss says the run diverged: not finite, or a nat above guessing uniformly over the
+    vocabulary (about where an untrained model starts)."""
+    return not loss <= math.log(vocab_size) + 1.0
+
+
+def save(path, model, state, run, identity, val_tokens, rt, micro, final=False):
+    """A self-contained checkpoint: weights and training state, the run's place in its schedules and
+    data, and `identity` (the model's settings, the run's, the data's meta and tokenizer). Saves only
+    weights that are finite and whose loss on a validation micro-batch has not diverged, so the
+    checkpoint a divergence stop names is one a lower learning rate recovers from; returns the
+    reason when it saved nothing."""
+    if not all(v.isfinite().all() for v in state["model"].values() if v.is_floating_point()):
+        return "non-finite weights"
+    loss = evaluate(model, val_tokens, identity["meta"], micro, rt, micro)[0]
+    if diverged(loss, identity["meta"]["vocab_size"]):
+        return f"a diverged validation loss ({loss:.2f})"
+    save_checkpoint(path, dict(**state, **identity, step=run["step"], elapsed=run["elapsed"], tokens=run["tokens"],
+                               init_val_loss=run["init_loss"], final=final))
+    run["last_saved"] = run["step"]
+    return None
 
 
 def main(config):
     ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))
-    check_settings(world)
+    check_settings(world, config)
     if ddp:
         dist.init_process_group(backend="nccl" if device != "cpu" and torch.cuda.is_available() else "gloo")
     rank = dist.get_rank() if ddp else 0
@@ -240,8 +258,12 @@ def main(config):
     model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     model_args = dataclasses.asdict(model_config)
     ckpt_path, metrics_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "metrics.jsonl")
-    checkpoint = open_checkpoint(ckpt_path, model_args)
-    os.makedirs(out_dir, exist_ok=True)
+    # out_dir: this process's alone (a lock), writable, with room for a checkpoint (weights and AdamW in float32)
+    with torch.device("meta"):  # the parameter count, without the memory
+        n_params = CrammedBert(**model_args).num_params()
+    if master:
+        claim_folder(out_dir, need_bytes=12 * n_params)
+    checkpoint = open_checkpoint(ckpt_path, model_args, tokenizer_text)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world, mask_rate,
                                                                offload, log)
 
@@ -250,6 +272,9 @@ def main(config):
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
     flops_per_token, n_params, n_matmul = model.flops_per_token(mask_rate), model.num_params(), model.num_params(True)
     model, step_model, optimizer, trainer = build_training(model, rt, ddp, log)
+    # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
+    identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
+                    tokenizer=tokenizer_text)
     scaler = trainer.scaler if offload else rt.grad_scaler()
     run = dict(step=0, elapsed=0.0, tokens=0, skipped=0, init_loss=None, last_saved=None)
     if checkpoint:  # either mode resumes the other's checkpoints: they share the format
@@ -286,7 +311,7 @@ def main(config):
 
     # -------------------------------------------------------------------- the loop; the clock runs
     last_eval = last_ckpt = run["elapsed"]
-    skipped_in_a_row, warned_repeat = 0, budget_tokens > 0  # a token budget was checked at the start
+    diverged_in_a_row, warned_repeat = 0, budget_tokens > 0  # a token budget was checked at the start
     window_start, window_tokens = time.perf_counter(), 0
     clock = time.perf_counter()
     while True:
@@ -311,21 +336,22 @@ def main(config):
         run["step"] += 1
         run["tokens"] += step_batch * seq_len
         window_tokens += step_batch * seq_len
+        if ddp:  # the mean over all ranks' micro-batches, as one process would report it
+            dist.all_reduce(loss)
+            loss = loss / world
+        loss = loss.item()  # no wait: train_step has synced the device for the gradient norm
         # float16's loss scaler skips overflowing steps by design while it halves its scale: only
         # skips at a scale below 1 say that the run itself diverged
-        diverging = not applied and (not scaler.is_enabled() or scaler.get_scale() < 1)
         run["skipped"] += not applied
-        skipped_in_a_row = skipped_in_a_row + 1 if diverging else 0
-        if skipped_in_a_row >= max_skipped_steps:
+        skipped = not applied and (not scaler.is_enabled() or scaler.get_scale() < 1)
+        diverged_in_a_row = diverged_in_a_row + 1 if skipped or diverged(loss, meta["vocab_size"]) else 0
+        if diverged_in_a_row >= max_skipped_steps:
             where = f"the last checkpoint is {ckpt_path} at step {run['last_saved']}" \
                 if run["last_saved"] is not None else "no checkpoint was saved"
-            raise SystemExit(f"error: {skipped_in_a_row} steps in a row had a non-finite gradient (up to step "
-                             f"{run['step']}); {where}: lower --lr and resume it")
+            raise SystemExit(f"error: {diverged_in_a_row} steps in a row diverged (a non-finite gradient, or a loss above "
+                             f"{math.log(meta['vocab_size']) + 1:.2f}) up to step {run['step']}; {where}: lower --lr and "
+                             f"{'resume it' if run['last_saved'] is not None else 'start again'}")
         if run["step"] % log_interval == 0:
-            if ddp:  # the mean over all ranks' micro-batches, as one process would report it
-                dist.all_reduce(loss)
-                loss = loss / world
-            loss = loss.item()  # syncs the device, so the window time is real
             tokens_per_s = window_tokens / (time.perf_counter() - window_start)
             mfu = flops_per_token * tokens_per_s / world / peak if peak else None
             if master:
@@ -346,19 +372,24 @@ def main(config):
             if due_eval and master:
                 run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)
                 last_eval = run["elapsed"]
-            if due_ckpt:
-                if master:
-                    save(ckpt_path, training_state(model, optimizer, scaler, trainer), run, model_args, config, meta,
-                         tokenizer_text)
-                run["last_saved"], last_ckpt = run["step"], run["elapsed"]
+            if due_ckpt and master:
+                refused = save(ckpt_path, model, training_state(model, optimizer, scaler, trainer), run, identity,
+                               val_tokens, rt, micro)
+                if refused:
+                    log(f"checkpoint at step {run['step']} not saved: {refused}; {ckpt_path} keeps step "
+                        f"{run['last_saved']}")
+            last_ckpt = run["elapsed"] if due_ckpt else last_ckpt
             clock += time.perf_counter() - paused
             window_start += time.perf_counter() - paused
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
         final = None if stop else run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)
-        save(ckpt_path, training_state(model, optimizer, scaler, trainer), run, model_args, config, meta,
-             tokenizer_text, final=not stop)
+        refused = save(ckpt_path, model, training_state(model, optimizer, scaler, trainer), run, identity, val_tokens,
+                       rt, micro, final=not stop)
+        if refused:
+            raise SystemExit(f"error: the weights at step {run['step']} were not saved: {refused}; {ckpt_path} keeps "
+                             f"step {run['last_saved']}: lower --lr and resume it")
         finish(model, val_tokens, meta, rt, run, final, stop_request.signum, tokenizer_text, ckpt_path)
     if ddp:
         dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others

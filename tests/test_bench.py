@@ -18,7 +18,7 @@ def test_bench_prints_the_table_with_ratios(tmp_path):
 
 def test_bench_rejects_unknown_shape():
     proc = run_script("bench.py", "--shape=huge", check=False)
-    assert proc.returncode != 0 and proc.stderr.strip() == "error: unknown shape 'huge' (reference, small)"
+    assert proc.returncode != 0 and proc.stderr.strip() == "error: --shape=huge is not allowed: shape must be one of auto, reference, small"
 
 
 def test_bench_times_offload_beside_normal_mode(tmp_path):

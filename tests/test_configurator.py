@@ -60,11 +60,11 @@ def test_model_settings_come_from_the_dataclass(tmp_path):
     cfg = tmp_path / "recipe.py"
     cfg.write_text("smear = False\nn_layers = 4\nlr = 5e-4\n")
     ns = namespace()
-    config = configure(ns, [str(cfg), "--d_model=128"], ModelConfig, skip=DATA_FIELDS)
-    assert (config["smear"], config["n_layers"], config["d_model"], config["n_heads"]) == (False, 4, 128, 12)
+    config = configure(ns, [str(cfg), "--d_model=144"], ModelConfig, skip=DATA_FIELDS)
+    assert (config["smear"], config["n_layers"], config["d_model"], config["n_heads"]) == (False, 4, 144, 12)
     assert ns["lr"] == config["lr"] == 5e-4 and "n_layers" not in ns
     model = ModelConfig.from_settings(config, vocab_size=300, seq_len=32)
-    assert (model.n_layers, model.d_model, model.smear, model.vocab_size) == (4, 128, False, 300)
+    assert (model.n_layers, model.d_model, model.smear, model.vocab_size) == (4, 144, False, 300)
     with pytest.raises(SystemExit, match="--glu expects bool"):
         configure(namespace(), ["--glu=1"], ModelConfig, skip=DATA_FIELDS)
     with pytest.raises(SystemExit, match="unknown config key 'vocab_size'"):  # it comes from the data

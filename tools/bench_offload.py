@@ -28,18 +28,18 @@ from offload import OffloadTrainer  # noqa: E402
 from runtime import train_step  # noqa: E402
 
 # -----------------------------------------------------------------------------
-shape = "auto"          # 'reference' (16x768, vocabulary 32768) or 'small' (4x256, 8192); auto: by device
-micro_batch = 0         # 0: 128 on a GPU, 32 on a CPU
-accum_steps = 4         # micro-batches per optimizer step
-steps = 0               # timed optimizer steps per round (0: 10 on a GPU, 3 on a CPU)
-warmup_steps = 0        # untimed steps first (0: 3 on a GPU, 1 on a CPU)
-repeats = 3             # alternating rounds of `steps` steps per mode
-cap = 0.3               # on a GPU: both modes capped at this share of normal mode's peak memory
+shape = "auto"          # {auto, reference, small}: 16x768 with 32768 tokens, 4x256 with 8192; auto: by device
+micro_batch = 0         # >= 0: if 0, 128 on a GPU and 32 on a CPU
+accum_steps = 4         # >= 1: micro-batches per optimizer step
+steps = 0               # >= 0: timed optimizer steps per round (0: 10 on a GPU, 3 on a CPU)
+warmup_steps = 0        # >= 0: untimed steps first (0: 3 on a GPU, 1 on a CPU)
+repeats = 3             # >= 1: alternating rounds of `steps` steps per mode
+cap = 0.3               # (0, 1]: on a GPU: both modes capped at this share of normal mode's peak memory
 data_dir = "data/pydocs"  # real tokens when its vocabulary matches the shape; random tokens otherwise
-seq_len = 128
+seq_len = 128           # >= 2
 device = "auto"
-dtype = "auto"          # as train.py: bfloat16 on a GPU, float32 on a CPU
-seed = 0
+dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py
+seed = 0                # >= 0
 # -----------------------------------------------------------------------------
 
 
@@ -165,8 +165,6 @@ def main():
     rt = runtime.setup(device, dtype, compile=False)
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")
-    if name not in SHAPES:
-        raise SystemExit(f"error: unknown shape '{name}' ({', '.join(SHAPES)})")
     dims, micro = SHAPES[name], micro_batch or (128 if gpu else 32)
     n_steps, n_warmup = steps or (10 if gpu else 3), warmup_steps or (3 if gpu else 1)
     tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)

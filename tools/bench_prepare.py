@@ -23,8 +23,8 @@ from measure import alternate, spread  # noqa: E402
 # -----------------------------------------------------------------------------
 corpus = ""             # the text to encode: a file or folder in prepare.py's formats
 data_dir = "data/pydocs"  # a prepared folder whose tokenizer encodes it
-max_chars = 0           # only the corpus' first documents up to this many characters (0: all)
-repeats = 3             # alternating rounds
+max_chars = 0           # >= 0: only the corpus' first documents up to this many characters (0: all)
+repeats = 3             # >= 1: alternating rounds
 # -----------------------------------------------------------------------------
 
 

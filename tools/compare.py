@@ -37,12 +37,12 @@ from data import read_metrics, write_json  # noqa: E402
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)
 variants = ""             # comma-separated variants to train (see above); the first is the reference
 base = "config/train_quickstart.py"  # the config every variant starts from (data, shape, budget); "": train.py's defaults
-protocol = "clock"        # 'clock': equal wall-clock budgets; 'tokens': timed, then equal-time token budgets
-budget_minutes = 0.0      # each variant's budget (0: the base config's budget_hours)
-budget_tokens = 0         # protocol=tokens: > 0 gives every variant these tokens, untimed (variants of one speed)
-seeds = 1                 # training runs per variant (seeds 0, 1, ...)
-speed_steps = 12          # protocol=tokens: full-batch steps per timing run (the first log window is dropped)
-speed_repeats = 2         # protocol=tokens: timing runs per variant, interleaved across variants
+protocol = "clock"        # {clock, tokens}: equal wall-clock budgets, or timed, then equal-time token budgets
+budget_minutes = 0.0      # >= 0: each variant's budget (0: the base config's budget_hours)
+budget_tokens = 0         # >= 0: protocol=tokens: > 0 gives every variant these tokens, untimed (variants of one speed)
+seeds = 1                 # >= 1: training runs per variant (seeds 0, 1, ...)
+speed_steps = 12          # >= 2: protocol=tokens: full-batch steps per timing run (the first log window is dropped)
+speed_repeats = 2         # >= 1: protocol=tokens: timing runs per variant, interleaved across variants
 train_args = ""           # more train.py settings for every run, before the variant's own, space-separated
 out_dir = "out/compare"   # the runs (<out_dir>/<variant>/seed<k>), results.json and compare.png
 png = ""                  # the picture; default: <out_dir>/compare.png
@@ -195,8 +195,6 @@ def main():
     run_dirs, names = [r for r in runs.split(",") if r], [v for v in variants.split(",") if v]
     if bool(run_dirs) == bool(names):
         raise SystemExit("error: give --runs=out_dir[,out_dir...] to plot, or --variants=crammed,recipe_reference to train")
-    if protocol not in ("clock", "tokens"):
-        raise SystemExit(f"error: unknown --protocol '{protocol}' (clock, tokens)")
     path = png or os.path.join(out_dir, "compare.png")
     if run_dirs:
         curves = {run: read_metrics(run) for run in run_dirs}

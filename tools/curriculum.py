@@ -33,7 +33,7 @@ from data import load_meta, load_tokenizer, load_tokens, write_json  # noqa: E40
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"  # a folder prepare.py wrote
-block = 65536           # train sequences sorted together: bounds the memory (8M tokens, 16-32 MB) and keeps the curriculum mild
+block = 65536           # >= 1: train sequences sorted together: bounds the memory (16-32 MB), keeps the curriculum mild
 # -----------------------------------------------------------------------------
 
 # a token ends a sentence when its bytes end with . ! or ?, then maybe closing quotes or brackets (ASCII or UTF-8 ’ ”)
@@ -92,8 +92,6 @@ def finish_earlier_pass(folder, meta):
 
 
 def main():
-    if block < 1:
-        raise SystemExit(f"error: --block must be at least 1 train sequence (got {block})")
     meta = load_meta(data_dir)
     done = finish_earlier_pass(data_dir, meta)
     if done is not None and done != block:

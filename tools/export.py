@@ -28,13 +28,13 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import (SPECIAL_TOKENS, bytes_to_unicode, load_checkpoint, parse_ranks, read_metrics,  # noqa: E402
+from data import (SPECIAL_TOKENS, bytes_to_unicode, check_writable, load_checkpoint, parse_ranks, read_metrics,  # noqa: E402
                   write_atomically, write_json)
 from model import saved_model_args  # noqa: E402
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"  # a train.py checkpoint (its tokenizer and settings travel in it)
-out_dir = ""              # default: hf/ beside the checkpoint
+out_dir = ""              # default: hf/ beside the checkpoint; a new or empty folder, or an earlier export
 # -----------------------------------------------------------------------------
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLASSES = {"AutoConfig": "CramConfig", "AutoModel": "CramModel", "AutoModelForMaskedLM": "CramForMaskedLM",
@@ -131,10 +131,24 @@ def model_card(ckpt, run_dir, folder_name):
         "pretraining ran without. The tokenizer gives no token_type_ids: the model has no segment embeddings.", ""])
 
 
+def check_folder(folder):
+    """Refuse a folder that holds anything but an earlier export, whose files the export replaces."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            earlier_export = json.load(f).get("model_type") == "cram"
+    except (OSError, ValueError, AttributeError):
+        earlier_export = False
+    if os.path.isdir(folder) and os.listdir(folder) and not earlier_export:
+        raise SystemExit(f"error: {folder} holds other files ({', '.join(sorted(os.listdir(folder))[:5])}): export into "
+                         f"a new or empty folder (--out_dir=)")
+    check_writable(os.path.join(folder, "config.json"), "--out_dir")
+
+
 def main():
     ckpt = load_checkpoint(checkpoint)
     run_dir = os.path.dirname(os.path.abspath(checkpoint))
     folder = out_dir or os.path.join(run_dir, "hf")
+    check_folder(folder)
     meta, args = ckpt["meta"], saved_model_args(ckpt["model_args"])
     ranks = parse_ranks(ckpt["tokenizer"])
     if len(ranks) + len(SPECIAL_TOKENS) != args["vocab_size"]:

@@ -48,26 +48,26 @@ out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and 
 phases = "prepare,bench,recipes,glue,offload"  # which phases to run, in this order
 # prepare
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
-prepare_minutes = 6.0      # the phase's time limit
+prepare_minutes = 6.0      # > 0: the phase's time limit
 # bench
 bench_args = "--shape=reference"  # more bench.py settings
-bench_minutes = 8.0
+bench_minutes = 8.0        # > 0
 # recipes
 recipes = "crammed,recipe_reference"  # tools/compare.py's variants: crammed is train.py's recipe (the paper's + smear)
-recipe_minutes = 3.5       # training budget of each recipe (compilation included, evaluation not)
+recipe_minutes = 3.5       # > 0: training budget of each recipe (compilation included, evaluation not)
 train_args = ""            # more train.py settings for every recipe (the reference shape is train.py's default)
 # glue
 glue_tasks = "rte,mrpc,stsb,cola"  # those present in glue_dir are fine-tuned
 glue_args = ""             # more finetune_glue.py settings
-glue_minutes = 9.0
+glue_minutes = 9.0         # > 0
 # offload
 offload_bench_args = "--shape=reference"  # more tools/bench_offload.py settings
-device_memory_gib = 0.0    # the device memory the shape must exceed; 0: the GPU's own (on a GPU, less caps the process)
-host_memory_gib = 0.0      # host memory the off-load state may use 85% of; 0: what the host has available
-offload_micro_batch = 64
-offload_accum = 2          # micro-batches per optimizer step
-offload_steps = 3          # timed optimizer steps, after one untimed
-offload_minutes = 8.0
+device_memory_gib = 0.0    # >= 0: the device memory the shape must exceed; 0: the GPU's own (on a GPU, less caps the process)
+host_memory_gib = 0.0      # >= 0: host memory the off-load state may use 85% of; 0: what the host has available
+offload_micro_batch = 64   # >= 1
+offload_accum = 2          # >= 1: micro-batches per optimizer step
+offload_steps = 3          # >= 1: timed optimizer steps, after one untimed
+offload_minutes = 8.0      # > 0
 device = "auto"
 report = True              # write report.md after the phases (a phase run by the full command leaves it to it)
 # -----------------------------------------------------------------------------

@@ -1,0 +1,319 @@
+"""Reliability, class by class: every bad input and every fault is a one-line answer, and nothing
+already finished is lost. Each class has its mechanism and a table of cases here."""
+import errno
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
+from configurator import allowed, config_keys, declarations
+from data import claim_folder, load_meta, read_metrics, write_atomically
+
+SCRIPTS = ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
+           "tools/gpu_report.py", "tools/bench_offload.py", "tools/bench_prepare.py", "tools/curriculum.py"]
+
+
+def error_of(script, *args):
+    """The one-line error of running `script` with args, in this process (cheap: the settings are
+    checked before any work, so no case gets far)."""
+    argv = sys.argv
+    sys.argv = [script, *map(str, args)]
+    try:
+        with pytest.raises(SystemExit) as stop:
+            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    message = str(stop.value)
+    assert message.startswith("error:") and "\n" not in message, message
+    return message
+
+
+# ------------------------------------------------------------------ 3. settings checked at the start, all of them
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_number_setting_declares_its_range(script):
+    """One mechanism for all scripts: the allowed values beside each setting (its comment), so no
+    int or float setting goes unchecked."""
+    from model import DATA_FIELDS, ModelConfig
+    namespace = runpy.run_path(os.path.join(ROOT, script), run_name="not_main")
+    cls = ModelConfig if script == "train.py" else None
+    declared = {d[1]: d[2] for d in declarations(namespace, cls, DATA_FIELDS) if d[0] == "setting"}
+    numbers = [k for k, v in config_keys(namespace).items() if type(v) in (int, float)]
+    assert [k for k in numbers if not allowed(declared.get(k))] == []
+
+
+SETTINGS = [  # (script, arguments, what the error says)
+    ("train.py", ["--grad_clip=-1"], "--grad_clip=-1.0 is not allowed: grad_clip must be >= 0"),
+    ("train.py", ["--max_skipped_steps=0"], "max_skipped_steps must be >= 1"),
+    ("train.py", ["--lr=-1"], "lr must be in (0, inf)"),
+    ("train.py", ["--lr=1e999"], "lr must be in (0, inf)"),
+    ("train.py", ["--n_heads=3", "--d_model=64"], "d_model=64 must be a multiple of n_heads=3"),
+    ("train.py", ["--d_ffn=255"], "d_ffn=255 must be even with glu"),
+    ("train.py", ["--mask_rate=1.5"], "mask_rate must be in (0, 1)"),
+    ("train.py", ["--d_model=0"], "d_model must be >= 1"),
+    ("train.py", ["--eval_sequences=0"], "eval_sequences must be >= 1"),
+    ("train.py", ["--log_interval=0"], "log_interval must be >= 1"),
+    ("train.py", ["--fill_in_examples=-1"], "fill_in_examples must be >= 0"),
+    ("train.py", ["--budget_tokens=-5"], "budget_tokens must be >= 0"),
+    ("train.py", ["--budget_hours=0"], "budget_hours must be > 0"),
+    ("train.py", ["--micro_batch=-3"], "micro_batch must be >= 0"),
+    ("train.py", ["--batch_size=40", "--micro_batch=16"], "multiple of --micro_batch=16"),
+    ("train.py", ["--batch_ramp=1.5"], "batch_ramp must be in [0, 1]"),
+    ("train.py", ["--optim=sgd"], "optim must be one of adamw, muon"),
+    ("train.py", ["--lr_schedule=cosine"], "lr_schedule must be one of triangle, warmup_linear"),
+    ("train.py", ["--data_order=sorted"], "data_order must be one of shuffled, file"),
+    ("train.py", ["--dtype=fp8"], "dtype must be one of auto"),
+    ("train.py", ["--micro_batch=1.5"], "--micro_batch expects int"),
+    ("prepare.py", ["--vocab_size=100"], "vocab_size must be >= 260"),
+    ("prepare.py", ["--val_fraction=0"], "val_fraction must be in (0, 1)"),
+    ("prepare.py", ["--seq_len=1"], "seq_len must be >= 2"),
+    ("prepare.py", ["--workers=-1"], "workers must be >= 0"),
+    ("finetune_glue.py", ["--seeds=0"], "seeds must be >= 1"),
+    ("finetune_glue.py", ["--dropout=1"], "dropout must be in [0, 1)"),
+    ("finetune_glue.py", ["--epochs=0"], "epochs must be >= 1"),
+    ("bench.py", ["--steps=-1"], "steps must be >= 0"),
+    ("bench.py", ["--shape=huge"], "shape must be one of"),
+    ("tools/compare.py", ["--seeds=0"], "seeds must be >= 1"),
+    ("tools/compare.py", ["--protocol=steps"], "protocol must be one of clock, tokens"),
+    ("tools/curriculum.py", ["--block=0"], "block must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("script,args,fragment", SETTINGS, ids=[" ".join(c[1]) for c in SETTINGS])
+def test_a_bad_setting_is_one_line_naming_it(script, args, fragment):
+    assert fragment in error_of(script, *args)
+
+
+def test_a_bad_config_file_names_its_file_and_line(tmp_path):
+    cases = {"lr = 1e-3\nn_layers = (\n": ":2: '(' was never closed", "lr = 1e-3\nx = 1 / 0\n": ":2: ZeroDivisionError",
+             "lr = float('nan')\n": "lr must be in (0, inf)", "budget_hours = '1'\n": "--budget_hours expects float"}
+    for i, (text, fragment) in enumerate(cases.items()):
+        path = tmp_path / f"config{i}.py"
+        path.write_text(text)
+        assert fragment in error_of("train.py", path)
+    # and as a user sees it: one line on stderr, status 1
+    assert_one_line_error(run_script("train.py", tmp_path / "config0.py", check=False), "config0.py:2")
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(prepared, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    for out, fragment in ((tmp_path / "file", "is a file, not a folder"), (tmp_path / "file" / "run", "cannot write"),
+                          ("/proc/cram_run", "cannot write")):
+        assert fragment in error_of("train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL)
+        assert fragment in error_of("prepare.py", f"--out_dir={out}")
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+# ------------------------------------------------------------------ 1. recovery after divergence recovers
+@pytest.mark.parametrize("bad_lr", ["1e6", "1e300"])
+def test_a_diverged_run_names_a_checkpoint_that_recovers(pretrained, tmp_path, bad_lr):
+    """Diverge on purpose with a checkpoint due every step: the stop names the last checkpoint whose
+    weights are finite and whose loss has not diverged, and a sane lr resumed from it trains on."""
+    shutil.copy(pretrained, tmp_path / "ckpt.pt")
+    data_dir = torch.load(pretrained)["data_dir"]
+    train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_MODEL, "--resume=True"]
+    proc = run_script(*train, f"--lr={bad_lr}", "--ckpt_interval_minutes=0", "--max_steps=100", check=False)
+    assert_one_line_error(proc, "steps in a row diverged", f"the last checkpoint is {tmp_path / 'ckpt.pt'} at step 60",
+                          "lower --lr and resume it")
+    assert "not saved" in proc.stdout
+    named = torch.load(tmp_path / "ckpt.pt")
+    assert named["step"] == 60 and all(v.isfinite().all() for v in named["model"].values())
+    before = read_metrics(pretrained.parent)[-1]["val_loss"]  # the named checkpoint's loss
+    run_script(*train, "--max_steps=100", "--fill_in_examples=0")
+    after = read_metrics(tmp_path)[-1]
+    assert after["step"] == 100 and after["val_loss"] < before
+
+
+def test_a_fresh_run_that_diverges_saves_no_checkpoint(prepared, tmp_path):
+    proc = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--lr=1e6",
+                      "--ckpt_interval_minutes=0", "--max_steps=40", check=False)
+    assert_one_line_error(proc, "no checkpoint was saved", "lower --lr and start again")
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+# ------------------------------------------------------------------ 2. a resume that would quietly change the run
+def test_a_resume_refuses_what_would_change_the_run_and_carries_a_dtype_over(prepared, pretrained, tmp_path,
+                                                                            corpus_file):
+    other = tmp_path / "other_tokenizer"  # the same vocabulary size, another tokenizer
+    run_script("prepare.py", f"--dataset={corpus_file}", f"--out_dir={other}", "--vocab_size=384", "--seq_len=32",
+               "--val_fraction=0.05", "--tokenizer_train_chars=5000")
+    nan = torch.load(pretrained)
+    nan["model"]["blocks.0.ffn.up.weight"][0, 0] = float("nan")
+    torch.save(nan, tmp_path / "nan.pt")
+    refused = [([f"--data_dir={other}"], "ckpt.pt", "trained with another tokenizer"),
+               (["--optim=muon"], "ckpt.pt", "trained with --optim=adamw"),
+               (["--n_layers=3"], "ckpt.pt", "differs from this config in n_layers"),
+               ([], "nan.pt", "holds non-finite weights")]
+    for i, (args, source, fragment) in enumerate(refused):
+        out = tmp_path / f"run{i}"
+        out.mkdir()
+        shutil.copy(pretrained if source == "ckpt.pt" else tmp_path / source, out / "ckpt.pt")
+        before = (out / "ckpt.pt").read_bytes()
+        assert fragment in error_of("train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL,
+                                    "--resume=True", *args)
+        assert (out / "ckpt.pt").read_bytes() == before
+    # another autocast dtype carries over (a run moved to a GPU without bfloat16 gets float16): the
+    # float16 loss scaler starts fresh, and its state is dropped again on the way back
+    out = tmp_path / "moved"
+    out.mkdir()
+    shutil.copy(pretrained, out / "ckpt.pt")
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL, "--resume=True",
+             "--fill_in_examples=0"]
+    run_script(*train, "--dtype=float16", "--max_steps=65")
+    assert torch.load(out / "ckpt.pt")["scaler"]
+    run_script(*train, "--dtype=float32", "--max_steps=70")
+    assert torch.load(out / "ckpt.pt")["step"] == 70
+
+
+# ------------------------------------------------------------------ 4. two processes, one folder
+HOLD = "import sys, time; sys.path.insert(0, {root!r}); from data import claim_folder; claim_folder({out!r}); " \
+       "print('held', flush=True); time.sleep(60)"
+
+
+def test_a_folder_in_use_is_refused_and_a_crash_frees_it(prepared, corpus_file, tmp_path):
+    out = tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, out=str(out))], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for script, args in (("train.py", [f"--data_dir={prepared}", *TINY_MODEL]),
+                             ("prepare.py", [f"--dataset={corpus_file}", "--vocab_size=384"])):
+            proc = run_script(script, f"--out_dir={out}", *args, check=False)
+            assert_one_line_error(proc, f"{out} is in use by another process (pid {holder.pid})")
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # neither wrote anything there
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    run_script("train.py", f"--out_dir={out}", f"--data_dir={prepared}", *TINY_MODEL, "--max_steps=5",
+               "--fill_in_examples=0")  # the killed holder's lock went with it
+    assert [r["step"] for r in read_metrics(out)] == [0, 5]
+
+
+# ------------------------------------------------------------------ 5. stale or damaged state is not trusted
+def test_a_tokenizer_left_by_a_failed_run_is_not_reused_for_another_text(tmp_path, corpus_file):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("")
+    args = ["prepare.py", f"--dataset={corpus}", f"--out_dir={tmp_path / 'out'}", "--vocab_size=384", "--seq_len=32"]
+    assert_one_line_error(run_script(*args, check=False), "too little text")
+    corpus.write_text(corpus_file.read_text())  # refilled
+    proc = run_script(*args)
+    assert "reusing" not in proc.stdout and load_meta(tmp_path / "out")["vocab_size"] == 384
+
+
+DAMAGES = {  # what is done to the progress record of an interrupted preparation
+    "truncated": lambda text: text[:len(text) // 2],
+    "wrong type": lambda text: "[1, 2, 3]",
+    "counts beyond the files": lambda text: text.replace('"sequences": ', '"sequences": 1000', 1),
+    "bytes beyond the files": lambda text: text.replace('"bytes": ', '"bytes": 9999', 1),
+    "dedup beyond its file": lambda text: text.replace('"dedup_bytes": ', '"dedup_bytes": 9999', 1),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_progress_record_is_detected_and_the_encoding_redone(tmp_path, monkeypatch, damage, capsys):
+    import prepare
+    from conftest import synthetic_corpus
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(synthetic_corpus(n_docs=3000, seed=2)) + "\n")
+    for key, value in dict(dataset=str(corpus), vocab_size=300, seq_len=32, tokenizer_train_chars=50000,
+                           progress_minutes=0, workers=1, out_dir=str(tmp_path / "whole")).items():
+        monkeypatch.setattr(prepare, key, value)
+    prepare.main()
+    write_json, records = prepare.write_json, []
+
+    def killed_at_the_third_record(path, obj):
+        write_json(path, obj)
+        if path.endswith(prepare.PROGRESS_FILE):
+            records.append(obj)
+            if len(records) == 3:
+                raise KeyboardInterrupt
+    monkeypatch.setattr(prepare, "write_json", killed_at_the_third_record)
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "killed"))
+    with pytest.raises(KeyboardInterrupt):
+        prepare.main()
+    monkeypatch.setattr(prepare, "write_json", write_json)
+    record = tmp_path / "killed" / prepare.PROGRESS_FILE
+    record.write_text(DAMAGES[damage](record.read_text()))
+    capsys.readouterr()
+    prepare.main()
+    assert "is damaged" in capsys.readouterr().out
+    for name in ("train.bin", "val.bin", "meta.json"):
+        whole, killed = (tmp_path / "whole" / name).read_bytes(), (tmp_path / "killed" / name).read_bytes()
+        assert killed == whole or name == "meta.json", name
+    assert load_meta(tmp_path / "killed")["train_sequences"] == load_meta(tmp_path / "whole")["train_sequences"]
+
+
+def test_a_prepared_folder_that_disagrees_with_its_meta_is_named_damaged(prepared, tmp_path, corpus_file):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(prepared, damaged)
+    with open(damaged / "train.bin", "r+b") as f:
+        f.truncate(1000)
+    args = [f"--dataset={corpus_file}", f"--out_dir={damaged}", "--vocab_size=384", "--seq_len=32",
+            "--val_fraction=0.05"]
+    assert "is damaged" in error_of("prepare.py", *args)  # not "already prepared"
+    assert "delete it and run prepare.py again" in error_of("train.py", f"--data_dir={damaged}", *TINY_MODEL,
+                                                             f"--out_dir={tmp_path / 'run'}")
+
+
+def test_export_never_overwrites_other_files(pretrained, tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "README.md").write_text("my notes")
+    assert "holds other files (README.md)" in error_of("tools/export.py", f"--checkpoint={pretrained}",
+                                                         f"--out_dir={folder}")
+    assert (folder / "README.md").read_text() == "my notes"
+    run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={tmp_path / 'hf'}")
+    run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={tmp_path / 'hf'}")  # an earlier export
+
+
+# ------------------------------------------------------------------ 6. wrong results are not reported as success
+def test_empty_or_degenerate_glue_data_is_an_error(pretrained, tmp_path):
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    row = "0\tmain\tx\t2012\t0\tnone\tnone\tA man plays.\tA man plays a guitar.\t{}\n"
+    cases = {"no training rows": (header, header + row.format(3.0) + row.format(1.0), "no train examples"),
+             "no dev rows": (header + row.format(3.0), header, "no stsb examples"),
+             "constant dev scores": (header + row.format(3.0), header + row.format(2.0) * 3, "scores are all 2.0")}
+    for case, (train, dev, fragment) in cases.items():
+        glue_dir = tmp_path / case.replace(" ", "_")
+        (glue_dir / "STS-B").mkdir(parents=True)
+        (glue_dir / "STS-B" / "train.tsv").write_text(train)
+        (glue_dir / "STS-B" / "dev.tsv").write_text(dev)
+        assert fragment in error_of("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={glue_dir}",
+                                    "--tasks=stsb", "--device=cpu", f"--out_json={tmp_path / 'glue.json'}"), case
+    assert not (tmp_path / "glue.json").exists()
+
+
+# ------------------------------------------------------------------ 7. the machine's own faults
+def test_an_unwritable_result_path_fails_before_the_work(pretrained, tmp_path):
+    (tmp_path / "a_folder").mkdir()
+    for path, fragment in ((tmp_path / "a_folder", "is a folder"), ("/proc/glue.json", "cannot write")):
+        assert fragment in error_of("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}",
+                                    "--tasks=rte", f"--out_json={path}")  # before the (missing) data is read
+
+
+def test_a_full_disk_keeps_the_last_good_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "ckpt.pt")
+    write_atomically(path, lambda tmp: torch.save({"step": 1}, tmp))
+
+    def full(obj, tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(SystemExit, match="the disk is full: free space") as stop:
+        write_atomically(path, lambda tmp: full({"step": 2}, tmp))
+    assert "\n" not in str(stop.value)
+    assert torch.load(path)["step"] == 1 and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_folder_without_room_for_a_checkpoint_is_refused(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(SystemExit, match="GB free and this run needs about"):
+        claim_folder(str(tmp_path / "run"), need_bytes=free * 2)
+    claim_folder(str(tmp_path / "run"), need_bytes=1)  # and is this process's once claimed
+    claim_folder(str(tmp_path / "run"))
+    assert os.listdir(tmp_path / "run") == [".lock"]
