@@ -24,6 +24,8 @@ SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 # so a BPE trained there gives identical ids through tiktoken.
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
+META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
+             "val_sequences")  # what readers of meta.json rely on
 
 
 def hub_reachable(timeout=3.0):
@@ -72,10 +74,12 @@ HELD = {}  # the folders this process has claimed, and their lock files: held un
 
 def check_writable(path, setting):
     """A one-line error unless a file can be written at `path`: checked before the work, not after."""
-    if os.path.isdir(path):
-        raise SystemExit(f"error: {setting}={path} is a folder, not a file")
+    folder = os.path.dirname(os.path.abspath(path))
+    for where, kind in ((path, "a folder, not a file"), (folder, "a file, not a folder")):
+        if os.path.exists(where) and os.path.isdir(where) == (where == path):
+            raise SystemExit(f"error: {setting}: {where} is {kind}")
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         open(path + ".tmp", "w").close()
         os.remove(path + ".tmp")
     except OSError as e:
@@ -87,8 +91,6 @@ def claim_folder(path, setting="--out_dir", need_bytes=0):
     error when it cannot be written, has less than need_bytes free, or another process holds it.
     The lock is the kernel's (flock), released when the process ends however it ends, so a crash
     never leaves it behind."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise SystemExit(f"error: {setting}={path} is a file, not a folder")
     check_writable(os.path.join(path, LOCK_FILE), setting)
     free = shutil.disk_usage(path).free
     if free < need_bytes:
@@ -125,9 +127,13 @@ def load_meta(data_dir):
         raise SystemExit(f"error: {path} not found: run `python prepare.py` first (or pass --data_dir=)")
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
+            meta = json.load(f)
+        missing = [k for k in META_KEYS if k not in meta]
+    except (OSError, ValueError, TypeError) as e:
         raise SystemExit(f"error: cannot read {path}: {e}")
+    if missing:
+        raise SystemExit(f"error: {path} is damaged (no {', '.join(missing)}): delete {data_dir} and run prepare.py again")
+    return meta
 
 
 def write_ranks(path, ranks):

@@ -106,6 +106,8 @@ def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(prepared, 
                           ("/proc/cram_run", "cannot write")):
         assert fragment in error_of("train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL)
         assert fragment in error_of("prepare.py", f"--out_dir={out}")
+        assert fragment in error_of("tools/gpu_report.py", "--phases=bench", f"--out_dir={out}")
+        assert fragment in error_of("tools/compare.py", "--variants=crammed", f"--out_dir={out}")
     assert (tmp_path / "file").read_text() == "not a folder"
 
 
@@ -258,6 +260,9 @@ def test_a_prepared_folder_that_disagrees_with_its_meta_is_named_damaged(prepare
     assert "is damaged" in error_of("prepare.py", *args)  # not "already prepared"
     assert "delete it and run prepare.py again" in error_of("train.py", f"--data_dir={damaged}", *TINY_MODEL,
                                                              f"--out_dir={tmp_path / 'run'}")
+    for meta in ('{"vocab_size": 384}', "[1]", '{"vocab_size": '):  # a meta.json cut short or of another shape
+        (damaged / "meta.json").write_text(meta)
+        assert "meta.json" in error_of("train.py", f"--data_dir={damaged}", *TINY_MODEL, f"--out_dir={tmp_path / 'run'}")
 
 
 def test_export_never_overwrites_other_files(pretrained, tmp_path):

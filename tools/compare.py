@@ -31,7 +31,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
-from data import read_metrics, write_json  # noqa: E402
+from data import check_writable, claim_folder, read_metrics, write_json  # noqa: E402
 
 # -----------------------------------------------------------------------------
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)
@@ -196,6 +196,7 @@ def main():
     if bool(run_dirs) == bool(names):
         raise SystemExit("error: give --runs=out_dir[,out_dir...] to plot, or --variants=crammed,recipe_reference to train")
     path = png or os.path.join(out_dir, "compare.png")
+    check_writable(path, "--png")
     if run_dirs:
         curves = {run: read_metrics(run) for run in run_dirs}
         print(runs_table(curves))
@@ -203,6 +204,7 @@ def main():
         return print(f"wrote {path}")
     for name in names:
         variant_args(name)  # fail on a bad name before training anything
+    claim_folder(out_dir)
     budget = 60 * budget_minutes or 3600 * (read_config_file(base) if base else {}).get("budget_hours", 0.0)
     if budget <= 0:
         raise SystemExit(f"error: give --budget_minutes: {base or 'no base config'} sets no budget_hours")

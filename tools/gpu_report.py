@@ -39,6 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
+from data import check_writable  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""                # text for the prepare phase (prepare.py's formats); empty: data_dir must be prepared
@@ -459,7 +460,7 @@ def main():
     if unknown or not names:
         raise SystemExit(f"error: unknown phase {', '.join(map(repr, unknown)) or '(none given)'} "
                          f"(phases: {', '.join(PHASES)})")
-    os.makedirs(out_dir, exist_ok=True)
+    check_writable(os.path.join(out_dir, "report.md"), "--out_dir")
     if len(names) == 1:
         run_phase(names[0])
     else:
