@@ -314,22 +314,22 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 class Batches:
-    """The masked micro-batches of one process. at(consumed, micro_step) is micro-batch
+    """The masked micro-batches of one process. at(consumed, micro_step, mask_rate) is micro-batch
     `micro_step` of this rank in the global batch that starts after `consumed` sequences: ranks
     take disjoint slices, and rows and masks depend only on the place in the run's sequence
     order, so a resumed run or another rank count sees the same."""
 
-    def __init__(self, tokens, meta, micro, rank, world, device, mask_rate, seed, order="shuffled"):
+    def __init__(self, tokens, meta, micro, rank, world, device, seed, order="shuffled"):
         self.tokens, self.micro, self.rank, self.world, self.device = tokens, micro, rank, world, device
-        self.mask_rate, self.seed, self.order = mask_rate, seed, order
+        self.seed, self.order = seed, order
         self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
         self.generator = torch.Generator(device=device)
 
-    def at(self, consumed, micro_step):
+    def at(self, consumed, micro_step, mask_rate=0.25):
         start = consumed + (micro_step * self.world + self.rank) * self.micro
         idx = get_batch(self.tokens, rows_at(start, self.micro, len(self.tokens), self.seed, self.order), self.device)
         self.generator.manual_seed(int(np.random.default_rng((self.seed, start)).integers(2 ** 62)))
-        return mask_tokens(idx, self.mask_rate, self.mask_id, self.n_regular, self.generator)
+        return mask_tokens(idx, mask_rate, self.mask_id, self.n_regular, self.generator)
 
 
 def load_run_data(path):

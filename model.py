@@ -23,9 +23,17 @@ class Attention(nn.Module):
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
 
-    def forward(self, x, attn_mask=None):
+    def forward(self, x, attn_mask=None, context=None):
+        """Self-attention of x (B, T, C); with `context` (B, S, C), x's queries attend to the
+        context's keys and values instead (a narrowed layer: x holds only the masked positions)."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        if context is None:
+            q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        else:  # the same weights, split: queries from x, keys and values from the context
+            bias = (None, None) if self.qkv.bias is None else self.qkv.bias.split([C, 2 * C])
+            q = F.linear(x, self.qkv.weight[:C], bias[0]).view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+            kv = F.linear(context, self.qkv.weight[C:], bias[1])  # (B, S, 2C)
+            k, v = kv.view(B, context.shape[1], 2, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
@@ -63,11 +71,13 @@ class Block(nn.Module):
         self.ffn = FeedForward(c.d_model, c.d_ffn, c.bias, c.glu)
         self.drop = nn.Dropout(c.dropout)
 
-    def forward(self, x, attn_mask=None):
+    def forward(self, x, attn_mask=None, context=None):
+        """context: see Attention (pre-norm normalises it with this layer's norm, as it would x)."""
         if self.norm_first:
-            x = x + self.drop(self.attn(self.norm1(x), attn_mask))
+            context = None if context is None else self.norm1(context)
+            x = x + self.drop(self.attn(self.norm1(x), attn_mask, context))
             return x + self.drop(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x, attn_mask)))
+        x = self.norm1(x + self.drop(self.attn(x, attn_mask, context)))
         return self.norm2(x + self.drop(self.ffn(x)))
 
 
@@ -94,6 +104,8 @@ class ModelConfig:
     sparse_prediction: bool = True  # only the masked positions reach the output layer
     smear: bool = True         # each position also gets a learned map of its neighbours' embeddings:
                                # cram's one change from the paper's recipe (config/recipe_reference.py)
+    full_layers: int = 0       # >= 0: if 0 < full_layers < n_layers, the later layers are narrowed: in
+                               # pretraining they update only the masked positions (NarrowBERT; see encode)
 
     def __post_init__(self):  # what the ranges beside the fields cannot say
         if self.d_model % self.n_heads:
@@ -190,12 +202,27 @@ class CrammedBert(nn.Module):
             x = x + self.smear(torch.cat([before, after], dim=-1))  # (B, T, 2d) -> (B, T, d)
         return self.emb_drop(self.emb_norm(x + pos))
 
-    def encode(self, idx, padding_mask=None):
-        """Final hidden states (B, T, d). padding_mask (B, T) is True at real tokens."""
+    def encode(self, idx, padding_mask=None, positions=None):
+        """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k). padding_mask (B, T) is
+        True at real tokens.
+
+        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers
+        see every position; each later layer updates a position from its own state (its queries
+        and feed-forward) while attending to the keys and values of the last full layer's output,
+        the context, which stays fixed. So one position's result does not depend on which other
+        positions are updated: pretraining updates only the masked ones (about 40% of a layer's
+        cost at 25% masking: keys and values still see every position), and fine-tuning, fill-in
+        and the export run the same layers over every position and get the same values there."""
         x = self.embed(idx, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
-        for block in self.blocks:
+        full = self.config.full_layers if 0 < self.config.full_layers < len(self.blocks) else len(self.blocks)
+        for block in self.blocks[:full]:
             x = block(x, attn_mask)
+        context = x
+        if positions is not None:
+            x = at_positions(x, positions)  # (B, k, d)
+        for block in self.blocks[full:]:
+            x = block(x, attn_mask, context)
         return self.final_norm(x)
 
     def logits(self, hidden):
@@ -208,13 +235,14 @@ class CrammedBert(nn.Module):
         Sparse prediction sends only the (B, k) masked positions through the output layer;
         dense prediction scores every position and ignores the rest, as the original BERT.
         """
-        return self.mlm_loss(self.encode(inputs), inputs, positions, labels)
+        return self.mlm_loss(self.encode(inputs, positions=positions if self.sparse_prediction else None), inputs,
+                             positions, labels)
 
     def mlm_loss(self, hidden, inputs, positions, labels):
-        """forward's loss and correct count from the final hidden states (B, T, d); off-load mode
-        (offload.py) runs the blocks itself and joins here."""
+        """forward's loss and correct count from the final hidden states: (B, k, d) at the masked
+        positions with sparse prediction, else (B, T, d). Off-load mode (offload.py) runs the blocks
+        itself and joins here."""
         if self.sparse_prediction:
-            hidden = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
             targets = labels
         else:
             targets = torch.full_like(inputs, -100).scatter(1, positions, labels)
@@ -231,15 +259,24 @@ class CrammedBert(nn.Module):
 
     def flops_per_token(self, mask_rate):
         """Training FLOPs per input token (forward + backward = 3x forward): matmul weights,
-        attention scores and values, and the tied output layer on the predicted positions."""
+        attention scores and values, and the tied output layer on the predicted positions. A
+        narrowed layer computes keys and values at every position, the rest at the masked ones."""
         c = self.config
-        attention = 2 * 2 * c.n_layers * c.seq_len * c.d_model
         predicted = mask_rate if self.sparse_prediction else 1.0
+        full = c.full_layers if 0 < c.full_layers < c.n_layers else c.n_layers
+        layers = full + (c.n_layers - full) * predicted  # full layers' worth of queries
+        attention = 2 * 2 * layers * c.seq_len * c.d_model
         output_layer = 2 * c.vocab_size * c.d_model * predicted
         head = 2 * sum(m.weight.numel() for m in self.head.modules() if isinstance(m, nn.Linear)) * predicted
-        blocks = 2 * sum(m.weight.numel() for m in self.blocks.modules() if isinstance(m, nn.Linear))
+        per_layer, kv = sum(m.weight.numel() for m in self.blocks[0].modules() if isinstance(m, nn.Linear)), 2 * c.d_model ** 2
+        blocks = 2 * (full * per_layer + (c.n_layers - full) * (kv + (per_layer - kv) * predicted))
         smear = 2 * self.smear.weight.numel() if self.smear is not None else 0
         return 3 * (blocks + attention + output_layer + head + smear)
+
+
+def at_positions(hidden, positions):
+    """The rows of hidden (B, T, d) at positions (B, k): (B, k, d)."""
+    return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
 
 def param_groups(module, weight_decay):

@@ -42,7 +42,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from model import Block, param_groups
+from model import Block, at_positions, param_groups
 
 
 def adamw_order(module):
@@ -321,7 +321,7 @@ class OffloadTrainer:
         rng_after = device_rng(self.rt.device)
         top.requires_grad_()
         with self.rt.autocast():
-            loss, _ = self.stem.mlm_loss(self.stem.final_norm(top), inputs, positions, labels)
+            loss, _ = self.stem.mlm_loss(self.final(self.stem.final_norm(top), positions), inputs, positions, labels)
         (loss / accum_steps).backward()
         grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last)
         x.backward(grad)
@@ -364,7 +364,11 @@ class OffloadTrainer:
         return self.stem.logits(hidden)
 
     def __call__(self, inputs, positions, labels):
-        return self.stem.mlm_loss(self.encode(inputs), inputs, positions, labels)
+        return self.stem.mlm_loss(self.final(self.encode(inputs), positions), inputs, positions, labels)
+
+    def final(self, hidden, positions):
+        """What mlm_loss takes: the final hidden states at the masked positions with sparse prediction."""
+        return at_positions(hidden, positions) if self.stem.sparse_prediction else hidden
 
     def eval(self):
         for module in (self.stem, *self.streamer.templates):

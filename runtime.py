@@ -64,8 +64,9 @@ class Runtime:
 
     def compile_model(self, model, fullgraph=True):
         """torch.compile when enabled. fullgraph=True makes a graph break an error instead of
-        a silent slowdown (our model has none; a test checks it)."""
-        return torch.compile(model, fullgraph=fullgraph) if self.compile else model
+        a silent slowdown (our model has none; a test checks it); dynamic=False gives each shape
+        (each level of a masking-rate schedule) its own static graph."""
+        return torch.compile(model, fullgraph=fullgraph, dynamic=False) if self.compile else model
 
     def synchronize(self):
         if self.device.type == "cuda":

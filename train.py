@@ -42,6 +42,8 @@ resume = False            # continue from out_dir/ckpt.pt
 # with its default there (--help lists them); vocabulary and sequence length come from the data
 # objective
 mask_rate = 0.25          # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
+mask_levels = 4           # >= 1: ... in this many steps (torch.compile builds a graph for each)
 eval_mask_rate = 0.25     # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (muon.py)
@@ -91,6 +93,16 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     raise ValueError(f"unknown lr_schedule '{schedule}' (triangle, warmup_linear)")
 
 
+def mask_rate_at(progress, end, start=0.0, levels=4):
+    """The masking rate at a fraction `progress` of the budget: `end` throughout when start is 0,
+    else a linear fall from `start` to `end` (Ankner et al. 2023, "Dynamic masking rate schedules")
+    in `levels` equal steps, so each rate keeps a static shape for a while."""
+    if not start:
+        return end
+    level = min(levels - 1, int(progress * levels))
+    return start + (end - start) * level / max(1, levels - 1)
+
+
 def batch_size_at(progress, micro, final, ramp):
     """Sequences per optimizer step: a linear ramp from one micro-batch to `final`, reached
     at `ramp` of the budget, rounded down to a whole number of micro-batches."""
@@ -121,6 +133,9 @@ def check_settings(world, config):
                          f"the {world} process(es)")
     if offload and world > 1:
         raise SystemExit("error: --offload=True runs in one process: start it with python, not torchrun")
+    if offload and 0 < config["full_layers"] < config["n_layers"]:
+        raise SystemExit("error: --offload=True streams whole layers: it does not combine with narrowed layers "
+                         "(--full_layers)")
     if offload and optim != "adamw":
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
@@ -264,13 +279,14 @@ def main(config):
     if master:
         claim_folder(out_dir, need_bytes=12 * n_params)
     checkpoint = open_checkpoint(ckpt_path, model_args, tokenizer_text)
-    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world, mask_rate,
+    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world,
+                                                               max(mask_rate, mask_rate_start),
                                                                offload, log)
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
-    flops_per_token, n_params, n_matmul = model.flops_per_token(mask_rate), model.num_params(), model.num_params(True)
+    flops_at, n_params, n_matmul = model.flops_per_token, model.num_params(), model.num_params(True)
     model, step_model, optimizer, trainer = build_training(model, rt, ddp, log)
     # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
     identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
@@ -286,9 +302,9 @@ def main(config):
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
     log(f"model: {n_params / 1e6:.2f}M parameters ({n_matmul / 1e6:.2f}M in matmuls), "
-        f"{flops_per_token / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
+        f"{flops_at(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
-    for warning in (rt.device.type == "cpu" and cpu_warning(flops_per_token * batch_size * seq_len,
+    for warning in (rt.device.type == "cpu" and cpu_warning(flops_at(mask_rate) * batch_size * seq_len,
                                                             torch.get_num_threads()),
                     budget_tokens and repeat_warning(budget_tokens, n_rows * seq_len,
                                                      f"with --budget_tokens={budget_tokens:,}")):
@@ -305,7 +321,7 @@ def main(config):
                    config=config)
     if run["init_loss"] is None and master:
         run["init_loss"] = run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)[0]
-    batches = Batches(train_tokens, meta, micro, rank, world, rt.device, mask_rate, seed, data_order)
+    batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
     stop_request = StopRequest()
     budget = budget_hours * 3600
 
@@ -328,7 +344,8 @@ def main(config):
             break
         step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)
         accum, step_lr = step_batch // (micro * world), lr_at(progress, lr, lr_schedule, warmup)
-        batch_at = functools.partial(batches.at, run["tokens"] // seq_len)
+        step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
+        batch_at = functools.partial(batches.at, run["tokens"] // seq_len, mask_rate=step_mask)
         if offload:
             loss, applied = trainer.step(batch_at, accum, step_lr, grad_clip)
         else:
@@ -353,7 +370,7 @@ def main(config):
                              f"{'resume it' if run['last_saved'] is not None else 'start again'}")
         if run["step"] % log_interval == 0:
             tokens_per_s = window_tokens / (time.perf_counter() - window_start)
-            mfu = flops_per_token * tokens_per_s / world / peak if peak else None
+            mfu = flops_at(step_mask) * tokens_per_s / world / peak if peak else None
             if master:
                 log_step(run, loss, step_lr, step_batch, tokens_per_s, mfu, rt, run["tokens"] / (n_rows * seq_len),
                          progress, metrics_path)

@@ -88,10 +88,13 @@ json.dump(out, open(sys.argv[4], "w"))
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, pretrained):
     """The pretrained tiny checkpoint exported, and what the fresh process computed from it."""
-    root = tmp_path_factory.mktemp("export")
+    return export_and_load(tmp_path_factory.mktemp("export"), pretrained)
+
+
+def export_and_load(root, checkpoint):
     folder = root / "hf"
-    run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={folder}")
-    ckpt = load_checkpoint(str(pretrained))
+    run_script("tools/export.py", f"--checkpoint={checkpoint}", f"--out_dir={folder}")
+    ckpt = load_checkpoint(str(checkpoint))
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     rng = np.random.default_rng(0)
     batch = rng.integers(0, ckpt["model_args"]["vocab_size"], (3, ckpt["model_args"]["seq_len"])).tolist()
@@ -107,6 +110,16 @@ def exported(tmp_path_factory, pretrained):
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dict(folder=folder, ckpt=ckpt, enc=enc, inputs=inputs, out=json.loads((root / "out.json").read_text()),
                 tensors=np.load(root / "tensors.npz"))
+
+
+def test_a_narrowed_model_exports_equal_to_ours(tmp_path, pretrained):
+    """full_layers: transformers runs the narrowed layers over every position, as fine-tuning does."""
+    ckpt = torch.load(pretrained)
+    torch.manual_seed(0)
+    args = dict(ckpt["model_args"], n_layers=3, full_layers=1)  # the third layer narrowed (random weights)
+    ckpt.update(model_args=args, model=CrammedBert(**args).state_dict())
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    test_logits_and_hidden_states_equal_ours(export_and_load(tmp_path, tmp_path / "ckpt.pt"))
 
 
 def test_logits_and_hidden_states_equal_ours(exported):

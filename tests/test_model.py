@@ -107,3 +107,44 @@ def test_a_checkpoint_from_before_a_switch_loads_as_it_trained():
     model = CrammedBert(**saved_model_args(saved))
     model.load_state_dict(old.state_dict())  # strict: the same parameters
     assert model.smear is None and CrammedBert(**saved).smear is not None  # today's default would differ
+
+
+def test_narrowing_nothing_is_todays_model_and_a_narrowed_layer_is_its_explicit_computation():
+    """full_layers = 0 or n_layers, or narrowing only the layer right after the full ones (whose
+    context is its own input), is the plain model exactly; a later narrowed layer is queries and
+    feed-forward at the masked positions over keys and values of the fixed context."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    shape = dict(TINY, n_layers=3)
+    plain = CrammedBert(**shape)
+    inputs, positions, labels = mask_tokens(torch.randint(0, 296, (3, 32)), 0.25, 299, 296)
+    at = positions.unsqueeze(-1).expand(-1, -1, 64)
+    x = plain.embed(inputs)
+    for block in plain.blocks:
+        x = block(x)
+    explicit = F.cross_entropy(plain.logits(plain.final_norm(x).gather(1, at)).view(-1, 300), labels.view(-1))
+    for full in (0, 2, 3, 7):
+        model = CrammedBert(**shape, full_layers=full)
+        model.load_state_dict(plain.state_dict())
+        assert torch.equal(model(inputs, positions, labels)[0], explicit), full
+
+    narrowed = CrammedBert(**shape, full_layers=1)  # layers 2 and 3 narrowed
+    narrowed.load_state_dict(plain.state_dict())
+    context = narrowed.blocks[0](narrowed.embed(inputs))  # (B, T, d)
+    h = context.gather(1, at)  # (B, k, d)
+    for block in narrowed.blocks[1:]:
+        W, C, heads = block.attn.qkv.weight, 64, 4
+        q = block.norm1(h) @ W[:C].t()  # (B, k, C)
+        k, v = (block.norm1(context) @ W[C:].t()).split(C, dim=-1)  # (B, T, C) each
+        split = lambda t: t.view(3, -1, heads, C // heads).transpose(1, 2)  # noqa: E731  (B, heads, len, C/heads)
+        scores = split(q) @ split(k).transpose(-1, -2) / (C // heads) ** 0.5  # (B, heads, k, T)
+        y = (scores.softmax(-1) @ split(v)).transpose(1, 2).reshape(3, -1, C)
+        h = h + block.attn.proj(y)
+        h = h + block.ffn(block.norm2(h))
+    expected = F.cross_entropy(narrowed.logits(narrowed.final_norm(h)).view(-1, 300), labels.view(-1))
+    assert narrowed(inputs, positions, labels)[0].item() == pytest.approx(expected.item(), abs=1e-5)
+    # over every position (fine-tuning, fill-in, the export) the masked rows are the same values
+    assert torch.equal(narrowed.encode(inputs).gather(1, at), narrowed.encode(inputs, positions=positions))
+    # and the FLOPs count it: about half of the plain model's at the reference shape with 2 full layers
+    ratio = CrammedBert(full_layers=2).flops_per_token(0.25) / CrammedBert().flops_per_token(0.25)
+    assert 0.49 < ratio < 0.53

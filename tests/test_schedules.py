@@ -33,3 +33,23 @@ def test_batch_size_ramp():
     assert batch_size_at(0.5, micro, final, 0.0) == 8192
     sizes = [batch_size_at(i / 100, micro, final, 0.6) for i in range(101)]
     assert all(s % micro == 0 for s in sizes) and sizes == sorted(sizes)
+
+
+def test_masking_rate_schedule_is_a_pure_function_of_progress_in_few_levels():
+    from train import mask_rate_at
+    assert mask_rate_at(0.3, 0.25) == 0.25  # no start: the constant rate
+    rates = [mask_rate_at(p / 100, 0.15, 0.3, 4) for p in range(101)]
+    assert rates[0] == 0.3 and rates[-1] == pytest.approx(0.15) and sorted(set(rates), reverse=True) == \
+        pytest.approx([0.3, 0.25, 0.2, 0.15])  # a linear fall in 4 equal steps
+    assert rates == sorted(rates, reverse=True) and rates.count(rates[30]) == 25
+    assert mask_rate_at(1.5, 0.15, 0.3, 4) == pytest.approx(0.15) and mask_rate_at(0.5, 0.15, 0.3, 1) == 0.3
+
+
+def test_a_run_with_a_schedule_compiles_a_graph_per_level(prepared, tmp_path):
+    """dynamic=False: each masking rate a static graph, and no more graphs than levels."""
+    from conftest import TINY_MODEL, run_script
+    from data import read_metrics
+    proc = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=True",
+                      "--budget_tokens=20480", "--mask_rate_start=0.4", "--mask_levels=2", "--fill_in_examples=0")
+    assert "torch.compile built 2 graph(s) for the training step" in proc.stdout
+    assert read_metrics(tmp_path)[-1]["val_loss"] < read_metrics(tmp_path)[0]["val_loss"]
