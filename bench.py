@@ -43,6 +43,7 @@ accum_steps = 4         # >= 1: micro-batches per optimizer step (training accum
 steps = 0               # >= 0: timed optimizer steps (0: 10 on a GPU, 3 on a CPU)
 warmup_steps = 0        # >= 0: untimed steps first, compilation included (0: 3 on a GPU, 1 on a CPU)
 baselines = True        # time the original-BERT recipe and BertForMaskedLM too
+full_layers = ""        # e.g. '2,4': also time the crammed model with its later layers narrowed after these many
 sweep = True            # crammed tokens/s per micro-batch size (on a GPU up to the largest that fits)
 data_dir = "data/pydocs"  # real tokens when its vocabulary matches the shape; random tokens otherwise
 seq_len = 128           # >= 2
@@ -82,6 +83,10 @@ def recipes(dims):
         flops_crammed = CrammedBert(**ours).flops_per_token(0.25)
         flops_bert = CrammedBert(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
     out = {"crammed": (lambda: CrammedBert(**ours), 0.25, flops_crammed)}
+    for n in [int(n) for n in full_layers.split(",") if n]:
+        with torch.device("meta"):
+            flops = CrammedBert(**ours, full_layers=n).flops_per_token(0.25)
+        out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), 0.25, flops)
     if baselines:
         out["original BERT"] = (lambda: CrammedBert(**ours, **bert_args), ORIGINAL_BERT["mask_rate"], flops_bert)
         try:

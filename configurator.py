@@ -44,11 +44,14 @@ def _check(key, value, known):
 
 def _parse(key, raw, expected):
     try:
-        return ast.literal_eval(raw)
+        value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        if expected is str:
-            return raw  # bare words are strings: --dataset=pydocs
+        value = None
+    if expected is str and not isinstance(value, str):
+        return raw  # a string setting takes the text as typed: --dataset=pydocs, --full_layers=2,4
+    if value is None and raw != "None":
         raise SystemExit(f"error: --{key} expects {expected.__name__}, cannot parse {raw!r}")
+    return value
 
 
 def read_config_file(path):

@@ -19,6 +19,8 @@ import socket
 import numpy as np
 import torch
 
+from model import saved_model_args
+
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 # GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
 # so a BPE trained there gives identical ids through tiktoken.
@@ -224,6 +226,32 @@ def load_checkpoint(path):
         raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
     if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
         raise SystemExit(f"error: {path} is not a checkpoint written by train.py")
+    return checkpoint
+
+
+def resume_checkpoint(path, resume, model_args, tokenizer_text, optim, data_dir):
+    """The checkpoint train.py resumes (with resume=True), after checking it continues the same run:
+    the same model, tokenizer and optimizer (the settings of those names), and finite weights. None
+    for a fresh run, which refuses to overwrite one. The autocast dtype may change (a run moved to
+    another GPU)."""
+    if not resume:
+        if os.path.exists(path):
+            raise SystemExit(f"error: {path} exists: pass --resume=True to continue it, or choose another --out_dir")
+        return None
+    checkpoint = load_checkpoint(path)
+    saved = saved_model_args(checkpoint["model_args"])
+    if saved != model_args:
+        changed = [k for k in model_args if saved[k] != model_args[k]]
+        raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
+    if checkpoint["tokenizer"] != tokenizer_text:
+        raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with its own "
+                         f"data, --data_dir={checkpoint.get('data_dir')}")
+    trained_with = checkpoint.get("config", {}).get("optim", "adamw")
+    if trained_with != optim:
+        raise SystemExit(f"error: {path} trained with --optim={trained_with}: resume it with that optimizer (their "
+                         f"states do not convert)")
+    if not all(v.isfinite().all() for v in checkpoint["model"].values() if v.is_floating_point()):
+        raise SystemExit(f"error: {path} holds non-finite weights and cannot be resumed")
     return checkpoint
 
 

@@ -268,7 +268,8 @@ class CrammedBert(nn.Module):
         attention = 2 * 2 * layers * c.seq_len * c.d_model
         output_layer = 2 * c.vocab_size * c.d_model * predicted
         head = 2 * sum(m.weight.numel() for m in self.head.modules() if isinstance(m, nn.Linear)) * predicted
-        per_layer, kv = sum(m.weight.numel() for m in self.blocks[0].modules() if isinstance(m, nn.Linear)), 2 * c.d_model ** 2
+        kv = 2 * c.d_model ** 2  # a layer's matmul weights: qkv and out, the feed-forward's up and down
+        per_layer = 4 * c.d_model ** 2 + c.d_model * c.d_ffn + (c.d_ffn // 2 if c.glu else c.d_ffn) * c.d_model
         blocks = 2 * (full * per_layer + (c.n_layers - full) * (kv + (per_layer - kv) * predicted))
         smear = 2 * self.smear.weight.numel() if self.smear is not None else 0
         return 3 * (blocks + attention + output_layer + head + smear)

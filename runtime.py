@@ -1,6 +1,6 @@
 """Where and how the arithmetic runs: device, precision, TF32, compilation, the optimizer, the
 training step and the micro-batch search, decided here once for train.py, bench.py and
-finetune_glue.py.
+finetune_glue.py; and the signals that ask a run to stop.
 
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
@@ -8,6 +8,7 @@ the tests run the GPU's code path on any machine, with only the device differing
 """
 import functools
 import math
+import signal
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -114,6 +115,20 @@ def setup(device="auto", dtype="auto", compile=True, local_rank=None):
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
     return Runtime(dev, DTYPES[dtype], compile)
+
+
+class StopRequest:
+    """SIGTERM (schedulers, pre-emption) and SIGINT (Ctrl-C) ask the loop to finish its step,
+    save and exit; a second signal kills at once."""
+
+    def __init__(self):
+        self.signum = None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle)
+
+    def handle(self, signum, frame):
+        self.signum = signum
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def compiled_graphs():

@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (Batches, append_metrics, claim_folder, evaluate, fill_in, load_checkpoint, load_run_data, make_encoding, parse_ranks,
-                  repeat_warning, save_checkpoint)
-from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
+from data import (Batches, append_metrics, claim_folder, evaluate, fill_in, load_run_data, make_encoding, parse_ranks,
+                  repeat_warning, resume_checkpoint, save_checkpoint)
+from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
 from runtime import cpu_warning, train_step
 
 # -----------------------------------------------------------------------------
@@ -110,20 +110,6 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
-class StopRequest:
-    """SIGTERM (schedulers, pre-emption) and SIGINT (Ctrl-C) ask the loop to finish its step,
-    save and exit; a second signal kills at once."""
-
-    def __init__(self):
-        self.signum = None
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.handle)
-
-    def handle(self, signum, frame):
-        self.signum = signum
-        signal.signal(signum, signal.SIG_DFL)
-
-
 def check_settings(world, config):
     """One-line errors for settings that cannot run together, before any work (each setting's own
     range is declared beside it and checked by the configurator)."""
@@ -138,31 +124,6 @@ def check_settings(world, config):
                          "(--full_layers)")
     if offload and optim != "adamw":
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
-
-
-def open_checkpoint(path, model_args, tokenizer_text):
-    """The checkpoint to resume (with resume=True), after checking it continues the same run: the
-    same model, tokenizer and optimizer, and finite weights. None for a fresh run, which refuses
-    to overwrite one. The autocast dtype may change (a run moved to another GPU)."""
-    if not resume:
-        if os.path.exists(path):
-            raise SystemExit(f"error: {path} exists: pass --resume=True to continue it, or choose another --out_dir")
-        return None
-    checkpoint = load_checkpoint(path)
-    saved = saved_model_args(checkpoint["model_args"])
-    if saved != model_args:
-        changed = [k for k in model_args if saved[k] != model_args[k]]
-        raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
-    if checkpoint["tokenizer"] != tokenizer_text:
-        raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with its own "
-                         f"data, --data_dir={checkpoint.get('data_dir')}")
-    trained_with = checkpoint.get("config", {}).get("optim", "adamw")
-    if trained_with != optim:
-        raise SystemExit(f"error: {path} trained with --optim={trained_with}: resume it with that optimizer (their "
-                         f"states do not convert)")
-    if not all(v.isfinite().all() for v in checkpoint["model"].values() if v.is_floating_point()):
-        raise SystemExit(f"error: {path} holds non-finite weights and cannot be resumed")
-    return checkpoint
 
 
 def build_training(model, rt, ddp, log):
@@ -278,7 +239,7 @@ def main(config):
         n_params = CrammedBert(**model_args).num_params()
     if master:
         claim_folder(out_dir, need_bytes=12 * n_params)
-    checkpoint = open_checkpoint(ckpt_path, model_args, tokenizer_text)
+    checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world,
                                                                max(mask_rate, mask_rate_start),
                                                                offload, log)
@@ -322,7 +283,7 @@ def main(config):
     if run["init_loss"] is None and master:
         run["init_loss"] = run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)[0]
     batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
-    stop_request = StopRequest()
+    stop_request = runtime.StopRequest()
     budget = budget_hours * 3600
 
     # -------------------------------------------------------------------- the loop; the clock runs
