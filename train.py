@@ -43,7 +43,7 @@ resume = False            # continue from out_dir/ckpt.pt
 # objective
 mask_rate = 0.25          # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
-mask_levels = 4           # >= 1: ... in this many steps (torch.compile builds a graph for each)
+mask_levels = 4           # [1, 8]: ... in this many steps (torch.compile builds a graph for each, and keeps 8)
 eval_mask_rate = 0.25     # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (muon.py)
@@ -194,10 +194,22 @@ def log_step(run, loss, step_lr, step_batch, tokens_per_s, mfu, rt, epoch, progr
                               skipped=run["skipped"]))
 
 
-def diverged(loss, vocab_size):
-    """Whether a loss says the run diverged: not finite, or a nat above guessing uniformly over the
-    vocabulary (about where an untrained model starts)."""
-    return not loss <= math.log(vocab_size) + 1.0
+def diverged(loss, vocab_size, applied=True, scaler=None):
+    """Whether a step (its loss, whether its update was applied) says the run diverged: a loss not
+    finite or a nat above guessing uniformly over the vocabulary (about where an untrained model
+    starts), or a skipped update. float16's loss scaler skips overflowing steps by design while it
+    halves its scale: only skips at a scale below 1 say that the run itself diverged."""
+    skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
+    return skipped or not loss <= math.log(vocab_size) + 1.0
+
+
+def divergence_stop(in_a_row, run, ckpt_path, vocab_size):
+    """The one-line stop after max_skipped_steps diverged steps, naming the checkpoint to resume."""
+    saved = run["last_saved"] is not None
+    where = f"the last checkpoint is {ckpt_path} at step {run['last_saved']}" if saved else "no checkpoint was saved"
+    return SystemExit(f"error: {in_a_row} steps in a row diverged (a non-finite gradient, or a loss above "
+                      f"{math.log(vocab_size) + 1:.2f}) up to step {run['step']}; {where}: lower --lr and "
+                      f"{'resume it' if saved else 'start again'}")
 
 
 def save(path, model, state, run, identity, val_tokens, rt, micro, final=False):
@@ -318,17 +330,10 @@ def main(config):
             dist.all_reduce(loss)
             loss = loss / world
         loss = loss.item()  # no wait: train_step has synced the device for the gradient norm
-        # float16's loss scaler skips overflowing steps by design while it halves its scale: only
-        # skips at a scale below 1 say that the run itself diverged
         run["skipped"] += not applied
-        skipped = not applied and (not scaler.is_enabled() or scaler.get_scale() < 1)
-        diverged_in_a_row = diverged_in_a_row + 1 if skipped or diverged(loss, meta["vocab_size"]) else 0
+        diverged_in_a_row = diverged_in_a_row + 1 if diverged(loss, meta["vocab_size"], applied, scaler) else 0
         if diverged_in_a_row >= max_skipped_steps:
-            where = f"the last checkpoint is {ckpt_path} at step {run['last_saved']}" \
-                if run["last_saved"] is not None else "no checkpoint was saved"
-            raise SystemExit(f"error: {diverged_in_a_row} steps in a row diverged (a non-finite gradient, or a loss above "
-                             f"{math.log(meta['vocab_size']) + 1:.2f}) up to step {run['step']}; {where}: lower --lr and "
-                             f"{'resume it' if run['last_saved'] is not None else 'start again'}")
+            raise divergence_stop(diverged_in_a_row, run, ckpt_path, meta["vocab_size"])
         if run["step"] % log_interval == 0:
             tokens_per_s = window_tokens / (time.perf_counter() - window_start)
             mfu = flops_at(step_mask) * tokens_per_s / world / peak if peak else None
