@@ -58,16 +58,17 @@ def write_atomically(path, write):
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
     except OSError as e:
         raise cannot_write(path, e)
     finally:  # a failed or interrupted write leaves nothing behind
         if os.path.exists(tmp):
             os.remove(tmp)
+    try:  # the rename itself on the disk (POSIX; elsewhere a folder cannot be opened, and need not be)
+        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        os.fsync(folder)
+        os.close(folder)
+    except OSError:
+        pass
 
 
 LOCK_FILE = ".lock"
