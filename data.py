@@ -230,6 +230,11 @@ def load_checkpoint(path):
     return checkpoint
 
 
+def all_finite(state_dict):
+    """Whether every floating-point tensor of a state dict is finite (no checkpoint holds one that is not)."""
+    return all(v.isfinite().all() for v in state_dict.values() if v.is_floating_point())
+
+
 def resume_checkpoint(path, resume, model_args, tokenizer_text, optim, data_dir):
     """The checkpoint train.py resumes (with resume=True), after checking it continues the same run:
     the same model, tokenizer and optimizer (the settings of those names), and finite weights. None
@@ -251,7 +256,7 @@ def resume_checkpoint(path, resume, model_args, tokenizer_text, optim, data_dir)
     if trained_with != optim:
         raise SystemExit(f"error: {path} trained with --optim={trained_with}: resume it with that optimizer (their "
                          f"states do not convert)")
-    if not all(v.isfinite().all() for v in checkpoint["model"].values() if v.is_floating_point()):
+    if not all_finite(checkpoint["model"]):
         raise SystemExit(f"error: {path} holds non-finite weights and cannot be resumed")
     return checkpoint
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (Batches, append_metrics, claim_folder, evaluate, fill_in, load_run_data, make_encoding, parse_ranks,
+from data import (Batches, all_finite, append_metrics, claim_folder, evaluate, fill_in, load_run_data, make_encoding, parse_ranks,
                   repeat_warning, resume_checkpoint, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
 from runtime import cpu_warning, train_step
@@ -218,7 +218,7 @@ def save(path, model, state, run, identity, val_tokens, rt, micro, final=False):
     weights that are finite and whose loss on a validation micro-batch has not diverged, so the
     checkpoint a divergence stop names is one a lower learning rate recovers from; returns the
     reason when it saved nothing."""
-    if not all(v.isfinite().all() for v in state["model"].values() if v.is_floating_point()):
+    if not all_finite(state["model"]):
         return "non-finite weights"
     loss = evaluate(model, val_tokens, identity["meta"], micro, rt, micro)[0]
     if diverged(loss, identity["meta"]["vocab_size"]):
