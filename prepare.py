@@ -51,7 +51,6 @@ progress_minutes = 1.0  # >= 0: write a progress record this often: a killed run
 
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
-OLD_JOURNAL = "curriculum.tmp"  # left by the curriculum pass prepare.py once had (now tools/curriculum.py)
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
@@ -348,9 +347,8 @@ class SeenTexts:
 
 def read_progress(out_dir, dedup, seq_len, itemsize):
     """The last progress record of an interrupted preparation in out_dir, or None (then it starts
-    over) when there is none, its files are gone, it does not agree with them (damaged: said in a
-    line), or the curriculum pass prepare.py once had was killed while it overwrote a block of
-    train.bin.tmp (journaled: that block may be half written)."""
+    over) when there is none, its files are gone, or it does not agree with them (damaged: said in a
+    line)."""
     path = os.path.join(out_dir, PROGRESS_FILE)
     if not os.path.exists(path):
         return None
@@ -360,8 +358,6 @@ def read_progress(out_dir, dedup, seq_len, itemsize):
     try:
         with open(path) as f:
             progress = json.load(f)
-        if isinstance(progress, dict) and progress.get("journaled"):
-            return None
         problem = progress_problem(progress, out_dir, dedup, seq_len, itemsize)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         problem = f"{type(e).__name__}: {e}"
@@ -563,11 +559,7 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     if progress:
         print(f"resuming an interrupted preparation after {files.read:,} documents "
               f"({files.stats['train_tokens']:,} train tokens)")
-    if progress and "sorted_blocks" in progress:  # taken after the last document by the old curriculum pass
-        print(f"note: the curriculum pass under way is no longer prepare.py's: train.bin keeps the "
-              f"{progress['sorted_blocks']} blocks it sorted; tools/curriculum.py at the same --block sorts the rest")
-    else:
-        encode_documents(files, documents, progress, enc, workers, min_doc_chars, max_tokens, progress_minutes)
+    encode_documents(files, documents, progress, enc, workers, min_doc_chars, max_tokens, progress_minutes)
     files.check_enough_text()
     return files.finish()
 
@@ -605,7 +597,7 @@ def check_folder(out_dir, settings, source):
         except (OSError, ValueError, TypeError) as e:
             raise SystemExit(f"error: {path} is damaged ({e}): delete {out_dir} and prepare again")
     changed = ", ".join(k for k in settings if k in previous and previous[k] != settings[k])
-    if changed:  # settings prepare.py no longer has (curriculum, curriculum_block) are ignored
+    if changed:
         raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
                          f"use another --out_dir or delete it")
     unfinished = not os.path.exists(os.path.join(out_dir, "meta.json"))
@@ -668,7 +660,7 @@ def main():
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.time() - t1, 1))
     write_json(meta_path, meta)
-    for name in (PROGRESS_FILE, OLD_JOURNAL, TOKENIZER_FILE + ".source"):  # the work is done: records no longer needed
+    for name in (PROGRESS_FILE, TOKENIZER_FILE + ".source"):  # the work is done: records no longer needed
         if os.path.exists(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
     print(f"wrote {out}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "

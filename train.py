@@ -126,16 +126,17 @@ def check_settings(world, config):
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
 
-def build_training(model, rt, ddp, log):
-    """(model, step_model, optimizer, trainer): in normal mode the model on the device, its compiled
-    (and DDP-wrapped) step model and optimizer; in off-load mode the OffloadTrainer, which is also
-    the model that evaluation and fill-in call (it streams the blocks through the device)."""
+def build_training(model, rt, scaler, ddp, log):
+    """(model, step, optimizer, trainer), where step(batch_at, accum_steps, lr, clip) is one optimizer
+    step: in normal mode the model on the device, runtime.train_step on its compiled (and
+    DDP-wrapped) copy, and its optimizer; in off-load mode the OffloadTrainer's step and the
+    trainer, which is also the model that evaluation and fill-in call (it streams the blocks)."""
     if offload:
         from offload import OffloadTrainer
         trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; "
             "eager (no torch.compile of the whole model)")
-        return trainer, None, None, trainer
+        return trainer, trainer.step, None, trainer
     model = model.to(rt.device)
     if optim == "muon":
         from muon import muon_groups
@@ -147,7 +148,7 @@ def build_training(model, rt, ddp, log):
     if ddp:
         device_ids = [rt.device.index] if rt.device.type == "cuda" else None
         step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
-    return model, step_model, optimizer, None
+    return model, functools.partial(train_step, step_model, optimizer, scaler, rt=rt), optimizer, None
 
 
 def training_state(model, optimizer, scaler, trainer):
@@ -260,11 +261,11 @@ def main(config):
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
     flops_at, n_params, n_matmul = model.flops_per_token, model.num_params(), model.num_params(True)
-    model, step_model, optimizer, trainer = build_training(model, rt, ddp, log)
+    scaler = rt.grad_scaler()  # float16's loss scaling (not in off-load mode); a pass-through otherwise
+    model, step, optimizer, trainer = build_training(model, rt, scaler, ddp, log)
     # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
     identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
                     tokenizer=tokenizer_text)
-    scaler = trainer.scaler if offload else rt.grad_scaler()
     run = dict(step=0, elapsed=0.0, tokens=0, skipped=0, init_loss=None, last_saved=None)
     if checkpoint:  # either mode resumes the other's checkpoints: they share the format
         load_training_state(checkpoint, model, optimizer, scaler, trainer)
@@ -319,10 +320,7 @@ def main(config):
         accum, step_lr = step_batch // (micro * world), lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
         batch_at = functools.partial(batches.at, run["tokens"] // seq_len, mask_rate=step_mask)
-        if offload:
-            loss, applied = trainer.step(batch_at, accum, step_lr, grad_clip)
-        else:
-            loss, applied = train_step(step_model, optimizer, scaler, batch_at, accum, step_lr, grad_clip, rt)
+        loss, applied = step(batch_at, accum, step_lr, grad_clip)
         run["step"] += 1
         run["tokens"] += step_batch * seq_len
         window_tokens += step_batch * seq_len
