@@ -42,19 +42,20 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
     assert re.search(r"\| bench \| ok \| [\d.]+ \| crammed: [\d,]+ tokens/s at micro-batch 2", report)
     assert "off-load / normal tokens/s" in found["offload"]["body"]
     # recipes (tools/compare.py --variants): each trained for the same 3 s budget, compared in a table and a
-    # picture; train.py's recipe is the paper's plus smear, the paper's is one config file away
-    for name, smear in (("crammed", True), ("recipe_reference", False)):
+    # picture; train.py's recipe is the paper's plus smear, the paper's is one config file away, and the
+    # narrowed one is train.py's with full_layers=2 (here all of the tiny model's 2 layers)
+    for name, smear in (("crammed", True), ("full_layers=2", True), ("recipe_reference", False)):
         evals = [json.loads(line) for line in (out / "runs" / name / "seed0" / "metrics.jsonl").read_text().splitlines()]
         assert evals[-1]["kind"] == "eval" and 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
         model_args = torch.load(out / "runs" / name / "seed0" / "ckpt.pt", weights_only=True)["model_args"]
-        assert model_args["smear"] == smear
+        assert model_args["smear"] == smear and model_args["full_layers"] == (2 if name == "full_layers=2" else 0)
         assert f"| {name} | " in found["recipes"]["body"]
     assert (out / "recipes.png").read_bytes()[:4] == b"\x89PNG" and "![validation loss" in report
     # glue: each checkpoint fine-tuned on the three tasks, beside the published row
-    for name in ("crammed", "recipe_reference"):
+    for name in ("crammed", "full_layers=2", "recipe_reference"):
         scores = json.load(open(out / f"glue_{name}.json"))
         assert sorted(scores["tasks"]) == ["cola", "rte", "stsb"]
-    assert report.count("| average (3 of 9) |") == 2
+    assert report.count("| average (3 of 9) |") == 3
     # off-load: a shape whose state exceeds the simulated device, normal mode refused, off-load trained
     offload = found["offload"]["body"]
     assert re.search(r"\| shape \| 16x64 \(vocabulary 384\), [\d.]+M parameters \|", offload)
