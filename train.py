@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (Batches, all_finite, append_metrics, claim_folder, evaluate, fill_in, load_run_data, make_encoding, parse_ranks,
-                  repeat_warning, resume_checkpoint, save_checkpoint)
+from data import (Batches, all_finite, append_metrics, claim_folder, evaluate, fill_in, load_run_data, make_encoding,
+                  parse_ranks, repeat_warning, resume_checkpoint, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
 from runtime import cpu_warning, train_step
 
@@ -126,17 +126,18 @@ def check_settings(world, config):
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
 
-def build_training(model, rt, scaler, ddp, log):
-    """(model, step, optimizer, trainer), where step(batch_at, accum_steps, lr, clip) is one optimizer
-    step: in normal mode the model on the device, runtime.train_step on its compiled (and
-    DDP-wrapped) copy, and its optimizer; in off-load mode the OffloadTrainer's step and the
-    trainer, which is also the model that evaluation and fill-in call (it streams the blocks)."""
+def build_training(model, rt, ddp, log):
+    """(model, step, optimizer, scaler, trainer), where step(batch_at, accum_steps, lr, clip) is one
+    optimizer step: in normal mode the model on the device, runtime.train_step on its compiled (and
+    DDP-wrapped) copy, its optimizer and grad scaler (float16's loss scaling, else a pass-through);
+    in off-load mode the OffloadTrainer's step and scaler and the trainer, which is also the model
+    that evaluation and fill-in call (it streams the blocks)."""
     if offload:
         from offload import OffloadTrainer
         trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; "
             "eager (no torch.compile of the whole model)")
-        return trainer, trainer.step, None, trainer
+        return trainer, trainer.step, None, trainer.scaler, trainer
     model = model.to(rt.device)
     if optim == "muon":
         from muon import muon_groups
@@ -148,7 +149,8 @@ def build_training(model, rt, scaler, ddp, log):
     if ddp:
         device_ids = [rt.device.index] if rt.device.type == "cuda" else None
         step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
-    return model, functools.partial(train_step, step_model, optimizer, scaler, rt=rt), optimizer, None
+    scaler = rt.grad_scaler()
+    return model, functools.partial(train_step, step_model, optimizer, scaler, rt=rt), optimizer, scaler, None
 
 
 def training_state(model, optimizer, scaler, trainer):
@@ -261,8 +263,7 @@ def main(config):
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
     flops_at, n_params, n_matmul = model.flops_per_token, model.num_params(), model.num_params(True)
-    scaler = rt.grad_scaler()  # float16's loss scaling (not in off-load mode); a pass-through otherwise
-    model, step, optimizer, trainer = build_training(model, rt, scaler, ddp, log)
+    model, step, optimizer, scaler, trainer = build_training(model, rt, ddp, log)
     # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
     identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
                     tokenizer=tokenizer_text)
