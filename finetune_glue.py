@@ -251,10 +251,11 @@ def cosine_with_warmup(step, total):
 @torch.no_grad()
 def predict(model, encoded, pad_id, rt, regression):
     model.eval()
+    size = eval_batch_size or (512 if rt.device.type == "cuda" else 128)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths pad less
     out = [None] * len(encoded)
-    for start in range(0, len(order), eval_batch_size):
-        rows = order[start:start + eval_batch_size]
+    for start in range(0, len(order), size):
+        rows = order[start:start + size]
         ids, mask = collate([encoded[i] for i in rows], pad_id, rt.device)
         with rt.autocast():
             logits = model(ids, mask).float()
@@ -335,7 +336,6 @@ def table(results):
 
 
 def main(config):
-    global eval_batch_size
     names = [t.strip().lower() for t in tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in TASKS]
     if unknown or not names:
@@ -350,7 +350,6 @@ def main(config):
                          f"a vocabulary of {ckpt['model_args']['vocab_size']}: the checkpoint mixes two vocabularies")
     enc = make_encoding(ranks, special_ids)
     rt = runtime.setup(device, dtype, compile=False)
-    eval_batch_size = eval_batch_size or (512 if rt.device.type == "cuda" else 128)
     print(f"fine-tuning {checkpoint} (step {ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
           f"{ckpt['model_args']['d_model']}) on {', '.join(names)} with {seeds} seed(s) on {rt.describe()}")
 

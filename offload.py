@@ -45,6 +45,21 @@ import torch.nn as nn
 from model import Block, at_positions, param_groups
 
 
+def check_settings(world, settings, dtype):
+    """One-line errors for what off-load mode does not run with: train.py's settings, the autocast dtype."""
+    if world > 1:
+        raise SystemExit("error: --offload=True runs in one process: start it with python, not torchrun")
+    if 0 < settings["full_layers"] < settings["n_layers"]:
+        raise SystemExit("error: --offload=True streams whole layers: it does not combine with narrowed layers "
+                         "(--full_layers)")
+    if settings["optim"] != "adamw":
+        raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with "
+                         f"--optim={settings['optim']}")
+    if dtype == torch.float16:
+        raise SystemExit("error: --offload=True needs --dtype=bfloat16 or float32 (float16's loss scaling is not "
+                         "built for it)")
+
+
 def adamw_order(module):
     """Parameter names in the order of param_groups(module): torch.optim.AdamW's state indices."""
     named = list(module.named_parameters())
@@ -303,11 +318,6 @@ class OffloadTrainer:
         self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
         self.host = HostBlocks(host_blocks, rt, lr, betas, eps, weight_decay)
         self.streamer = BlockStreamer(self.host, model.config, rt)
-        # the host side's state under the names bench.py and the tests read (the same lists)
-        self.host_blocks = self.host.blocks
-        self.masters = self.host.masters
-        self.block_optimizers = self.host.optimizers
-        self.send = self.host.send
 
     def synchronize(self):
         """Wait for the blocks' updates in flight (before reading the masters, or to time a step)."""

@@ -28,8 +28,8 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import configure
-from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, claim_folder, hub_reachable, load_meta, make_encoding,
-                  read_ranks, write_atomically, write_json, write_ranks)
+from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, claim_folder, hub_reachable, load_meta, load_tokens,
+                  make_encoding, read_ranks, write_atomically, write_json, write_ranks)
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -614,11 +614,7 @@ def check_prepared(out_dir):
     """A finished folder's token files against its meta.json: a one-line error if they disagree."""
     meta = load_meta(out_dir)
     for split in SPLITS:
-        path = os.path.join(out_dir, f"{split}.bin")
-        expected = meta[f"{split}_sequences"] * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize
-        if not os.path.isfile(path) or os.path.getsize(path) != expected:
-            raise SystemExit(f"error: {out_dir} is damaged: {path} does not match meta.json; delete {out_dir} and "
-                             f"prepare again")
+        load_tokens(out_dir, split, meta)
 
 
 def main():

@@ -117,13 +117,6 @@ def check_settings(world, config):
     if micro_batch and batch_size % (micro_batch * world):
         raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
                          f"the {world} process(es)")
-    if offload and world > 1:
-        raise SystemExit("error: --offload=True runs in one process: start it with python, not torchrun")
-    if offload and 0 < config["full_layers"] < config["n_layers"]:
-        raise SystemExit("error: --offload=True streams whole layers: it does not combine with narrowed layers "
-                         "(--full_layers)")
-    if offload and optim != "adamw":
-        raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
 
 
 def build_training(model, rt, ddp, log):
@@ -242,9 +235,9 @@ def main(config):
     log = print if master else (lambda *a, **k: None)
     # off-load mode runs the blocks eagerly through two templates: no torch.compile of the whole model
     rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
-    if offload and rt.dtype == torch.float16:
-        raise SystemExit("error: --offload=True needs --dtype=bfloat16 or float32 (float16's loss scaling is not "
-                         "built for it)")
+    if offload:
+        from offload import check_settings as check_offload
+        check_offload(world, config, rt.dtype)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     model_args = dataclasses.asdict(model_config)

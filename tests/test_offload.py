@@ -86,9 +86,9 @@ def test_offload_under_bfloat16_sends_bfloat16_weights_and_trains_close_to_norma
     tiny = dict(n_layers=2, d_model=32, n_heads=2, d_ffn=128)
     normal, offloaded, model, _, trainer = train_both(tiny, n_steps=2, accum=2, clip=0.5, lr=1e-3, dtype="bfloat16",
                                                         device=device)
-    assert [t.dtype for t in trainer.send[0]] == [torch.bfloat16 if p.dim() >= 2 else torch.float32
-                                                  for p in trainer.masters[0]]
-    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trainer.masters[0])
+    assert [t.dtype for t in trainer.host.send[0]] == [torch.bfloat16 if p.dim() >= 2 else torch.float32
+                                                  for p in trainer.host.masters[0]]
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trainer.host.masters[0])
     for (loss_a, _), (loss_b, applied) in zip(normal, offloaded):
         assert applied
         torch.testing.assert_close(loss_b.cpu(), loss_a.cpu(), rtol=2e-2, atol=2e-2)
@@ -96,7 +96,7 @@ def test_offload_under_bfloat16_sends_bfloat16_weights_and_trains_close_to_norma
     for name, value in model.state_dict().items():
         assert state[name].dtype == torch.float32
         torch.testing.assert_close(state[name].cpu(), value.cpu(), rtol=0, atol=2e-3)  # 2 steps of lr 1e-3 move weights ~2e-3
-    for send, master in zip(trainer.send[0], trainer.masters[0]):  # refreshed after the update
+    for send, master in zip(trainer.host.send[0], trainer.host.masters[0]):  # refreshed after the update
         assert send.equal(master.detach().to(send.dtype))
 
 
@@ -119,7 +119,7 @@ def test_a_non_finite_gradient_skips_the_update_in_offload_mode():
         assert torch.equal(value, before["model"][name]), name  # weights untouched
     assert {i: s["step"].item() for i, s in after["optimizer"]["state"].items()} == steps_before  # moments untouched
     assert all(p.grad is None for p in trainer.stem.parameters())
-    assert all(not p.grad.any() for params in trainer.masters for p in params)  # accumulators emptied
+    assert all(not p.grad.any() for params in trainer.host.masters for p in params)  # accumulators emptied
     trainer.stem.mlm_loss = loss_of
     assert trainer.step(lambda m: data, 1, 1e-3, 0.5)[1]
 

@@ -119,15 +119,15 @@ def step_optimizers(optimizers, n_steps):
 def time_host_adamw(trainer, n_steps):
     """Off-load mode's one fused AdamW per block against one AdamW over the same tensors."""
     trainer.synchronize()
-    masters = [p for params in trainer.masters for p in params]
+    masters = [p for params in trainer.host.masters for p in params]
     for p in masters:
         p.grad.normal_()
-    whole = torch.optim.AdamW(param_groups(trainer.host_blocks, 0.01), lr=1e-4, fused=True)
+    whole = torch.optim.AdamW(param_groups(trainer.host.blocks, 0.01), lr=1e-4, fused=True)
     whole.step()  # its state is allocated on the first step: not timed, as the per-block ones are warm
-    times = alternate({"per block": lambda: step_optimizers(trainer.block_optimizers, n_steps),
+    times = alternate({"per block": lambda: step_optimizers(trainer.host.optimizers, n_steps),
                        "one over all": lambda: step_optimizers([whole], n_steps)}, repeats)
     n_params = sum(p.numel() for p in masters)
-    print(f"host AdamW (fused, {len(trainer.block_optimizers)} blocks, {n_params / 1e6:.1f}M parameters, "
+    print(f"host AdamW (fused, {len(trainer.host.optimizers)} blocks, {n_params / 1e6:.1f}M parameters, "
           f"{torch.get_num_threads()} threads), M parameters/s, median (min-max): per block "
           f"{spread([n_params / 1e6 / t for t in times['per block']])}, one AdamW over the same tensors "
           f"{spread([n_params / 1e6 / t for t in times['one over all']])}")
