@@ -26,13 +26,12 @@ import sys
 import time
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 import runtime
 from configurator import read_config_file, configure
-from data import SPECIAL_TOKENS, RandomBatches, benchmark_tokens, get_batch, mask_tokens
+from data import RandomBatches, benchmark_tokens
 from model import SHAPES, CrammedBert, ModelConfig, param_groups
 from runtime import train_step
 
@@ -165,12 +164,11 @@ def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
 
 def time_data(tokens, micro, rt, vocab, n=20):
     """Seconds to load and mask one micro-batch, device synchronised."""
-    rng = np.random.default_rng(seed)
+    batch_at = RandomBatches(tokens, vocab, micro, rt, 0.25, seed)
     rt.synchronize()
     start = time.perf_counter()
-    for _ in range(n):
-        mask_tokens(get_batch(tokens, rng.integers(0, len(tokens), micro), rt.device), 0.25, vocab - 1,
-                    vocab - len(SPECIAL_TOKENS))
+    for micro_step in range(n):
+        batch_at(micro_step)
     rt.synchronize()
     return (time.perf_counter() - start) / n
 
