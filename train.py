@@ -228,16 +228,16 @@ def save(path, model, state, run, identity, val_tokens, rt, micro, final=False):
 def main(config):
     ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))
     check_settings(world, config)
-    if ddp:
-        dist.init_process_group(backend="nccl" if device != "cpu" and torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if ddp else 0
-    master = rank == 0
-    log = print if master else (lambda *a, **k: None)
     # off-load mode runs the blocks eagerly through two templates: no torch.compile of the whole model
     rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     if offload:
         from offload import check_settings as check_offload
         check_offload(world, config, rt.dtype)
+    if ddp:
+        dist.init_process_group(backend="nccl" if rt.device.type == "cuda" else "gloo")
+    rank = dist.get_rank() if ddp else 0
+    master = rank == 0
+    log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     model_args = dataclasses.asdict(model_config)

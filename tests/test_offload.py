@@ -87,7 +87,7 @@ def test_offload_under_bfloat16_sends_bfloat16_weights_and_trains_close_to_norma
     normal, offloaded, model, _, trainer = train_both(tiny, n_steps=2, accum=2, clip=0.5, lr=1e-3, dtype="bfloat16",
                                                         device=device)
     assert [t.dtype for t in trainer.host.send[0]] == [torch.bfloat16 if p.dim() >= 2 else torch.float32
-                                                  for p in trainer.host.masters[0]]
+                                                       for p in trainer.host.masters[0]]
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trainer.host.masters[0])
     for (loss_a, _), (loss_b, applied) in zip(normal, offloaded):
         assert applied
