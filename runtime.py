@@ -8,7 +8,9 @@ the tests run the GPU's code path on any machine, with only the device differing
 """
 import functools
 import math
+import os
 import signal
+import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -16,6 +18,14 @@ import torch
 
 from data import SPECIAL_TOKENS, mask_tokens
 from model import CrammedBert, param_groups
+
+# inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector
+# width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
+# cache folder of its own, named here, on import, before anything imports inductor (which fixes
+# its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the user's still says where.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"torchinductor_{os.getuid() if hasattr(os, 'getuid') else 'user'}_"
+                           f"{torch.backends.cpu.get_cpu_capability().lower()}"))
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,7 +77,11 @@ class Runtime:
         """torch.compile when enabled. fullgraph=True makes a graph break an error instead of
         a silent slowdown (our model has none; a test checks it); dynamic=False gives each shape
         (each level of a masking-rate schedule) its own static graph."""
-        return torch.compile(model, fullgraph=fullgraph, dynamic=False) if self.compile else model
+        if not self.compile:
+            return model
+        if self.device.type == "cpu":
+            prepare_inductor()
+        return torch.compile(model, fullgraph=fullgraph, dynamic=False)
 
     def synchronize(self):
         if self.device.type == "cuda":
@@ -115,6 +129,17 @@ def setup(device="auto", dtype="auto", compile=True, local_rank=None):
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
     return Runtime(dev, DTYPES[dtype], compile)
+
+
+def prepare_inductor():
+    """Under ATEN_CPU_CAPABILITY=default, inductor writes scalar C++, and in torch 2.13 that code
+    does not build for smear's shifted gather (it mixes in vector masks): inductor gets the
+    narrowest vector width the CPU has, while ATen's own kernels keep the capability asked for."""
+    from torch._inductor import config, cpu_vec_isa
+    if config.cpp.simdlen is None and not cpu_vec_isa.pick_vec_isa():
+        widths = [isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()]
+        if widths:
+            config.cpp.simdlen = min(widths)
 
 
 class StopRequest:

@@ -10,6 +10,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))  # the tools import the core; tests import both
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
+import runtime  # noqa: E402,F401  first: names inductor's cache folder for this CPU capability before any test compiles
 
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird", "the king", "our neighbour"]
 VERBS = ["saw", "liked", "followed", "painted", "found", "called", "helped", "watched"]
@@ -47,6 +48,16 @@ def assert_one_line_error(proc, *fragments):
     assert lines and lines[-1].startswith("error:") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     for fragment in fragments:
         assert fragment in lines[-1], lines[-1]
+
+
+def weights_atol(lr, steps, r=1e-3):
+    """How far two runs of the same training may leave a weight apart when only float32 rounding
+    differs (another summation order: AVX2 or AVX512 kernels, off-load mode, DDP's all-reduce).
+    AdamW moves a weight by lr x m / sqrt(v) per step, about lr whatever the gradient's size, so a
+    gradient with a relative rounding error r moves its weight about r x lr: r x lr x steps in all.
+    r = 1e-3 lets a gradient lose 10 of float32's 24 bits to cancellation; the off-load comparison
+    measured up to 1.7e-4 across ATEN_CPU_CAPABILITY default, avx2 and avx512."""
+    return r * lr * steps
 
 
 TINY_MODEL = ["--n_layers=2", "--d_model=64", "--n_heads=2", "--d_ffn=256", "--micro_batch=16", "--batch_size=32",

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import runtime
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, weights_atol
 from data import load_meta, mask_tokens
 from model import CrammedBert, param_groups
 from runtime import train_step
@@ -105,8 +105,8 @@ def test_two_processes_train_like_one(prepared, tmp_path):
         assert losses_two[s][1:] == losses_one[s][1:]  # lr and batch
     model_one = torch.load(tmp_path / "one" / "ckpt.pt")["model"]
     model_two = torch.load(tmp_path / "two" / "ckpt.pt")["model"]
-    for name in model_one:
-        torch.testing.assert_close(model_two[name], model_one[name], rtol=1e-4, atol=1e-5)
+    for name in model_one:  # the all-reduce sums in another order: equal up to rounding (TINY_MODEL's lr)
+        torch.testing.assert_close(model_two[name], model_one[name], rtol=0, atol=weights_atol(3e-3, len(losses_one)))
 
 
 def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import runtime
-from conftest import TINY_MODEL, assert_one_line_error, run_script
+from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
 from data import mask_tokens
 from model import CrammedBert, param_groups
 from offload import OffloadTrainer
@@ -40,19 +40,24 @@ def train_both(model_args, n_steps, accum, clip, lr=1e-2, dtype="float32", devic
     return normal, offloaded, model, optimizer, trainer
 
 
-def assert_same_training(normal, offloaded, model, optimizer, trainer):
+def assert_same_training(normal, offloaded, model, optimizer, trainer, lr, n_steps):
+    """The same arithmetic in another order, so equal up to float32 rounding, which differs by
+    kernel (AVX2, AVX512, a GPU): the weights within conftest.weights_atol, the AdamW moments
+    (averages of gradients and their squares) relative to each tensor's largest value."""
     for (loss_a, applied_a), (loss_b, applied_b) in zip(normal, offloaded):
         assert applied_a and applied_b
         torch.testing.assert_close(loss_b.cpu(), loss_a.cpu(), rtol=1e-5, atol=1e-6)
     state = trainer.state_dict()
     assert list(state["model"]) == list(model.state_dict())  # same keys, same order
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(state["model"][name].cpu(), value.cpu(), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(state["model"][name].cpu(), value.cpu(), rtol=0, atol=weights_atol(lr, n_steps))
     expected = optimizer.state_dict()
     assert state["optimizer"]["param_groups"] == expected["param_groups"]
     for index, moments in expected["state"].items():
         for key, value in moments.items():
-            torch.testing.assert_close(state["optimizer"]["state"][index][key].cpu(), value.cpu(), rtol=1e-4, atol=1e-9)
+            scale = value.abs().max().item()
+            torch.testing.assert_close(state["optimizer"]["state"][index][key].cpu(), value.cpu(), rtol=0,
+                                       atol=1e-5 * scale)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -62,7 +67,7 @@ def test_offload_trains_like_normal_mode(dropout, device):
     replays the forward's masks."""
     tiny = dict(n_layers=2, d_model=32, n_heads=2, d_ffn=128, dropout=dropout)
     normal, offloaded, model, optimizer, trainer = train_both(tiny, n_steps=3, accum=2, clip=0.05, device=device)
-    assert_same_training(normal, offloaded, model, optimizer, trainer)
+    assert_same_training(normal, offloaded, model, optimizer, trainer, lr=1e-2, n_steps=3)
     torch.manual_seed(0)
     fresh = CrammedBert(vocab_size=VOCAB, seq_len=SEQ, **tiny)
     fresh(*batches(1)[0])[0].backward()
@@ -75,7 +80,7 @@ def test_offload_trains_like_normal_mode_with_blocks_of_several_mib(device):
     wide = dict(n_layers=2, d_model=512, n_heads=8, d_ffn=2048)
     normal, offloaded, model, optimizer, trainer = train_both(wide, n_steps=1, accum=2, clip=0.5, lr=1e-3, device=device)
     assert sum(p.numel() for p in model.blocks[0].parameters()) * 4 > 10e6
-    assert_same_training(normal, offloaded, model, optimizer, trainer)
+    assert_same_training(normal, offloaded, model, optimizer, trainer, lr=1e-3, n_steps=1)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -139,11 +144,13 @@ def test_either_mode_resumes_the_others_checkpoint(prepared, tmp_path, first, th
     assert "at step 8," in resumed and "final: step" in resumed
     assert ("off-load mode" in resumed) == (then == "--offload=True")
     expected, got = step_losses(whole), step_losses(resumed)
-    assert min(map(int, got)) == 10 and got == {s: loss for s, loss in expected.items() if int(s) >= 10}
+    assert min(map(int, got)) == 10 and got.keys() == {s for s in expected if int(s) >= 10}
+    for s in got:  # printed to 4 decimals; the modes differ in rounding only
+        assert float(got[s]) == pytest.approx(float(expected[s]), abs=2e-4), s
     a, b = torch.load(tmp_path / "whole" / "ckpt.pt"), torch.load(tmp_path / "switched" / "ckpt.pt")
     assert a["step"] == b["step"] and list(a["model"]) == list(b["model"])
-    for name in a["model"]:
-        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-4, atol=1e-5)
+    for name in a["model"]:  # TINY_MODEL's lr
+        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=0, atol=weights_atol(3e-3, a["step"]))
 
 
 def test_offload_refuses_what_it_does_not_support(prepared, tmp_path, monkeypatch):
