@@ -7,25 +7,28 @@ Kept free of `datasets` so that training, benchmarking and fine-tuning run on ma
 that only have torch, numpy and tiktoken.
 """
 import base64
+import dataclasses
 import errno
 import functools
 import json
 import os
-import pickle
 import re
 import shutil
 import socket
+import warnings
 
 import numpy as np
 import torch
 
-from model import saved_model_args
+from configurator import allowed, declarations
+from model import ABSENT, CrammedBert, ModelConfig, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 # GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
 # so a BPE trained there gives identical ids through tiktoken.
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
+TOKEN_DTYPES = ("uint16", "uint32")
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
              "val_sequences")  # what readers of meta.json rely on
 
@@ -43,22 +46,26 @@ def hub_reachable(timeout=3.0):
 
 
 def cannot_write(path, e):
-    """The one-line error for an OSError while writing `path`."""
-    full = "the disk is full: free space and run the same command again; " if e.errno == errno.ENOSPC else ""
-    return SystemExit(f"error: cannot write {path}: {e.strerror or e} ({full}what was written before is intact)")
+    """The one-line error for a failed write of `path`: an OSError, or what a library raises for one
+    (torch.save and safetensors report a full disk in their own words)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    full = getattr(e, "errno", None) == errno.ENOSPC or (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    advice = "the disk is full: free space and run the same command again; " if full else ""
+    return SystemExit(f"error: cannot write {path}: {reason} ({advice}what was written before is intact)")
 
 
 def write_atomically(path, write):
     """write(tmp) writes the file at a temporary path; it replaces `path` only once complete and on
     the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves
-    the old file or the new one, never half of one."""
+    the old file or the new one, never half of one. Any failure of the write is one line."""
     tmp = path + ".tmp"
     try:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except Exception as e:  # OSError, or a library's own error for one (torch.save: RuntimeError)
         raise cannot_write(path, e)
     finally:  # a failed or interrupted write leaves nothing behind
         if os.path.exists(tmp):
@@ -124,18 +131,84 @@ def write_json(path, obj):
     write_atomically(path, dump)
 
 
+def update_json(path, change, remedy):
+    """Read, change and write a JSON file that several processes may update at once (finetune_glue.py
+    runs on different tasks writing one glue.json): change(the file's object, or None) -> the new
+    object, under a lock on the file's folder (flock, released however the process ends), so that
+    their updates merge instead of the last one overwriting the others. `remedy`: as read_json's."""
+    lock = None
+    try:
+        import fcntl
+        lock = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except ImportError:  # no flock (Windows): no lock
+        pass
+    try:
+        write_json(path, change(read_json(path, remedy) if os.path.exists(path) else None))
+    finally:
+        if lock is not None:
+            os.close(lock)  # and with it the lock
+
+
+def read_json(path, remedy):
+    """A JSON file that cram wrote, or a one-line error naming it damaged, with `remedy`: what to do."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # a cut or garbled file, bytes that are not UTF-8
+        raise SystemExit(f"error: {path} is damaged ({type(e).__name__}: {str(e)[:120]}): {remedy}")
+
+
+def read_jsonl(path):
+    """The records of a JSON-lines file. A last line without its newline that does not parse is the
+    trace of a process killed mid-write, not damage: it is left out. Any other bad line is an error."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            if number == len(lines):  # cut short by a kill
+                break
+            raise SystemExit(f"error: {path}:{number} is not a JSON line: the file is damaged (delete that line)")
+        if record is not None:
+            if not isinstance(record, dict):
+                raise SystemExit(f"error: {path}:{number} is not a JSON record: the file is damaged (delete that line)")
+            records.append(record)
+    return records
+
+
+def meta_problem(meta):
+    """What in a meta.json breaks its readers, or None: the keys they rely on, of sane types."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        return f"no {', '.join(missing)}"
+    counts = ("vocab_size", "n_regular", "seq_len", "train_sequences", "val_sequences")
+    bad = [k for k in counts if type(meta[k]) is not int or meta[k] < 0]
+    if bad:
+        return f"{', '.join(bad)} not a count"
+    if meta["dtype"] not in TOKEN_DTYPES or meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
+        return f"dtype {meta['dtype']!r} cannot hold a vocabulary of {meta['vocab_size']} (uint16 or uint32)"
+    expected = {tok: meta["n_regular"] + i for i, tok in enumerate(SPECIAL_TOKENS)}
+    if meta["special_ids"] != expected or meta["vocab_size"] != meta["n_regular"] + len(SPECIAL_TOKENS):
+        return f"special_ids {meta['special_ids']} and vocab_size {meta['vocab_size']} do not follow n_regular " \
+               f"{meta['n_regular']}"
+    if meta["seq_len"] < 2 or not meta["train_sequences"] or not meta["val_sequences"]:
+        return "no sequences" if meta["seq_len"] >= 2 else "seq_len below 2"
+    return None
+
+
 def load_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {path} not found: run `python prepare.py` first (or pass --data_dir=)")
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-        missing = [k for k in META_KEYS if k not in meta]
-    except (OSError, ValueError, TypeError) as e:
-        raise SystemExit(f"error: cannot read {path}: {e}")
-    if missing:
-        raise SystemExit(f"error: {path} is damaged (no {', '.join(missing)}): delete {data_dir} and run prepare.py again")
+    meta = read_json(path, f"delete {data_dir} and run prepare.py again")
+    problem = meta_problem(meta)
+    if problem:
+        raise SystemExit(f"error: {path} is damaged ({problem}): delete {data_dir} and run prepare.py again")
     return meta
 
 
@@ -146,13 +219,21 @@ def write_ranks(path, ranks):
             f.write(f"{base64.b64encode(token).decode()} {rank}\n")
 
 
-def parse_ranks(text):
-    return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in text.splitlines() if line.strip())}
+def parse_ranks(text, where="the tokenizer"):
+    """BPE ranks from tiktoken's text format, or a one-line error naming `where` they came from."""
+    try:
+        ranks = {base64.b64decode(tok, validate=True): int(rank)
+                 for tok, rank in (line.split() for line in text.splitlines() if line.strip())}
+    except (ValueError, TypeError) as e:  # binascii.Error is a ValueError; a line of 1 or 3 fields too
+        raise SystemExit(f"error: {where} is damaged (not tiktoken's 'base64 rank' lines: {str(e)[:80]})")
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise SystemExit(f"error: {where} is damaged (its ranks are not 0..{len(ranks) - 1}, each once)")
+    return ranks
 
 
 def read_ranks(path):
     with open(path) as f:
-        return parse_ranks(f.read())
+        return parse_ranks(f.read(), path)
 
 
 def make_encoding(ranks, special_ids, name="cram"):
@@ -160,24 +241,45 @@ def make_encoding(ranks, special_ids, name="cram"):
     return tiktoken.Encoding(name=name, pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special_ids)
 
 
+def read_tokenizer_text(data_dir, meta):
+    """The tokenizer file's text, checked against meta.json: as many tokens as n_regular."""
+    path = os.path.join(data_dir, meta["tokenizer_file"])
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot read the tokenizer {path} ({e}): delete {data_dir} and run prepare.py again")
+    n = len(parse_ranks(text, path))
+    if n != meta["n_regular"]:
+        raise SystemExit(f"error: {path} holds {n} tokens but meta.json says {meta['n_regular']}: {data_dir} mixes "
+                         f"two preparations; delete it and run prepare.py again")
+    return text
+
+
 def load_tokenizer(data_dir, meta=None):
     """The corpus' own tokenizer as a tiktoken.Encoding (use encode_ordinary for raw text)."""
     meta = meta or load_meta(data_dir)
-    path = os.path.join(data_dir, meta["tokenizer_file"])
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: tokenizer file {path} not found")
-    return make_encoding(read_ranks(path), meta["special_ids"])
+    return make_encoding(parse_ranks(read_tokenizer_text(data_dir, meta)), meta["special_ids"])
 
 
-def load_tokens(data_dir, split, meta=None):
-    """Memory-mapped (num_sequences, seq_len) array of token ids for 'train' or 'val'."""
+def load_tokens(data_dir, split, meta=None, check_ids=True):
+    """Memory-mapped (num_sequences, seq_len) array of token ids for 'train' or 'val', after checking
+    its size against meta.json and (check_ids) that every id is below the vocabulary size: a pass
+    over the file, seconds for billions of tokens, once before training instead of a crash at the
+    first bad id (on a GPU, an opaque device-side assert)."""
     meta = meta or load_meta(data_dir)
     path = os.path.join(data_dir, f"{split}.bin")
     n = meta[f"{split}_sequences"]
     if not os.path.isfile(path) or os.path.getsize(path) != n * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize:
         raise SystemExit(f"error: {path} is missing or does not match meta.json: the folder is damaged; delete it "
                          f"and run prepare.py again")
-    return np.memmap(path, dtype=meta["dtype"], mode="r", shape=(n, meta["seq_len"]))
+    tokens = np.memmap(path, dtype=meta["dtype"], mode="r", shape=(n, meta["seq_len"]))
+    for start in range(0, n, 1 << 20) if check_ids else ():
+        if tokens[start:start + (1 << 20)].max() >= meta["vocab_size"]:
+            raise SystemExit(f"error: {path} holds token ids at or above the vocabulary size {meta['vocab_size']} "
+                             f"(rows {start} to {min(n, start + (1 << 20)) - 1}): the folder is damaged; delete it "
+                             f"and run prepare.py again")
+    return tokens
 
 
 def get_batch(tokens, rows, device):
@@ -213,21 +315,88 @@ def save_checkpoint(path, state):
 
 
 def load_checkpoint(path):
-    """A checkpoint written by train.py, or a one-line error."""
+    """A checkpoint written by train.py, checked (check_checkpoint), or a one-line error."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: checkpoint not found: {path}")
     try:
-        # weights_only: tensors and plain containers only, so a file can never run code on loading
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about a pickle protocol before refusing it: the error says it
+            warnings.simplefilter("ignore")
+            # weights_only: tensors and plain containers only, so a file can never run code on loading
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        culprit = re.search(r"GLOBAL (\S+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
-        if culprit:  # a pickle that names a function or class to call
-            raise SystemExit(f"error: {path} was refused: it holds objects other than tensors and plain values "
-                             f"({culprit.group(1)}), and loading those could run code")
-        raise SystemExit(f"error: {path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})")
-    if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
-        raise SystemExit(f"error: {path} is not a checkpoint written by train.py")
+        raise SystemExit(f"error: {path} {refusal(e)}")
+    problem = checkpoint_problem(checkpoint, path)
+    if problem:
+        raise SystemExit(f"error: {path} is not a usable checkpoint written by train.py: {problem}")
     return checkpoint
+
+
+def refusal(e):
+    """Why torch.load's safe loader (weights_only) refused a file, in a few words."""
+    text = str(e)
+    culprit = re.search(r"GLOBAL (\S+)", text)
+    if culprit:  # a pickle that names a function or class to call
+        return (f"was refused: it holds objects other than tensors and plain values ({culprit.group(1)}), and loading "
+                f"those could run code; cram loads the checkpoints train.py writes")
+    if "Unsupported operand 149" in text:  # FRAME, the opcode of pickle protocols 4 and 5
+        return ("was refused by the safe loader: it was pickled with protocol 4 or 5, which that loader does not "
+                "read; cram loads the checkpoints train.py writes (torch.save's default protocol 2)")
+    unpickler = re.search(r"WeightsUnpickler error: \s*(.+)", text)
+    why = unpickler.group(1).strip() if unpickler else (text.splitlines() or [""])[0]
+    return f"is not a readable checkpoint ({type(e).__name__}: {why[:160]})"
+
+
+def checkpoint_problem(checkpoint, path):
+    """What in a loaded checkpoint breaks its readers (train.py's resume, fine-tuning, the export),
+    or None: model_args that ModelConfig takes (known fields, their types and declared ranges),
+    weights of exactly the model they describe, the data's meta, and a tokenizer whose tokens and
+    special ids make up the model's vocabulary."""
+    if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
+        return "not a dict with model, model_args, meta and tokenizer"
+    args, weights = checkpoint["model_args"], checkpoint["model"]
+    if not isinstance(args, dict) or not isinstance(weights, dict):
+        return "model_args or model is not a dict"
+    problem = model_args_problem(args) or meta_problem(checkpoint["meta"])
+    if problem:
+        return problem
+    args = saved_model_args(args)
+    with torch.device("meta"):  # the shapes, without the memory
+        expected = {k: v.shape for k, v in CrammedBert(**args).state_dict().items()}
+    got = {k: tuple(v.shape) if torch.is_tensor(v) else None for k, v in weights.items()}
+    if got.keys() != expected.keys() or any(got[k] != tuple(expected[k]) for k in got):
+        wrong = sorted(k for k in expected.keys() | got.keys() if got.get(k) != tuple(expected.get(k) or ()))
+        return f"its weights do not fit its model_args ({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})"
+    meta = checkpoint["meta"]
+    if (meta["vocab_size"], meta["seq_len"]) != (args["vocab_size"], args["seq_len"]):
+        return f"its meta (vocabulary {meta['vocab_size']}) and model_args (vocabulary {args['vocab_size']}) disagree"
+    if not isinstance(checkpoint["tokenizer"], str):
+        return "its tokenizer is not text"
+    n = len(parse_ranks(checkpoint["tokenizer"], f"{path}'s tokenizer"))
+    if n != meta["n_regular"]:
+        return f"its tokenizer has {n} tokens but its model {meta['n_regular']} besides the specials: it mixes two vocabularies"
+    return None
+
+
+def model_args_problem(args):
+    """Unknown fields, values of the wrong type or outside a field's declared range (its comment in
+    model.ModelConfig), or what ModelConfig refuses; None when ModelConfig takes them."""
+    fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(args) - fields.keys())
+    if unknown:
+        return f"unknown model_args field(s) {', '.join(unknown)} (a newer cram's checkpoint?)"
+    for kind, *declared in declarations({}, ModelConfig):
+        if kind == "setting" and declared[0] in args:
+            name, comment = declared
+            value, rule, expected = args[name], allowed(comment), fields[name]
+            if type(value) is not expected and not (expected is float and type(value) is int):
+                return f"model_args {name}={value!r} is not {expected.__name__}"
+            if rule and not rule[0](value):
+                return f"model_args {name}={value!r}: {name} must be {rule[1]}"
+    try:
+        ModelConfig(**{**ABSENT, **args})
+    except (TypeError, ValueError) as e:
+        return f"model_args: {e}"
+    return None
 
 
 def all_finite(state_dict):
@@ -297,10 +466,17 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
 
 
 def append_metrics(path, fields):
-    """One line of a run's metrics.jsonl (train.py's log and evaluation lines; read_metrics reads them)."""
+    """One line of a run's metrics.jsonl (train.py's log and evaluation lines; read_metrics reads them).
+    A line cut short by a kill of the run (the file not ending in a newline) is dropped first, so
+    the resumed run's lines start on lines of their own."""
     try:
-        with open(path, "a") as f:
-            f.write(json.dumps(fields) + "\n")
+        with open(path, "a+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+            if tail and not tail.endswith(b"\n"):
+                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1 if b"\n" in tail else max(0, size - len(tail)))
+            f.write((json.dumps(fields) + "\n").encode())
     except OSError as e:
         raise cannot_write(path, e)
 
@@ -311,15 +487,8 @@ def read_metrics(run):
     path = os.path.join(run, "metrics.jsonl")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {path} not found: is {run} the out_dir of a train.py run?")
-    evals = {}
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise SystemExit(f"error: {path}:{number} is not a JSON line")
-            if record.get("kind") == "eval":
-                evals[record["step"]] = record
+    evals = {record["step"]: record for record in read_jsonl(path) if record.get("kind") == "eval" and
+             isinstance(record.get("step"), int)}
     if not evals:
         raise SystemExit(f"error: {path} has no evaluation yet")
     return [evals[step] for step in sorted(evals)]
@@ -368,15 +537,14 @@ class Batches:
 
 def load_run_data(path):
     """meta.json, the train and val tokens and the tokenizer's text (checkpoints carry it, so
-    fine-tuning needs nothing else); a one-line error names the command that prepares `path`."""
+    fine-tuning needs nothing else), each checked; a one-line error names the command that prepares `path`."""
     if not os.path.isfile(os.path.join(path, "meta.json")):
         how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
             f"python prepare.py --out_dir={path} --dataset=..."
         raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on "
                          f"the embedded corpus `python prepare.py && python train.py config/train_quickstart.py`")
     meta = load_meta(path)
-    with open(os.path.join(path, meta["tokenizer_file"])) as f:
-        tokenizer_text = f.read()
+    tokenizer_text = read_tokenizer_text(path, meta)
     return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
 
 

@@ -10,6 +10,7 @@ on its dev set after the last epoch. Prints a markdown table beside the publishe
 every number to a JSON file.
 """
 import csv
+import functools
 import math
 import os
 import statistics
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 import runtime
 from configurator import configure
-from data import check_writable, hub_reachable, load_checkpoint, make_encoding, parse_ranks, write_json
+from data import check_writable, hub_reachable, load_checkpoint, make_encoding, parse_ranks, read_json, update_json
 from model import CrammedBert, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
@@ -145,8 +146,12 @@ def read_glue_tsv(path, spec):
     a header except for CoLA. Rows with too few fields (QQP has some) are skipped."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: GLUE file not found: {path}")
-    with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC starts with a BOM
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC starts with a BOM
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): the GLUE "
+                         f"files are UTF-8; convert it (iconv -t utf-8) or fetch it again")
     if spec.get("header", True):
         header, rows = rows[0] if rows else [], rows[1:]
         missing = [c for c in (*spec["text"], spec["label"]) if c not in header]
@@ -173,9 +178,12 @@ def read_glue_tsv(path, spec):
 def parse_label(raw, spec, where):
     if spec["labels"] is None:
         try:
-            return float(raw)
+            score = float(raw)
         except ValueError:
-            raise SystemExit(f"error: {where}: score {raw!r} is not a number (is this the GLUE layout?)")
+            score = math.nan
+        if not math.isfinite(score):
+            raise SystemExit(f"error: {where}: score {raw!r} is not a finite number (is this the GLUE layout?)")
+        return score
     if raw not in spec["labels"]:
         raise SystemExit(f"error: {where}: label {raw!r} is not one of {', '.join(spec['labels'])} "
                          f"(is this the GLUE layout?)")
@@ -311,28 +319,83 @@ def finetune(name, encoded, ckpt, run_seed, rt):
     return scores
 
 
-# ---------------------------------------------------------------- report
+# ---------------------------------------------------------------- results: glue.json, merged as runs finish
+SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "dtype",
+                  "max_train_examples")  # what a score depends on: a run with other values does not reuse it
+DAMAGED = "move it away and run the same command (its tasks are fine-tuned again)"
+
+
 def median_scores(per_seed):
     return {name: {m: statistics.median(run[name][m] for run in per_seed) for m in per_seed[0][name]}
             for name in per_seed[0]}
 
 
-def table(results):
-    """Markdown: one row per score (main metric, others in brackets) beside the reference."""
+def table(tasks):
+    """Markdown: one row per score (main metric, others in brackets) beside the reference, each
+    saying how it was made (seeds, epochs, a cap on the training examples)."""
     lines = ["| task | metric | ours | reference |", "|---|---|---|---|"]
     ours_main = {}
-    for name, result in results.items():
+    for name, result in tasks.items():
+        settings, n_seeds = result["settings"], len(result["seeds"])
+        cap = f", first {result['train_examples']:,} train examples" if settings["max_train_examples"] else ""
+        n_epochs = settings["epochs"]
+        how = f" ({'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap})"
         for score_name, metrics in result["median"].items():
             main, *others = TASKS[name]["metrics"]
             ours_main[score_name] = metrics[main]
             extra = "".join(f" ({METRIC_NAMES[m]} {metrics[m]:.1f})" for m in others)
             reference = f"{REFERENCE[score_name]:.1f}" if score_name in REFERENCE else "-"
-            lines.append(f"| {score_name} | {METRIC_NAMES[main]} | {metrics[main]:.1f}{extra} | {reference} |")
+            lines.append(f"| {score_name} | {METRIC_NAMES[main]}{how} | {metrics[main]:.1f}{extra} | {reference} |")
     counted = [s for s in REFERENCE if s in ours_main]
     average = statistics.mean(ours_main[s] for s in counted) if counted else float("nan")
     reference_average = statistics.mean(REFERENCE[s] for s in counted) if counted else float("nan")
     lines.append(f"| average ({len(counted)} of 9) | | {average:.1f} | {reference_average:.1f} |")
     return "\n".join(lines), average, counted
+
+
+def results_path():
+    return out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
+
+
+def same_checkpoint(results, identity):
+    return all(results.get(k) == v for k, v in identity.items() if k != "checkpoint")
+
+
+def earlier_tasks(path, identity):
+    """The tasks glue.json already holds for this checkpoint ({} when there is none); a one-line
+    error when it holds another checkpoint's scores, which a rerun must not replace."""
+    results = read_json(path, DAMAGED) if os.path.exists(path) else {"tasks": {}, **identity}
+    if not isinstance(results, dict) or not isinstance(results.get("tasks"), dict) or \
+            not same_checkpoint(results, identity):
+        raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass --out_json= "
+                         f"for this one's, or move it away")
+    return results["tasks"]
+
+
+def add_run(identity, name, settings, run_seed, scores, seconds, sizes, results):
+    """glue.json's object (or None) with one more fine-tuning run: seed run_seed of task `name`."""
+    results = results or {"tasks": {}, **identity}
+    if not same_checkpoint(results, identity):
+        raise SystemExit(f"error: another process wrote another checkpoint's scores to {results_path()} meanwhile")
+    entry = results["tasks"].get(name)
+    if not entry or entry.get("settings") != settings:
+        entry = dict(settings=settings, seeds=[], per_seed=[], seconds=0.0)
+    if run_seed in entry["seeds"]:  # two processes ran the same seed: the later one stands
+        del entry["per_seed"][entry["seeds"].index(run_seed)]
+        entry["seeds"].remove(run_seed)
+    entry["seeds"].append(run_seed)
+    entry["per_seed"].append(scores)
+    entry.update(sizes, seconds=round(entry["seconds"] + seconds, 1), median=median_scores(entry["per_seed"]))
+    results["tasks"][name] = entry
+    markdown, average, counted = table(results["tasks"])
+    return dict(results, **identity, average=average, average_over=counted, reference=REFERENCE, table=markdown)
+
+
+def summary(name, entry):
+    """One line: a task's main scores and how they were made."""
+    scores = ", ".join(f"{score_name} {METRIC_NAMES[TASKS[name]['metrics'][0]]} {v[TASKS[name]['metrics'][0]]:.1f}"
+                       for score_name, v in entry["median"].items())
+    return f"{scores} (median of {len(entry['seeds'])} seed(s), {entry['seconds']:.0f} s)"
 
 
 def main(config):
@@ -342,40 +405,49 @@ def main(config):
         raise SystemExit(f"error: unknown task {', '.join(map(repr, unknown)) or '(none given)'} "
                          f"(tasks: {', '.join(TASKS)})")
     ckpt = load_checkpoint(checkpoint)
-    path = out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
+    path = results_path()
     check_writable(path, "--out_json")  # now, not after an hour of fine-tuning
-    ranks, special_ids = parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"]
-    if len(ranks) + len(special_ids) != ckpt["model_args"]["vocab_size"]:
-        raise SystemExit(f"error: {checkpoint}: its tokenizer has {len(ranks) + len(special_ids)} tokens but its model "
-                         f"a vocabulary of {ckpt['model_args']['vocab_size']}: the checkpoint mixes two vocabularies")
-    enc = make_encoding(ranks, special_ids)
+    identity = dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
+                    checkpoint_tokens=ckpt.get("tokens"))
+    settings = {k: config[k] for k in SCORE_SETTINGS}
+    done = earlier_tasks(path, identity)
+    wanted = [seed + s for s in range(seeds)]
+    todo = {}  # task -> the seeds it still needs: a rerun redoes nothing that finished
+    for name in names:
+        entry = done.get(name)
+        finished = entry["seeds"] if entry and entry.get("settings") == settings else []
+        todo[name] = [s for s in wanted if s not in finished]
+        if not todo[name]:
+            print(f"{name}: done earlier, in {path}: {summary(name, entry)}")
+    todo = {name: missing for name, missing in todo.items() if missing}
+    enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     rt = runtime.setup(device, dtype, compile=False)
     print(f"fine-tuning {checkpoint} (step {ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
-          f"{ckpt['model_args']['d_model']}) on {', '.join(names)} with {seeds} seed(s) on {rt.describe()}")
+          f"{ckpt['model_args']['d_model']}) on {', '.join(todo) or 'nothing left to do'} with {seeds} seed(s) on "
+          f"{rt.describe()}")
 
-    results = {}
-    datasets_by_task = {name: check_task(name, load_task(name)) for name in names}  # bad data fails before any training
-    for name in names:
+    datasets_by_task = {name: check_task(name, load_task(name)) for name in todo}  # bad data fails before any training
+    for name, missing in todo.items():
         data = datasets_by_task[name]
         if max_train_examples:
             data["train"] = tuple(column[:max_train_examples] for column in data["train"])
         encoded = {split: (encode_examples(enc, texts, ckpt["model_args"]["seq_len"], ckpt["meta"]["special_ids"]),
                            labels) for split, (texts, labels) in data.items()}
-        t0 = time.time()
-        per_seed = [finetune(name, encoded, ckpt, seed + s, rt) for s in range(seeds)]
-        results[name] = dict(per_seed=per_seed, median=median_scores(per_seed), seconds=round(time.time() - t0, 1),
-                             train_examples=len(data["train"][0]),
-                             dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
-        summary = ", ".join(f"{k} {v[TASKS[name]['metrics'][0]]:.1f}" for k, v in results[name]["median"].items())
-        print(f"{name}: {summary} ({results[name]['seconds']:.0f}s)")
+        sizes = dict(train_examples=len(data["train"][0]), dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
+        for run_seed in missing:  # each seed is in glue.json as soon as it is scored
+            t0 = time.time()
+            scores = finetune(name, encoded, ckpt, run_seed, rt)
+            update_json(path, functools.partial(add_run, identity, name, settings, run_seed, scores, time.time() - t0,
+                                                sizes), DAMAGED)
+        print(f"{name}: {summary(name, read_json(path, DAMAGED)['tasks'][name])}")
 
-    markdown, average, counted = table(results)
-    print(markdown)
-    write_json(path, dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
-                          seeds=[seed + s for s in range(seeds)], settings=config, tasks=results,
-                          average=average, average_over=counted, reference=REFERENCE, table=markdown))
-    print(f"wrote {path}")
+    results = read_json(path, DAMAGED)
+    print(table({name: results["tasks"][name] for name in names})[0])
+    print(f"wrote {path}" + (f" (it also holds {', '.join(sorted(set(results['tasks']) - set(names)))})"
+                             if set(results["tasks"]) - set(names) else ""))
 
 
 if __name__ == "__main__":
-    main(configure(globals(), sys.argv[1:]))
+    settings = configure(globals(), sys.argv[1:])
+    runtime.guarded(main, f"the runs finished so far are in {results_path()}; run the same command to do the rest",
+                    settings)

@@ -88,8 +88,8 @@ class ModelConfig:
     finetune_glue.py, off-load mode and the export read them from there. Adding a switch means a
     field here and its use below. The defaults are the reference crammed-BERT shape (~120M
     parameters) with train.py's recipe."""
-    vocab_size: int = 32768    # train.py: from the data (prepare.py's meta.json), not a setting
-    seq_len: int = 128         # train.py: from the data too
+    vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
+    seq_len: int = 128         # >= 2: train.py: from the data too
     n_layers: int = 16         # >= 1
     d_model: int = 768         # >= 1: a multiple of n_heads
     n_heads: int = 12          # >= 1

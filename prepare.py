@@ -28,8 +28,9 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import configure
-from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, claim_folder, hub_reachable, load_meta, load_tokens,
-                  make_encoding, read_ranks, write_atomically, write_json, write_ranks)
+from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, cannot_write, claim_folder, hub_reachable, load_meta,
+                  load_tokens, make_encoding, read_ranks, write_atomically, write_json, write_ranks)
+from runtime import guarded
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -52,6 +53,10 @@ progress_minutes = 1.0  # >= 0: write a progress record this often: a killed run
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+# The most text the tokenizer, its trainer and the de-duplication see at once: a .txt document
+# is cut at a line end before it grows longer, a longer record is encoded in pieces. Memory then
+# stays flat whatever the text's layout (one paragraph per line and no blank line: one "document").
+MAX_DOC_CHARS = 1_000_000
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
 
@@ -102,22 +107,37 @@ def local_files(path):
     return [path]
 
 
-def text_file_documents(path):
-    """A .txt file holds documents separated by blank lines; lines inside one are kept."""
+def text_file_documents(path, max_chars=MAX_DOC_CHARS):
+    """A .txt file holds documents separated by blank lines; lines inside one are kept. A document
+    reaching max_chars ends at the line before (a longer line is read in max_chars pieces), so no
+    layout makes one huge document: memory stays flat, and held-out documents stay spread."""
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            lines = []
-            for line in f:
-                if line.strip():
+            lines, chars = [], 0
+            for line in iter(functools.partial(f.readline, max_chars), ""):
+                if line.strip() and chars + len(line) <= max_chars:
                     lines.append(line)
-                elif lines:
+                    chars += len(line)
+                    continue
+                if lines:
                     yield "".join(lines).strip()
-                    lines = []
+                lines, chars = ([line], len(line)) if line.strip() else ([], 0)
             if lines:
                 yield "".join(lines).strip()
     except (OSError, EOFError) as e:  # unreadable or truncated (gzip) files
         raise SystemExit(f"error: cannot read {path}: {e}")
+
+
+def pieces(text, max_chars=MAX_DOC_CHARS):
+    """text in consecutive pieces of at most max_chars, cut after a line end where there is one:
+    what the tokenizer trainer and the encoder take at once (a record of a .jsonl file or a hub
+    dataset can be any size)."""
+    while len(text) > max_chars:
+        cut = text.rfind("\n", 0, max_chars) + 1 or max_chars
+        yield text[:cut]
+        text = text[cut:]
+    yield text
 
 
 def text_of(row, where, text_field):
@@ -224,7 +244,7 @@ def first_characters(documents, n_chars, digest=None):
     for doc in documents():
         if digest:
             digest.update(doc.encode() + b"\0")
-        yield doc
+        yield from pieces(doc)
         chars += len(doc)
         if chars >= n_chars:
             return
@@ -283,7 +303,10 @@ class SequenceWriter:
         self.pending = np.concatenate([self.pending, *tokens], dtype=self.dtype)
         n = len(self.pending) // self.seq_len
         if n:
-            self.file.write(self.pending[:n * self.seq_len].tobytes())
+            try:
+                self.file.write(self.pending[:n * self.seq_len].tobytes())
+            except OSError as e:  # a full disk: the progress record says what is whole
+                raise cannot_write(self.path + ".tmp", e)
             self.pending = self.pending[n * self.seq_len:]
             self.sequences += n
 
@@ -392,7 +415,7 @@ def median_tokens_per_char(documents, enc, min_doc_chars=20, n=1000, max_chars=5
     texts, chars = [], 0
     for text in documents():
         if len(text) >= min_doc_chars:
-            texts.append(text)
+            texts.append(next(pieces(text)))
             chars += len(text)
         if len(texts) == n or chars >= max_chars:
             break
@@ -452,6 +475,9 @@ class TokenFiles:
 
     def check_enough_text(self):
         """Before anything is renamed into place: each split needs a whole sequence."""
+        if self.writers["train"].sequences and not self.stats["val_tokens"]:
+            raise SystemExit(f"error: no document was held out: {self.val_fraction:g} of {self.read:,} documents is "
+                             f"none; raise --val_fraction, or separate the text's documents with blank lines")
         if not self.writers["train"].sequences or not self.writers["val"].sequences:
             raise SystemExit(f"error: too little text for one {self.seq_len}-token sequence in each split "
                              f"({self.stats['train_tokens']} train, {self.stats['val_tokens']} val tokens)")
@@ -499,7 +525,8 @@ def encode_document(enc, dedup, text):
     """All the per-document work, on a worker thread so that it runs beside the encoding: the
     token ids and, with dedup, the de-duplication key."""
     # encode_to_numpy with no special tokens allowed is encode_ordinary without a Python list per document
-    return enc.encode_to_numpy(text, disallowed_special=()), SeenTexts.key(text) if dedup else None
+    ids = [enc.encode_to_numpy(piece, disallowed_special=()) for piece in pieces(text)]
+    return ids[0] if len(ids) == 1 else np.concatenate(ids), SeenTexts.key(text) if dedup else None
 
 
 def write_in_flight(files, jobs, keep, max_tokens):
@@ -665,4 +692,5 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    main()
+    guarded(main, "what was finished is kept (the tokenizer once trained, the encoding up to its last progress "
+            "record, written every --progress_minutes); run the same command to continue")

@@ -6,10 +6,13 @@ Every call here runs on a CPU too: inductor compiles for it, autocast takes bflo
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
 the tests run the GPU's code path on any machine, with only the device differing.
 """
+import errno
 import functools
+import importlib
 import math
 import os
 import signal
+import sys
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -140,6 +143,44 @@ def prepare_inductor():
         widths = [isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()]
         if widths:
             config.cpp.simdlen = min(widths)
+
+
+def installed(module):
+    """Whether an optional dependency can be imported: asked before the work that needs it."""
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        return False
+
+
+def interrupt(signum, frame):
+    """SIGTERM and SIGINT both unwind the work as Ctrl-C does (through its finally blocks); a second
+    signal kills at once."""
+    signal.signal(signum, signal.SIG_DFL)
+    raise KeyboardInterrupt(signum)
+
+
+def guarded(main, kept, *args):
+    """A script's main(*args), with the faults that can come at any moment made one line on stderr
+    that says what was kept and how to continue (`kept`): Ctrl-C or SIGTERM ('stopped by SIGINT:
+    <kept>', status 130 or 143; train.py's loop installs StopRequest over this, which finishes its
+    step and saves), and an OSError from the machine, such as a full disk ('error: ...', status 1)."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, interrupt)
+    try:
+        return main(*args)
+    except KeyboardInterrupt as e:
+        signum = e.args[0] if e.args and e.args[0] in (signal.SIGTERM, signal.SIGINT) else signal.SIGINT
+        e.__traceback__ = None  # frees the stopped frames: their progress bars close before the line below
+        sys.stdout.flush()
+        print(f"stopped by {signal.Signals(signum).name}: {kept}", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
+    except OSError as e:
+        full = " (free space on that disk)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        where = f" on {e.filename}" if e.filename else ""
+        sys.stdout.flush()
+        raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; {kept}")
 
 
 class StopRequest:

@@ -14,6 +14,7 @@ SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same 
 """
 import dataclasses
 import functools
+import gc
 import math
 import os
 import signal
@@ -25,8 +26,8 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (Batches, all_finite, append_metrics, claim_folder, evaluate, fill_in, load_run_data, make_encoding,
-                  parse_ranks, repeat_warning, resume_checkpoint, save_checkpoint)
+from data import (Batches, all_finite, append_metrics, check_writable, claim_folder, evaluate, fill_in, load_run_data,
+                  make_encoding, parse_ranks, repeat_warning, resume_checkpoint, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
 from runtime import cpu_warning, train_step
 
@@ -114,6 +115,8 @@ def check_settings(world, config):
     """One-line errors for settings that cannot run together, before any work (each setting's own
     range is declared beside it and checked by the configurator)."""
     ModelConfig.from_settings(config)
+    if wandb_log and not runtime.installed("wandb"):
+        raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     if micro_batch and batch_size % (micro_batch * world):
         raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
                          f"the {world} process(es)")
@@ -247,6 +250,8 @@ def main(config):
         n_params = CrammedBert(**model_args).num_params()
     if master:
         claim_folder(out_dir, need_bytes=12 * n_params)
+        for target in (ckpt_path, metrics_path):  # now, not when the budget is spent
+            check_writable(target, "--out_dir")
     checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world,
                                                                max(mask_rate, mask_rate_start),
@@ -368,6 +373,10 @@ def main(config):
         finish(model, val_tokens, meta, rt, run, final, stop_request.signum, tokenizer_text, ckpt_path)
     if ddp:
         dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others
+        # DDP's reducer holds gloo work: freed before its process group, not at the interpreter's
+        # exit, where freeing it can abort the process ("terminate called without an active exception")
+        del step
+        gc.collect()
         dist.destroy_process_group()
     if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
@@ -392,4 +401,7 @@ def finish(model, val_tokens, meta, rt, run, final, signum, tokenizer_text, ckpt
 
 
 if __name__ == "__main__":
-    main(configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS))
+    # signals before the loop (StopRequest takes them from there on), a machine's fault anywhere
+    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS)
+    runtime.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
+                    f"--resume=True (or, if none was saved yet, run the same command again)", settings)

@@ -169,7 +169,7 @@ def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
                "--epochs=1", "--device=cpu")
     run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}")
     card = (tmp_path / "hf" / "README.md").read_text()
-    assert "GLUE dev scores" in card and "| rte | accuracy |" in card
+    assert "GLUE dev scores" in card and "| rte | accuracy (1 seed, 1 epoch) |" in card
 
 
 def test_bad_input_gives_one_line_errors(tmp_path):
@@ -177,7 +177,7 @@ def test_bad_input_gives_one_line_errors(tmp_path):
                           "checkpoint not found")
     torch.save({"model": {}}, tmp_path / "other.pt")
     assert_one_line_error(run_script("tools/export.py", f"--checkpoint={tmp_path / 'other.pt'}", check=False),
-                          "not a checkpoint written by train.py")
+                          "not a usable checkpoint written by train.py")
 
 
 def test_merges_rebuild_the_ranks():

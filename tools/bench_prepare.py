@@ -18,6 +18,7 @@ sys.path.insert(0, ROOT)
 import prepare  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
 from data import load_meta, load_tokenizer  # noqa: E402
+from runtime import guarded  # noqa: E402
 from measure import alternate, spread  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -82,4 +83,4 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    main()
+    guarded(main, "nothing to keep: a benchmark only prints (its preparations go to a temporary folder)")

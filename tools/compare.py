@@ -21,7 +21,6 @@ it needs to reach the first variant's mean final loss, read off its evaluation c
 bound: a run given only that long would decay its learning rate sooner). Finished runs are kept
 and reused: rerun to add seeds or variants. Writes <out_dir>/results.json and <out_dir>/compare.png.
 """
-import json
 import os
 import shutil
 import statistics
@@ -31,7 +30,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
-from data import check_writable, claim_folder, read_metrics, write_json  # noqa: E402
+from data import check_writable, claim_folder, read_jsonl, read_metrics, write_json  # noqa: E402
+from runtime import guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)
@@ -86,8 +86,7 @@ def train(name, run_dir, *args):
 
 def speed(run_dir):
     """Median tokens/s of a run's log windows after the first (start-up and compilation)."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rates = [r["tokens_per_s"] for r in map(json.loads, f) if r["kind"] == "train"]
+    rates = [r["tokens_per_s"] for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r.get("kind") == "train"]
     return statistics.median(rates[1:] or rates)
 
 
@@ -196,15 +195,23 @@ def main():
     if bool(run_dirs) == bool(names):
         raise SystemExit("error: give --runs=out_dir[,out_dir...] to plot, or --variants=crammed,recipe_reference to train")
     path = png or os.path.join(out_dir, "compare.png")
-    check_writable(path, "--png")
+    if not installed("matplotlib"):  # said now, not after hours of training
+        print("note: matplotlib is not installed, so no picture (pip install matplotlib); the tables and "
+              "results.json are written as usual")
+        path = None
     if run_dirs:
         curves = {run: read_metrics(run) for run in run_dirs}
         print(runs_table(curves))
-        plot(curves, path)
-        return print(f"wrote {path}")
+        if path:
+            check_writable(path, "--png")
+            plot(curves, path)
+            print(f"wrote {path}")
+        return
     for name in names:
         variant_args(name)  # fail on a bad name before training anything
     claim_folder(out_dir)
+    if path:
+        check_writable(path, "--png")
     budget = 60 * budget_minutes or 3600 * (read_config_file(base) if base else {}).get("budget_hours", 0.0)
     if budget <= 0:
         raise SystemExit(f"error: give --budget_minutes: {base or 'no base config'} sets no budget_hours")
@@ -213,12 +220,14 @@ def main():
     for name, tokens in budgets.items():
         results["variants"][name]["budget_tokens"] = tokens
     print(table)
-    plot({name: runs_of[0] for name, runs_of in curves.items()}, path)
     write_json(os.path.join(out_dir, "results.json"), dict(base=base, protocol=protocol, budget_minutes=budget / 60,
                                                            train_args=train_args, **results))
-    print(f"wrote {path} and {os.path.join(out_dir, 'results.json')}")
+    print(f"wrote {os.path.join(out_dir, 'results.json')}")
+    if path:  # last: the results are safe whatever happens to the picture
+        plot({name: runs_of[0] for name, runs_of in curves.items()}, path)
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    main()
+    guarded(main, f"finished runs are kept in {out_dir} and reused; run the same command to continue")

@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from data import load_meta, load_tokenizer, load_tokens, write_json  # noqa: E402
+from runtime import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"  # a folder prepare.py wrote
@@ -114,4 +115,5 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    main()
+    guarded(main, f"{data_dir} is as it was (train.bin is replaced only once its sorted copy is whole); run the "
+            f"same command again")

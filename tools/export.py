@@ -18,7 +18,8 @@ The tokenizer returns no token_type_ids: the model has no segment embeddings. Wr
 "[MASK]" and the other three are the special tokens, as transformers users expect (cram's own
 scripts read raw text with encode_ordinary, where they are plain text).
 """
-import json
+import functools
+import hashlib
 import math
 import os
 import shutil
@@ -28,9 +29,10 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import (SPECIAL_TOKENS, bytes_to_unicode, check_writable, load_checkpoint, parse_ranks, read_metrics,  # noqa: E402
-                  write_atomically, write_json)
+from data import (SPECIAL_TOKENS, bytes_to_unicode, check_writable, load_checkpoint, parse_ranks, read_json,  # noqa: E402
+                  read_metrics, write_atomically, write_json)
 from model import saved_model_args  # noqa: E402
+from runtime import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"  # a train.py checkpoint (its tokenizer and settings travel in it)
@@ -102,11 +104,10 @@ def training_facts(ckpt, run_dir):
                      f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', 0.25):g}% of held-out tokens masked)")
     glue_path = os.path.join(run_dir, "glue.json")
     if os.path.isfile(glue_path):
-        with open(glue_path) as f:
-            glue = json.load(f)
-        if "table" in glue:  # the markdown finetune_glue.py printed (older glue.json files lack it)
-            lines += ["", f"GLUE dev scores (finetune_glue.py, median of {len(glue['seeds'])} seed(s), "
-                          f"reference: the published crammed BERT):", "", glue["table"]]
+        glue = read_json(glue_path, "move it away, or run finetune_glue.py again")
+        if isinstance(glue, dict) and glue.get("checkpoint_step") == ckpt.get("step") and "table" in glue:
+            lines += ["", "GLUE dev scores (finetune_glue.py; each row says its seeds and epochs; reference: the "
+                          "published crammed BERT):", "", glue["table"]]
     return lines
 
 
@@ -131,52 +132,72 @@ def model_card(ckpt, run_dir, folder_name):
         "pretraining ran without. The tokenizer gives no token_type_ids: the model has no segment embeddings.", ""])
 
 
-def check_folder(folder):
-    """Refuse a folder that holds anything but an earlier export, whose files the export replaces."""
-    try:
-        with open(os.path.join(folder, "config.json")) as f:
-            earlier_export = json.load(f).get("model_type") == "cram"
-    except (OSError, ValueError, AttributeError):
-        earlier_export = False
-    if os.path.isdir(folder) and os.listdir(folder) and not earlier_export:
-        raise SystemExit(f"error: {folder} holds other files ({', '.join(sorted(os.listdir(folder))[:5])}): export into "
-                         f"a new or empty folder (--out_dir=)")
-    check_writable(os.path.join(folder, "config.json"), "--out_dir")
+MANIFEST = ".cram_export.json"  # what this tool wrote in a folder: file -> sha256
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def check_folder(folder, names):
+    """Refuse a folder that holds anything but an unchanged earlier export (each file as its
+    manifest says this tool wrote it), so a user's own file, or one they edited, is never replaced;
+    then check that each file the export writes can be written, before any is."""
+    present = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    manifest = read_json(os.path.join(folder, MANIFEST), f"delete it to export into {folder}") \
+        if MANIFEST in present else {}
+    if not isinstance(manifest, dict):
+        manifest = {}
+    theirs = [name for name in present if name != MANIFEST and
+              (name not in manifest or not os.path.isfile(os.path.join(folder, name)) or
+               manifest[name] not in (None, digest(os.path.join(folder, name))))]  # None: an export was stopped
+    if theirs:
+        raise SystemExit(f"error: {folder} holds files this export did not write, or that changed since "
+                         f"({', '.join(theirs[:5])}): export into a new or empty folder (--out_dir=)")
+    for name in [*names, MANIFEST]:
+        check_writable(os.path.join(folder, name), "--out_dir")
+
+
+def copy_file(source, path):
+    write_atomically(path, lambda tmp: shutil.copyfile(source, tmp))
+
+
+FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "model.py", "modeling_cram.py",
+         "README.md")
 
 
 def main():
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = load_checkpoint(checkpoint)  # checked: its model_args, weights, meta and tokenizer agree
     run_dir = os.path.dirname(os.path.abspath(checkpoint))
     folder = out_dir or os.path.join(run_dir, "hf")
-    check_folder(folder)
+    check_folder(folder, FILES)
     meta, args = ckpt["meta"], saved_model_args(ckpt["model_args"])
     ranks = parse_ranks(ckpt["tokenizer"])
-    if len(ranks) + len(SPECIAL_TOKENS) != args["vocab_size"]:
-        raise SystemExit(f"error: {checkpoint}: its tokenizer has {len(ranks) + len(SPECIAL_TOKENS)} tokens but its "
-                         f"model {args['vocab_size']}")
     tokenizer = hf_tokenizer(ranks, meta["special_ids"], args["seq_len"])
+    card = model_card(ckpt, run_dir, folder)
 
     from safetensors.torch import save_file
-    os.makedirs(folder, exist_ok=True)
+    path = functools.partial(os.path.join, folder)
+    write_json(path(MANIFEST), dict.fromkeys(FILES))  # first: a stopped export's files are still its own
     # every transformers class keeps the encoder as `cram`, so the keys get that prefix
     weights = {f"cram.{k}": v.float().contiguous() for k, v in ckpt["model"].items()}
-    write_atomically(os.path.join(folder, "model.safetensors"),
-                     lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+    write_atomically(path("model.safetensors"), lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
     specials = meta["special_ids"]
-    write_json(os.path.join(folder, "config.json"), dict(
+    write_json(path("config.json"), dict(
         architectures=["CramForMaskedLM"], model_type="cram", auto_map={k: f"modeling_cram.{v}" for k, v in CLASSES.items()},
         **args, classifier_hidden=1024, classifier_dropout=0.1, pad_token_id=specials["[PAD]"],
         cls_token_id=specials["[CLS]"], sep_token_id=specials["[SEP]"], mask_token_id=specials["[MASK]"],
         torch_dtype="float32"))
-    write_atomically(os.path.join(folder, "tokenizer.json"), tokenizer.save)
-    write_json(os.path.join(folder, "tokenizer_config.json"), dict(
+    write_atomically(path("tokenizer.json"), tokenizer.save)
+    write_json(path("tokenizer_config.json"), dict(
         tokenizer_class="PreTrainedTokenizerFast", model_max_length=args["seq_len"], padding_side="right",
         pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
         model_input_names=["input_ids", "attention_mask"]))
-    for source in (os.path.join(ROOT, "model.py"), os.path.join(HERE, "modeling_cram.py")):
-        shutil.copyfile(source, os.path.join(folder, os.path.basename(source)))
-    card = model_card(ckpt, run_dir, folder)
-    write_atomically(os.path.join(folder, "README.md"), lambda tmp: Path(tmp).write_text(card))
+    copy_file(os.path.join(ROOT, "model.py"), path("model.py"))
+    copy_file(os.path.join(HERE, "modeling_cram.py"), path("modeling_cram.py"))
+    write_atomically(path("README.md"), lambda tmp: Path(tmp).write_text(card))
+    write_json(path(MANIFEST), {name: digest(path(name)) for name in FILES})  # what a rerun may replace
     print(f"wrote {folder}: {sum(v.numel() for v in ckpt['model'].values()) / 1e6:.2f}M parameters, "
           f"{len(ranks) + len(SPECIAL_TOKENS):,} tokens; load it with "
           f"AutoModelForMaskedLM.from_pretrained({folder!r}, trust_remote_code=True)")
@@ -184,4 +205,4 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    main()
+    guarded(main, "each file of the export is replaced whole or not at all; run the same command again")

@@ -25,7 +25,6 @@ On a CPU the same command runs end to end with tiny settings (tests/test_gpu_rep
 device_memory_gib then simulates the GPU's memory for the off-load phase.
 """
 import gc
-import json
 import os
 import platform
 import re
@@ -35,11 +34,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import check_writable  # noqa: E402
+from data import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
+from runtime import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""                # text for the prepare phase (prepare.py's formats); empty: data_dir must be prepared
@@ -133,8 +134,7 @@ def phase_prepare(deadline, logs):
         how = f"`{command_line(args)}` in {time.time() - start:.0f} s"
     else:
         how = "already prepared (nothing to do)"
-    with open(meta_path) as f:
-        meta = json.load(f)
+    meta = load_meta(data_dir)
     train_tokens = os.path.getsize(os.path.join(data_dir, "train.bin")) // (2 if meta["dtype"] == "uint16" else 4)
     headline = f"{train_tokens:,} train tokens, vocabulary {meta['vocab_size']}"
     return headline, f"{data_dir}: {headline}, sequences of {meta['seq_len']}, from {meta['source']}; {how}."
@@ -157,8 +157,7 @@ def recipe_runs():
 
 def run_speed(run):
     """Median tokens/s and MFU of a run's logged windows after the first (compilation)."""
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        windows = [r for r in map(json.loads, f) if r["kind"] == "train"][1:]
+    windows = [r for r in read_jsonl(os.path.join(run, "metrics.jsonl")) if r.get("kind") == "train"][1:]
     if not windows:
         return "-", "-"
     middle = sorted(windows, key=lambda r: r["tokens_per_s"])[len(windows) // 2]
@@ -333,8 +332,7 @@ def phase_offload(deadline, logs):
     host_bytes = host_memory_gib * 2 ** 30 or host_available_bytes()
     vocab_size, seq_len = 32768, 128
     if os.path.isfile(os.path.join(data_dir, "meta.json")):
-        with open(os.path.join(data_dir, "meta.json")) as f:
-            meta = json.load(f)
+        meta = load_meta(data_dir)
         vocab_size, seq_len = meta["vocab_size"], meta["seq_len"]
     model_args, n_params = offload_shape(device_bytes, host_bytes, vocab_size, seq_len)
     shape = f"{model_args['n_layers']}x{model_args['d_model']} (vocabulary {vocab_size}), {n_params / 1e6:,.1f}M parameters"
@@ -405,9 +403,9 @@ def section_path(name):
 
 def save_section(name, status, headline, body, minutes, env):
     os.makedirs(os.path.dirname(section_path(name)), exist_ok=True)
-    with open(section_path(name), "w") as f:
-        json.dump(dict(phase=name, status=status, headline=headline, body=body, minutes=round(minutes, 1),
-                       environment=env, command=command_line([os.path.relpath(__file__, ROOT), *sys.argv[1:]])), f)
+    write_json(section_path(name), dict(phase=name, status=status, headline=headline, body=body,
+                                        minutes=round(minutes, 1), environment=env,
+                                        command=command_line([os.path.relpath(__file__, ROOT), *sys.argv[1:]])))
 
 
 def run_phase(name):
@@ -439,9 +437,13 @@ def run_in_child(name):
         save_section(name, "failed", why, "", (time.time() - start) / 60, "")
 
 
+def read_section(name):
+    return read_json(section_path(name), f"run the phase again (--phases={name})")
+
+
 def write_report():
     """report.md from every saved section, in phase order: a summary table, then each phase."""
-    sections = [json.load(open(section_path(n))) for n in PHASES if os.path.exists(section_path(n))]
+    sections = [read_section(n) for n in PHASES if os.path.exists(section_path(n))]
     lines = ["# cram GPU report", "",
              "Written by tools/gpu_report.py; each phase says its command, device, versions and date.", "",
              "| phase | status | minutes | headline |", "|---|---|---|---|"]
@@ -450,8 +452,7 @@ def write_report():
         lines += ["", f"## {s['phase']}", "", f"_{s['environment']}_  ", f"_`{s['command']}`_", "",
                   s["body"] or f"**{s['status']}**: {s['headline']}"]
     path = os.path.join(out_dir, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_atomically(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
     return path
 
 
@@ -469,7 +470,7 @@ def main():
             run_in_child(name)
     if report:
         print(f"wrote {write_report()}")
-    failed = [json.load(open(section_path(n))) for n in names]
+    failed = [read_section(n) for n in names]
     failed = [s for s in failed if s["status"] != "ok"]
     if len(failed) == 1:
         raise SystemExit(f"error: phase {failed[0]['phase']} failed: {failed[0]['headline']}")
@@ -479,4 +480,5 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    main()
+    guarded(main, f"finished phases keep their sections in {os.path.join(out_dir, 'sections')}; run the same "
+            f"command for the others")

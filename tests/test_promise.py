@@ -1,0 +1,398 @@
+"""The one-line promise at every entry point, class by class: a bad file, a signal or a fault of
+the machine gets one line ('error: ...', or the signal's 'stopped by ...'), a non-zero status, no
+traceback, and every file that was there before is byte for byte as it was. Each class has one
+mechanism (named in its banner) and a table of cases here."""
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, TINY_MODEL, run_script, synthetic_corpus
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
+
+
+def snapshot(*folders):
+    """{path: bytes} of every file under the folders."""
+    files = {}
+    for folder in map(str, folders):
+        for d, _, names in os.walk(folder):
+            for name in names:
+                with open(os.path.join(d, name), "rb") as f:
+                    files[os.path.join(d, name)] = f.read()
+    return files
+
+
+def assert_kept(proc, before, status=1, first="error:", *fragments):
+    """The promise: exit status, one last line on stderr starting with `first` (holding each
+    fragment), no traceback, and every file of `before` unchanged."""
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert proc.returncode == status, (proc.returncode, proc.stderr[-2000:])
+    assert lines and lines[-1].startswith(first) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+    for path, content in before.items():
+        assert os.path.isfile(path), f"{path} is gone"
+        with open(path, "rb") as f:
+            assert f.read() == content, f"{path} changed"
+
+
+def copy_run(pretrained, folder):
+    """A run folder of the tiny pretrained checkpoint: ckpt.pt and metrics.jsonl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(pretrained, folder / "ckpt.pt")
+    shutil.copy(pretrained.parent / "metrics.jsonl", folder / "metrics.jsonl")
+    return folder
+
+
+# ------------------------------------------------------------------ 1. preparation's memory does not follow the text's layout
+def peak_rss_mib(*args):
+    """Run a script in a child process; (its CompletedProcess, its peak resident memory in MiB)."""
+    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+             "print(p.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+             "sys.stderr.write(p.stdout + p.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe, sys.executable, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    code, kib = proc.stdout.split()
+    assert int(code) == 0, proc.stderr[-2000:]
+    return proc, int(kib) / 1024
+
+
+def test_a_corpus_without_blank_lines_prepares_in_flat_memory(tmp_path):
+    """One paragraph per line and no blank line, a common layout, was read as one document: 1.1 GB
+    for 10 MB. Documents are now cut at prepare.MAX_DOC_CHARS, so 10x the text costs about the same
+    memory, and the held-out documents are spread over it."""
+    text = "\n".join(synthetic_corpus(n_docs=40000, seed=3))  # ~12 MB
+    peaks = {}
+    for size in (1_200_000, 12_000_000):
+        corpus = tmp_path / f"lines{size}.txt"
+        corpus.write_text(text[:size])
+        out = tmp_path / f"data{size}"
+        _, peaks[size] = peak_rss_mib("prepare.py", f"--dataset={corpus}", f"--out_dir={out}", "--vocab_size=300",
+                                      "--seq_len=32", "--val_fraction=0.5", "--tokenizer_train_chars=200000",
+                                      "--workers=1")
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["val_sequences"] > 0 and meta["train_sequences"] > 0
+    assert peaks[12_000_000] < peaks[1_200_000] + 150, peaks
+
+
+# ------------------------------------------------------------------ 2. Ctrl-C and SIGTERM anywhere: runtime.guarded
+def start(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_when(proc, ready, signum, timeout=240):
+    """Send signum once ready(stdout so far) holds; returns the CompletedProcess-like result."""
+    out, deadline = [], time.time() + timeout
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    while not ready("".join(out)):
+        assert proc.poll() is None, f"ended before the signal: {''.join(out)[-1500:]}{proc.stderr.read()[-1500:]}"
+        assert time.time() < deadline, "not ready in time"
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    stderr = proc.stderr.read()
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(out), stderr)
+
+
+def big_corpus(tmp_path, mib=24):
+    corpus = tmp_path / "big.txt"
+    docs = synthetic_corpus(n_docs=mib * 3400, seed=5)
+    corpus.write_text("\n\n".join(docs))
+    return corpus
+
+
+def exists_with_bytes(path):
+    return lambda out: os.path.exists(path) and os.path.getsize(path) > 0
+
+
+SIGNALS = {  # case -> (arguments (tmp_path, prepared, pretrained), when to send the signal, what the stop line says)
+    "train.py during the first evaluation": (
+        lambda t, p, c: ["train.py", f"--data_dir={p}", f"--out_dir={t / 'run'}", *TINY_MODEL, "--n_layers=8",
+                      "--d_model=512", "--n_heads=8", "--d_ffn=2048", "--eval_sequences=4096"],
+        lambda t: (lambda out: "model:" in out), "keeps the last checkpoint"),
+    "prepare.py training the tokenizer": (
+        lambda t, p, c: ["prepare.py", f"--dataset={big_corpus(t)}", f"--out_dir={t / 'data'}", "--vocab_size=2048"],
+        lambda t: (lambda out: "training a" in out), "run the same command to continue"),
+    "prepare.py encoding": (
+        lambda t, p, c: ["prepare.py", f"--dataset={big_corpus(t)}", f"--out_dir={t / 'data'}", "--vocab_size=300",
+                      "--tokenizer_train_chars=100000", "--workers=1", "--progress_minutes=0"],
+        lambda t: exists_with_bytes(t / "data" / "train.bin.tmp"), "up to its last progress record"),
+    "finetune_glue.py": (
+        lambda t, p, c: ["finetune_glue.py", f"--checkpoint={c}",
+                      f"--glue_dir={FIXTURES}", "--tasks=rte,mrpc", "--seeds=20", "--device=cpu",
+                      f"--out_json={t / 'glue.json'}"],
+        lambda t: exists_with_bytes(t / "glue.json"), "the runs finished so far are in"),
+    "tools/compare.py": (
+        lambda t, p, c: ["tools/compare.py", "--variants=crammed", f"--out_dir={t / 'compare'}", "--budget_minutes=5",
+                      f"--train_args=--data_dir={p} {' '.join(TINY_MODEL)}"],
+        lambda t: (lambda out: "training crammed" in out), "finished runs are kept"),
+}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("case", SIGNALS)
+def test_a_signal_anywhere_is_one_line_and_a_status(case, signum, prepared, pretrained, tmp_path):
+    if signum == signal.SIGTERM and case != "finetune_glue.py":
+        pytest.skip("one signal per case keeps the suite short: the mechanism is the same for both")
+    args, ready, fragment = SIGNALS[case]
+    proc = stop_when(start(*args(tmp_path, prepared, pretrained)), ready(tmp_path), signum)
+    assert_kept(proc, {}, 128 + signum, f"stopped by {signal.Signals(signum).name}", fragment)
+    assert not (tmp_path / "run" / "ckpt.pt").exists()  # train.py: nothing trained, nothing saved
+
+
+def test_finetuning_stopped_between_tasks_continues_without_redoing_them(pretrained, tmp_path):
+    """SIGTERM once RTE's seeds are in glue.json, then the same command: RTE is not fine-tuned again,
+    the others are, and glue.json holds them all. (Three tasks after RTE: a signal that came after
+    the process's very end would find Python's own handlers, restored at its exit.)"""
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}", "--tasks=rte,mrpc,stsb,cola",
+            "--seeds=2", "--epochs=3", "--device=cpu", f"--out_json={tmp_path / 'glue.json'}"]
+
+    def rte_done(out):
+        try:
+            return len(json.loads((tmp_path / "glue.json").read_text())["tasks"]["rte"]["seeds"]) == 2
+        except (OSError, ValueError, KeyError):
+            return False
+    stopped = stop_when(start(*args), rte_done, signal.SIGTERM)
+    assert stopped.returncode == 143
+    rte = json.loads((tmp_path / "glue.json").read_text())["tasks"]["rte"]
+    rerun = run_script(*args)
+    assert "rte: done earlier" in rerun.stdout and re.search(r"on (mrpc, )?stsb, cola with", rerun.stdout)
+    results = json.loads((tmp_path / "glue.json").read_text())
+    assert results["tasks"]["rte"] == rte and all(results["tasks"][t]["seeds"] == [0, 1] for t in ("mrpc", "stsb", "cola"))
+    assert all(f"| {t} |" in rerun.stdout for t in ("rte", "mrpc", "stsb", "cola"))
+
+
+# ------------------------------------------------------------------ 3. every file cram reads is checked first
+def damaged_checkpoint(pretrained, path, damage):
+    ckpt = torch.load(pretrained)
+    damage(ckpt)
+    torch.save(ckpt, path)
+    return path
+
+
+CHECKPOINTS = {  # what is done to a checkpoint -> what the error says
+    "weights of another shape": (lambda c: c["model_args"].update(n_layers=3), "do not fit its model_args"),
+    "an unknown model_args field": (lambda c: c["model_args"].update(wings=2), "unknown model_args field(s) wings"),
+    "a zero field": (lambda c: c["model_args"].update(d_model=0), "d_model must be >= 1"),
+    "a field of the wrong type": (lambda c: c["model_args"].update(glu="yes"), "glu='yes' is not bool"),
+    "no special_ids": (lambda c: c["meta"].pop("special_ids"), "no special_ids"),
+    "a garbage tokenizer": (lambda c: c.update(tokenizer="not base64 at all\n"), "ckpt.pt's tokenizer is damaged"),
+    "another vocabulary's tokenizer": (lambda c: c.update(tokenizer="\n".join(c["tokenizer"].splitlines()[:300])),
+                                       "mixes two vocabularies"),
+}
+
+
+@pytest.mark.parametrize("case", CHECKPOINTS)
+def test_a_damaged_checkpoint_is_named_by_every_reader(case, pretrained, prepared, tmp_path):
+    damage, fragment = CHECKPOINTS[case]
+    run = tmp_path / "run"
+    run.mkdir()
+    damaged_checkpoint(pretrained, run / "ckpt.pt", damage)
+    before = snapshot(tmp_path)
+    for args in (["tools/export.py", f"--checkpoint={run / 'ckpt.pt'}"],
+                 ["finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte"],
+                 ["train.py", f"--data_dir={prepared}", f"--out_dir={run}", *TINY_MODEL, "--resume=True"]):
+        assert_kept(run_script(*args, check=False), before, 1, "error:", "ckpt.pt", fragment)
+        after = snapshot(tmp_path)
+        after.pop(str(run / ".lock"), None)  # train.py's lock on its out_dir
+        assert after.keys() == before.keys()  # nothing else written
+    assert not (run / "hf").exists()  # the export wrote no broken folder
+
+
+def rewrite_meta(folder, **fields):
+    meta = json.loads((folder / "meta.json").read_text())
+    meta.update(fields)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def put_big_id(folder):
+    tokens = np.memmap(folder / "train.bin", dtype=np.uint16, mode="r+")
+    tokens[77] = 60000
+
+
+PREPARED = {  # what is done to a prepared folder -> what the error says
+    "a vocabulary the tokenizer does not have": (lambda f: rewrite_meta(f, vocab_size=404, n_regular=400,
+                                                 special_ids={"[PAD]": 400, "[CLS]": 401, "[SEP]": 402, "[MASK]": 403}),
+                                                 "holds 380 tokens but meta.json says 400"),
+    "token ids past the vocabulary": (put_big_id, "token ids at or above the vocabulary size 384"),
+    "an unknown dtype": (lambda f: rewrite_meta(f, dtype="float64"), "dtype 'float64'"),
+    "an empty train.bin": (lambda f: (rewrite_meta(f, train_sequences=0), (f / "train.bin").write_bytes(b"")),
+                           "no sequences"),
+    "no tokenizer file": (lambda f: (f / "tokenizer.tiktoken").unlink(), "cannot read the tokenizer"),
+}
+
+
+@pytest.mark.parametrize("case", PREPARED)
+def test_damaged_prepared_data_is_named_before_training(case, prepared, tmp_path):
+    damage, fragment = PREPARED[case]
+    data = tmp_path / "data"
+    shutil.copytree(prepared, data)
+    damage(data)
+    before = snapshot(data)
+    proc = run_script("train.py", f"--data_dir={data}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL, check=False)
+    assert_kept(proc, before, 1, "error:", fragment)
+    assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_a_metrics_line_cut_by_a_kill_is_tolerated_and_ended_by_the_resume(pretrained, prepared, tmp_path):
+    run = copy_run(pretrained, tmp_path / "run")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "eval", "step": 61, "val_lo')  # a kill mid-line
+    run_script("tools/compare.py", f"--runs={run}", f"--png={tmp_path / 'plot.png'}")
+    run_script("tools/export.py", f"--checkpoint={run / 'ckpt.pt'}")
+    run_script("train.py", f"--data_dir={prepared}", f"--out_dir={run}", *TINY_MODEL, "--resume=True",
+               "--max_steps=65", "--fill_in_examples=0")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert all(json.loads(line) for line in lines) and json.loads(lines[-1])["step"] == 65  # the cut line is gone
+
+
+def test_damaged_results_and_glue_files_are_named(pretrained, tmp_path):
+    run = copy_run(pretrained, tmp_path / "run")
+    (run / "glue.json").write_text('{"checkpoint": "x", "tasks": {"rte"')  # cut
+    before = snapshot(tmp_path)
+    for args in (["tools/export.py", f"--checkpoint={run / 'ckpt.pt'}"],
+                 ["finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte"]):
+        assert_kept(run_script(*args, check=False), before, 1, "error:", "glue.json is damaged", "move it away")
+    glue = tmp_path / "glue"
+    shutil.copytree(FIXTURES, glue)
+    cases = {"RTE": ("train.tsv", "A caf\xe9".encode("latin-1"), "is not UTF-8 text"),
+             "STS-B": ("dev.tsv", b"nan", "is not a finite number")}
+    for folder, (name, text, fragment) in cases.items():
+        path = glue / folder / name
+        lines = path.read_bytes().split(b"\n")
+        lines[1] = lines[1].rsplit(b"\t", 1)[0] + b"\t" + text if folder == "STS-B" else lines[1] + text
+        path.write_bytes(b"\n".join(lines))
+        before = snapshot(tmp_path)
+        proc = run_script("finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={glue}",
+                          f"--tasks={folder.lower().replace('-', '')}", f"--out_json={tmp_path / 'g.json'}", check=False)
+        assert_kept(proc, before, 1, "error:", name, fragment)
+
+
+# ------------------------------------------------------------------ 4. a full disk, an unwritable target: write_atomically, guarded, checks at the start
+def limited(max_bytes):
+    """preexec_fn: files of this process may not grow past max_bytes (writes then fail with EFBIG,
+    as on a full disk, instead of a SIGXFSZ kill)."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+    return apply
+
+
+def run_limited(max_bytes, *args):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600, preexec_fn=limited(max_bytes))
+
+
+def test_a_write_that_fails_is_one_line_and_keeps_the_last_good_file(pretrained, prepared, corpus_file, tmp_path):
+    run = copy_run(pretrained, tmp_path / "run")
+    (tmp_path / "hf").mkdir()
+    cases = [  # the checkpoint (1.4 MB) at a save, the token files, the export's weights: each past 200 kB
+        (["train.py", f"--data_dir={prepared}", f"--out_dir={run}", *TINY_MODEL, "--resume=True", "--max_steps=62",
+          "--fill_in_examples=0"], "ckpt.pt"),
+        (["prepare.py", f"--dataset={big_corpus(tmp_path, mib=1)}", f"--out_dir={tmp_path / 'data'}",
+          "--vocab_size=300", "--tokenizer_train_chars=100000"], "train.bin"),
+        (["tools/export.py", f"--checkpoint={run / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf'}"], "model.safetensors"),
+    ]
+    for args, name in cases:
+        before = snapshot(tmp_path)
+        before.pop(str(run / "metrics.jsonl"))  # the resumed run logs its steps there, as it should
+        proc = run_limited(200_000, *args)
+        assert_kept(proc, before, 1, "error:", name)
+        leftovers = [p for p in snapshot(tmp_path) if p.endswith(".tmp") and p not in before and "data" not in p]
+        assert leftovers == []  # no half-written file (prepare keeps its resumable .tmp token files)
+
+
+def test_a_checkpoint_that_cannot_be_written_is_refused_before_training(prepared, tmp_path):
+    (tmp_path / "ckpt.pt").mkdir()  # a folder where the checkpoint goes
+    proc = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, check=False)
+    assert_kept(proc, {}, 1, "error:", "ckpt.pt is a folder, not a file")
+    assert "step 1 " not in proc.stdout and not (tmp_path / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------ 5. what two processes write is merged: data.update_json, the export's manifest
+def test_two_finetuning_runs_on_one_checkpoint_merge_their_tasks(pretrained, tmp_path):
+    run = copy_run(pretrained, tmp_path / "run")
+    procs = [start("finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", f"--tasks={task}",
+                   "--epochs=1", "--seeds=2", "--device=cpu") for task in ("rte", "mrpc")]
+    for proc in procs:
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
+    results = json.loads((run / "glue.json").read_text())
+    assert sorted(results["tasks"]) == ["mrpc", "rte"] and all(len(t["seeds"]) == 2 for t in results["tasks"].values())
+    assert "| rte |" in results["table"] and "| mrpc |" in results["table"]
+
+
+def test_an_export_never_replaces_a_users_files(pretrained, tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "README.md").write_text("my notes")
+    (folder / "config.json").write_text('{"model_type": "cram"}')  # looks like an export, is not one
+    before = snapshot(folder)
+    proc = run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={folder}", check=False)
+    assert_kept(proc, before, 1, "error:", "holds files this export did not write", "README.md")
+    ours = tmp_path / "ours"
+    run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={ours}")
+    run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={ours}")  # its own earlier export: replaced
+    (ours / "README.md").write_text("edited by hand")
+    before = snapshot(ours)
+    proc = run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={ours}", check=False)
+    assert_kept(proc, before, 1, "error:", "changed since", "README.md")
+
+
+# ------------------------------------------------------------------ 6. safe loading says what it refused: data.refusal
+class Callable:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+@pytest.mark.parametrize("case", ["protocol 4", "protocol 5", "a callable", "junk"])
+def test_a_refused_checkpoint_is_one_line_saying_why(case, pretrained, tmp_path):
+    path = tmp_path / "ckpt.pt"
+    if case.startswith("protocol"):
+        torch.save(torch.load(pretrained), path, pickle_protocol=int(case[-1]))
+    elif case == "a callable":
+        torch.save({"model": Callable()}, path)
+    else:
+        path.write_bytes(b"\x00junk")
+    before = snapshot(tmp_path)
+    fragment = {"protocol 4": "protocol 4 or 5", "protocol 5": "protocol 4 or 5", "a callable": "could run code",
+                "junk": "not a readable checkpoint"}[case]
+    proc = run_script("tools/export.py", f"--checkpoint={path}", check=False)
+    assert_kept(proc, before, 1, "error:", str(path), fragment)
+    assert "weights_only` set to `False`" not in proc.stderr and "this ran" not in proc.stdout
+
+
+# ------------------------------------------------------------------ 7. optional dependencies, checked first: runtime.installed
+WITHOUT = "import runpy, sys; sys.modules[{module!r}] = None; sys.argv = sys.argv[1:]; " \
+          "runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def run_without(module, *args):
+    """A script run as if `module` were not installed."""
+    return run_script("-c", WITHOUT.format(module=module), *args, check=False)
+
+
+def test_missing_optional_dependencies_are_found_before_the_work(pretrained, prepared, tmp_path):
+    proc = run_without("wandb", "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL,
+                       "--wandb_log=True")
+    assert_kept(proc, {}, 1, "error:", "pip install wandb")
+    assert not (tmp_path / "run").exists()
+    run = copy_run(pretrained, tmp_path / "plotted")
+    proc = run_without("matplotlib", "tools/compare.py", f"--runs={run}", f"--png={tmp_path / 'plot.png'}")
+    assert proc.returncode == 0 and "matplotlib is not installed" in proc.stdout and f"| {run} |" in proc.stdout
+    assert not (tmp_path / "plot.png").exists()
