@@ -145,7 +145,11 @@ def settings_help(namespace, known, cls=None, skip=()):
     for kind, *rest in declarations(namespace, cls, skip):
         if kind == "setting":
             default = known[rest[0]] if isinstance(known[rest[0]], str) else repr(known[rest[0]])  # as typed after --key=
-            lines.append((f"  --{rest[0]}={default}".ljust(36) + f" {rest[1] or ''}").rstrip())
+            setting = f"  --{rest[0]}={default}"
+            if len(setting) >= 36 and rest[1]:  # a long default: its comment on the next line, not run into it
+                lines += [setting, " " * 37 + rest[1]]
+            else:
+                lines.append((setting.ljust(36) + f" {rest[1] or ''}").rstrip())
         else:
             lines.append(rest[0] if kind == "section" else " " * 37 + rest[0])
     return "\n".join(lines)

@@ -49,8 +49,10 @@ def cannot_write(path, e):
     """The one-line error for a failed write of `path`: an OSError, or what a library raises for one
     (torch.save and safetensors report a full disk in their own words)."""
     folder = os.path.dirname(os.path.abspath(path))
-    full = getattr(e, "errno", None) == errno.ENOSPC or (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)
-    reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    full = getattr(e, "errno", None) == errno.ENOSPC or \
+        (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)  # under a MiB left: full
+    first_line = (str(e).splitlines() or [""])[0][:160]
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {first_line}"
     advice = "the disk is full: free space and run the same command again; " if full else ""
     return SystemExit(f"error: cannot write {path}: {reason} ({advice}what was written before is intact)")
 
@@ -373,7 +375,8 @@ def checkpoint_problem(checkpoint, path):
         return "its tokenizer is not text"
     n = len(parse_ranks(checkpoint["tokenizer"], f"{path}'s tokenizer"))
     if n != meta["n_regular"]:
-        return f"its tokenizer has {n} tokens but its model {meta['n_regular']} besides the specials: it mixes two vocabularies"
+        return (f"its tokenizer has {n} tokens but its model {meta['n_regular']} besides the specials: it mixes two "
+                f"vocabularies")
     return None
 
 
@@ -411,7 +414,8 @@ def resume_checkpoint(path, resume, model_args, tokenizer_text, optim, data_dir)
     another GPU)."""
     if not resume:
         if os.path.exists(path):
-            raise SystemExit(f"error: {path} exists: pass --resume=True to continue it, or choose another --out_dir")
+            raise SystemExit(f"error: {path} exists: continue it with --resume=True (a run that has spent its budget "
+                             f"also needs a larger --budget_hours), or choose another --out_dir")
         return None
     checkpoint = load_checkpoint(path)
     saved = saved_model_args(checkpoint["model_args"])

@@ -25,12 +25,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from tqdm import tqdm
 
+import runtime
 from configurator import configure
 from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, cannot_write, claim_folder, hub_reachable, load_meta,
                   load_tokens, make_encoding, read_ranks, write_atomically, write_json, write_ranks)
-from runtime import guarded
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -222,7 +221,7 @@ def train_bpe(texts, size):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    trainer = trainers.BpeTrainer(vocab_size=size, show_progress=True,
+    trainer = trainers.BpeTrainer(vocab_size=size, show_progress=sys.stderr.isatty(),  # its bars need a terminal
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(texts, trainer=trainer)
     return bpe
@@ -260,7 +259,7 @@ def training_text_digest(documents, n_chars):
 def train_tokenizer(documents, path, vocab_size, train_chars):
     """Train the corpus' tokenizer on its first train_chars characters and save it in tiktoken's
     format, with the digest of that text beside it; the special tokens will take the ids after the BPE's."""
-    print(f"training a {vocab_size}-token BPE on up to {train_chars:,} characters")
+    print(f"training a {vocab_size}-token BPE on the corpus' first {train_chars:,} characters (all of it if shorter)")
     digest = hashlib.blake2b(digest_size=16)
     ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
     write_json(path + ".source", dict(digest=digest.hexdigest()))  # first: a tokenizer without one is not reused
@@ -273,12 +272,15 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
     corpus starts with now (checked for local and embedded corpora: a hub dataset is not read
     twice), else those of a new tokenizer."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
-        with open(path + ".source") as f:
-            trained_on = json.load(f).get("digest")
-        if not local or trained_on == training_text_digest(documents, train_chars):
+        try:
+            with open(path + ".source") as f:
+                trained_on = json.load(f)["digest"]
+        except (OSError, ValueError, TypeError, KeyError):  # a damaged record proves nothing: train again
+            trained_on = None
+        if trained_on and (not local or trained_on == training_text_digest(documents, train_chars)):
             print(f"reusing {path}")
             return read_ranks(path)
-        print(f"note: {path} was trained on text this corpus no longer starts with: training it again")
+        print(f"note: {path} was trained on other text (or its record is damaged): training it again")
     return train_tokenizer(documents, path, vocab_size, train_chars)
 
 
@@ -546,7 +548,7 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
     the documents written; a record first writes every batch in flight, so it is exact."""
     encode = functools.partial(encode_document, enc, files.seen is not None)
     texts = unread_documents(documents, progress, files.read)
-    bar = tqdm(desc="encoding", unit=" docs", initial=files.read)
+    bar = runtime.progress(desc="encoding", unit=" docs", initial=files.read)
     pool = ThreadPoolExecutor(workers or os.cpu_count() or 1)
     jobs, last_record = deque(), time.time()
     try:
@@ -692,5 +694,5 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    guarded(main, "what was finished is kept (the tokenizer once trained, the encoding up to its last progress "
-            "record, written every --progress_minutes); run the same command to continue")
+    runtime.guarded(main, "what was finished is kept (the tokenizer once trained, the encoding up to its last progress "
+                    "record, written every --progress_minutes); run the same command to continue")

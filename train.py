@@ -111,6 +111,11 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
+def budget_progress(tokens, elapsed):
+    """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
+    return tokens / budget_tokens if budget_tokens else elapsed / (3600 * budget_hours)
+
+
 def check_settings(world, config):
     """One-line errors for settings that cannot run together, before any work (each setting's own
     range is declared beside it and checked by the configurator)."""
@@ -253,6 +258,14 @@ def main(config):
         for target in (ckpt_path, metrics_path):  # now, not when the budget is spent
             check_writable(target, "--out_dir")
     checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
+    if checkpoint and (budget_progress(checkpoint["tokens"], checkpoint["elapsed"]) >= 1.0 or
+                       (max_steps and checkpoint["step"] >= max_steps)):  # nothing to train: nothing rewritten
+        log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens "
+            f"in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
+            f"--budget_hours (or --budget_tokens, --max_steps)")
+        if ddp:
+            dist.destroy_process_group()
+        return
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world,
                                                                max(mask_rate, mask_rate_start),
                                                                offload, log)
@@ -312,7 +325,7 @@ def main(config):
             t = torch.tensor([run["elapsed"] if master else 0.0, float(stop)], dtype=torch.float64, device=rt.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             run["elapsed"], stop = t[0].item(), bool(t[1].item())
-        progress = run["tokens"] / budget_tokens if budget_tokens else run["elapsed"] / budget
+        progress = budget_progress(run["tokens"], run["elapsed"])
         if progress >= 1.0 or (max_steps and run["step"] >= max_steps) or stop:
             break
         step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)

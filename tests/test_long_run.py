@@ -238,3 +238,19 @@ def test_bad_run_settings_and_data(prepared, pretrained, tmp_path, corpus_file):
                           "--resume=True", check=False)
         assert_one_line_error(proc, f"differs from this config in {name}")
         assert (tmp_path / "ckpt.pt").read_bytes() == pretrained.read_bytes()
+
+
+def test_resuming_a_finished_run_says_so_and_rewrites_nothing(prepared, tmp_path):
+    """The same advice everywhere: a fresh run onto a checkpoint names --resume=True and a larger
+    budget; a resume of a run whose budget is spent says so, rewrites nothing, and a larger budget
+    continues it."""
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--max_steps=5",
+             "--fill_in_examples=0"]
+    run_script(*train)
+    assert_one_line_error(run_script(*train, check=False), "continue it with --resume=True", "larger --budget_hours")
+    before = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "metrics.jsonl")}
+    again = run_script(*train, "--resume=True")
+    assert "has spent this budget (step 5," in again.stdout and "larger --budget_hours" in again.stdout
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    run_script(*train, "--resume=True", "--max_steps=8")
+    assert torch.load(tmp_path / "ckpt.pt")["step"] == 8

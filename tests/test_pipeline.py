@@ -1,6 +1,7 @@
 """End to end as a user runs it: prepare.py and train.py as scripts, on a tiny corpus."""
 import itertools
 import json
+import os
 import re
 
 import numpy as np
@@ -289,7 +290,7 @@ def test_curriculum_tool_sorts_blocks_by_sentence_ends(tmp_path, corpus_file, mo
         f.write(bytes(25 * 32 * 2))
     assert (killed / "train.bin").read_bytes() == plain.tobytes() and load_meta(killed) == load_meta(plain_dir)
     proc = run_script("tools/curriculum.py", f"--data_dir={killed}", "--block=50")
-    assert "| 1/" in proc.stderr  # went on from the last whole block (redone), not from the start
+    assert "continuing the sorted copy at block 2 of" in proc.stdout  # from the last whole block (redone)
     assert (killed / "train.bin").read_bytes() == rows.tobytes() and load_meta(killed) == meta
     assert not copy.exists()
     # killed after meta.json recorded the pass, before the rename: the next run renames the copy
@@ -350,3 +351,65 @@ def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):
     capped = load_meta(tmp_path / "capped")
     assert capped["documents"] % 256 == 0 and 20000 <= capped["train_tokens"] < 20000 + 256 * 200
     assert (tmp_path / "whole" / "train.bin").read_bytes().startswith((tmp_path / "capped" / "train.bin").read_bytes())
+
+
+def test_progress_in_a_log_file_is_plain_lines(corpus_file, pretrained, tmp_path, capsys):
+    """Output that is not a terminal (nohup ... > log) gets plain progress lines, never tqdm's
+    carriage returns, which pile up there as one endless line."""
+    import runtime
+    fixtures = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
+    for args in (["prepare.py", f"--dataset={corpus_file}", f"--out_dir={tmp_path / 'data'}", "--vocab_size=300",
+                  "--seq_len=32"],
+                 ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={fixtures}", "--tasks=rte",
+                  "--epochs=1", f"--out_json={tmp_path / 'glue.json'}"]):
+        proc = run_script(*args)
+        assert "\r" not in proc.stdout + proc.stderr
+    bar = runtime.LogProgress(total=4, desc="rte seed 0", unit=" steps", initial=0, every=0)
+    bar.set_postfix(loss="0.693")
+    bar.update()
+    line = capsys.readouterr().err
+    assert line.startswith("rte seed 0: 1/4 steps (25%), ") and "min left, loss=0.693" in line and "\r" not in line
+
+
+def test_the_laptop_path_goes_from_raw_text_to_a_glue_table_and_resumes(corpus_file, tmp_path):
+    """tools/laptop.sh on tiny settings: prepare, train, fine-tune every task; stopped (SIGTERM to
+    the whole process group) once RTE's seeds are scored, the same command finishes the rest and
+    redoes nothing that finished: not the preparation, not the training, not RTE."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import time
+    from conftest import ROOT
+    glue = tmp_path / "glue"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "glue"), glue)
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", DATA_DIR=str(tmp_path / "data"), OUT_DIR=str(out),
+               PREPARE_ARGS="--vocab_size=300 --seq_len=32 --tokenizer_train_chars=100000",
+               TRAIN_ARGS=" ".join([*TINY_MODEL, "--max_steps=20", "--fill_in_examples=0"]),
+               GLUE_ARGS="--epochs=1 --device=cpu")
+    command = ["bash", "tools/laptop.sh", str(corpus_file), str(glue)]
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    deadline = time.time() + 300
+    while True:
+        try:
+            if len(json.loads((out / "glue.json").read_text())["tasks"]["rte"]["seeds"]) == 3:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        assert first.poll() is None and time.time() < deadline, first.communicate()
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGTERM)
+    first.communicate(timeout=120)
+    assert first.returncode != 0
+    rte = json.loads((out / "glue.json").read_text())["tasks"]["rte"]
+    ckpt = (out / "ckpt.pt").read_bytes()
+    rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "is already prepared" in rerun.stdout and "has spent this budget" in rerun.stdout
+    assert "rte: done earlier" in rerun.stdout and (out / "ckpt.pt").read_bytes() == ckpt
+    results = json.loads((out / "glue.json").read_text())
+    assert results["tasks"]["rte"] == rte and sorted(results["tasks"]) == ["cola", "mrpc", "qnli", "rte", "sst2", "stsb"]
+    table = rerun.stdout.split("GLUE dev scores of")[1]
+    assert "| sst2 | accuracy (1 seed, 1 epoch) |" in table and "| rte | accuracy (median of 3 seeds, 1 epoch) |" in table

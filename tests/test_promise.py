@@ -283,7 +283,8 @@ def test_damaged_results_and_glue_files_are_named(pretrained, tmp_path):
         assert_kept(proc, before, 1, "error:", name, fragment)
 
 
-# ------------------------------------------------------------------ 4. a full disk, an unwritable target: write_atomically, guarded, checks at the start
+# ------------------------------------------------------------------ 4. full disks, unwritable targets
+# (write_atomically, guarded, and the checks at the start)
 def limited(max_bytes):
     """preexec_fn: files of this process may not grow past max_bytes (writes then fail with EFBIG,
     as on a full disk, instead of a SIGXFSZ kill)."""
@@ -325,7 +326,8 @@ def test_a_checkpoint_that_cannot_be_written_is_refused_before_training(prepared
     assert "step 1 " not in proc.stdout and not (tmp_path / "metrics.jsonl").exists()
 
 
-# ------------------------------------------------------------------ 5. what two processes write is merged: data.update_json, the export's manifest
+# ------------------------------------------------------------------ 5. what two processes write is merged
+# (data.update_json, the export's manifest)
 def test_two_finetuning_runs_on_one_checkpoint_merge_their_tasks(pretrained, tmp_path):
     run = copy_run(pretrained, tmp_path / "run")
     procs = [start("finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", f"--tasks={task}",

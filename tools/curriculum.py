@@ -24,13 +24,12 @@ import re
 import sys
 
 import numpy as np
-from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from data import load_meta, load_tokenizer, load_tokens, write_json  # noqa: E402
-from runtime import guarded  # noqa: E402
+from runtime import guarded, progress  # noqa: E402
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"  # a folder prepare.py wrote
@@ -72,12 +71,17 @@ def write_sorted_copy(tokens, ends, path, block_size):
     n_blocks = -(-len(tokens) // block_size)
     whole = os.path.getsize(path) // block_bytes if os.path.exists(path) else 0
     start = max(0, whole - 1)  # the last whole block is redone: a power cut may have left it unsynced
+    if start:
+        print(f"continuing the sorted copy at block {start + 1:,} of {n_blocks:,} (an interrupted pass left it)")
     with open(path, "ab") as f:
         f.truncate(start * block_bytes)  # and whatever came after it: a block cut short by the kill
-        for i in tqdm(range(start, n_blocks), desc="curriculum", unit=" blocks", initial=start, total=n_blocks):
+        bar = progress(total=n_blocks, desc="curriculum", unit=" blocks", initial=start)
+        for i in range(start, n_blocks):
             f.write(sort_block(np.asarray(tokens[i * block_size:(i + 1) * block_size]), ends).tobytes())
             f.flush()
             os.fsync(f.fileno())
+            bar.update()
+        bar.close()
     return n_blocks
 
 
