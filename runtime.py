@@ -207,6 +207,8 @@ def guarded(main, kept, *args):
     step and saves), and an OSError from the machine, such as a full disk ('error: ...', status 1)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, interrupt)
+    if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         return main(*args)
     except KeyboardInterrupt as e:

@@ -413,3 +413,28 @@ def test_the_laptop_path_goes_from_raw_text_to_a_glue_table_and_resumes(corpus_f
     assert results["tasks"]["rte"] == rte and sorted(results["tasks"]) == ["cola", "mrpc", "qnli", "rte", "sst2", "stsb"]
     table = rerun.stdout.split("GLUE dev scores of")[1]
     assert "| sst2 | accuracy (1 seed, 1 epoch) |" in table and "| rte | accuracy (median of 3 seeds, 1 epoch) |" in table
+
+
+def test_a_log_file_gets_each_line_as_it_is_printed(prepared, tmp_path):
+    """stdout to a file is block-buffered by default: a run's lines would reach `nohup ... > log` in
+    8 KB bursts. Every script's lines are flushed line by line: the first evaluation is in the log
+    while the run still trains (PYTHONUNBUFFERED, which the tests' other runs set, is left out)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT
+    log_path = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}",
+                                 *TINY_MODEL, "--budget_hours=1.0", "--log_interval=100000"], cwd=ROOT,
+                                env=dict(env, OMP_NUM_THREADS="1"), stdout=log, stderr=subprocess.STDOUT)
+    try:  # two short lines, then silence: block-buffered, they would wait for the end of the run
+        deadline = time.time() + 60
+        while "eval  step 0" not in log_path.read_text():
+            assert proc.poll() is None and time.time() < deadline, log_path.read_text()[-2000:]
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
