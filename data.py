@@ -243,25 +243,25 @@ def make_encoding(ranks, special_ids, name="cram"):
     return tiktoken.Encoding(name=name, pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special_ids)
 
 
-def read_tokenizer_text(data_dir, meta):
-    """The tokenizer file's text, checked against meta.json: as many tokens as n_regular."""
+def read_tokenizer(data_dir, meta):
+    """(the tokenizer file's text, its ranks), checked against meta.json: as many tokens as n_regular."""
     path = os.path.join(data_dir, meta["tokenizer_file"])
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: cannot read the tokenizer {path} ({e}): delete {data_dir} and run prepare.py again")
-    n = len(parse_ranks(text, path))
-    if n != meta["n_regular"]:
-        raise SystemExit(f"error: {path} holds {n} tokens but meta.json says {meta['n_regular']}: {data_dir} mixes "
-                         f"two preparations; delete it and run prepare.py again")
-    return text
+    ranks = parse_ranks(text, path)
+    if len(ranks) != meta["n_regular"]:
+        raise SystemExit(f"error: {path} holds {len(ranks)} tokens but meta.json says {meta['n_regular']}: {data_dir} "
+                         f"mixes two preparations; delete it and run prepare.py again")
+    return text, ranks
 
 
 def load_tokenizer(data_dir, meta=None):
     """The corpus' own tokenizer as a tiktoken.Encoding (use encode_ordinary for raw text)."""
     meta = meta or load_meta(data_dir)
-    return make_encoding(parse_ranks(read_tokenizer_text(data_dir, meta)), meta["special_ids"])
+    return make_encoding(read_tokenizer(data_dir, meta)[1], meta["special_ids"])
 
 
 def load_tokens(data_dir, split, meta=None, check_ids=True):
@@ -388,13 +388,14 @@ def model_args_problem(args):
     if unknown:
         return f"unknown model_args field(s) {', '.join(unknown)} (a newer cram's checkpoint?)"
     for kind, *declared in declarations({}, ModelConfig):
-        if kind == "setting" and declared[0] in args:
-            name, comment = declared
-            value, rule, expected = args[name], allowed(comment), fields[name]
-            if type(value) is not expected and not (expected is float and type(value) is int):
-                return f"model_args {name}={value!r} is not {expected.__name__}"
-            if rule and not rule[0](value):
-                return f"model_args {name}={value!r}: {name} must be {rule[1]}"
+        if kind != "setting" or declared[0] not in args:  # ('section', text), ('more', text): no setting
+            continue
+        name, comment = declared
+        value, rule, expected = args[name], allowed(comment), fields[name]
+        if type(value) is not expected and not (expected is float and type(value) is int):
+            return f"model_args {name}={value!r} is not {expected.__name__}"
+        if rule and not rule[0](value):
+            return f"model_args {name}={value!r}: {name} must be {rule[1]}"
     try:
         ModelConfig(**{**ABSENT, **args})
     except (TypeError, ValueError) as e:
@@ -478,8 +479,8 @@ def append_metrics(path, fields):
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - 65536))
             tail = f.read()
-            if tail and not tail.endswith(b"\n"):
-                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1 if b"\n" in tail else max(0, size - len(tail)))
+            if tail and not tail.endswith(b"\n"):  # keep up to the last whole line (none: rfind gives -1)
+                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
             f.write((json.dumps(fields) + "\n").encode())
     except OSError as e:
         raise cannot_write(path, e)
@@ -548,7 +549,7 @@ def load_run_data(path):
         raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on "
                          f"the embedded corpus `python prepare.py && python train.py config/train_quickstart.py`")
     meta = load_meta(path)
-    tokenizer_text = read_tokenizer_text(path, meta)
+    tokenizer_text = read_tokenizer(path, meta)[0]
     return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
 
 

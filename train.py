@@ -116,6 +116,11 @@ def budget_progress(tokens, elapsed):
     return tokens / budget_tokens if budget_tokens else elapsed / (3600 * budget_hours)
 
 
+def budget_spent(progress, step):
+    """Whether a run at this share of its budget and this step has no step left to take."""
+    return progress >= 1.0 or bool(max_steps and step >= max_steps)
+
+
 def check_settings(world, config):
     """One-line errors for settings that cannot run together, before any work (each setting's own
     range is declared beside it and checked by the configurator)."""
@@ -258,8 +263,8 @@ def main(config):
         for target in (ckpt_path, metrics_path):  # now, not when the budget is spent
             check_writable(target, "--out_dir")
     checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
-    if checkpoint and (budget_progress(checkpoint["tokens"], checkpoint["elapsed"]) >= 1.0 or
-                       (max_steps and checkpoint["step"] >= max_steps)):  # nothing to train: nothing rewritten
+    if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
+        # nothing to train, so nothing rewritten
         log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens "
             f"in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
             f"--budget_hours (or --budget_tokens, --max_steps)")
@@ -326,7 +331,7 @@ def main(config):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             run["elapsed"], stop = t[0].item(), bool(t[1].item())
         progress = budget_progress(run["tokens"], run["elapsed"])
-        if progress >= 1.0 or (max_steps and run["step"] >= max_steps) or stop:
+        if budget_spent(progress, run["step"]) or stop:
             break
         step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)
         accum, step_lr = step_batch // (micro * world), lr_at(progress, lr, lr_schedule, warmup)
