@@ -49,6 +49,8 @@ seq_len = 128           # >= 2
 device = "auto"
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py
 compile = True          # as train.py; the crammed row is also timed eager, for the comparison
+compile_mode = "default"  # torch.compile's mode (train.py's), or several, comma-separated: the crammed row is timed
+                          # in each (warm-up = compilation + autotuning), the baselines in the first
 profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                # >= 0
@@ -96,15 +98,16 @@ def recipes(dims):
     return out
 
 
-def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compiled, profiled=False):
-    """Seconds per optimizer step of train.py's step, the warm-up seconds (compilation included)
-    and the peak memory (bytes; None on a CPU). profiled: print the costliest kernels too."""
+def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profiled=False):
+    """Seconds per optimizer step of train.py's step, compiled as rt says, the warm-up seconds
+    (compilation included) and the peak memory (bytes; None on a CPU). profiled: print the
+    costliest kernels too."""
     torch.manual_seed(seed)
     model = build().to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
     scaler = rt.grad_scaler()
     fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
-    step_model = dataclasses.replace(rt, compile=compiled).compile_model(model, fullgraph=fullgraph)
+    step_model = rt.compile_model(model, fullgraph=fullgraph)
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
     batch_at = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
     step = functools.partial(train_step, step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)
@@ -187,7 +190,10 @@ def row(name, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak):
 
 
 def main():
-    rt = runtime.setup(device, dtype, compile)
+    modes = [m.strip() for m in compile_mode.split(",") if m.strip()] or ["default"]
+    rt = runtime.setup(device, dtype, compile, compile_mode=modes[0])
+    for mode in modes[1:]:
+        runtime.check_compile_mode(mode, rt.device)
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")
     dims = SHAPES[name]
@@ -205,12 +211,14 @@ def main():
 
     print("| recipe | micro-batch | tokens/s | ms per micro-batch | warm-up s | peak GiB | GFLOP/token | TFLOP/s "
           "| of measured matmul speed | MFU |\n|---|---|---|---|---|---|---|---|---|---|")
-    runs = [(recipe, build, mask_rate, flops, rt.compile) for recipe, (build, mask_rate, flops) in recipes(dims).items()]
-    if rt.compile:  # the crammed recipe eager too: what compilation buys on this device
-        runs.insert(1, ("crammed, eager", *runs[0][1:4], False))
+    runs = [(recipe, build, mask_rate, flops, rt) for recipe, (build, mask_rate, flops) in recipes(dims).items()]
+    if rt.compile:  # the crammed recipe in the other modes and eager: what each buys on this device
+        crammed = runs[0][1:4]
+        runs[1:1] = [(f"crammed, {mode}", *crammed, dataclasses.replace(rt, compile_mode=mode)) for mode in modes[1:]]
+        runs.insert(len(modes), ("crammed, eager", *crammed, dataclasses.replace(rt, compile=False)))
     speeds, crammed_seconds = {}, None
-    for recipe, build, mask_rate, flops, compiled in runs:
-        seconds, warmup_seconds, memory = time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, compiled,
+    for recipe, build, mask_rate, flops, run_rt in runs:
+        seconds, warmup_seconds, memory = time_training(build, mask_rate, micro, tokens, run_rt, n_steps, n_warmup,
                                                         profiled=profile and recipe == "crammed")
         speeds[recipe], line = row(recipe, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak)
         crammed_seconds = crammed_seconds or seconds
@@ -227,7 +235,8 @@ def main():
         build, _, flops = recipes(dims)["crammed"]
 
         def peak_bytes(size):
-            seconds, _, memory = time_training(build, 0.25, size, tokens, rt, max(2, n_steps // 2), n_warmup, False)
+            eager = dataclasses.replace(rt, compile=False)
+            seconds, _, memory = time_training(build, 0.25, size, tokens, eager, max(2, n_steps // 2), n_warmup)
             print(f"| {size} | {size * accum_steps * seq_len / seconds:,.0f} | {gib(memory)} |", flush=True)
             return memory or 0
 

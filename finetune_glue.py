@@ -42,6 +42,7 @@ warmup = 0.1            # [0, 1): share of the steps
 dropout = 0.1           # [0, 1)
 eval_batch_size = 0     # >= 0: if 0, 512 on a GPU and 128 on a CPU
 max_train_examples = 0  # >= 0: use only the first N training examples (0: all); for quick looks
+group_by_length = True  # batches of similar lengths (shuffled in pools of 64 batches): less padding, same epochs
 out_json = ""           # default: glue.json beside the checkpoint
 device = "auto"         # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py (no compile here: padded lengths vary)
@@ -238,6 +239,22 @@ def encode_examples(enc, texts, max_len, special_ids):
     return encoded
 
 
+def train_batches(lengths, size, generator):
+    """One epoch's batches (lists of rows) in a random order. With group_by_length, each pool of
+    64 shuffled batches is sorted by length before it is cut, so that a batch pads to a length close
+    to its own examples' (as transformers' group_by_length): on GLUE, padding is 30-60% of a random
+    batch's tokens."""
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    if not group_by_length:
+        return [order[start:start + size] for start in range(0, len(order), size)]
+    pool = 64 * size
+    batches = []
+    for start in range(0, len(order), pool):
+        rows = sorted(order[start:start + pool], key=lengths.__getitem__)
+        batches += [rows[i:i + size] for i in range(0, len(rows), size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
 def collate(sequences, pad_id, device):
     """Right-padded (B, T) ids and the (B, T) mask of real tokens."""
     width = max(map(len, sequences))
@@ -275,7 +292,8 @@ def predict(model, encoded, pad_id, rt, regression):
 
 def finetune(name, encoded, ckpt, run_seed, rt):
     """Fine-tune a fresh copy of the checkpoint on one task's encoded splits (split -> (ids, labels));
-    returns {score name: {metric: value}} on its dev sets."""
+    returns {score name: {metric: value}} on its dev sets, and the training's counts: tokens (real),
+    padded_tokens (what the model computed) and train_seconds."""
     spec = TASKS[name]
     regression = spec["labels"] is None
     pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
@@ -292,12 +310,15 @@ def finetune(name, encoded, ckpt, run_seed, rt):
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))
     targets = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     generator = torch.Generator().manual_seed(run_seed)
+    lengths = [len(ids) for ids in train_ids]
+    counts = dict(tokens=0, padded_tokens=0)
+    start_time = time.perf_counter()
     bar = runtime.progress(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
     for _ in range(epochs):
-        order = torch.randperm(len(train_ids), generator=generator).tolist()
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+        for rows in train_batches(lengths, batch_size, generator):
             ids, mask = collate([train_ids[i] for i in rows], pad_id, rt.device)
+            counts["tokens"] += int(mask.sum())
+            counts["padded_tokens"] += mask.numel()
             y = targets[rows].to(rt.device)
             with rt.autocast():
                 out = model(ids, mask).float()
@@ -310,17 +331,18 @@ def finetune(name, encoded, ckpt, run_seed, rt):
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
+    counts["train_seconds"] = time.perf_counter() - start_time
     scores = {}
     for score_name in spec["dev"]:
         dev_ids, dev_labels = encoded[score_name]
         pred = predict(model, dev_ids, pad_id, rt, regression)
         scores[score_name] = {m: 100 * METRICS[m](pred, dev_labels) for m in spec["metrics"]}
-    return scores
+    return scores, counts
 
 
 # ---------------------------------------------------------------- results: glue.json, merged as runs finish
 SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "dtype",
-                  "max_train_examples")  # what a score depends on: a run with other values does not reuse it
+                  "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
 DAMAGED = "move it away and run the same command (its tasks are fine-tuned again)"
 
 
@@ -329,11 +351,26 @@ def median_scores(per_seed):
             for name in per_seed[0]}
 
 
+def main_scores(tasks):
+    """score name -> the median of its task's main metric (the one averaged)."""
+    return {score_name: metrics[TASKS[name]["metrics"][0]]
+            for name, result in tasks.items() for score_name, metrics in result["median"].items()}
+
+
+def majority_scores(name, data):
+    """The floor a score should beat: each dev set scored as if every example had the training
+    set's most frequent label (STS-B: its mean score; a constant has no correlation: 0)."""
+    labels = data["train"][1]
+    guess = statistics.mean(labels) if TASKS[name]["labels"] is None else max(sorted(set(labels)), key=labels.count)
+    return {score_name: {m: 100 * METRICS[m]([guess] * len(data[score_name][1]), data[score_name][1])
+                         for m in TASKS[name]["metrics"]} for score_name in TASKS[name]["dev"]}
+
+
 def table(tasks):
-    """Markdown: one row per score (main metric, others in brackets) beside the reference, each
-    saying how it was made (seeds, epochs, a cap on the training examples)."""
-    lines = ["| task | metric | ours | reference |", "|---|---|---|---|"]
-    ours_main = {}
+    """Markdown: one row per score (main metric, others in brackets) beside the majority class and
+    the reference, each saying how it was made (seeds, epochs, a cap on the training examples)."""
+    lines = ["| task | metric | ours | majority class | reference |", "|---|---|---|---|---|"]
+    ours_main, floor = main_scores(tasks), {}
     for name, result in tasks.items():
         settings, n_seeds = result["settings"], len(result["seeds"])
         cap = f", first {result['train_examples']:,} train examples" if settings["max_train_examples"] else ""
@@ -341,15 +378,31 @@ def table(tasks):
         how = f" ({'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap})"
         for score_name, metrics in result["median"].items():
             main, *others = TASKS[name]["metrics"]
-            ours_main[score_name] = metrics[main]
             extra = "".join(f" ({METRIC_NAMES[m]} {metrics[m]:.1f})" for m in others)
+            majority = result.get("majority", {}).get(score_name)
+            floor[score_name] = majority[main] if majority else float("nan")
+            majority = f"{majority[main]:.1f}" + "".join(f" ({majority[m]:.1f})" for m in others) if majority else "-"
             reference = f"{REFERENCE[score_name]:.1f}" if score_name in REFERENCE else "-"
-            lines.append(f"| {score_name} | {METRIC_NAMES[main]}{how} | {metrics[main]:.1f}{extra} | {reference} |")
+            lines.append(f"| {score_name} | {METRIC_NAMES[main]}{how} | {metrics[main]:.1f}{extra} | {majority} | "
+                         f"{reference} |")
     counted = [s for s in REFERENCE if s in ours_main]
-    average = statistics.mean(ours_main[s] for s in counted) if counted else float("nan")
-    reference_average = statistics.mean(REFERENCE[s] for s in counted) if counted else float("nan")
-    lines.append(f"| average ({len(counted)} of 9) | | {average:.1f} | {reference_average:.1f} |")
+
+    def mean(scores):
+        return statistics.mean(scores[s] for s in counted) if counted else float("nan")
+    average = mean(ours_main)
+    lines.append(f"| average ({len(counted)} of 9) | | {average:.1f} | {mean(floor):.1f} | {mean(REFERENCE):.1f} |")
     return "\n".join(lines), average, counted
+
+
+def pretraining_facts(ckpt):
+    """What a plot of GLUE against pretraining compute needs (tools/glue_plot.py): the checkpoint's
+    shape, tokens, hours and FLOPs (model.py's flops_per_token at its masking rate x tokens)."""
+    args = saved_model_args(ckpt["model_args"])
+    with torch.device("meta"):  # the count needs the shapes, not the memory
+        per_token = CrammedBert(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", 0.25))
+    return dict(shape=f"{args['n_layers']}x{args['d_model']}", vocab_size=args["vocab_size"], tokens=ckpt.get("tokens"),
+                hours=round(ckpt.get("elapsed", 0.0) / 3600, 4), flops_per_token=per_token,
+                flops=per_token * (ckpt.get("tokens") or 0))
 
 
 def results_path():
@@ -371,23 +424,27 @@ def earlier_tasks(path, identity):
     return results["tasks"]
 
 
-def add_run(identity, name, settings, run_seed, scores, seconds, sizes, results):
-    """glue.json's object (or None) with one more fine-tuning run: seed run_seed of task `name`."""
+def add_run(identity, name, settings, run_seed, scores, seconds, counts, facts, results):
+    """glue.json's object (or None) with one more fine-tuning run: seed run_seed of task `name`,
+    its seconds and its counts (finetune's: tokens, padded_tokens, train_seconds) added to the task's."""
     results = results or {"tasks": {}, **identity}
     if not same_checkpoint(results, identity):
         raise SystemExit(f"error: another process wrote another checkpoint's scores to {results_path()} meanwhile")
     entry = results["tasks"].get(name)
     if not entry or entry.get("settings") != settings:
-        entry = dict(settings=settings, seeds=[], per_seed=[], seconds=0.0)
+        entry = dict(settings=settings, seeds=[], per_seed=[], seconds=0.0, tokens=0, padded_tokens=0,
+                     train_seconds=0.0)
     if run_seed in entry["seeds"]:  # two processes ran the same seed: the later one stands
         del entry["per_seed"][entry["seeds"].index(run_seed)]
         entry["seeds"].remove(run_seed)
     entry["seeds"].append(run_seed)
     entry["per_seed"].append(scores)
-    entry.update(sizes, seconds=round(entry["seconds"] + seconds, 1), median=median_scores(entry["per_seed"]))
+    entry.update(facts, seconds=round(entry["seconds"] + seconds, 1), median=median_scores(entry["per_seed"]),
+                 **{k: round(entry.get(k, 0) + v, 1) for k, v in counts.items()})
     results["tasks"][name] = entry
     markdown, average, counted = table(results["tasks"])
-    return dict(results, **identity, average=average, average_over=counted, reference=REFERENCE, table=markdown)
+    return dict(results, **identity, scores=main_scores(results["tasks"]), average=average, average_over=counted,
+                reference=REFERENCE, table=markdown)
 
 
 def summary(name, entry):
@@ -395,7 +452,9 @@ def summary(name, entry):
     main = TASKS[name]["metrics"][0]
     scores = ", ".join(f"{'' if score_name == name else score_name + ' '}{METRIC_NAMES[main]} {v[main]:.1f}"
                        for score_name, v in entry["median"].items())
-    return f"{scores} (median of {len(entry['seeds'])} seed(s), {entry['seconds']:.0f} s)"
+    speed = f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, {100 * entry['tokens'] / entry['padded_tokens']:.0f}% " \
+            f"of them not padding" if entry.get("train_seconds") else ""
+    return f"{scores} (median of {len(entry['seeds'])} seed(s), {entry['seconds']:.0f} s{speed})"
 
 
 def remaining_seeds(names, done, settings, path):
@@ -423,7 +482,7 @@ def main(config):
     path = results_path()
     check_writable(path, "--out_json")  # now, not after an hour of fine-tuning
     identity = dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
-                    checkpoint_tokens=ckpt.get("tokens"))
+                    checkpoint_tokens=ckpt.get("tokens"), pretraining=pretraining_facts(ckpt))
     settings = {k: config[k] for k in SCORE_SETTINGS}
     todo = remaining_seeds(names, earlier_tasks(path, identity), settings, path)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
@@ -439,12 +498,13 @@ def main(config):
             data["train"] = tuple(column[:max_train_examples] for column in data["train"])
         encoded = {split: (encode_examples(enc, texts, ckpt["model_args"]["seq_len"], ckpt["meta"]["special_ids"]),
                            labels) for split, (texts, labels) in data.items()}
-        sizes = dict(train_examples=len(data["train"][0]), dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
+        facts = dict(train_examples=len(data["train"][0]), dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]},
+                     majority=majority_scores(name, data))
         for run_seed in missing:  # each seed is in glue.json as soon as it is scored
             t0 = time.time()
-            scores = finetune(name, encoded, ckpt, run_seed, rt)
+            scores, counts = finetune(name, encoded, ckpt, run_seed, rt)
             update_json(path, functools.partial(add_run, identity, name, settings, run_seed, scores, time.time() - t0,
-                                                sizes), DAMAGED)
+                                                counts, facts), DAMAGED)
         print(f"{name}: {summary(name, read_json(path, DAMAGED)['tasks'][name])}")
 
     results = read_json(path, DAMAGED)

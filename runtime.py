@@ -54,11 +54,29 @@ def peak_flops(device, override=0.0):
     return 0.0
 
 
+# torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates)
+# kernels; and CUDA graphs (one launch for a whole recorded step), with or without the autotuning.
+# The cramming reference trains with max-autotune; cram's default stays inductor's until a GPU
+# report shows a mode is faster (bench.py --compile_mode=default,max-autotune times them).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
+
+
+def check_compile_mode(mode, device):
+    """A one-line error for a mode torch.compile does not have, or one that needs a GPU."""
+    if mode not in COMPILE_MODES:
+        raise SystemExit(f"error: unknown compile mode '{mode}' ({', '.join(COMPILE_MODES)})")
+    if mode in CUDA_GRAPH_MODES and device.type != "cuda":
+        raise SystemExit(f"error: compile mode '{mode}' records CUDA graphs, which need a GPU; on a {device.type} use "
+                         f"default or max-autotune-no-cudagraphs")
+
+
 @dataclass
 class Runtime:
     device: torch.device
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     compile: bool
+    compile_mode: str = "default"  # one of COMPILE_MODES (checked by setup)
 
     def autocast(self):
         if self.dtype == torch.float32:
@@ -85,7 +103,8 @@ class Runtime:
             return model
         if self.device.type == "cpu":
             prepare_inductor()
-        return torch.compile(model, fullgraph=fullgraph, dynamic=False)
+        mode = None if self.compile_mode == "default" else self.compile_mode
+        return torch.compile(model, fullgraph=fullgraph, dynamic=False, mode=mode)
 
     def synchronize(self):
         if self.device.type == "cuda":
@@ -102,13 +121,15 @@ class Runtime:
     def describe(self):
         name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
         dtype = str(self.dtype).replace("torch.", "")
-        return f"{self.device}{name}, {dtype}{', compiled' if self.compile else ''}"
+        mode = f" ({self.compile_mode})" if self.compile_mode != "default" else ""
+        return f"{self.device}{name}, {dtype}{f', compiled{mode}' if self.compile else ''}"
 
 
-def setup(device="auto", dtype="auto", compile=True, local_rank=None):
+def setup(device="auto", dtype="auto", compile=True, local_rank=None, compile_mode="default"):
     """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto':
     bfloat16 on a GPU that has it, float16 on older GPUs, float32 on a CPU; or 'float32',
-    'bfloat16', 'float16') and compile. Under torchrun, local_rank picks this process's GPU."""
+    'bfloat16', 'float16'), compile and compile_mode (COMPILE_MODES). Under torchrun, local_rank
+    picks this process's GPU."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -132,7 +153,8 @@ def setup(device="auto", dtype="auto", compile=True, local_rank=None):
         dtype = "float32" if dev.type == "cpu" else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
-    return Runtime(dev, DTYPES[dtype], compile)
+    check_compile_mode(compile_mode, dev)  # with compile off too: a mode that cannot run here is a mistake to report
+    return Runtime(dev, DTYPES[dtype], compile, compile_mode)
 
 
 def prepare_inductor():
@@ -279,8 +301,11 @@ def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, r
     for group in optimizer.param_groups:
         group["lr"] = step_lr
     total = 0.0
+    cuda_graphs = rt.compile and rt.compile_mode in CUDA_GRAPH_MODES
     for micro_step in range(accum_steps):
         inputs, positions, labels = batch_at(micro_step)
+        if cuda_graphs:  # a new run of the recorded graphs, which may reuse the last one's output memory
+            torch.compiler.cudagraph_mark_step_begin()
         # DDP: all-reduce the gradients only on the last micro-batch
         last = micro_step == accum_steps - 1
         with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():

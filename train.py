@@ -64,6 +64,8 @@ device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: bfloat16 on a GPU that has it, else
                           # float16 (with loss scaling); float32 on a CPU
 compile = True            # torch.compile the training step (inductor; on a CPU too)
+compile_mode = "default"  # {default, max-autotune-no-cudagraphs, max-autotune, reduce-overhead}: torch.compile's
+                          # mode; the last two record CUDA graphs (a GPU only); bench.py times each
 offload = False           # blocks' master weights and AdamW state in host memory, streamed through the device:
                           # for encoders whose training state exceeds the GPU (offload.py; one process, AdamW)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
@@ -242,7 +244,8 @@ def main(config):
     ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))
     check_settings(world, config)
     # off-load mode runs the blocks eagerly through two templates: no torch.compile of the whole model
-    rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+    rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                       compile_mode=compile_mode)
     if offload:
         from offload import check_settings as check_offload
         check_offload(world, config, rt.dtype)

@@ -1,7 +1,7 @@
 import importlib.util
 import re
 
-from conftest import run_script
+from conftest import assert_one_line_error, run_script
 
 
 def test_bench_prints_the_table_with_ratios(tmp_path):
@@ -19,6 +19,20 @@ def test_bench_prints_the_table_with_ratios(tmp_path):
 def test_bench_rejects_unknown_shape():
     proc = run_script("bench.py", "--shape=huge", check=False)
     assert proc.returncode != 0 and proc.stderr.strip() == "error: --shape=huge is not allowed: shape must be one of auto, reference, small"
+
+
+def test_bench_times_each_compile_mode(tmp_path):
+    """The crammed row in each mode asked for, then eager; a mode the device cannot run is refused first."""
+    args = ["bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=1", "--steps=1", "--warmup_steps=1",
+            "--sweep=False", "--baselines=False", f"--data_dir={tmp_path}", "--device=cpu"]
+    out = run_script(*args, "--compile_mode=default,max-autotune-no-cudagraphs").stdout
+    rows = re.findall(r"^\| (crammed[^|]*) \| 2 \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \|", out, re.M)
+    assert [name for name, *_ in rows] == ["crammed", "crammed, max-autotune-no-cudagraphs", "crammed, eager"], out
+    assert all(int(speed.replace(",", "")) > 0 for _, speed, _ in rows)
+    assert re.search(r"crammed / crammed, max-autotune-no-cudagraphs: [\d.]+x tokens/s", out)
+    for modes, message in [("default,fast", "unknown compile mode 'fast'"),
+                           ("default,reduce-overhead", "compile mode 'reduce-overhead' records CUDA graphs")]:
+        assert_one_line_error(run_script(*args, f"--compile_mode={modes}", check=False), message)
 
 
 def test_bench_times_offload_beside_normal_mode(tmp_path):

@@ -1,9 +1,11 @@
 """tools/export.py: the exported folder, loaded by transformers in a fresh process that cannot import any
 cram module, computes what cram computes: same logits, hidden states and token ids."""
 import json
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from conftest import assert_one_line_error, run_script
 from data import load_checkpoint, make_encoding, parse_ranks
-from export import bpe_merges  # tools/export.py
+import export  # tools/export.py
 from model import CrammedBert
 from test_glue import FIXTURES
 
@@ -39,11 +41,12 @@ from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForSequenceC
                           pipeline)
 folder, inputs = sys.argv[1], json.load(open(sys.argv[2]))
 out = {}
-tokenizer = AutoTokenizer.from_pretrained(folder)
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
 out["ids"] = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in inputs["texts"]]
 out["ids_with_specials"] = [tokenizer(t)["input_ids"] for t in inputs["texts"]]
 out["decoded"] = [tokenizer.decode(ids) for ids in out["ids"]]
 out["input_names"] = sorted(tokenizer("a b").keys())
+out["mask_ids"] = tokenizer("import [MASK] as np")["input_ids"]
 ids = torch.tensor(inputs["batch"])
 mlm = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
 encoder = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
@@ -136,6 +139,7 @@ def test_logits_and_hidden_states_equal_ours(exported):
 def test_tokenizer_ids_equal_ours(exported):
     enc, out, specials = exported["enc"], exported["out"], exported["ckpt"]["meta"]["special_ids"]
     for text, ids, with_specials, decoded in zip(TEXTS, out["ids"], out["ids_with_specials"], out["decoded"]):
+        text = text.replace(" [MASK]", "[MASK]")  # [MASK] takes the space before it (RoBERTa's <mask> does)
         ours = enc.encode(text, allowed_special="all")
         assert ids == ours, text
         assert with_specials == [specials["[CLS]"], *ours, specials["[SEP]"]]  # fine-tuning's layout
@@ -156,6 +160,28 @@ def test_fill_mask_and_padding_and_training_through_transformers(exported):
     assert out["bf16_logits_dtype"] == "torch.bfloat16"
 
 
+def test_the_documented_snippet_runs_as_written(exported):
+    """docs/export.md's lines, run as a user pastes them (only the folder changed): no question, no
+    warning, and the blank filled without a double space."""
+    docs = (Path(__file__).parent.parent / "docs" / "export.md").read_text()
+    snippet = docs.split("```python\n", 1)[1].split("```", 1)[0]
+    assert snippet == export.usage("out/quickstart/hf")  # the model card shows the same lines
+    root = exported["folder"].parent
+    (root / "snippet.py").write_text(snippet.replace('"out/quickstart/hf"', repr(str(exported["folder"]))))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HOME": str(root / "hf_home")}
+    proc = subprocess.run([sys.executable, "snippet.py"], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Do you wish" not in proc.stdout + proc.stderr and "[transformers]" not in proc.stderr, proc.stderr
+    guesses = proc.stdout.splitlines()
+    assert len(guesses) == 5 and all(re.fullmatch(r"[01]\.\d{3} import.* as np", g) for g in guesses), guesses
+    enc, specials = exported["enc"], exported["ckpt"]["meta"]["special_ids"]
+    # the model sees what pretraining showed it: the mask in place of a whole token, space and all
+    assert exported["out"]["mask_ids"] == [specials["[CLS]"], *enc.encode("import"), specials["[MASK]"],
+                                           *enc.encode(" as np"), specials["[SEP]"]]
+
+
 def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     card = (exported["folder"] / "README.md").read_text()
     ckpt = exported["ckpt"]
@@ -163,6 +189,7 @@ def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     assert f"- Data: {ckpt['meta']['source']} ({ckpt['meta']['train_sequences']:,} training sequences" in card
     assert "- Budget: 24 hours or 60 steps, whichever came first" in card  # the fixture stops at --max_steps=60
     assert "MLM loss" in card and "(25% of held-out tokens masked)" in card and "GLUE dev scores" not in card
+    assert export.usage(str(exported["folder"])) in card  # the lines docs/export.md runs
     # with finetune_glue.py's glue.json beside the checkpoint, the card shows its scores
     shutil.copy(pretrained, tmp_path / "ckpt.pt")
     run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
@@ -185,7 +212,7 @@ def test_merges_rebuild_the_ranks():
     ranks = {bytes([b]): b for b in range(256)}
     for token in (b"th", b"he", b"the", b" t", b" the", b"er", b"her"):
         ranks[token] = len(ranks)
-    merges = bpe_merges(ranks)
+    merges = export.bpe_merges(ranks)
     # " the": th (rank 256) merges first, then the (258) before " t" (259); "her": he before er
     assert merges == [(b"t", b"h"), (b"h", b"e"), (b"th", b"e"), (b" ", b"t"), (b" ", b"the"), (b"e", b"r"),
                       (b"he", b"r")]

@@ -1,6 +1,7 @@
 import json
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -101,6 +102,34 @@ def test_padding_does_not_change_the_logits(monkeypatch):
         assert got == pytest.approx(expected, abs=1e-5)
 
 
+def test_length_grouped_batches_cover_each_example_once_with_less_padding(monkeypatch):
+    rng = random.Random(0)
+    lengths = [rng.choice((5, 8, 12, 30, 60, 128)) + rng.randrange(5) for _ in range(3000)]
+
+    def epoch(grouped, seed=0):
+        monkeypatch.setattr(glue, "group_by_length", grouped)
+        return glue.train_batches(lengths, 16, torch.Generator().manual_seed(seed))
+
+    def padded(batches):
+        return sum(len(rows) * max(lengths[i] for i in rows) for rows in batches)
+    grouped, shuffled = epoch(True), epoch(False)
+    for batches in (grouped, shuffled):  # every example once, as many steps as before (steps_per_epoch holds)
+        assert sorted(i for rows in batches for i in rows) == list(range(len(lengths)))
+        assert len(batches) == -(-len(lengths) // 16) and sum(len(rows) != 16 for rows in batches) == 1
+    assert sum(lengths) / padded(grouped) > 0.9 > 0.6 > sum(lengths) / padded(shuffled)
+    assert epoch(True) == grouped and epoch(True, seed=1) != grouped  # a pure function of the seed
+    first_long = [max(lengths[i] for i in rows) > 100 for rows in grouped[:len(grouped) // 2]]
+    assert 0.1 < np.mean(first_long) < 0.5  # the long batches are spread over the epoch, not bunched
+
+
+def test_majority_class_is_the_floor():
+    """Every dev example given the training set's most frequent label (STS-B: its mean score)."""
+    mrpc = {"train": ([("a", "b")] * 3, [1, 1, 0]), "mrpc": ([("x", "y")] * 4, [1, 0, 1, 1])}
+    assert glue.majority_scores("mrpc", mrpc) == {"mrpc": {"f1": pytest.approx(100 * 6 / 7), "accuracy": 75.0}}
+    stsb = {"train": ([("a", "b")] * 3, [1.0, 2.0, 4.5]), "stsb": ([("x", "y")] * 3, [0.0, 2.5, 5.0])}
+    assert glue.majority_scores("stsb", stsb) == {"stsb": {"pearson": 0.0, "spearman": 0.0}}  # a constant: no correlation
+
+
 def marker_task(tmp_path, marker="dog"):
     """SST-2 layout; the label says whether the marker word occurs (in half of the sentences)."""
     rng = random.Random(0)
@@ -129,6 +158,24 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert results["tasks"]["sst2"]["seeds"] == [0, 1, 2] and len(per_seed) == 3
     assert results["tasks"]["sst2"]["median"]["sst2"]["accuracy"] == sorted(per_seed)[1] >= 90.0
     assert "| sst2 | accuracy (median of 3 seeds, 5 epochs) |" in proc.stdout and "| 92.0 |" in proc.stdout
+    assert results["tasks"]["sst2"]["majority"] == {"sst2": {"accuracy": 50.0}}  # half the sentences have the marker
+    assert re.search(r"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| [\d.]+ \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
+    assert results["scores"] == {"sst2": results["tasks"]["sst2"]["median"]["sst2"]["accuracy"]}
+    pretraining = results["pretraining"]  # what the plot against compute reads
+    assert pretraining["tokens"] > 0 and pretraining["flops"] == pretraining["tokens"] * pretraining["flops_per_token"]
+    # the checkpoint as a point of the picture of GLUE against compute, beside the published rows
+    points, picture = tmp_path / "points.json", tmp_path / "glue.png"
+    table = run_script("tools/glue_plot.py", f"--add={out}", "--label=tiny", f"--points={points}",
+                       f"--png={picture}").stdout
+    assert "| task | tiny | majority class | BERT-Tiny (2x128), test | BERT-Mini (4x256), test |" in table
+    assert re.search(rf"^\| sst2 \| {sorted(per_seed)[1]:.1f} \| 50.0 \| 83.2 \| 85.9 \|$", table, re.M)
+    assert re.search(r"^- tiny: 2x64, [\d.]+M tokens in [\d.]+ h, [\d.]+e\+\d+ FLOPs; fine-tuned sst2: 3 seeds, 5 epochs$",
+                     table, re.M)
+    assert picture.read_bytes()[:4] == b"\x89PNG" and [p["label"] for p in json.loads(points.read_text())] == ["tiny"]
+    entry = results["tasks"]["sst2"]  # the speed of fine-tuning, and how much of it padding took
+    assert entry["train_seconds"] > 0 and 0 < entry["tokens"] <= entry["padded_tokens"]
+    assert entry["tokens"] > 3 * 5 * 480 * 5  # 3 seeds x 5 epochs x 480 sentences of 5+ tokens
+    assert f"{entry['tokens'] / entry['train_seconds']:,.0f} tokens/s" in proc.stdout
 
 
 def test_bad_input_errors(pretrained, tmp_path):

@@ -13,7 +13,8 @@ TINY = [
     "--bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --sweep=False "
     "--baselines=False --compile=False",
     "--offload_bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --repeats=1",
-    "--recipe_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
+    "--compile_modes=default",  # max-autotune records CUDA graphs: a GPU only (bench.py's test times the CPU's two)
+    "--recipe_minutes=0.05", "--float16_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
     "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
     # off-load: a 10 MiB device simulated, so the chosen encoder's state (16 B a parameter) exceeds it
     "--device=cpu", "--device_memory_gib=0.01", "--host_memory_gib=1", "--offload_micro_batch=2", "--offload_steps=2",
@@ -32,7 +33,7 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
     report = (out / "report.md").read_text()
     found = sections(out)
     assert {name: s["status"] for name, s in found.items()} == dict.fromkeys(
-        ("prepare", "bench", "recipes", "glue", "offload"), "ok")
+        ("prepare", "bench", "compile", "float16", "recipes", "glue", "offload"), "ok")
     for s in found.values():  # every figure says where and when it was measured
         assert s["environment"].startswith("CPU") and "torch " in s["environment"] and "tools/gpu_report.py" in s["command"]
     # prepare made the data the other phases read
@@ -41,6 +42,18 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
     # bench: its table, the off-load comparison and its headline figure
     assert re.search(r"\| bench \| ok \| [\d.]+ \| crammed: [\d,]+ tokens/s at micro-batch 2", report)
     assert "off-load / normal tokens/s" in found["offload"]["body"]
+    # compile: the crammed step compiled (here in the one mode asked for) and eager, at one micro-batch
+    assert re.fullmatch(r"default [\d,]+ tokens/s \(warm-up \d+ s\), eager [\d,]+ tokens/s \(warm-up \d+ s\) "
+                        r"at micro-batch 2", found["compile"]["headline"]), found["compile"]["headline"]
+    assert "--compile_mode=default" in found["compile"]["body"] and "crammed / crammed, eager" in found["compile"]["body"]
+    # float16: both precisions trained the same budget, with their speeds and skipped updates side by side
+    assert re.fullmatch(r"bfloat16: val loss [\d.]+, \d+ updates skipped, float16: val loss [\d.]+, \d+ updates skipped",
+                        found["float16"]["headline"]), found["float16"]["headline"]
+    for dtype in ("bfloat16", "float16"):
+        run = out / "float16_runs" / f"dtype={dtype}" / "seed0"
+        assert torch.load(run / "ckpt.pt", weights_only=True)["config"]["dtype"] == dtype
+        assert f"| dtype={dtype} | " in found["float16"]["body"]
+    assert (out / "float16.png").read_bytes()[:4] == b"\x89PNG"
     # recipes (tools/compare.py --variants): each trained for the same 3 s budget, compared in a table and a
     # picture; train.py's recipe is the paper's plus smear, the paper's is one config file away, and the
     # narrowed one is train.py's with full_layers=2 (here all of the tiny model's 2 layers)
@@ -56,6 +69,10 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
         scores = json.load(open(out / f"glue_{name}.json"))
         assert sorted(scores["tasks"]) == ["cola", "rte", "stsb"]
     assert report.count("| average (3 of 9) |") == 3
+    # and their points joined the project's GLUE-against-compute picture (tools/glue_plot.py)
+    labels = [p["label"] for p in json.load(open(out / "glue_points.json"))]
+    assert labels[-3:] == ["cpu crammed 0.05 min", "cpu full_layers=2 0.05 min", "cpu recipe_reference 0.05 min"]
+    assert (out / "glue_compute.png").read_bytes()[:4] == b"\x89PNG" and "![GLUE average against pretraining" in report
     # off-load: a shape whose state exceeds the simulated device, normal mode refused, off-load trained
     offload = found["offload"]["body"]
     assert re.search(r"\| shape \| 16x64 \(vocabulary 384\), [\d.]+M parameters \|", offload)
@@ -82,4 +99,4 @@ def test_a_failed_phase_is_reported_and_the_rest_go_on(corpus_file, tmp_path):
 
 def test_bad_phase_names_are_one_line_errors(tmp_path):
     assert_one_line_error(run_script("tools/gpu_report.py", "--phases=bench,train", f"--out_dir={tmp_path}", check=False),
-                          "unknown phase 'train'", "prepare, bench, recipes, glue, offload")
+                          "unknown phase 'train'", "prepare, bench, compile, float16, recipes, glue, offload")

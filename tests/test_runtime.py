@@ -23,14 +23,20 @@ def masked_batch(device, seed=0, rows=8, mask_rate=0.25):
     return [t.to(device) for t in mask_tokens(idx, mask_rate, 299, 296, generator)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("recipe", ["crammed", "original BERT"])
-def test_compiled_step_matches_eager(recipe, device):
-    """fullgraph=True: any graph break is an error. Same loss and gradients as eager."""
+# the crammed model in every compile mode the device can run (on a CPU, those without CUDA
+# graphs), the original BERT in the default one
+COMPILED = [("crammed", device, mode) for device in DEVICES for mode in runtime.COMPILE_MODES
+            if device == "cuda" or mode not in runtime.CUDA_GRAPH_MODES] + \
+           [("original BERT", device, "default") for device in DEVICES]
+
+
+@pytest.mark.parametrize("recipe,device,mode", COMPILED)
+def test_compiled_step_matches_eager(recipe, device, mode):
+    """fullgraph=True: any graph break is an error. Same loss and gradients as eager, in each mode."""
     torch.manual_seed(0)
     options = ORIGINAL_BERT if recipe == "original BERT" else {}
     eager = CrammedBert(**TINY, **options).to(device)  # dropout is 0 in the tiny model: deterministic
-    compiled = runtime.setup(device, "float32", compile=True).compile_model(eager)
+    compiled = runtime.setup(device, "float32", compile=True, compile_mode=mode).compile_model(eager)
     torch.backends.cuda.matmul.allow_tf32 = False  # setup() turns TF32 on; compare exact float32 here
     batch = masked_batch(device, mask_rate=0.15 if options else 0.25)
     loss_eager, correct_eager = eager(*batch)
@@ -157,5 +163,10 @@ def test_compiled_run_compiles_once(prepared, tmp_path):
 def test_bad_device_settings_are_one_line_errors(prepared, tmp_path):
     args = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL]
     assert_one_line_error(run_script(*args, "--dtype=fp8", check=False), "dtype must be one of auto")
+    assert_one_line_error(run_script(*args, "--compile_mode=fast", check=False), "compile_mode must be one of default")
     if not torch.cuda.is_available():
         assert_one_line_error(run_script(*args, "--device=cuda", check=False), "no CUDA GPU")
+        for mode in runtime.CUDA_GRAPH_MODES:  # CUDA graphs: refused on a CPU, before any work
+            assert_one_line_error(run_script(*args, f"--compile_mode={mode}", check=False),
+                                  f"compile mode '{mode}' records CUDA graphs, which need a GPU")
+        assert not any(tmp_path.iterdir())

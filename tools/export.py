@@ -2,10 +2,7 @@
 
     python tools/export.py --checkpoint=out/quickstart/ckpt.pt  # writes out/quickstart/hf/
 
-    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
-    model = AutoModelForMaskedLM.from_pretrained("out/quickstart/hf", trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained("out/quickstart/hf")
-    pipeline("fill-mask", model=model, tokenizer=tokenizer)("The [MASK] sat on the mat.")
+and load it with the lines of `usage` (docs/export.md and the folder's model card show them).
 
 The folder holds: model.safetensors (the encoder's weights, float32), config.json (CrammedBert's
 arguments), model.py with modeling_cram.py (the code transformers runs: AutoModel gives hidden
@@ -16,7 +13,9 @@ giving the same ids as cram's tiktoken encoding, with [PAD] [CLS] [SEP] [MASK] a
 model was trained, and its GLUE scores when finetune_glue.py's glue.json is beside the checkpoint.
 The tokenizer returns no token_type_ids: the model has no segment embeddings. Written in text,
 "[MASK]" and the other three are the special tokens, as transformers users expect (cram's own
-scripts read raw text with encode_ordinary, where they are plain text).
+scripts read raw text with encode_ordinary, where they are plain text); "[MASK]" takes the space
+before it, as RoBERTa's <mask>: pretraining masked whole tokens, space included (" True"), so the
+model's guesses carry their space and "import [MASK] as np" fills in as "import True as np".
 """
 import functools
 import hashlib
@@ -73,7 +72,8 @@ def hf_tokenizer(ranks, special_ids, seq_len):
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # GPT-2's split, as ours
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=t == "[MASK]")
+                                  for t in SPECIAL_TOKENS])  # [MASK] takes its space: see the docstring
     got = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
     if got != special_ids:
         raise SystemExit(f"error: special token ids {got} differ from the checkpoint's {special_ids}")
@@ -122,14 +122,23 @@ def model_card(ckpt, run_dir, folder_name):
         f"{'scaled sinusoidal' if not a['learned_positions'] else 'learned'} positions, "
         f"{'neighbouring embeddings smeared into each position, ' if a.get('smear') else ''}tied output layer.", "",
         "## How it was trained", "", *training_facts(ckpt, run_dir), "",
-        "## Use", "", "```python", "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
-        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',
-        f'model = AutoModelForMaskedLM.from_pretrained("{folder_name}", trust_remote_code=True)',
-        'print(pipeline("fill-mask", model=model, tokenizer=tokenizer)("The [MASK] of the river."))', "```", "",
+        "## Use", "", "```python", usage(folder_name).rstrip("\n"), "```", "",
         "`AutoModel` gives the final hidden states, `AutoModelForSequenceClassification` adds the reference GLUE "
         "head (first token -> dense 1024 -> Tanh -> dropout -> classes; `num_labels=1` regresses), newly "
         "initialised. The reference fine-tunes with dropout 0.1 (pass `dropout=0.1` to `from_pretrained`); "
         "pretraining ran without. The tokenizer gives no token_type_ids: the model has no segment embeddings.", ""])
+
+
+def usage(folder):
+    """The lines that load an export and fill in a word: the model card's and docs/export.md's (a
+    test runs the latter as written). trust_remote_code on the tokenizer too: without it,
+    transformers stops to ask, then warns about the model type."""
+    return (f'from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline\n'
+            f'folder = "{folder}"\n'
+            f'tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)\n'
+            f'model = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True)\n'
+            f'for guess in pipeline("fill-mask", model=model, tokenizer=tokenizer)("import [MASK] as np"):\n'
+            f'    print(f"{{guess[\'score\']:.3f}} {{guess[\'sequence\']}}")\n')
 
 
 MANIFEST = ".cram_export.json"  # what this tool wrote in a folder: file -> sha256

@@ -8,6 +8,10 @@ that each have their own time limit and settings and can run alone:
   prepare   the corpus with a 32k vocabulary into data_dir, unless it is prepared already
   bench     bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
             the original-BERT and HF ratios, and the micro-batch probe
+  compile   bench.py's step in each torch.compile mode (default, max-autotune-no-cudagraphs,
+            max-autotune) and eager, at the micro-batch the probe chose: tokens/s and warm-up
+  float16   the consumer-GPU path: bfloat16 and float16 (loss scaling) trained a few minutes each,
+            their validation loss curves, tokens/s and skipped updates side by side
   recipes   each recipe trained for recipe_minutes at the reference shape, one after the other,
             and tools/compare.py's validation loss (fixed masks) against minutes and tokens
   glue      finetune_glue.py on each recipe's checkpoint, for the small tasks in glue_dir
@@ -47,13 +51,17 @@ corpus = ""                # text for the prepare phase (prepare.py's formats); 
 data_dir = "data/gpu_report"  # the prepared corpus every phase reads
 glue_dir = ""              # a local GLUE folder (original layout); empty: the glue phase fails with a hint
 out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and logs, the recipes' runs
-phases = "prepare,bench,recipes,glue,offload"  # which phases to run, in this order
+phases = "prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
 # prepare
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
 prepare_minutes = 6.0      # > 0: the phase's time limit
 # bench
 bench_args = "--shape=reference"  # more bench.py settings
 bench_minutes = 8.0        # > 0
+# compile: bench.py's crammed row in each torch.compile mode (and eager), at compile_micro_batch
+compile_modes = "default,max-autotune-no-cudagraphs,max-autotune"  # bench.py --compile_mode
+compile_micro_batch = 0    # >= 0: 0: the largest the bench phase found (its log), else bench.py's default
+compile_minutes = 9.0      # > 0
 # recipes
 recipes = "crammed,full_layers=2,recipe_reference"  # tools/compare.py's variants: crammed is train.py's recipe (the
                            # paper's + smear), full_layers=2 narrows it (NarrowBERT), recipe_reference is the paper's
@@ -63,6 +71,8 @@ train_args = ""            # more train.py settings for every recipe (the refere
 glue_tasks = "rte,mrpc,stsb,cola"  # those present in glue_dir are fine-tuned
 glue_args = ""             # more finetune_glue.py settings
 glue_minutes = 12.0        # > 0
+# float16: the consumer-GPU path (no bfloat16 before Ampere) trained beside bfloat16, at the reference shape
+float16_minutes = 2.0      # > 0: training budget of each precision
 # offload
 offload_bench_args = "--shape=reference"  # more tools/bench_offload.py settings
 device_memory_gib = 0.0    # >= 0: the device memory the shape must exceed; 0: the GPU's own (on a GPU, less caps the process)
@@ -74,7 +84,8 @@ offload_minutes = 8.0      # > 0
 device = "auto"
 report = True              # write report.md after the phases (a phase run by the full command leaves it to it)
 # -----------------------------------------------------------------------------
-PHASES = ("prepare", "bench", "recipes", "glue", "offload")
+# in order of value per GPU minute (docs/gpu.md): health and speed first, then the decisions they feed
+PHASES = ("prepare", "bench", "compile", "float16", "recipes", "glue", "offload")
 GLUE_FOLDERS = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI",
                 "qqp": "QQP", "mnli": "MNLI", "wnli": "WNLI"}
 WIDTHS = (4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128, 64)  # off-load shapes to try, widest first
@@ -150,42 +161,98 @@ def phase_bench(deadline, logs):
     return headline, f"`{command_line(args)}`\n\n{body.lstrip('# ')}"
 
 
+def phase_compile(deadline, logs):
+    """bench.py's crammed step in each of compile_modes (warm-up: compilation and autotuning) and
+    eager, at the micro-batch training uses: the bench phase's largest, unless compile_micro_batch."""
+    micro = compile_micro_batch
+    bench_log = os.path.join(logs, "bench.log")
+    found = re.search(r"largest micro-batch within 90% of the free GPU memory: (\d+)",
+                      Path(bench_log).read_text()) if os.path.isfile(bench_log) else None
+    micro = micro or (int(found.group(1)) if found else 0)
+    args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
+            f"--compile_mode={compile_modes}", "--baselines=False", "--sweep=False",
+            *([f"--micro_batch={micro}"] if micro else [])]
+    output = run_logged(args, os.path.join(logs, "compile.log"), deadline)
+    rows = re.findall(r"^\| crammed(?:, ([\w-]+))? \| (\d+) \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \| ([\d.-]+) \|.*$",
+                      output, re.M)
+    first = compile_modes.split(",")[0]
+    headline = ", ".join(f"{mode or first} {speed} tokens/s (warm-up {float(warm):.0f} s)"
+                         for mode, _, speed, warm, _ in rows) + (f" at micro-batch {rows[0][1]}" if rows else "")
+    table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
+    ratios = "\n".join(re.findall(r"^crammed / .*$", output, re.M))
+    how = (f"the bench phase's largest micro-batch" if found and not compile_micro_batch else
+           "--compile_micro_batch" if compile_micro_batch else "bench.py's default micro-batch")
+    return headline or "see the table", (f"`{command_line(args)}` (micro-batch: {how}; `crammed` is the first mode, "
+                                         f"{first})\n\n{table}\n\n{ratios}")
+
+
 def recipe_runs():
-    """name -> out_dir of each recipe's run (tools/compare.py's layout)."""
+    """name -> out_dir of each recipe's run (tools/compare.py's layout, as train_variants makes it)."""
     return {name: os.path.join(out_dir, "runs", name, "seed0") for name in recipes.split(",") if name}
 
 
 def run_speed(run):
-    """Median tokens/s and MFU of a run's logged windows after the first (compilation)."""
-    windows = [r for r in read_jsonl(os.path.join(run, "metrics.jsonl")) if r.get("kind") == "train"][1:]
+    """Median tokens/s and MFU of a run's logged windows after the first (compilation), and the
+    updates it skipped (non-finite gradients: float16's loss scaler finding its scale)."""
+    records = [r for r in read_jsonl(os.path.join(run, "metrics.jsonl")) if r.get("kind") == "train"]
+    windows = records[1:]
     if not windows:
-        return "-", "-"
+        return "-", "-", str(records[-1].get("skipped", 0)) if records else "-"
     middle = sorted(windows, key=lambda r: r["tokens_per_s"])[len(windows) // 2]
-    return f"{middle['tokens_per_s']:,}", f"{100 * middle['mfu']:.1f}%" if middle.get("mfu") else "-"
+    return (f"{middle['tokens_per_s']:,}", f"{100 * middle['mfu']:.1f}%" if middle.get("mfu") else "-",
+            str(records[-1].get("skipped", 0)))
+
+
+def train_variants(variants, minutes, phase, folder, deadline, logs):
+    """tools/compare.py's variants each trained for `minutes` on data_dir into <out_dir>/<folder>/,
+    plotted in <out_dir>/<phase>.png. Returns (the command, its output, {variant: run folder})."""
+    runs = {v: os.path.join(out_dir, folder, v, "seed0") for v in variants}
+    base = os.path.join(out_dir, f"{phase}_base.py")
+    with open(base, "w") as f:  # what every variant shares: the data, evaluations along the way
+        f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\n"
+                f"ckpt_interval_minutes = 1e9\n")
+    shutil.rmtree(os.path.join(out_dir, folder), ignore_errors=True)  # a rerun trains afresh
+    args = ["tools/compare.py", f"--variants={','.join(variants)}", f"--base={base}", f"--budget_minutes={minutes}",
+            f"--out_dir={os.path.join(out_dir, folder)}", f"--png={os.path.join(out_dir, phase + '.png')}",
+            f"--train_args={' '.join([f'--device={device}', *shape_args(train_args)])}"]
+    return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs
+
+
+def variants_section(args, output, runs, minutes, phase):
+    """The section body of a train_variants phase: compare.py's table, speeds, skipped updates, the picture."""
+    table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
+    speeds = "\n".join(f"| {variant} | {' | '.join(run_speed(run))} |" for variant, run in runs.items())
+    finals = "\n".join(f"    {line}" for line in re.findall(r"^final: .*$", output, re.M))
+    graphs = ", ".join(re.findall(r"torch.compile built (\d+) graph", output)) or "-"
+    return (f"`{command_line(args)}` ({minutes} minutes each; validation loss with fixed 25% masks)\n\n{table}\n\n"
+            f"| run | tokens/s (median window) | MFU | updates skipped (non-finite) |\n|---|---|---|---|\n{speeds}\n\n"
+            f"![validation loss against minutes and tokens]({phase}.png)\n\n"
+            f"torch.compile graphs per run: {graphs}\n\n{finals}")
+
+
+def final_losses(output, variants):
+    """variant -> its final validation loss, from compare.py's table (the first table it prints)."""
+    table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
+    return dict(zip(variants, re.findall(r"^\| \S+ \| ([\d.]+) ", table, re.M)))
 
 
 def phase_recipes(deadline, logs):
     """Each recipe trained for recipe_minutes on data_dir (tools/compare.py --variants), then plotted."""
-    runs = recipe_runs()
-    base = os.path.join(out_dir, "recipes_base.py")
-    with open(base, "w") as f:  # what every recipe shares: the data, evaluations along the way
-        f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {recipe_minutes / 7!r}\n"
-                f"ckpt_interval_minutes = 1e9\n")
-    shutil.rmtree(os.path.join(out_dir, "runs"), ignore_errors=True)  # a rerun trains afresh
-    args = ["tools/compare.py", f"--variants={','.join(runs)}", f"--base={base}", f"--budget_minutes={recipe_minutes}",
-            f"--out_dir={os.path.join(out_dir, 'runs')}", f"--png={os.path.join(out_dir, 'recipes.png')}",
-            f"--train_args={' '.join([f'--device={device}', *shape_args(train_args)])}"]
-    output = run_logged(args, os.path.join(logs, "recipes.log"), deadline)
-    table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
-    losses = re.findall(r"^\| \S+ \| ([\d.]+) ", table, re.M)
-    headline = "validation loss " + ", ".join(f"{name} {loss}" for name, loss in zip(runs, losses))
-    speeds = "\n".join(f"| {name} | {' | '.join(run_speed(run))} |" for name, run in runs.items())
-    finals = "\n".join(f"    {line}" for line in re.findall(r"^final: .*$", output, re.M))
-    graphs = ", ".join(re.findall(r"torch.compile built (\d+) graph", output)) or "-"
-    return headline, (f"`{command_line(args)}` ({recipe_minutes} minutes each; validation loss with fixed 25% "
-                      f"masks)\n\n{table}\n\n| recipe | tokens/s (median window) | MFU |\n|---|---|---|\n{speeds}\n\n"
-                      f"![validation loss against minutes and tokens](recipes.png)\n\n"
-                      f"torch.compile graphs per run: {graphs}\n\n{finals}")
+    variants = [v for v in recipes.split(",") if v]
+    args, output, runs = train_variants(variants, recipe_minutes, "recipes", "runs", deadline, logs)
+    headline = "validation loss " + ", ".join(f"{v} {loss}" for v, loss in final_losses(output, variants).items())
+    return headline, variants_section(args, output, runs, recipe_minutes, "recipes")
+
+
+def phase_float16(deadline, logs):
+    """bfloat16 and float16 (loss scaling) trained for float16_minutes each at the reference shape."""
+    variants = ["dtype=bfloat16", "dtype=float16"]
+    args, output, runs = train_variants(variants, float16_minutes, "float16", "float16_runs", deadline, logs)
+    losses = final_losses(output, variants)
+    skipped = {v: run_speed(run)[2] for v, run in runs.items()}
+    headline = ", ".join(f"{v.split('=')[1]}: val loss {losses.get(v, '-')}, {skipped[v]} updates skipped"
+                         for v in variants)
+    return headline, variants_section(args, output, runs, float16_minutes, "float16")
 
 
 def phase_glue(deadline, logs):
@@ -211,7 +278,32 @@ def phase_glue(deadline, logs):
         parts.append(f"#### {name}\n\n`{command_line(args)}`\n\n{table}")
     if not averages:
         raise PhaseFailed("no checkpoint could be fine-tuned (run the recipes phase first): " + " / ".join(parts))
+    parts.append(glue_points(deadline, logs))
     return f"average of {len(present)} tasks: {', '.join(averages)}", "\n\n".join(parts)
+
+
+def glue_points(deadline, logs):
+    """This GPU's checkpoints added to a copy of the project's GLUE-against-compute points
+    (tools/glue_plot.py), and the picture: copy <out_dir>/glue_points.json over
+    docs/glue_points.json to keep them."""
+    points = os.path.join(out_dir, "glue_points.json")
+    shipped = os.path.join(ROOT, "docs", "glue_points.json")
+    if os.path.isfile(shipped):
+        shutil.copyfile(shipped, points)
+    elif os.path.exists(points):
+        os.remove(points)
+    done = {name: os.path.join(out_dir, f"glue_{name}.json") for name in recipe_runs()}
+    done = {name: path for name, path in done.items() if os.path.isfile(path)}
+    kind = "GPU" if device == "auto" else device
+    args = ["tools/glue_plot.py", f"--points={points}", f"--png={os.path.join(out_dir, 'glue_compute.png')}",
+            f"--add={','.join(done.values())}", f"--label={','.join(f'{kind} {name} {recipe_minutes:g} min' for name in done)}"]
+    try:
+        output = run_logged(args, os.path.join(logs, "glue_plot.log"), deadline)
+    except PhaseFailed as failure:
+        return f"#### GLUE against compute\n\nnot drawn: {failure}"
+    table = "\n".join(line for line in output.splitlines() if line.startswith(("|", "- ")))
+    return (f"#### GLUE against compute\n\n`{command_line(args)}` (keep these points: copy {points} over "
+            f"docs/glue_points.json)\n\n![GLUE average against pretraining FLOPs](glue_compute.png)\n\n{table}")
 
 
 # ---------------------------------------------------------------- off-load: larger than the GPU
@@ -368,16 +460,19 @@ def phase_offload(deadline, logs):
 
 
 # ---------------------------------------------------------------- the report
-PHASE_FUNCTIONS = dict(prepare=phase_prepare, bench=phase_bench, recipes=phase_recipes, glue=phase_glue,
-                       offload=phase_offload)
-PHASE_MINUTES = dict(prepare="prepare_minutes", bench="bench_minutes", recipes=None, glue="glue_minutes",
-                     offload="offload_minutes")
+PHASE_FUNCTIONS = dict(prepare=phase_prepare, bench=phase_bench, compile=phase_compile, float16=phase_float16,
+                       recipes=phase_recipes, glue=phase_glue, offload=phase_offload)
+PHASE_MINUTES = dict(prepare="prepare_minutes", bench="bench_minutes", compile="compile_minutes", float16=None,
+                     recipes=None, glue="glue_minutes", offload="offload_minutes")
 
 
 def phase_limit(name):
-    """The phase's time limit in minutes: its own setting; the recipes' from their budgets."""
+    """The phase's time limit in minutes: its own setting; the training phases' from their budgets
+    (+ start-up, probe, evaluations and saving for each run)."""
     if name == "recipes":
-        return len(recipe_runs()) * (recipe_minutes + 1.5)  # + start-up, probe, evaluations, saving
+        return len(recipe_runs()) * (recipe_minutes + 1.5)
+    if name == "float16":
+        return 2 * (float16_minutes + 1.5)
     return globals()[PHASE_MINUTES[name]]
 
 

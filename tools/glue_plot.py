@@ -1,0 +1,139 @@
+"""GLUE against pretraining compute: where a budget lands, beside published models of its size.
+
+    python tools/glue_plot.py --add=out/laptop/glue.json --label="CPU 2 h"  # add (or replace) a point
+    python tools/glue_plot.py                                                      # redraw and print the table
+
+A point is one checkpoint's glue.json, as finetune_glue.py writes it: the median main score of
+each task and the checkpoint's pretraining facts (shape, tokens, hours, FLOPs = model.py's
+flops_per_token x tokens). Points live in a small JSON file (default docs/glue_points.json,
+committed, so that the picture can be redrawn without the runs); --add puts a glue.json in it,
+replacing the point of the same label. The picture: the GLUE average over the tasks every point
+has, against FLOPs (log scale); BERT-Tiny's and BERT-Mini's published scores and the majority
+class as lines. The published rows are GLUE test-set scores of models pretrained for about a
+million steps on TPUs (Turc et al. 2019, "Well-Read Students Learn Better"; google-research/bert's
+README); ours are dev-set scores. Prints a markdown table of every task for every point.
+"""
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configurator import configure  # noqa: E402  (the core sits one folder up)
+from data import read_json, write_json  # noqa: E402
+from runtime import guarded, installed  # noqa: E402
+
+# -----------------------------------------------------------------------------
+points = "docs/glue_points.json"  # the points: read, and written by --add
+add = ""                  # comma-separated glue.json files (finetune_glue.py's) to add as points
+label = ""                # comma-separated labels, one per --add file; default: '<shape>, <hours> h'
+png = "docs/glue_compute.png"  # the picture; empty: none
+# -----------------------------------------------------------------------------
+
+# main metric per task (MRPC: F1, whose majority class alone gets 81.2 on dev: its accuracy is in
+# finetune_glue's table), test sets; CoLA's Matthews correlation is 0 for both
+PUBLISHED = {"BERT-Tiny (2x128)": dict(cola=0.0, sst2=83.2, mrpc=81.1, stsb=74.3, qnli=81.5, rte=57.2),
+             "BERT-Mini (4x256)": dict(cola=0.0, sst2=85.9, mrpc=81.1, stsb=75.4, qnli=84.1, rte=57.9)}
+
+
+def point_from(path, name):
+    """A point from a glue.json: its label, pretraining facts, main scores, the majority class's,
+    and how each task was fine-tuned."""
+    results = read_json(path, "run finetune_glue.py on its checkpoint again")
+    if not isinstance(results, dict) or "pretraining" not in results or not results.get("tasks"):
+        raise SystemExit(f"error: {path} is not a glue.json with scores and pretraining facts (finetune_glue.py "
+                         f"writes one; an older cram's lacks the facts: fine-tune again)")
+    facts = results["pretraining"]
+    scores, majority, how = {}, {}, {}
+    for task, entry in results["tasks"].items():
+        settings, n_seeds = entry["settings"], len(entry["seeds"])
+        how[task] = f"{n_seeds} seed{'s' * (n_seeds > 1)}, {settings['epochs']} epoch{'s' * (settings['epochs'] > 1)}" + \
+            (f", first {entry['train_examples']:,} examples" if settings.get("max_train_examples") else "")
+        for score_name, metrics in entry["median"].items():
+            main = next(iter(metrics))  # finetune_glue lists a task's main metric first
+            scores[score_name] = metrics[main]
+            if entry.get("majority"):
+                majority[score_name] = entry["majority"][score_name][main]
+    return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=scores, majority=majority,
+                how=how, source=os.path.abspath(path))
+
+
+def common_tasks(all_points):
+    """The score names every point and the published rows have: what the average is over."""
+    names = set.intersection(*(set(p["scores"]) for p in all_points), *(set(r) for r in PUBLISHED.values()))
+    return [n for n in PUBLISHED["BERT-Tiny (2x128)"] if n in names]
+
+
+def average(scores, names):
+    return statistics.mean(scores[n] for n in names) if names and all(n in scores for n in names) else float("nan")
+
+
+def markdown(all_points):
+    """Every task's score for every point, the majority class and the published rows; the average
+    over the common tasks; then each point's compute and how it was fine-tuned."""
+    names = common_tasks(all_points)
+    tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
+    majority = next((p["majority"] for p in all_points if p["majority"]), {})
+    columns = [(p["label"], p["scores"]) for p in all_points] + [("majority class", majority)] + \
+        [(f"{name}, test", row) for name, row in PUBLISHED.items()]
+    lines = ["| task | " + " | ".join(c for c, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for task in tasks:
+        lines.append(f"| {task} | " + " | ".join(f"{s[task]:.1f}" if task in s else "-" for _, s in columns) + " |")
+    lines.append(f"| average of {len(names)} | " + " | ".join(f"{average(s, names):.1f}" for _, s in columns) + " |")
+    lines.append("")
+    for p in all_points:
+        fine_tuned = "; ".join(f"{task}: {how}" for task, how in p["how"].items())
+        lines.append(f"- {p['label']}: {p['shape']}, {p['tokens'] / 1e6:,.1f}M tokens in {p['hours']:.2f} h, "
+                     f"{p['flops']:.2e} FLOPs; fine-tuned {fine_tuned}")
+    return "\n".join(lines)
+
+
+def draw(all_points, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = common_tasks(all_points)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for p in sorted(all_points, key=lambda p: p["flops"]):
+        ax.scatter(p["flops"], average(p["scores"], names), zorder=3)
+        ax.annotate(p["label"], (p["flops"], average(p["scores"], names)), textcoords="offset points", xytext=(6, 4),
+                    fontsize=8)
+    majority = next((p["majority"] for p in all_points if p["majority"]), None)
+    lines = [(f"{name} (published, test set)", row, "--") for name, row in PUBLISHED.items()]
+    lines += [("majority class", majority, ":")] if majority else []
+    for name, row, style in lines:
+        ax.axhline(average(row, names), linestyle=style, color="grey", linewidth=1)
+        ax.annotate(name, (0.01, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
+                    xytext=(0, 3), fontsize=8, color="dimgrey")
+    ax.set_xscale("log")
+    ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
+    ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
+    ax.set_title("cram: GLUE against pretraining compute", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    files = [f for f in add.split(",") if f]
+    labels = [x.strip() for x in label.split(",")] if label else [""] * len(files)
+    if len(labels) != len(files):
+        raise SystemExit(f"error: {len(files)} --add file(s) but {len(labels)} --label(s): give one label per file")
+    if png and not installed("matplotlib"):
+        raise SystemExit("error: the picture needs matplotlib: pip install matplotlib (or pass --png=)")
+    all_points = read_json(points, "fix or delete it, then --add the points again") if os.path.exists(points) else []
+    if files:
+        new = [point_from(f, name) for f, name in zip(files, labels)]
+        all_points = [p for p in all_points if p["label"] not in {n["label"] for n in new}] + new
+        write_json(points, all_points)
+    if not all_points:
+        raise SystemExit(f"error: no points in {points}: add one with --add=<glue.json> (finetune_glue.py writes it)")
+    print(markdown(all_points))
+    if png:
+        draw(all_points, png)
+        print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    configure(globals(), sys.argv[1:])
+    guarded(main, f"{points} is written whole or not at all")
