@@ -15,7 +15,7 @@ TINY = [
     "--offload_bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --repeats=1",
     "--compile_modes=default",  # max-autotune records CUDA graphs: a GPU only (bench.py's test times the CPU's two)
     "--recipe_minutes=0.05", "--float16_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
-    "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
+    "--glue_recipes=crammed,full_layers=2,recipe_reference", "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
     # off-load: a 10 MiB device simulated, so the chosen encoder's state (16 B a parameter) exceeds it
     "--device=cpu", "--device_memory_gib=0.01", "--host_memory_gib=1", "--offload_micro_batch=2", "--offload_steps=2",
 ]

@@ -14,7 +14,8 @@ that each have their own time limit and settings and can run alone:
             their validation loss curves, tokens/s and skipped updates side by side
   recipes   each recipe trained for recipe_minutes at the reference shape, one after the other,
             and tools/compare.py's validation loss (fixed masks) against minutes and tokens
-  glue      finetune_glue.py on each recipe's checkpoint, for the small tasks in glue_dir
+  glue      finetune_glue.py on the checkpoints of glue_recipes, for the small tasks in glue_dir; their
+            points on the picture of GLUE against pretraining compute (tools/glue_plot.py)
   offload   tools/bench_offload.py at the reference shape (off-load beside normal mode, and both
             under a cap normal mode cannot train in); then an encoder whose normal-mode training
             state (16 bytes a parameter) exceeds the GPU but whose off-load state (18 bytes a block
@@ -54,7 +55,7 @@ out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and 
 phases = "prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
 # prepare
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
-prepare_minutes = 6.0      # > 0: the phase's time limit
+prepare_minutes = 3.0      # > 0: the phase's time limit
 # bench
 bench_args = "--shape=reference"  # more bench.py settings
 bench_minutes = 8.0        # > 0
@@ -62,17 +63,18 @@ bench_minutes = 8.0        # > 0
 compile_modes = "default,max-autotune-no-cudagraphs,max-autotune"  # bench.py --compile_mode
 compile_micro_batch = 0    # >= 0: 0: the largest the bench phase found (its log), else bench.py's default
 compile_minutes = 9.0      # > 0
+# float16: the consumer-GPU path (no bfloat16 before Ampere) trained beside bfloat16, at the reference shape
+float16_minutes = 1.5      # > 0: training budget of each precision
 # recipes
 recipes = "crammed,full_layers=2,recipe_reference"  # tools/compare.py's variants: crammed is train.py's recipe (the
                            # paper's + smear), full_layers=2 narrows it (NarrowBERT), recipe_reference is the paper's
-recipe_minutes = 3.0       # > 0: training budget of each recipe (compilation included, evaluation not)
+recipe_minutes = 1.5       # > 0: training budget of each recipe (compilation included, evaluation not)
 train_args = ""            # more train.py settings for every recipe (the reference shape is train.py's default)
 # glue
-glue_tasks = "rte,mrpc,stsb,cola"  # those present in glue_dir are fine-tuned
+glue_recipes = "crammed,recipe_reference"  # the recipes whose checkpoints are fine-tuned (about 2.5 min each)
+glue_tasks = "rte,mrpc,stsb"  # those present in glue_dir are fine-tuned (CoLA: the most steps, and 0 this early)
 glue_args = ""             # more finetune_glue.py settings
-glue_minutes = 12.0        # > 0
-# float16: the consumer-GPU path (no bfloat16 before Ampere) trained beside bfloat16, at the reference shape
-float16_minutes = 2.0      # > 0: training budget of each precision
+glue_minutes = 8.0         # > 0
 # offload
 offload_bench_args = "--shape=reference"  # more tools/bench_offload.py settings
 device_memory_gib = 0.0    # >= 0: the device memory the shape must exceed; 0: the GPU's own (on a GPU, less caps the process)
@@ -256,7 +258,7 @@ def phase_float16(deadline, logs):
 
 
 def phase_glue(deadline, logs):
-    """finetune_glue.py on each recipe's checkpoint, for the tasks present in glue_dir."""
+    """finetune_glue.py on the checkpoints of glue_recipes, for the tasks present in glue_dir."""
     if not glue_dir or not os.path.isdir(glue_dir):
         raise PhaseFailed(f"no GLUE folder at --glue_dir={glue_dir!r}: give one in the original layout (RTE/, MRPC/, ...)")
     present = [t for t in glue_tasks.split(",") if os.path.isdir(os.path.join(glue_dir, GLUE_FOLDERS.get(t, t)))]
@@ -264,6 +266,8 @@ def phase_glue(deadline, logs):
         raise PhaseFailed(f"none of {glue_tasks} is in {glue_dir}")
     parts, averages = [], []
     for name, run in recipe_runs().items():
+        if name not in glue_recipes.split(","):
+            continue
         args = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
                 f"--tasks={','.join(present)}", f"--out_json={os.path.join(out_dir, f'glue_{name}.json')}",
                 f"--device={device}", *shape_args(glue_args)]
@@ -292,7 +296,7 @@ def glue_points(deadline, logs):
         shutil.copyfile(shipped, points)
     elif os.path.exists(points):
         os.remove(points)
-    done = {name: os.path.join(out_dir, f"glue_{name}.json") for name in recipe_runs()}
+    done = {name: os.path.join(out_dir, f"glue_{name}.json") for name in recipe_runs() if name in glue_recipes.split(",")}
     done = {name: path for name, path in done.items() if os.path.isfile(path)}
     kind = "GPU" if device == "auto" else device
     args = ["tools/glue_plot.py", f"--points={points}", f"--png={os.path.join(out_dir, 'glue_compute.png')}",
