@@ -178,6 +178,18 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert f"{entry['tokens'] / entry['train_seconds']:,.0f} tokens/s" in proc.stdout
 
 
+def test_glue_plot_refuses_what_is_not_a_result(tmp_path):
+    points = tmp_path / "points.json"
+    args = ["tools/glue_plot.py", f"--points={points}", "--png="]
+    (tmp_path / "other.json").write_text('{"tasks": {}}')
+    for extra, message in [(["--add=missing.json"], "no file missing.json"),
+                           ([f"--add={tmp_path / 'other.json'}"], "is not a glue.json with scores and pretraining facts"),
+                           ([f"--add={tmp_path / 'other.json'},{tmp_path / 'other.json'}", "--label=a"], "one label per file"),
+                           ([], f"no points in {points}")]:
+        assert_one_line_error(run_script(*args, *extra, check=False), message)
+    assert not points.exists()  # nothing written by a refused command
+
+
 def test_bad_input_errors(pretrained, tmp_path):
     args = [f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}"]
     assert_one_line_error(run_script("finetune_glue.py", *args, "--tasks=rte,squad", check=False), "unknown task 'squad'")

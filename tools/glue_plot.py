@@ -39,6 +39,8 @@ PUBLISHED = {"BERT-Tiny (2x128)": dict(cola=0.0, sst2=83.2, mrpc=81.1, stsb=74.3
 def point_from(path, name):
     """A point from a glue.json: its label, pretraining facts, main scores, the majority class's,
     and how each task was fine-tuned."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: no file {path} (finetune_glue.py writes glue.json beside the checkpoint)")
     results = read_json(path, "run finetune_glue.py on its checkpoint again")
     if not isinstance(results, dict) or "pretraining" not in results or not results.get("tasks"):
         raise SystemExit(f"error: {path} is not a glue.json with scores and pretraining facts (finetune_glue.py "
