@@ -21,6 +21,7 @@ tools/bench_prepare.py.
 """
 import dataclasses
 import functools
+import gc
 import os
 import sys
 import time
@@ -132,6 +133,8 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
         return seconds, warmup_seconds, rt.peak_memory()
     finally:
         del model, optimizer, step_model
+        torch._dynamo.reset()  # the next row (another mode) starts with no graphs, CUDA-graph pools or caches held
+        gc.collect()
         if rt.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -194,6 +197,8 @@ def main():
     rt = runtime.setup(device, dtype, compile, compile_mode=modes[0])
     for mode in modes[1:]:
         runtime.check_compile_mode(mode, rt.device)
+    if len(modes) > 1 and not compile:
+        raise SystemExit(f"error: --compile_mode={compile_mode} names modes to time, but --compile=False")
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")
     dims = SHAPES[name]

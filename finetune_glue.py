@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 import runtime
 from configurator import configure
-from data import check_writable, hub_reachable, load_checkpoint, make_encoding, parse_ranks, read_json, update_json
+from data import (check_writable, hub_reachable, load_checkpoint, make_encoding, parse_ranks, read_json, read_jsonl,
+                  update_json)
 from model import CrammedBert, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
@@ -239,13 +240,13 @@ def encode_examples(enc, texts, max_len, special_ids):
     return encoded
 
 
-def train_batches(lengths, size, generator):
-    """One epoch's batches (lists of rows) in a random order. With group_by_length, each pool of
+def train_batches(lengths, size, generator, grouped):
+    """One epoch's batches (lists of rows) in a random order. Grouped, each pool of
     64 shuffled batches is sorted by length before it is cut, so that a batch pads to a length close
     to its own examples' (as transformers' group_by_length): on GLUE, padding is 30-60% of a random
     batch's tokens."""
     order = torch.randperm(len(lengths), generator=generator).tolist()
-    if not group_by_length:
+    if not grouped:
         return [order[start:start + size] for start in range(0, len(order), size)]
     pool = 64 * size
     batches = []
@@ -315,7 +316,7 @@ def finetune(name, encoded, ckpt, run_seed, rt):
     start_time = time.perf_counter()
     bar = runtime.progress(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
     for _ in range(epochs):
-        for rows in train_batches(lengths, batch_size, generator):
+        for rows in train_batches(lengths, batch_size, generator, group_by_length):
             ids, mask = collate([train_ids[i] for i in rows], pad_id, rt.device)
             counts["tokens"] += int(mask.sum())
             counts["padded_tokens"] += mask.numel()
@@ -351,10 +352,11 @@ def median_scores(per_seed):
             for name in per_seed[0]}
 
 
-def main_scores(tasks):
-    """score name -> the median of its task's main metric (the one averaged)."""
+def main_scores(tasks, key="median"):
+    """score name -> its task's main metric (the one averaged) in each task's `key`: the median
+    over seeds, or the majority class."""
     return {score_name: metrics[TASKS[name]["metrics"][0]]
-            for name, result in tasks.items() for score_name, metrics in result["median"].items()}
+            for name, result in tasks.items() if key in result for score_name, metrics in result[key].items()}
 
 
 def majority_scores(name, data):
@@ -394,15 +396,21 @@ def table(tasks):
     return "\n".join(lines), average, counted
 
 
-def pretraining_facts(ckpt):
+def pretraining_facts(ckpt, run_dir):
     """What a plot of GLUE against pretraining compute needs (tools/glue_plot.py): the checkpoint's
-    shape, tokens, hours and FLOPs (model.py's flops_per_token at its masking rate x tokens)."""
+    shape, tokens, hours and FLOPs (model.py's flops_per_token at its final masking rate x tokens;
+    under a masking-rate schedule, an estimate), and
+    its validation loss and accuracy if the run's metrics.jsonl beside it logged them at its step."""
     args = saved_model_args(ckpt["model_args"])
     with torch.device("meta"):  # the count needs the shapes, not the memory
         per_token = CrammedBert(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", 0.25))
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    at_step = [r for r in read_jsonl(metrics) if r.get("kind") == "eval" and r.get("step") == ckpt.get("step")
+               ] if os.path.isfile(metrics) else []
     return dict(shape=f"{args['n_layers']}x{args['d_model']}", vocab_size=args["vocab_size"], tokens=ckpt.get("tokens"),
                 hours=round(ckpt.get("elapsed", 0.0) / 3600, 4), flops_per_token=per_token,
-                flops=per_token * (ckpt.get("tokens") or 0))
+                flops=per_token * (ckpt.get("tokens") or 0), val_loss=at_step[0]["val_loss"] if at_step else None,
+                accuracy=at_step[0]["accuracy"] if at_step else None)
 
 
 def results_path():
@@ -410,7 +418,9 @@ def results_path():
 
 
 def same_checkpoint(results, identity):
-    return all(results.get(k) == v for k, v in identity.items() if k != "checkpoint")
+    """Whether glue.json's scores are this checkpoint's: its step and tokens (not its path, which may
+    move, nor the pretraining facts derived from it, which each write refreshes)."""
+    return all(results.get(k) == v for k, v in identity.items() if k not in ("checkpoint", "pretraining"))
 
 
 def earlier_tasks(path, identity):
@@ -443,7 +453,8 @@ def add_run(identity, name, settings, run_seed, scores, seconds, counts, facts, 
                  **{k: round(entry.get(k, 0) + v, 1) for k, v in counts.items()})
     results["tasks"][name] = entry
     markdown, average, counted = table(results["tasks"])
-    return dict(results, **identity, scores=main_scores(results["tasks"]), average=average, average_over=counted,
+    return dict(results, **identity, scores=main_scores(results["tasks"]),
+                majority=main_scores(results["tasks"], "majority"), average=average, average_over=counted,
                 reference=REFERENCE, table=markdown)
 
 
@@ -485,7 +496,8 @@ def main(config):
     path = results_path()
     check_writable(path, "--out_json")  # now, not after an hour of fine-tuning
     identity = dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
-                    checkpoint_tokens=ckpt.get("tokens"), pretraining=pretraining_facts(ckpt))
+                    checkpoint_tokens=ckpt.get("tokens"),
+                    pretraining=pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint))))
     settings = {k: config[k] for k in SCORE_SETTINGS}
     todo = remaining_seeds(names, earlier_tasks(path, identity), settings, path)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])

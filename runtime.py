@@ -302,6 +302,10 @@ def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, r
         group["lr"] = step_lr
     total = 0.0
     cuda_graphs = rt.compile and rt.compile_mode in CUDA_GRAPH_MODES
+    if cuda_graphs:  # gradients in buffers of their own: a recorded graph's outputs are overwritten by its next run
+        for p in model.parameters():
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p)
     for micro_step in range(accum_steps):
         inputs, positions, labels = batch_at(micro_step)
         if cuda_graphs:  # a new run of the recorded graphs, which may reuse the last one's output memory
@@ -321,7 +325,7 @@ def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, r
     if applied:
         scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not cuda_graphs)  # CUDA graphs: zeroed in place, the buffers kept
     return total / accum_steps, applied
 
 

@@ -64,8 +64,8 @@ device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: bfloat16 on a GPU that has it, else
                           # float16 (with loss scaling); float32 on a CPU
 compile = True            # torch.compile the training step (inductor; on a CPU too)
-compile_mode = "default"  # {default, max-autotune-no-cudagraphs, max-autotune, reduce-overhead}: torch.compile's
-                          # mode; the last two record CUDA graphs (a GPU only); bench.py times each
+compile_mode = "default"  # torch.compile's mode: default, max-autotune-no-cudagraphs, or max-autotune and
+                          # reduce-overhead, which record CUDA graphs (a GPU only); bench.py times them
 offload = False           # blocks' master weights and AdamW state in host memory, streamed through the device:
                           # for encoders whose training state exceeds the GPU (offload.py; one process, AdamW)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name

@@ -102,13 +102,12 @@ def test_padding_does_not_change_the_logits(monkeypatch):
         assert got == pytest.approx(expected, abs=1e-5)
 
 
-def test_length_grouped_batches_cover_each_example_once_with_less_padding(monkeypatch):
+def test_length_grouped_batches_cover_each_example_once_with_less_padding():
     rng = random.Random(0)
     lengths = [rng.choice((5, 8, 12, 30, 60, 128)) + rng.randrange(5) for _ in range(3000)]
 
     def epoch(grouped, seed=0):
-        monkeypatch.setattr(glue, "group_by_length", grouped)
-        return glue.train_batches(lengths, 16, torch.Generator().manual_seed(seed))
+        return glue.train_batches(lengths, 16, torch.Generator().manual_seed(seed), grouped)
 
     def padded(batches):
         return sum(len(rows) * max(lengths[i] for i in rows) for rows in batches)
@@ -161,6 +160,7 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert results["tasks"]["sst2"]["majority"] == {"sst2": {"accuracy": 50.0}}  # half the sentences have the marker
     assert re.search(r"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| [\d.]+ \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
     assert results["scores"] == {"sst2": results["tasks"]["sst2"]["median"]["sst2"]["accuracy"]}
+    assert results["majority"] == {"sst2": 50.0}
     pretraining = results["pretraining"]  # what the plot against compute reads
     assert pretraining["tokens"] > 0 and pretraining["flops"] == pretraining["tokens"] * pretraining["flops_per_token"]
     # the checkpoint as a point of the picture of GLUE against compute, beside the published rows
@@ -169,8 +169,8 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
                        f"--png={picture}").stdout
     assert "| task | tiny | majority class | BERT-Tiny (2x128), test | BERT-Mini (4x256), test |" in table
     assert re.search(rf"^\| sst2 \| {sorted(per_seed)[1]:.1f} \| 50.0 \| 83.2 \| 85.9 \|$", table, re.M)
-    assert re.search(r"^- tiny: 2x64, [\d.]+M tokens in [\d.]+ h, [\d.]+e\+\d+ FLOPs; fine-tuned sst2: 3 seeds, 5 epochs$",
-                     table, re.M)
+    assert re.search(r"^- tiny: 2x64, vocabulary 384, [\d.]+M tokens in [\d.]+ h, [\d.]+e\+\d+ FLOPs, val loss [\d.]+ "
+                     r"\(accuracy [\d.]+\); fine-tuned sst2: 3 seeds, 5 epochs$", table, re.M), table
     assert picture.read_bytes()[:4] == b"\x89PNG" and [p["label"] for p in json.loads(points.read_text())] == ["tiny"]
     entry = results["tasks"]["sst2"]  # the speed of fine-tuning, and how much of it padding took
     assert entry["train_seconds"] > 0 and 0 < entry["tokens"] <= entry["padded_tokens"]
@@ -185,7 +185,8 @@ def test_glue_plot_refuses_what_is_not_a_result(tmp_path):
     for extra, message in [(["--add=missing.json"], "no file missing.json"),
                            ([f"--add={tmp_path / 'other.json'}"], "is not a glue.json with scores and pretraining facts"),
                            ([f"--add={tmp_path / 'other.json'},{tmp_path / 'other.json'}", "--label=a"], "one label per file"),
-                           ([], f"no points in {points}")]:
+                           ([], f"no points in {points}"),
+                           ([f"--points={tmp_path / 'other.json'}"], "is not a points file")]:
         assert_one_line_error(run_script(*args, *extra, check=False), message)
     assert not points.exists()  # nothing written by a refused command
 

@@ -4,10 +4,10 @@
     python tools/glue_plot.py                                                      # redraw and print the table
 
 A point is one checkpoint's glue.json, as finetune_glue.py writes it: the median main score of
-each task and the checkpoint's pretraining facts (shape, tokens, hours, FLOPs = model.py's
-flops_per_token x tokens). Points live in a small JSON file (default docs/glue_points.json,
-committed, so that the picture can be redrawn without the runs); --add puts a glue.json in it,
-replacing the point of the same label. The picture: the GLUE average over the tasks every point
+each task, the majority class's, and the checkpoint's pretraining facts (shape, tokens, hours,
+FLOPs = model.py's flops_per_token x tokens, validation loss). Points live in a small JSON file
+(docs/glue_points.json, committed, so that the picture can be redrawn without the runs); --add
+puts a glue.json in it, replacing the point of the same label. The picture: the GLUE average over the tasks every point
 has, against FLOPs (log scale); BERT-Tiny's and BERT-Mini's published scores and the majority
 class as lines. The published rows are GLUE test-set scores of models pretrained for about a
 million steps on TPUs (Turc et al. 2019, "Well-Read Students Learn Better"; google-research/bert's
@@ -24,10 +24,10 @@ from data import read_json, write_json  # noqa: E402
 from runtime import guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
-points = "docs/glue_points.json"  # the points: read, and written by --add
+points = os.path.join(ROOT, "docs", "glue_points.json")  # the points: read, and written by --add
 add = ""                  # comma-separated glue.json files (finetune_glue.py's) to add as points
 label = ""                # comma-separated labels, one per --add file; default: '<shape>, <hours> h'
-png = "docs/glue_compute.png"  # the picture; empty: none
+png = os.path.join(ROOT, "docs", "glue_compute.png")  # the picture; empty: none
 # -----------------------------------------------------------------------------
 
 # main metric per task (MRPC: F1, whose majority class alone gets 81.2 on dev: its accuracy is in
@@ -42,22 +42,30 @@ def point_from(path, name):
     if not os.path.isfile(path):
         raise SystemExit(f"error: no file {path} (finetune_glue.py writes glue.json beside the checkpoint)")
     results = read_json(path, "run finetune_glue.py on its checkpoint again")
-    if not isinstance(results, dict) or "pretraining" not in results or not results.get("tasks"):
+    if not isinstance(results, dict) or "pretraining" not in results or "scores" not in results:
         raise SystemExit(f"error: {path} is not a glue.json with scores and pretraining facts (finetune_glue.py "
                          f"writes one; an older cram's lacks the facts: fine-tune again)")
     facts = results["pretraining"]
-    scores, majority, how = {}, {}, {}
+    if not facts.get("tokens") or not facts.get("flops"):
+        raise SystemExit(f"error: {path} is of a checkpoint that trained no tokens: nothing to place against compute")
+    how = {}
     for task, entry in results["tasks"].items():
         settings, n_seeds = entry["settings"], len(entry["seeds"])
         how[task] = f"{n_seeds} seed{'s' * (n_seeds > 1)}, {settings['epochs']} epoch{'s' * (settings['epochs'] > 1)}" + \
             (f", first {entry['train_examples']:,} examples" if settings.get("max_train_examples") else "")
-        for score_name, metrics in entry["median"].items():
-            main = next(iter(metrics))  # finetune_glue lists a task's main metric first
-            scores[score_name] = metrics[main]
-            if entry.get("majority"):
-                majority[score_name] = entry["majority"][score_name][main]
-    return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=scores, majority=majority,
-                how=how, source=os.path.abspath(path))
+    return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=results["scores"],
+                majority=results.get("majority", {}), how=how, source=os.path.abspath(path))
+
+
+def read_points(path):
+    """The points file: a list of points, each with a label (what --add writes); [] if there is none."""
+    if not os.path.exists(path):
+        return []
+    found = read_json(path, "fix or delete it, then --add the points again")
+    if not isinstance(found, list) or not all(isinstance(p, dict) and "label" in p and "scores" in p for p in found):
+        raise SystemExit(f"error: {path} is not a points file (a list of points, as --add writes): is it a glue.json? "
+                         f"pass that as --add=")
+    return found
 
 
 def common_tasks(all_points):
@@ -72,7 +80,8 @@ def average(scores, names):
 
 def markdown(all_points):
     """Every task's score for every point, the majority class and the published rows; the average
-    over the common tasks; then each point's compute and how it was fine-tuned."""
+    over the common tasks; then each point's pretraining (compute, MLM validation loss on its own
+    corpus' held-out text) and how it was fine-tuned."""
     names = common_tasks(all_points)
     tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
     majority = next((p["majority"] for p in all_points if p["majority"]), {})
@@ -85,8 +94,9 @@ def markdown(all_points):
     lines.append("")
     for p in all_points:
         fine_tuned = "; ".join(f"{task}: {how}" for task, how in p["how"].items())
-        lines.append(f"- {p['label']}: {p['shape']}, {p['tokens'] / 1e6:,.1f}M tokens in {p['hours']:.2f} h, "
-                     f"{p['flops']:.2e} FLOPs; fine-tuned {fine_tuned}")
+        mlm = f", val loss {p['val_loss']:.3f} (accuracy {p['accuracy']:.3f})" if p.get("val_loss") is not None else ""
+        lines.append(f"- {p['label']}: {p['shape']}, vocabulary {p['vocab_size']:,}, {p['tokens'] / 1e6:,.1f}M tokens in "
+                     f"{p['hours']:.2f} h, {p['flops']:.2e} FLOPs{mlm}; fine-tuned {fine_tuned}")
     return "\n".join(lines)
 
 
@@ -123,7 +133,7 @@ def main():
         raise SystemExit(f"error: {len(files)} --add file(s) but {len(labels)} --label(s): give one label per file")
     if png and not installed("matplotlib"):
         raise SystemExit("error: the picture needs matplotlib: pip install matplotlib (or pass --png=)")
-    all_points = read_json(points, "fix or delete it, then --add the points again") if os.path.exists(points) else []
+    all_points = read_points(points)
     if files:
         new = [point_from(f, name) for f, name in zip(files, labels)]
         all_points = [p for p in all_points if p["label"] not in {n["label"] for n in new}] + new

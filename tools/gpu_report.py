@@ -163,34 +163,60 @@ def phase_bench(deadline, logs):
     return headline, f"`{command_line(args)}`\n\n{body.lstrip('# ')}"
 
 
-def phase_compile(deadline, logs):
-    """bench.py's crammed step in each of compile_modes (warm-up: compilation and autotuning) and
-    eager, at the micro-batch training uses: the bench phase's largest, unless compile_micro_batch."""
-    micro = compile_micro_batch
+def compile_micro_batch_used(logs):
+    """(micro-batch, how it was chosen) for the compile phase: compile_micro_batch, else the bench
+    phase's largest (its log), else bench.py's own (0)."""
     bench_log = os.path.join(logs, "bench.log")
     found = re.search(r"largest micro-batch within 90% of the free GPU memory: (\d+)",
                       Path(bench_log).read_text()) if os.path.isfile(bench_log) else None
-    micro = micro or (int(found.group(1)) if found else 0)
-    args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
-            f"--compile_mode={compile_modes}", "--baselines=False", "--sweep=False",
-            *([f"--micro_batch={micro}"] if micro else [])]
-    output = run_logged(args, os.path.join(logs, "compile.log"), deadline)
-    rows = re.findall(r"^\| crammed(?:, ([\w-]+))? \| (\d+) \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \| ([\d.-]+) \|.*$",
-                      output, re.M)
-    first = compile_modes.split(",")[0]
-    headline = ", ".join(f"{mode or first} {speed} tokens/s (warm-up {float(warm):.0f} s)"
-                         for mode, _, speed, warm, _ in rows) + (f" at micro-batch {rows[0][1]}" if rows else "")
-    table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
-    ratios = "\n".join(re.findall(r"^crammed / .*$", output, re.M))
-    how = (f"the bench phase's largest micro-batch" if found and not compile_micro_batch else
-           "--compile_micro_batch" if compile_micro_batch else "bench.py's default micro-batch")
-    return headline or "see the table", (f"`{command_line(args)}` (micro-batch: {how}; `crammed` is the first mode, "
-                                         f"{first})\n\n{table}\n\n{ratios}")
+    if compile_micro_batch:
+        return compile_micro_batch, "--compile_micro_batch"
+    if found:
+        return int(found.group(1)), "the bench phase's largest micro-batch"
+    return 0, "bench_args' or bench.py's default micro-batch"
+
+
+BENCH_ROW = re.compile(r"^\| crammed(?:, ([\w-]+))? \| (\d+) \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \| ([\d.-]+) \|.*$", re.M)
+
+
+def phase_compile(deadline, logs):
+    """bench.py's crammed step in each of compile_modes (warm-up: compilation and autotuning) and
+    eager, at the micro-batch training uses; one bench.py run per mode, so that a mode that fails
+    (out of memory, a compiler error) or runs out of time costs only its own row."""
+    micro, how = compile_micro_batch_used(logs)
+    rows, failures, commands = {}, [], []
+    for mode in [m for m in compile_modes.split(",") if m]:
+        args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
+                f"--compile_mode={mode}", "--baselines=False", "--sweep=False", *([f"--micro_batch={micro}"] if micro else [])]
+        commands.append(f"`{command_line(args)}`")
+        try:
+            output = run_logged(args, os.path.join(logs, f"compile_{mode}.log"), deadline)
+        except PhaseFailed as failure:
+            failures.append(f"- {mode}: {failure}")
+            continue
+        for name, used, speed, warm, peak in BENCH_ROW.findall(output):
+            rows.setdefault(name or mode, (used, speed, warm, peak))  # eager: timed in each run, kept once
+    if not rows:
+        raise PhaseFailed("no mode could be timed: " + " ".join(failures))
+    eager = float(rows["eager"][1].replace(",", "")) if "eager" in rows else None
+    table = ["| mode | micro-batch | tokens/s | x eager | warm-up s | peak GiB |", "|---|---|---|---|---|---|"]
+    for name, (used, speed, warm, peak) in rows.items():
+        ratio = f"{float(speed.replace(',', '')) / eager:.2f}" if eager else "-"
+        table.append(f"| {name} | {used} | {speed} | {ratio} | {warm} | {peak} |")
+    headline = ", ".join(f"{name} {speed} tokens/s (warm-up {float(warm):.0f} s)"
+                         for name, (_, speed, warm, _) in rows.items())
+    body = "\n".join([*commands, "", f"Micro-batch: {how}; warm-up: the untimed first steps, compilation and autotuning "
+                       "included.", "", *table, "", *failures])
+    return f"{headline} at micro-batch {next(iter(rows.values()))[0]}", body
+
+
+def variant_runs(folder, variants):
+    """variant -> the out_dir of its run in <out_dir>/<folder> (tools/compare.py's layout, seed 0)."""
+    return {v: os.path.join(out_dir, folder, v, "seed0") for v in variants if v}
 
 
 def recipe_runs():
-    """name -> out_dir of each recipe's run (tools/compare.py's layout, as train_variants makes it)."""
-    return {name: os.path.join(out_dir, "runs", name, "seed0") for name in recipes.split(",") if name}
+    return variant_runs("runs", recipes.split(","))
 
 
 def run_speed(run):
@@ -208,7 +234,7 @@ def run_speed(run):
 def train_variants(variants, minutes, phase, folder, deadline, logs):
     """tools/compare.py's variants each trained for `minutes` on data_dir into <out_dir>/<folder>/,
     plotted in <out_dir>/<phase>.png. Returns (the command, its output, {variant: run folder})."""
-    runs = {v: os.path.join(out_dir, folder, v, "seed0") for v in variants}
+    runs = variant_runs(folder, variants)
     base = os.path.join(out_dir, f"{phase}_base.py")
     with open(base, "w") as f:  # what every variant shares: the data, evaluations along the way
         f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\n"
@@ -246,14 +272,16 @@ def phase_recipes(deadline, logs):
     return headline, variants_section(args, output, runs, recipe_minutes, "recipes")
 
 
+FLOAT16_VARIANTS = ("dtype=bfloat16", "dtype=float16")
+
+
 def phase_float16(deadline, logs):
     """bfloat16 and float16 (loss scaling) trained for float16_minutes each at the reference shape."""
-    variants = ["dtype=bfloat16", "dtype=float16"]
-    args, output, runs = train_variants(variants, float16_minutes, "float16", "float16_runs", deadline, logs)
-    losses = final_losses(output, variants)
+    args, output, runs = train_variants(FLOAT16_VARIANTS, float16_minutes, "float16", "float16_runs", deadline, logs)
+    losses = final_losses(output, FLOAT16_VARIANTS)
     skipped = {v: run_speed(run)[2] for v, run in runs.items()}
     headline = ", ".join(f"{v.split('=')[1]}: val loss {losses.get(v, '-')}, {skipped[v]} updates skipped"
-                         for v in variants)
+                         for v in FLOAT16_VARIANTS)
     return headline, variants_section(args, output, runs, float16_minutes, "float16")
 
 
@@ -264,6 +292,9 @@ def phase_glue(deadline, logs):
     present = [t for t in glue_tasks.split(",") if os.path.isdir(os.path.join(glue_dir, GLUE_FOLDERS.get(t, t)))]
     if not present:
         raise PhaseFailed(f"none of {glue_tasks} is in {glue_dir}")
+    unknown = [r for r in glue_recipes.split(",") if r not in recipe_runs()]
+    if unknown:
+        raise PhaseFailed(f"--glue_recipes names {', '.join(unknown)}, not among --recipes={recipes}")
     parts, averages = [], []
     for name, run in recipe_runs().items():
         if name not in glue_recipes.split(","):
@@ -298,7 +329,8 @@ def glue_points(deadline, logs):
         os.remove(points)
     done = {name: os.path.join(out_dir, f"glue_{name}.json") for name in recipe_runs() if name in glue_recipes.split(",")}
     done = {name: path for name, path in done.items() if os.path.isfile(path)}
-    kind = "GPU" if device == "auto" else device
+    import torch
+    kind = "GPU" if device != "cpu" and torch.cuda.is_available() else "CPU"
     args = ["tools/glue_plot.py", f"--points={points}", f"--png={os.path.join(out_dir, 'glue_compute.png')}",
             f"--add={','.join(done.values())}", f"--label={','.join(f'{kind} {name} {recipe_minutes:g} min' for name in done)}"]
     try:
@@ -476,7 +508,7 @@ def phase_limit(name):
     if name == "recipes":
         return len(recipe_runs()) * (recipe_minutes + 1.5)
     if name == "float16":
-        return 2 * (float16_minutes + 1.5)
+        return len(FLOAT16_VARIANTS) * (float16_minutes + 1.5)
     return globals()[PHASE_MINUTES[name]]
 
 
