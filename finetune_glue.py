@@ -115,6 +115,8 @@ def mcc(pred, gold):
 
 def pearson(x, y):
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant: no correlation (its mean's rounding would give 1e-17)
+        return 0.0
     x, y = x - x.mean(), y - y.mean()
     denominator = math.sqrt((x @ x) * (y @ y))
     return float(x @ y / denominator) if denominator else 0.0

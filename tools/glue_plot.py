@@ -78,6 +78,11 @@ def average(scores, names):
     return statistics.mean(scores[n] for n in names) if names and all(n in scores for n in names) else float("nan")
 
 
+def score(value):
+    """A score to one decimal ('-' if missing); a rounding error of zero prints as 0.0, not -0.0."""
+    return "-" if value is None else f"{round(value, 1) + 0.0:.1f}"
+
+
 def markdown(all_points):
     """Every task's score for every point, the majority class and the published rows; the average
     over the common tasks; then each point's pretraining (compute, MLM validation loss on its own
@@ -89,8 +94,8 @@ def markdown(all_points):
         [(f"{name}, test", row) for name, row in PUBLISHED.items()]
     lines = ["| task | " + " | ".join(c for c, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for task in tasks:
-        lines.append(f"| {task} | " + " | ".join(f"{s[task]:.1f}" if task in s else "-" for _, s in columns) + " |")
-    lines.append(f"| average of {len(names)} | " + " | ".join(f"{average(s, names):.1f}" for _, s in columns) + " |")
+        lines.append(f"| {task} | " + " | ".join(score(s.get(task)) for _, s in columns) + " |")
+    lines.append(f"| average of {len(names)} | " + " | ".join(score(average(s, names)) for _, s in columns) + " |")
     lines.append("")
     for p in all_points:
         fine_tuned = "; ".join(f"{task}: {how}" for task, how in p["how"].items())
@@ -113,10 +118,10 @@ def draw(all_points, path):
     majority = next((p["majority"] for p in all_points if p["majority"]), None)
     lines = [(f"{name} (published, test set)", row, "--") for name, row in PUBLISHED.items()]
     lines += [("majority class", majority, ":")] if majority else []
-    for name, row, style in lines:
+    for i, (name, row, style) in enumerate(lines):  # labels above and below their lines in turn: close rows
         ax.axhline(average(row, names), linestyle=style, color="grey", linewidth=1)
         ax.annotate(name, (0.01, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
-                    xytext=(0, 3), fontsize=8, color="dimgrey")
+                    xytext=(0, 3 if i % 2 else -10), fontsize=8, color="dimgrey")
     ax.set_xscale("log")
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
     ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
