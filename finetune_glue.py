@@ -370,16 +370,21 @@ def majority_scores(name, data):
                          for m in TASKS[name]["metrics"]} for score_name in TASKS[name]["dev"]}
 
 
+def how_made(entry):
+    """How a task's scores were made, as the table and tools/glue_plot.py (from glue.json) say it:
+    'median of 3 seeds, 5 epochs', with a cap on the training examples if there was one."""
+    settings, n_seeds, n_epochs = entry["settings"], len(entry["seeds"]), entry["settings"]["epochs"]
+    cap = f", first {entry['train_examples']:,} train examples" if settings["max_train_examples"] else ""
+    return f"{'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap}"
+
+
 def table(tasks):
     """Markdown: one row per score (main metric, others in brackets) beside the majority class and
     the reference, each saying how it was made (seeds, epochs, a cap on the training examples)."""
     lines = ["| task | metric | ours | majority class | reference |", "|---|---|---|---|---|"]
     ours_main, floor = main_scores(tasks), {}
     for name, result in tasks.items():
-        settings, n_seeds = result["settings"], len(result["seeds"])
-        cap = f", first {result['train_examples']:,} train examples" if settings["max_train_examples"] else ""
-        n_epochs = settings["epochs"]
-        how = f" ({'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap})"
+        how = f" ({how_made(result)})"
         for score_name, metrics in result["median"].items():
             main, *others = TASKS[name]["metrics"]
             extra = "".join(f" ({METRIC_NAMES[m]} {metrics[m]:.1f})" for m in others)
@@ -454,6 +459,8 @@ def add_run(identity, name, settings, run_seed, scores, seconds, counts, facts, 
     entry.update(facts, seconds=round(entry["seconds"] + seconds, 1), median=median_scores(entry["per_seed"]),
                  **{k: round(entry.get(k, 0) + v, 1) for k, v in counts.items()})
     results["tasks"][name] = entry
+    for each in results["tasks"].values():  # what tools/glue_plot.py shows (older glue.json files lacked it)
+        each["how"] = how_made(each)
     markdown, average, counted = table(results["tasks"])
     return dict(results, **identity, scores=main_scores(results["tasks"]),
                 majority=main_scores(results["tasks"], "majority"), average=average, average_over=counted,

@@ -48,11 +48,10 @@ def point_from(path, name):
     facts = results["pretraining"]
     if not facts.get("tokens") or not facts.get("flops"):
         raise SystemExit(f"error: {path} is of a checkpoint that trained no tokens: nothing to place against compute")
-    how = {}
-    for task, entry in results["tasks"].items():
-        settings, n_seeds = entry["settings"], len(entry["seeds"])
-        how[task] = f"{n_seeds} seed{'s' * (n_seeds > 1)}, {settings['epochs']} epoch{'s' * (settings['epochs'] > 1)}" + \
-            (f", first {entry['train_examples']:,} examples" if settings.get("max_train_examples") else "")
+    if not all("how" in entry for entry in results["tasks"].values()):
+        raise SystemExit(f"error: {path} does not say how its tasks were fine-tuned (an older cram's): fine-tune "
+                         f"again (--out_json= elsewhere) or add a seed")
+    how = {task: entry["how"] for task, entry in results["tasks"].items()}
     return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=results["scores"],
                 majority=results.get("majority", {}), how=how, source=os.path.abspath(path))
 
