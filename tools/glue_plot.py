@@ -85,7 +85,8 @@ def score(value):
 def markdown(all_points):
     """Every task's score for every point, the majority class and the published rows; the average
     over the common tasks; then each point's pretraining (compute, MLM validation loss on its own
-    corpus' held-out text) and how it was fine-tuned."""
+    corpus' held-out text) and how it was fine-tuned. Points in order of compute, as in the picture."""
+    all_points = sorted(all_points, key=lambda p: p["flops"])
     names = common_tasks(all_points)
     tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
     majority = next((p["majority"] for p in all_points if p["majority"]), {})
@@ -125,6 +126,8 @@ def draw(all_points, path):
         ax.annotate(name, (0.01, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
                     xytext=(0, 3 if i % 2 else -10), fontsize=8, color="dimgrey")
     ax.set_xscale("log")
+    left, right = ax.get_xlim()
+    ax.set_xlim(left, right * (right / left) ** 0.3)  # room for the rightmost point's label
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
     ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
     ax.set_title("cram: GLUE against pretraining compute", fontsize=10)
