@@ -5,7 +5,8 @@
     python finetune_glue.py --checkpoint=... --seeds=5                          # median of 5, as published
 
 Every task uses the same hyperparameters (the reference's): batch 16, lr 4e-5, AdamW (0.9, 0.98),
-eps 1e-6, no weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1, and is scored
+eps 1e-6, no weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1 (the head on the first token;
+`--pooling=mean` averages the tokens, as the reference's crammed BERT does), and is scored
 on its dev set after the last epoch. Prints a markdown table beside the published row and writes
 every number to a JSON file.
 """
@@ -41,6 +42,7 @@ weight_decay = 0.0      # >= 0
 epochs = 5              # >= 1
 warmup = 0.1            # [0, 1): share of the steps
 dropout = 0.1           # [0, 1)
+pooling = "first"       # {first, mean}: the head reads the first token's state (original BERT's [CLS]) or the mean of the real tokens' (the reference's crammed BERT)
 eval_batch_size = 0     # >= 0: if 0, 512 on a GPU and 128 on a CPU
 max_train_examples = 0  # >= 0: use only the first N training examples (0: all); for quick looks
 group_by_length = True  # batches of similar lengths (shuffled in pools of 64 batches): less padding, same epochs
@@ -305,7 +307,8 @@ def finetune(name, encoded, ckpt, run_seed, rt):
     torch.manual_seed(run_seed)
     encoder = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": dropout})
     encoder.load_state_dict(ckpt["model"])
-    model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout).to(rt.device)
+    model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout,
+                               pooling=pooling).to(rt.device)
     optimizer = rt.optimizer(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     scaler = rt.grad_scaler()
     steps_per_epoch = math.ceil(len(train_ids) / batch_size)
@@ -344,8 +347,8 @@ def finetune(name, encoded, ckpt, run_seed, rt):
 
 
 # ---------------------------------------------------------------- results: glue.json, merged as runs finish
-SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "dtype",
-                  "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
+SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "pooling",
+                  "dtype", "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
 DAMAGED = "move it away and run the same command (its tasks are fine-tuned again)"
 
 

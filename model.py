@@ -288,28 +288,43 @@ def param_groups(module, weight_decay):
 
 
 class ClassificationHead(nn.Module):
-    """The reference GLUE head on the first token's hidden state: dense 1024 -> Tanh -> dropout ->
-    classes. num_labels=1 makes it a regression head (STS-B)."""
+    """The GLUE head: pool the final hidden states -> dense 1024 -> Tanh -> dropout -> classes.
+    num_labels=1 makes it a regression head (STS-B). pooling 'first' reads the first token ([CLS]),
+    as original BERT and cram's measured GLUE tables do; 'mean' averages the real tokens' states, as
+    the reference's crammed BERT does ('avg'; it averages the padding too). Pretraining here never
+    shows a [CLS] token, so the first position holds no summary until fine-tuning makes one; on
+    the 2-hour CPU model's STS-B the two gave the same score (BENCHMARKS.md)."""
 
-    def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1):
+    def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first"):
         super().__init__()
+        if pooling not in ("mean", "first"):
+            raise ValueError(f"pooling must be 'mean' or 'first', got {pooling!r}")
+        self.pooling = pooling
         self.pooler = nn.Linear(d_model, hidden)
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, num_labels)
         for m in (self.pooler, self.classifier):
             CrammedBert._init_weights(m)
 
-    def forward(self, first):
-        return self.classifier(self.drop(torch.tanh(self.pooler(first))))
+    def forward(self, states, padding_mask=None):
+        """states (B, T, d); padding_mask (B, T) True at real tokens -> (B, num_labels)."""
+        if self.pooling == "first":
+            pooled = states[:, 0]
+        elif padding_mask is None:
+            pooled = states.mean(1)
+        else:
+            real = padding_mask[..., None].to(states.dtype)  # (B, T, 1)
+            pooled = (states * real).sum(1) / real.sum(1)
+        return self.classifier(self.drop(torch.tanh(self.pooler(pooled))))
 
 
 class SequenceClassifier(nn.Module):
     """Encoder + ClassificationHead, for fine-tuning on GLUE."""
 
-    def __init__(self, encoder, num_labels, hidden=1024, dropout=0.1):
+    def __init__(self, encoder, num_labels, hidden=1024, dropout=0.1, pooling="first"):
         super().__init__()
         self.encoder = encoder
-        self.head = ClassificationHead(encoder.config.d_model, num_labels, hidden, dropout)
+        self.head = ClassificationHead(encoder.config.d_model, num_labels, hidden, dropout, pooling)
 
     def forward(self, idx, padding_mask=None):
-        return self.head(self.encoder.encode(idx, padding_mask)[:, 0])
+        return self.head(self.encoder.encode(idx, padding_mask), padding_mask)

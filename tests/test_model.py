@@ -46,10 +46,10 @@ def test_sparse_prediction_equals_dense():
     torch.testing.assert_close(sparse.tok_emb.weight.grad, dense.tok_emb.weight.grad, rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("smear", [False, True])
-def test_padding_does_not_change_classification(smear):
+@pytest.mark.parametrize("smear,pooling", [(False, "mean"), (True, "mean"), (False, "first")])
+def test_padding_does_not_change_classification(smear, pooling):
     torch.manual_seed(0)
-    clf = SequenceClassifier(CrammedBert(**TINY, dropout=0.1, smear=smear), num_labels=3).eval()
+    clf = SequenceClassifier(CrammedBert(**TINY, dropout=0.1, smear=smear), num_labels=3, pooling=pooling).eval()
     if smear:  # trained weights: a [PAD] neighbour would leak in
         torch.nn.init.normal_(clf.encoder.smear.weight, std=0.1)
     short = torch.randint(0, 296, (1, 7))
@@ -148,3 +148,17 @@ def test_narrowing_nothing_is_todays_model_and_a_narrowed_layer_is_its_explicit_
     # and the FLOPs count it: about half of the plain model's at the reference shape with 2 full layers
     ratio = CrammedBert(full_layers=2).flops_per_token(0.25) / CrammedBert().flops_per_token(0.25)
     assert 0.49 < ratio < 0.53
+
+
+def test_mean_pooling_reads_every_real_token_and_first_only_the_first():
+    torch.manual_seed(0)
+    encoder = CrammedBert(**TINY).eval()
+    idx = torch.randint(0, 296, (1, 9))
+    states = encoder.encode(idx)  # (1, 9, d)
+    for pooling, pooled in (("mean", states.mean(1)), ("first", states[:, 0])):
+        clf = SequenceClassifier(encoder, num_labels=2, pooling=pooling).eval()
+        head = clf.head
+        expected = head.classifier(torch.tanh(head.pooler(pooled)))
+        torch.testing.assert_close(clf(idx), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="pooling"):
+        SequenceClassifier(encoder, num_labels=2, pooling="max")

@@ -124,7 +124,8 @@ def model_card(ckpt, run_dir, folder_name):
         "## How it was trained", "", *training_facts(ckpt, run_dir), "",
         "## Use", "", "```python", usage(folder_name).rstrip("\n"), "```", "",
         "`AutoModel` gives the final hidden states, `AutoModelForSequenceClassification` adds the reference GLUE "
-        "head (first token -> dense 1024 -> Tanh -> dropout -> classes; `num_labels=1` regresses), newly "
+        "head (first token -> dense 1024 -> Tanh -> dropout -> classes; `num_labels=1` regresses; "
+        "`classifier_pooling=\"mean\"` averages the tokens instead), newly "
         "initialised. The reference fine-tunes with dropout 0.1 (pass `dropout=0.1` to `from_pretrained`); "
         "pretraining ran without. The tokenizer gives no token_type_ids: the model has no segment embeddings.", ""])
 
@@ -195,9 +196,9 @@ def main():
     specials = meta["special_ids"]
     write_json(path("config.json"), dict(
         architectures=["CramForMaskedLM"], model_type="cram", auto_map={k: f"modeling_cram.{v}" for k, v in CLASSES.items()},
-        **args, classifier_hidden=1024, classifier_dropout=0.1, pad_token_id=specials["[PAD]"],
-        cls_token_id=specials["[CLS]"], sep_token_id=specials["[SEP]"], mask_token_id=specials["[MASK]"],
-        torch_dtype="float32"))
+        **args, classifier_hidden=1024, classifier_dropout=0.1, classifier_pooling="first",
+        pad_token_id=specials["[PAD]"], cls_token_id=specials["[CLS]"], sep_token_id=specials["[SEP]"],
+        mask_token_id=specials["[MASK]"], torch_dtype="float32"))
     write_atomically(path("tokenizer.json"), tokenizer.save)
     write_json(path("tokenizer_config.json"), dict(
         tokenizer_class="PreTrainedTokenizerFast", model_max_length=args["seq_len"], padding_side="right",

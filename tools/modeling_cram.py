@@ -26,10 +26,11 @@ class CramConfig(PretrainedConfig):
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                      "intermediate_size": "d_ffn", "max_position_embeddings": "seq_len"}
 
-    def __init__(self, classifier_hidden=1024, classifier_dropout=0.1, **kwargs):
+    def __init__(self, classifier_hidden=1024, classifier_dropout=0.1, classifier_pooling="first", **kwargs):
         for name, default in MODEL_ARGS.items():
             setattr(self, name, kwargs.pop(name, default))
         self.classifier_hidden, self.classifier_dropout = classifier_hidden, classifier_dropout
+        self.classifier_pooling = classifier_pooling
         super().__init__(**kwargs)
 
     def model_args(self):
@@ -89,7 +90,7 @@ class CramForMaskedLM(CramPreTrainedModel):
 
 
 class CramForSequenceClassification(CramPreTrainedModel):
-    """Encoder + the reference GLUE head on the first token; num_labels=1 regresses
+    """Encoder + the reference GLUE head (pooling: config.classifier_pooling); num_labels=1 regresses
     (AutoModelForSequenceClassification)."""
 
     def __init__(self, config):
@@ -97,11 +98,12 @@ class CramForSequenceClassification(CramPreTrainedModel):
         self.num_labels = config.num_labels
         self.cram = CrammedBert(**config.model_args())
         self.head = ClassificationHead(config.d_model, config.num_labels, config.classifier_hidden,
-                                       config.classifier_dropout)
+                                       config.classifier_dropout, config.classifier_pooling)
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs):
-        logits = self.head(self.hidden_states(input_ids, attention_mask)[:, 0])  # (B, num_labels)
+        mask = None if attention_mask is None else attention_mask.bool()
+        logits = self.head(self.hidden_states(input_ids, attention_mask), mask)  # (B, num_labels)
         loss = None
         if labels is not None:
             if self.num_labels == 1:
