@@ -319,12 +319,13 @@ class ClassificationHead(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
-    """Encoder + ClassificationHead, for fine-tuning on GLUE."""
+    """Encoder + ClassificationHead, for fine-tuning on GLUE (the head's settings and their defaults
+    are ClassificationHead's)."""
 
-    def __init__(self, encoder, num_labels, hidden=1024, dropout=0.1, pooling="first"):
+    def __init__(self, encoder, num_labels, **head_args):
         super().__init__()
         self.encoder = encoder
-        self.head = ClassificationHead(encoder.config.d_model, num_labels, hidden, dropout, pooling)
+        self.head = ClassificationHead(encoder.config.d_model, num_labels, **head_args)  # hidden, dropout, pooling
 
     def forward(self, idx, padding_mask=None):
         return self.head(self.encoder.encode(idx, padding_mask), padding_mask)

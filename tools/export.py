@@ -196,7 +196,7 @@ def main():
     specials = meta["special_ids"]
     write_json(path("config.json"), dict(
         architectures=["CramForMaskedLM"], model_type="cram", auto_map={k: f"modeling_cram.{v}" for k, v in CLASSES.items()},
-        **args, classifier_hidden=1024, classifier_dropout=0.1, classifier_pooling="first",
+        **args,  # the GLUE head's classifier_* settings are left to CramConfig's defaults (model.py's)
         pad_token_id=specials["[PAD]"], cls_token_id=specials["[CLS]"], sep_token_id=specials["[SEP]"],
         mask_token_id=specials["[MASK]"], torch_dtype="float32"))
     write_atomically(path("tokenizer.json"), tokenizer.save)

@@ -9,6 +9,7 @@ mask <-> our padding mask, and our tensors <-> transformers' output classes.
     model = AutoModelForMaskedLM.from_pretrained("out/quickstart/hf", trust_remote_code=True)
 """
 import dataclasses
+import inspect
 
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,23 +19,29 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 from .model import ClassificationHead, CrammedBert, ModelConfig, sinusoid_table
 
 MODEL_ARGS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}  # the fields and their defaults
+HEAD_ARGS = {name: p.default for name, p in inspect.signature(ClassificationHead).parameters.items()
+             if p.default is not p.empty}  # hidden, dropout, pooling: config.json's classifier_<name>
 
 
 class CramConfig(PretrainedConfig):
-    """model.ModelConfig's fields, plus the GLUE head's width and dropout."""
+    """model.ModelConfig's fields, plus the GLUE head's settings (ClassificationHead's keyword
+    arguments as classifier_hidden, classifier_dropout, classifier_pooling)."""
     model_type = "cram"
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                      "intermediate_size": "d_ffn", "max_position_embeddings": "seq_len"}
 
-    def __init__(self, classifier_hidden=1024, classifier_dropout=0.1, classifier_pooling="first", **kwargs):
+    def __init__(self, **kwargs):
         for name, default in MODEL_ARGS.items():
             setattr(self, name, kwargs.pop(name, default))
-        self.classifier_hidden, self.classifier_dropout = classifier_hidden, classifier_dropout
-        self.classifier_pooling = classifier_pooling
+        for name, default in HEAD_ARGS.items():
+            setattr(self, f"classifier_{name}", kwargs.pop(f"classifier_{name}", default))
         super().__init__(**kwargs)
 
     def model_args(self):
         return {name: getattr(self, name) for name in MODEL_ARGS}
+
+    def head_args(self):
+        return {name: getattr(self, f"classifier_{name}") for name in HEAD_ARGS}
 
 
 class CramPreTrainedModel(PreTrainedModel):
@@ -97,8 +104,7 @@ class CramForSequenceClassification(CramPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.cram = CrammedBert(**config.model_args())
-        self.head = ClassificationHead(config.d_model, config.num_labels, config.classifier_hidden,
-                                       config.classifier_dropout, config.classifier_pooling)
+        self.head = ClassificationHead(config.d_model, config.num_labels, **config.head_args())
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs):
