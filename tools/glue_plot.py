@@ -114,10 +114,10 @@ def draw(all_points, path):
     import matplotlib.pyplot as plt
     names = common_tasks(all_points)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for p in sorted(all_points, key=lambda p: p["flops"]):
+    for i, p in enumerate(sorted(all_points, key=lambda p: p["flops"])):  # labels above and below in turn
         ax.scatter(p["flops"], average(p["scores"], names), zorder=3)
-        ax.annotate(p["label"], (p["flops"], average(p["scores"], names)), textcoords="offset points", xytext=(6, 4),
-                    fontsize=8)
+        ax.annotate(p["label"], (p["flops"], average(p["scores"], names)), textcoords="offset points",
+                    xytext=(6, -11 if i % 2 else 4), fontsize=8)
     majority = next((p["majority"] for p in all_points if p["majority"]), None)
     lines = [(f"{name} (published, test set)", row, "--") for name, row in PUBLISHED.items()]
     lines += [("majority class", majority, ":")] if majority else []
