@@ -1,4 +1,5 @@
-# The CPU recipe: two hours on 2 cores, for a model that does something on GLUE (issue 30; in progress).
+# The CPU recipe: two hours on 2 cores, for a model that does something on GLUE (the README's "GLUE on a
+# laptop": val loss 4.21, GLUE average of five 47.1 against BERT-Tiny's published 59.2).
 # Data: about 300 MB of books (any plain text of that size), with its own 32768-token tokenizer:
 # python prepare.py --dataset=<folder>/gutenberg_en.train.txt.gz --out_dir=data/books32k --vocab_size=32768 --val_fraction=0.05 --tokenizer_train_chars=30000000
 # python train.py config/train_cpu.py
