@@ -114,10 +114,8 @@ def draw(all_points, path):
     import matplotlib.pyplot as plt
     names = common_tasks(all_points)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for i, p in enumerate(sorted(all_points, key=lambda p: p["flops"])):  # labels above and below in turn
-        ax.scatter(p["flops"], average(p["scores"], names), zorder=3)
-        ax.annotate(p["label"], (p["flops"], average(p["scores"], names)), textcoords="offset points",
-                    xytext=(6, -11 if i % 2 else 4), fontsize=8)
+    for p in sorted(all_points, key=lambda p: p["flops"]):  # a legend, not labels: budgets alike overlap
+        ax.scatter(p["flops"], average(p["scores"], names), zorder=3, label=p["label"])
     majority = next((p["majority"] for p in all_points if p["majority"]), None)
     lines = [(f"{name} (published, test set)", row, "--") for name, row in PUBLISHED.items()]
     lines += [("majority class", majority, ":")] if majority else []
@@ -126,8 +124,7 @@ def draw(all_points, path):
         ax.annotate(name, (0.01, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
                     xytext=(0, 3 if i % 2 else -10), fontsize=8, color="dimgrey")
     ax.set_xscale("log")
-    left, right = ax.get_xlim()
-    ax.set_xlim(left, right * (right / left) ** 0.3)  # room for the rightmost point's label
+    ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
     ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
     ax.set_title("cram: GLUE against pretraining compute", fontsize=10)
