@@ -85,8 +85,7 @@ def score(value):
 def markdown(all_points):
     """Every task's score for every point, the majority class and the published rows; the average
     over the common tasks; then each point's pretraining (compute, MLM validation loss on its own
-    corpus' held-out text) and how it was fine-tuned. Points in order of compute, as in the picture."""
-    all_points = sorted(all_points, key=lambda p: p["flops"])
+    corpus' held-out text) and how it was fine-tuned; points in the order given."""
     names = common_tasks(all_points)
     tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
     majority = next((p["majority"] for p in all_points if p["majority"]), {})
@@ -114,7 +113,7 @@ def draw(all_points, path):
     import matplotlib.pyplot as plt
     names = common_tasks(all_points)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for p in sorted(all_points, key=lambda p: p["flops"]):  # a legend, not labels: budgets alike overlap
+    for p in all_points:  # a legend, not labels: budgets alike overlap
         ax.scatter(p["flops"], average(p["scores"], names), zorder=3, label=p["label"])
     majority = next((p["majority"] for p in all_points if p["majority"]), None)
     lines = [(f"{name} (published, test set)", row, "--") for name, row in PUBLISHED.items()]
@@ -147,6 +146,7 @@ def main():
         write_json(points, all_points)
     if not all_points:
         raise SystemExit(f"error: no points in {points}: add one with --add=<glue.json> (finetune_glue.py writes it)")
+    all_points = sorted(all_points, key=lambda p: p["flops"])  # the table's columns and the legend by compute
     print(markdown(all_points))
     if png:
         draw(all_points, png)

@@ -23,6 +23,11 @@ HEAD_ARGS = {name: p.default for name, p in inspect.signature(ClassificationHead
              if p.default is not p.empty}  # hidden, dropout, pooling: config.json's classifier_<name>
 
 
+def padding_mask(attention_mask):
+    """transformers' attention_mask (B, T), 1 at real tokens -> model.py's padding mask (True there), or None."""
+    return None if attention_mask is None else attention_mask.bool()
+
+
 class CramConfig(PretrainedConfig):
     """model.ModelConfig's fields, plus the GLUE head's settings (ClassificationHead's keyword
     arguments as classifier_hidden, classifier_dropout, classifier_pooling)."""
@@ -62,10 +67,6 @@ class CramPreTrainedModel(PreTrainedModel):
     def set_input_embeddings(self, value):
         self.cram.tok_emb = value
 
-    def hidden_states(self, input_ids, attention_mask):
-        """(B, T, d) final hidden states; attention_mask (B, T) is 1 at real tokens, 0 at padding."""
-        return self.cram.encode(input_ids, None if attention_mask is None else attention_mask.bool())
-
 
 class CramModel(CramPreTrainedModel):
     """The encoder: final hidden states (AutoModel)."""
@@ -77,7 +78,7 @@ class CramModel(CramPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, return_dict=None, **kwargs):
         # token_type_ids are accepted and ignored: the model has no segment embeddings
-        return BaseModelOutput(last_hidden_state=self.hidden_states(input_ids, attention_mask))
+        return BaseModelOutput(last_hidden_state=self.cram.encode(input_ids, padding_mask(attention_mask)))
 
 
 class CramForMaskedLM(CramPreTrainedModel):
@@ -89,7 +90,7 @@ class CramForMaskedLM(CramPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs):
-        logits = self.cram.logits(self.hidden_states(input_ids, attention_mask))  # (B, T, V)
+        logits = self.cram.logits(self.cram.encode(input_ids, padding_mask(attention_mask)))  # (B, T, V)
         loss = None
         if labels is not None:  # -100 marks positions without a target
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
@@ -108,8 +109,8 @@ class CramForSequenceClassification(CramPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs):
-        mask = None if attention_mask is None else attention_mask.bool()
-        logits = self.head(self.hidden_states(input_ids, attention_mask), mask)  # (B, num_labels)
+        mask = padding_mask(attention_mask)
+        logits = self.head(self.cram.encode(input_ids, mask), mask)  # (B, num_labels)
         loss = None
         if labels is not None:
             if self.num_labels == 1:
