@@ -5,10 +5,16 @@
     python finetune_glue.py --checkpoint=... --seeds=5                          # median of 5, as published
 
 Every task uses the same hyperparameters (the reference's): batch 16, lr 4e-5, AdamW (0.9, 0.98),
-eps 1e-6, no weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1 (the head on the first token;
-`--pooling=mean` averages the tokens, as the reference's crammed BERT does), and is scored
-on its dev set after the last epoch. Prints a markdown table beside the published row and writes
-every number to a JSON file.
+eps 1e-6, no weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1, the head on the
+first token (as the reference's GLUE config: `zero_index`; `--pooling=mean` averages the tokens), and is
+scored on its dev set after the last epoch. Prints a markdown table beside the published row and
+writes every number to a JSON file.
+
+    python finetune_glue.py --checkpoint=... --tasks=stsb,rte --seeds=3 --from_scratch=True
+
+fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same
+settings and seeds: the floor that pretraining must beat, shown beside the model's scores in the
+same table and glue.json. A small model's GLUE sits there until pretraining passes about 1e17 FLOPs.
 """
 import csv
 import functools
@@ -42,7 +48,8 @@ weight_decay = 0.0      # >= 0
 epochs = 5              # >= 1
 warmup = 0.1            # [0, 1): share of the steps
 dropout = 0.1           # [0, 1)
-pooling = "first"       # {first, mean}: the head reads the first token's state (original BERT's [CLS]) or the mean of the real tokens' (the reference's crammed BERT)
+pooling = "first"       # {first, mean}: the head reads the first token's state (original BERT's [CLS], the reference's GLUE setting) or the mean of the real tokens'
+from_scratch = False    # fine-tune a freshly initialised encoder of the checkpoint's shape and tokenizer: the no-pretraining floor, kept beside the scores
 eval_batch_size = 0     # >= 0: if 0, 512 on a GPU and 128 on a CPU
 max_train_examples = 0  # >= 0: use only the first N training examples (0: all); for quick looks
 group_by_length = True  # batches of similar lengths (shuffled in pools of 64 batches): less padding, same epochs
@@ -295,10 +302,11 @@ def predict(model, encoded, pad_id, rt, regression):
     return out
 
 
-def finetune(name, encoded, ckpt, run_seed, rt):
+def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
     """Fine-tune a fresh copy of the checkpoint on one task's encoded splits (split -> (ids, labels));
-    returns {score name: {metric: value}} on its dev sets, and the training's counts: tokens (real),
-    padded_tokens (what the model computed) and train_seconds."""
+    pretrained=False starts from a fresh initialisation of its shape instead (seeded by run_seed, as
+    the head is). Returns {score name: {metric: value}} on its dev sets, and the training's counts:
+    tokens (real), padded_tokens (what the model computed) and train_seconds."""
     spec = TASKS[name]
     regression = spec["labels"] is None
     pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
@@ -306,7 +314,8 @@ def finetune(name, encoded, ckpt, run_seed, rt):
 
     torch.manual_seed(run_seed)
     encoder = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": dropout})
-    encoder.load_state_dict(ckpt["model"])
+    if pretrained:
+        encoder.load_state_dict(ckpt["model"])
     model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout,
                                pooling=pooling).to(rt.device)
     optimizer = rt.optimizer(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
@@ -350,6 +359,13 @@ def finetune(name, encoded, ckpt, run_seed, rt):
 SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "pooling",
                   "dtype", "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
 DAMAGED = "move it away and run the same command (its tasks are fine-tuned again)"
+# glue.json keeps the checkpoint's runs under "tasks" and the no-pretraining control's (--from_scratch) under
+# "no_pretraining": the floor each score is shown beside
+GROUPS = ("tasks", "no_pretraining")
+
+
+def group_of(scratch):
+    return GROUPS[bool(scratch)]
 
 
 def median_scores(per_seed):
@@ -381,29 +397,44 @@ def how_made(entry):
     return f"{'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap}"
 
 
-def table(tasks):
-    """Markdown: one row per score (main metric, others in brackets) beside the majority class and
-    the reference, each saying how it was made (seeds, epochs, a cap on the training examples)."""
-    lines = ["| task | metric | ours | majority class | reference |", "|---|---|---|---|---|"]
-    ours_main, floor = main_scores(tasks), {}
-    for name, result in tasks.items():
-        how = f" ({how_made(result)})"
-        for score_name, metrics in result["median"].items():
-            main, *others = TASKS[name]["metrics"]
-            extra = "".join(f" ({METRIC_NAMES[m]} {metrics[m]:.1f})" for m in others)
-            majority = result.get("majority", {}).get(score_name)
-            floor[score_name] = majority[main] if majority else float("nan")
-            majority = f"{majority[main]:.1f}" + "".join(f" ({majority[m]:.1f})" for m in others) if majority else "-"
-            reference = f"{REFERENCE[score_name]:.1f}" if score_name in REFERENCE else "-"
-            lines.append(f"| {score_name} | {METRIC_NAMES[main]}{how} | {metrics[main]:.1f}{extra} | {majority} | "
-                         f"{reference} |")
-    counted = [s for s in REFERENCE if s in ours_main]
+def cell(metrics, main, others, named=True):
+    """'58.1 (F1 70.1)': the main metric, the others in brackets; '-' when there is none."""
+    if metrics is None:
+        return "-"
+    return f"{metrics[main]:.1f}" + "".join(f" ({METRIC_NAMES[m] + ' ' if named else ''}{metrics[m]:.1f})" for m in others)
 
-    def mean(scores):
-        return statistics.mean(scores[s] for s in counted) if counted else float("nan")
-    average = mean(ours_main)
-    lines.append(f"| average ({len(counted)} of 9) | | {average:.1f} | {mean(floor):.1f} | {mean(REFERENCE):.1f} |")
-    return "\n".join(lines), average, counted
+
+def table(results, names=None):
+    """Markdown: one row per score (main metric, others in brackets): the checkpoint's, the same shape
+    fine-tuned without pretraining (the floor pretraining must lift it from), the majority class and
+    the reference, each row saying how it was made (seeds, epochs, a cap on the training examples).
+    Returns the markdown and the averages over the reference's scores present ({column: value}, nan
+    where a column lacks one of them)."""
+    ours, scratch = results.get("tasks", {}), results.get("no_pretraining", {})
+    names = [n for n in (names or TASKS) if n in ours or n in scratch]
+    lines = ["| task | metric | ours | no pretraining | majority class | reference |", "|---|---|---|---|---|---|"]
+    columns = dict(ours={}, no_pretraining={}, majority={}, reference=REFERENCE)  # score name -> main score
+    for name in names:
+        main, *others = TASKS[name]["metrics"]
+        made = ours.get(name) or scratch[name]
+        floor_how = f" ({how_made(scratch[name])})" if name in scratch and how_made(scratch[name]) != how_made(made) else ""
+        for score_name in TASKS[name]["dev"]:
+            found = dict(ours=ours.get(name, {}).get("median", {}).get(score_name),
+                         no_pretraining=scratch.get(name, {}).get("median", {}).get(score_name),
+                         majority=made.get("majority", {}).get(score_name))
+            for column, metrics in found.items():
+                if metrics is not None:
+                    columns[column][score_name] = metrics[main]
+            reference = f"{REFERENCE[score_name]:.1f}" if score_name in REFERENCE else "-"
+            lines.append(f"| {score_name} | {METRIC_NAMES[main]} ({how_made(made)}) | {cell(found['ours'], main, others)} | "
+                         f"{cell(found['no_pretraining'], main, others)}{floor_how if found['no_pretraining'] else ''} | "
+                         f"{cell(found['majority'], main, others, named=False)} | {reference} |")
+    counted = [s for s in REFERENCE if s in columns["ours"]] or [s for s in REFERENCE if s in columns["no_pretraining"]]
+    averages = {column: statistics.mean(scores[s] for s in counted) if counted and all(s in scores for s in counted)
+                else float("nan") for column, scores in columns.items()}
+    lines.append(f"| average ({len(counted)} of 9) | | " +
+                 " | ".join("-" if math.isnan(v) else f"{v:.1f}" for v in averages.values()) + " |")
+    return "\n".join(lines), averages, counted
 
 
 def pretraining_facts(ckpt, run_dir):
@@ -433,24 +464,26 @@ def same_checkpoint(results, identity):
     return all(results.get(k) == v for k, v in identity.items() if k not in ("checkpoint", "pretraining"))
 
 
-def earlier_tasks(path, identity):
-    """The tasks glue.json already holds for this checkpoint ({} when there is none); a one-line
-    error when it holds another checkpoint's scores, which a rerun must not replace."""
+def earlier_runs(path, identity):
+    """What glue.json already holds for this checkpoint ({"tasks": {}} when there is none); a
+    one-line error when it holds another checkpoint's scores, which a rerun must not replace."""
     results = read_json(path, DAMAGED) if os.path.exists(path) else {"tasks": {}, **identity}
-    if not isinstance(results, dict) or not isinstance(results.get("tasks"), dict) or \
+    if not isinstance(results, dict) or not all(isinstance(results.get(g, {}), dict) for g in GROUPS) or \
             not same_checkpoint(results, identity):
         raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass --out_json= "
                          f"for this one's, or move it away")
-    return results["tasks"]
+    return results
 
 
-def add_run(identity, name, settings, run_seed, scores, seconds, counts, facts, results):
-    """glue.json's object (or None) with one more fine-tuning run: seed run_seed of task `name`,
-    its seconds and its counts (finetune's: tokens, padded_tokens, train_seconds) added to the task's."""
+def add_run(identity, group, name, settings, run_seed, scores, seconds, counts, facts, results):
+    """glue.json's object (or None) with one more fine-tuning run in `group` ("tasks", or
+    "no_pretraining" for the control): seed run_seed of task `name`, its seconds and its counts
+    (finetune's: tokens, padded_tokens, train_seconds) added to the task's."""
     results = results or {"tasks": {}, **identity}
     if not same_checkpoint(results, identity):
         raise SystemExit(f"error: another process wrote another checkpoint's scores to {results_path()} meanwhile")
-    entry = results["tasks"].get(name)
+    results.setdefault(group, {})
+    entry = results[group].get(name)
     if not entry or entry.get("settings") != settings:
         entry = dict(settings=settings, seeds=[], per_seed=[], seconds=0.0, tokens=0, padded_tokens=0,
                      train_seconds=0.0)
@@ -461,13 +494,20 @@ def add_run(identity, name, settings, run_seed, scores, seconds, counts, facts, 
     entry["per_seed"].append(scores)
     entry.update(facts, seconds=round(entry["seconds"] + seconds, 1), median=median_scores(entry["per_seed"]),
                  **{k: round(entry.get(k, 0) + v, 1) for k, v in counts.items()})
-    results["tasks"][name] = entry
-    for each in results["tasks"].values():  # what tools/glue_plot.py shows (older glue.json files lacked it)
+    results[group][name] = entry
+    for each in (e for g in GROUPS for e in results.get(g, {}).values()):  # what tools/glue_plot.py shows
         each["how"] = how_made(each)
-    markdown, average, counted = table(results["tasks"])
+    markdown, averages, counted = table(results)
+    everything = {**results.get("no_pretraining", {}), **results["tasks"]}
     return dict(results, **identity, scores=main_scores(results["tasks"]),
-                majority=main_scores(results["tasks"], "majority"), average=average, average_over=counted,
+                no_pretraining_scores=main_scores(results.get("no_pretraining", {})),
+                majority=main_scores(everything, "majority"), average=none_if_nan(averages["ours"]),
+                no_pretraining_average=none_if_nan(averages["no_pretraining"]), average_over=counted,
                 reference=REFERENCE, table=markdown)
+
+
+def none_if_nan(value):
+    return None if math.isnan(value) else value
 
 
 def summary(name, entry):
@@ -484,8 +524,8 @@ def summary(name, entry):
 
 
 def remaining_seeds(names, done, settings, path):
-    """task -> the seeds it still needs, given the tasks glue.json holds: a rerun redoes nothing
-    that finished with the same settings (it says so)."""
+    """task -> the seeds it still needs, given the tasks glue.json holds (of the group this run adds
+    to): a rerun redoes nothing that finished with the same settings (it says so)."""
     wanted, todo = [seed + s for s in range(seeds)], {}
     for name in names:
         entry = done.get(name)
@@ -511,10 +551,12 @@ def main(config):
                     checkpoint_tokens=ckpt.get("tokens"),
                     pretraining=pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint))))
     settings = {k: config[k] for k in SCORE_SETTINGS}
-    todo = remaining_seeds(names, earlier_tasks(path, identity), settings, path)
+    group = group_of(from_scratch)
+    todo = remaining_seeds(names, earlier_runs(path, identity).get(group, {}), settings, path)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     rt = runtime.setup(device, dtype, compile=False)
-    print(f"fine-tuning {checkpoint} (step {ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
+    print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
+          f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
           f"{ckpt['model_args']['d_model']}) on {', '.join(todo) or 'nothing left to do'} with {seeds} seed(s) on "
           f"{rt.describe()}")
 
@@ -529,15 +571,18 @@ def main(config):
                      majority=majority_scores(name, data))
         for run_seed in missing:  # each seed is in glue.json as soon as it is scored
             t0 = time.time()
-            scores, counts = finetune(name, encoded, ckpt, run_seed, rt)
-            update_json(path, functools.partial(add_run, identity, name, settings, run_seed, scores, time.time() - t0,
-                                                counts, facts), DAMAGED)
-        print(f"{name}: {summary(name, read_json(path, DAMAGED)['tasks'][name])}")
+            scores, counts = finetune(name, encoded, ckpt, run_seed, rt, pretrained=not from_scratch)
+            update_json(path, functools.partial(add_run, identity, group, name, settings, run_seed, scores,
+                                                time.time() - t0, counts, facts), DAMAGED)
+        print(f"{name}{' (no pretraining)' * from_scratch}: {summary(name, read_json(path, DAMAGED)[group][name])}")
 
     results = read_json(path, DAMAGED)
-    print(table({name: results["tasks"][name] for name in names})[0])
-    print(f"wrote {path}" + (f" (it also holds {', '.join(sorted(set(results['tasks']) - set(names)))})"
-                             if set(results["tasks"]) - set(names) else ""))
+    print(table(results, names)[0])
+    others = sorted({n for g in GROUPS for n in results.get(g, {})} - set(names))
+    print(f"wrote {path}" + (f" (it also holds {', '.join(others)})" if others else ""))
+    if not from_scratch and any(n not in results.get("no_pretraining", {}) for n in names):
+        print("no pretraining: '-' where not measured; the same command with --from_scratch=True fine-tunes a "
+              "never-pretrained encoder of this shape, the floor these scores should beat")
 
 
 if __name__ == "__main__":

@@ -290,10 +290,10 @@ def param_groups(module, weight_decay):
 class ClassificationHead(nn.Module):
     """The GLUE head: pool the final hidden states -> dense 1024 -> Tanh -> dropout -> classes.
     num_labels=1 makes it a regression head (STS-B). pooling 'first' reads the first token ([CLS]),
-    as original BERT and cram's measured GLUE tables do; 'mean' averages the real tokens' states, as
-    the reference's crammed BERT does ('avg'; it averages the padding too). Pretraining here never
-    shows a [CLS] token, so the first position holds no summary until fine-tuning makes one; on
-    the 2-hour CPU model's STS-B the two gave the same score (BENCHMARKS.md)."""
+    as original BERT and the reference's GLUE evaluation do (its model config says 'avg', but its
+    GLUE config overrides the pooler to 'zero_index'); 'mean' averages the real tokens' states.
+    Pretraining here never shows a [CLS] token, so the first position holds no summary until
+    fine-tuning makes one; on the 2-hour CPU model's STS-B the two gave the same score (BENCHMARKS.md)."""
 
     def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first"):
         super().__init__()

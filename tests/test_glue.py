@@ -158,7 +158,9 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert results["tasks"]["sst2"]["median"]["sst2"]["accuracy"] == sorted(per_seed)[1] >= 90.0
     assert "| sst2 | accuracy (median of 3 seeds, 5 epochs) |" in proc.stdout and "| 92.0 |" in proc.stdout
     assert results["tasks"]["sst2"]["majority"] == {"sst2": {"accuracy": 50.0}}  # half the sentences have the marker
-    assert re.search(r"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| [\d.]+ \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
+    # the no-pretraining column is there, not yet measured, and the output says how to measure it
+    assert re.search(r"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| [\d.]+ \| - \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
+    assert "--from_scratch=True" in proc.stdout.splitlines()[-1]
     assert results["scores"] == {"sst2": results["tasks"]["sst2"]["median"]["sst2"]["accuracy"]}
     assert results["majority"] == {"sst2": 50.0}
     pretraining = results["pretraining"]  # what the plot against compute reads
@@ -167,8 +169,9 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     points, picture = tmp_path / "points.json", tmp_path / "glue.png"
     table = run_script("tools/glue_plot.py", f"--add={out}", "--label=tiny", f"--points={points}",
                        f"--png={picture}").stdout
-    assert "| task | tiny | majority class | BERT-Tiny (2x128), test | BERT-Mini (4x256), test |" in table
-    assert re.search(rf"^\| sst2 \| {sorted(per_seed)[1]:.1f} \| 50.0 \| 83.2 \| 85.9 \|$", table, re.M)
+    assert ("| task | tiny | majority class | BERT-Tiny (2x128), test | BERT-Mini (4x256), test | BERT-Small (4x512), test "
+            "| BERT-base, no pretraining, dev |") in table
+    assert re.search(rf"^\| sst2 \| {sorted(per_seed)[1]:.1f} \| 50.0 \| 83.2 \| 85.9 \| 89.7 \| 79.9 \|$", table, re.M)
     assert re.search(r"^- tiny: 2x64, vocabulary 384, [\d.]+M tokens in [\d.]+ h, [\d.]+e\+\d+ FLOPs, val loss [\d.]+ "
                      r"\(accuracy [\d.]+\); fine-tuned sst2: median of 3 seeds, 5 epochs$", table, re.M), table
     assert picture.read_bytes()[:4] == b"\x89PNG" and [p["label"] for p in json.loads(points.read_text())] == ["tiny"]
@@ -176,6 +179,63 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert entry["train_seconds"] > 0 and 0 < entry["tokens"] <= entry["padded_tokens"]
     assert entry["tokens"] > 3 * 5 * 480 * 5  # 3 seeds x 5 epochs x 480 sentences of 5+ tokens
     assert f"{entry['tokens'] / entry['train_seconds']:,.0f} tokens/s" in proc.stdout
+
+
+def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoints_shape(pretrained, monkeypatch):
+    """--from_scratch=True: the encoder fine-tuned is a fresh initialisation of the checkpoint's
+    shape, seeded by the fine-tuning seed as the head is; without it, the checkpoint's weights."""
+    from data import load_checkpoint
+    from model import saved_model_args
+    ckpt = load_checkpoint(str(pretrained))
+    start_weights = []
+
+    class Spy(SequenceClassifier):
+        def __init__(self, encoder, *args, **kwargs):
+            start_weights.append({k: v.clone() for k, v in encoder.state_dict().items()})
+            super().__init__(encoder, *args, **kwargs)
+    monkeypatch.setattr(glue, "SequenceClassifier", Spy)
+    monkeypatch.setattr(glue, "epochs", 1)
+    cls, sep = ckpt["meta"]["special_ids"]["[CLS]"], ckpt["meta"]["special_ids"]["[SEP]"]
+    encoded = {"train": ([[cls, 5, sep], [cls, 6, 7, sep]], [0, 1]), "rte": ([[cls, 5, sep]], [0])}
+    rt = runtime.setup("cpu", "float32", compile=False)
+    for pretrained_encoder in (True, False):
+        scores, _ = glue.finetune("rte", encoded, ckpt, 3, rt, pretrained=pretrained_encoder)
+        assert 0.0 <= scores["rte"]["accuracy"] <= 100.0
+    torch.manual_seed(3)
+    fresh = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": glue.dropout}).state_dict()
+    loaded, scratch = start_weights
+    assert set(loaded) == set(scratch) == set(fresh) == set(ckpt["model"])
+    for name in fresh:
+        assert torch.equal(loaded[name], ckpt["model"][name]) and torch.equal(scratch[name], fresh[name]), name
+    assert sum(not torch.equal(fresh[n], ckpt["model"][n]) for n in fresh) > len(fresh) // 2  # pretraining moved them
+
+
+def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
+    """The control goes into the same glue.json, beside the model's scores (which it keeps), and
+    into the same table, the picture's table and the model card; each is resumed on its own."""
+    glue_dir = marker_task(tmp_path)
+    out = tmp_path / "glue.json"
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={glue_dir}", "--tasks=sst2", "--epochs=1",
+            "--seeds=2", "--max_train_examples=96", "--device=cpu", f"--out_json={out}"]
+    run_script(*args)
+    proc = run_script(*args, "--from_scratch=True")
+    assert "fine-tuning a never-pretrained encoder of the shape of" in proc.stdout
+    results = json.loads(out.read_text())
+    ours, floor = (results[group]["sst2"]["median"]["sst2"]["accuracy"] for group in ("tasks", "no_pretraining"))
+    assert results["tasks"]["sst2"]["seeds"] == results["no_pretraining"]["sst2"]["seeds"] == [0, 1]
+    assert results["scores"] == {"sst2": ours} and results["no_pretraining_scores"] == {"sst2": floor}
+    assert results["average"] == ours and results["no_pretraining_average"] == floor
+    assert f"| average (1 of 9) | | {ours:.1f} | {floor:.1f} | 50.0 | 92.0 |" in proc.stdout
+    row = rf"^\| sst2 \| accuracy \(median of 2 seeds, 1 epoch, first 96 train examples\) \| {ours:.1f} \| {floor:.1f} \| 50.0 \| 92.0 \|$"
+    assert re.search(row, proc.stdout, re.M) and re.search(row, results["table"], re.M)
+    assert "--from_scratch=True" not in proc.stdout.splitlines()[-1]  # measured: no hint
+    for extra in ([], ["--from_scratch=True"]):  # each group resumes on its own: nothing to redo
+        again = run_script(*args, *extra)
+        assert "sst2: done earlier" in again.stdout and json.loads(out.read_text())["tasks"] == results["tasks"]
+    points = tmp_path / "points.json"
+    table = run_script("tools/glue_plot.py", f"--add={out}", "--label=tiny", f"--points={points}", "--png=").stdout
+    assert re.search(rf"^\| task \| tiny \| no pretraining, 2x64, vocabulary 384 \(measured\) \| majority class \|", table, re.M)
+    assert re.search(rf"^\| sst2 \| {ours:.1f} \| {floor:.1f} \| 50.0 \|", table, re.M)
 
 
 def test_glue_plot_refuses_what_is_not_a_result(tmp_path):

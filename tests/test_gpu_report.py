@@ -16,6 +16,7 @@ TINY = [
     "--compile_modes=default",  # max-autotune records CUDA graphs: a GPU only (bench.py's test times the CPU's two)
     "--recipe_minutes=0.05", "--float16_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
     "--glue_recipes=crammed,full_layers=2,recipe_reference", "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
+    "--transfer_minutes=0.05", "--transfer_glue_args=--epochs=1 --max_train_examples=8",
     # off-load: a 10 MiB device simulated, so the chosen encoder's state (16 B a parameter) exceeds it
     "--device=cpu", "--device_memory_gib=0.01", "--host_memory_gib=1", "--offload_micro_batch=2", "--offload_steps=2",
 ]
@@ -33,12 +34,24 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
     report = (out / "report.md").read_text()
     found = sections(out)
     assert {name: s["status"] for name, s in found.items()} == dict.fromkeys(
-        ("prepare", "bench", "compile", "float16", "recipes", "glue", "offload"), "ok")
+        ("health", "transfer", "prepare", "bench", "compile", "float16", "recipes", "glue", "offload"), "ok")
     for s in found.values():  # every figure says where and when it was measured
         assert s["environment"].startswith("CPU") and "torch " in s["environment"] and "tools/gpu_report.py" in s["command"]
-    # prepare made the data the other phases read
-    assert (data / "meta.json").is_file() and re.search(r"\| prepare \| ok \| [\d.]+ \| [\d,]+ train tokens, vocabulary 384",
-                                                        report)
+    # health: the device and a matmul's speed, in seconds
+    assert re.search(r"\| health \| ok \| [\d.]+ \| cpu, float32; 1024x1024 float32 matmul [\d.]+ TFLOP/s \|", report)
+    # transfer, first: the data prepared, train.py's recipe pretrained for its budget, then four tasks fine-tuned
+    # (sst2 for one epoch) and two of them from scratch, beside each other in one table and on the picture
+    assert (data / "meta.json").is_file() and "already prepared" in found["prepare"]["body"]
+    assert re.search(r"\| prepare \| ok \| [\d.]+ \| [\d,]+ train tokens, vocabulary 384", report)
+    transfer = json.load(open(out / "transfer" / "glue.json"))
+    assert sorted(transfer["tasks"]) == ["mrpc", "rte", "sst2", "stsb"] and sorted(transfer["no_pretraining"]) == ["rte", "stsb"]
+    assert transfer["tasks"]["sst2"]["settings"]["epochs"] == 1 and transfer["tasks"]["rte"]["settings"]["epochs"] == 1
+    evals = [json.loads(line) for line in (out / "transfer" / "metrics.jsonl").read_text().splitlines()]
+    assert 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert re.fullmatch(r"stsb -?[\d.]+ \(no pretraining -?[\d.]+\), mrpc [\d.]+, rte [\d.]+ \(no pretraining [\d.]+\), "
+                        r"sst2 [\d.]+ after [\d.]+M tokens, [\d.]+e\+\d+ FLOPs", found["transfer"]["headline"]), found["transfer"]["headline"]
+    assert "| task | metric | ours | no pretraining | majority class | reference |" in found["transfer"]["body"]
+    assert "--from_scratch=True" in found["transfer"]["body"]
     # bench: its table, the off-load comparison and its headline figure
     assert re.search(r"\| bench \| ok \| [\d.]+ \| crammed: [\d,]+ tokens/s at micro-batch 2", report)
     assert "off-load / normal tokens/s" in found["offload"]["body"]
@@ -72,7 +85,8 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
     assert report.count("| average (3 of 9) |") == 3
     # and their points joined the project's GLUE-against-compute picture (tools/glue_plot.py)
     labels = [p["label"] for p in json.load(open(out / "glue_points.json"))]
-    assert labels[-3:] == ["CPU crammed 0.05 min", "CPU full_layers=2 0.05 min", "CPU recipe_reference 0.05 min"]
+    assert labels[-4:] == ["CPU transfer 0.05 min", "CPU crammed 0.05 min", "CPU full_layers=2 0.05 min",
+                           "CPU recipe_reference 0.05 min"]
     assert (out / "glue_compute.png").read_bytes()[:4] == b"\x89PNG" and "![GLUE average against pretraining" in report
     # off-load: a shape whose state exceeds the simulated device, normal mode refused, off-load trained
     offload = found["offload"]["body"]
@@ -100,4 +114,4 @@ def test_a_failed_phase_is_reported_and_the_rest_go_on(corpus_file, tmp_path):
 
 def test_bad_phase_names_are_one_line_errors(tmp_path):
     assert_one_line_error(run_script("tools/gpu_report.py", "--phases=bench,train", f"--out_dir={tmp_path}", check=False),
-                          "unknown phase 'train'", "prepare, bench, compile, float16, recipes, glue, offload")
+                          "unknown phase 'train'", "health, transfer, prepare, bench, compile, float16, recipes, glue, offload")

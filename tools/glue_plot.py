@@ -4,15 +4,20 @@
     python tools/glue_plot.py                                                      # redraw and print the table
 
 A point is one checkpoint's glue.json, as finetune_glue.py writes it: the median main score of
-each task, the majority class's, and the checkpoint's pretraining facts (shape, tokens, hours,
-FLOPs = model.py's flops_per_token x tokens, validation loss). Points live in a small JSON file
-(docs/glue_points.json, committed, so that the picture can be redrawn without the runs); --add
-puts a glue.json in it, replacing the point of the same label. The picture: the GLUE average over the tasks every point
-has, against FLOPs (log scale); BERT-Tiny's and BERT-Mini's published scores and the majority
-class as lines. The published rows are GLUE test-set scores of models pretrained for about a
-million steps on TPUs (Turc et al. 2019, "Well-Read Students Learn Better"; google-research/bert's
-README); ours are dev-set scores. Prints a markdown table of every task for every point.
+each task, the majority class's, the same shape's scores without pretraining if it was measured
+(finetune_glue.py --from_scratch=True), and the checkpoint's pretraining facts (shape, tokens,
+hours, FLOPs = model.py's flops_per_token x tokens, validation loss). Points live in a small JSON
+file (docs/glue_points.json, committed, so that the picture can be redrawn without the runs);
+--add puts a glue.json in it, replacing the point of the same label.
+
+The picture: the GLUE average over the tasks every point has, against FLOPs (log scale), with
+lines for the floors (the majority class, the measured no-pretraining control of each shape, and
+the Cramming paper's BERT-base fine-tuned without pretraining) and for the published BERT
+miniatures, and the ELECTRA paper's small models placed by their own training FLOPs: where MLM
+starts to transfer. Ours are dev-set scores; each published row says its split and source.
+Prints a markdown table of every task for every point.
 """
+import math
 import os
 import statistics
 import sys
@@ -30,10 +35,21 @@ label = ""                # comma-separated labels, one per --add file; default:
 png = os.path.join(ROOT, "docs", "glue_compute.png")  # the picture; empty: none
 # -----------------------------------------------------------------------------
 
-# main metric per task (MRPC: F1, whose majority class alone gets 81.2 on dev: its accuracy is in
-# finetune_glue's table), test sets; CoLA's Matthews correlation is 0 for both
-PUBLISHED = {"BERT-Tiny (2x128)": dict(cola=0.0, sst2=83.2, mrpc=81.1, stsb=74.3, qnli=81.5, rte=57.2),
-             "BERT-Mini (4x256)": dict(cola=0.0, sst2=85.9, mrpc=81.1, stsb=75.4, qnli=84.1, rte=57.9)}
+# Published rows, the main metric per task as finetune_glue.py's (MRPC: F1, whose majority class alone gets
+# 81.2 on dev; STS-B: Pearson; CoLA: Matthews). The BERT miniatures (Turc et al. 2019, "Well-Read Students
+# Learn Better"; google-research/bert's README): GLUE test sets, BERT's recipe at full scale. BERT-base
+# fine-tuned with no pretraining at all: the Cramming paper's GLUE table (Geiping & Goldstein 2022, v1), dev
+# sets, the floor that pretraining lifts a model from.
+PUBLISHED = {"BERT-Tiny (2x128)": ("test", dict(cola=0.0, sst2=83.2, mrpc=81.1, stsb=74.3, qnli=81.5, rte=57.2)),
+             "BERT-Mini (4x256)": ("test", dict(cola=0.0, sst2=85.9, mrpc=81.1, stsb=75.4, qnli=84.1, rte=57.9)),
+             "BERT-Small (4x512)": ("test", dict(cola=27.8, sst2=89.7, mrpc=83.4, stsb=78.8, qnli=86.4, rte=61.8)),
+             "BERT-base, no pretraining": ("dev", dict(cola=0.0, sst2=79.9, mrpc=77.9, stsb=17.8, qnli=50.0, rte=47.3))}
+# The ELECTRA paper's Table 1 (Clark et al. 2020): GLUE dev averages of 8 tasks (no WNLI; accuracy for MRPC
+# and QQP, Spearman for STS-B: not our tasks or metrics, so a guide to where transfer starts, not a target)
+# against its own count of training FLOPs. Both models 12 layers x 256 (not Turc's 4 x 512 BERT-Small).
+ELECTRA = {"ELECTRA-Small (12x256), 6.25% to 100% trained": [(8.9e16, 74.1), (1.8e17, 76.0), (3.6e17, 77.7),
+                                                              (7.1e17, 79.0), (1.4e18, 79.9)],
+           "BERT-Small (12x256, MLM)": [(1.4e18, 75.1)]}
 
 
 def point_from(path, name):
@@ -53,7 +69,8 @@ def point_from(path, name):
                          f"again (--out_json= elsewhere) or add a seed")
     how = {task: entry["how"] for task, entry in results["tasks"].items()}
     return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=results["scores"],
-                majority=results.get("majority", {}), how=how, source=os.path.abspath(path))
+                no_pretraining=results.get("no_pretraining_scores", {}), majority=results.get("majority", {}),
+                how=how, source=os.path.abspath(path))
 
 
 def read_points(path):
@@ -69,8 +86,18 @@ def read_points(path):
 
 def common_tasks(all_points):
     """The score names every point and the published rows have: what the average is over."""
-    names = set.intersection(*(set(p["scores"]) for p in all_points), *(set(r) for r in PUBLISHED.values()))
-    return [n for n in PUBLISHED["BERT-Tiny (2x128)"] if n in names]
+    names = set.intersection(*(set(p["scores"]) for p in all_points), *(set(r) for _, r in PUBLISHED.values()))
+    return [n for n in PUBLISHED["BERT-Tiny (2x128)"][1] if n in names]
+
+
+def floors(all_points):
+    """The measured no-pretraining scores, one column per shape and vocabulary: {name: scores}."""
+    found = {}
+    for p in all_points:
+        if p.get("no_pretraining"):
+            name = f"no pretraining, {p['shape']}, vocabulary {p['vocab_size']:,} (measured)"
+            found[name] = {**p["no_pretraining"], **found.get(name, {})}
+    return found
 
 
 def average(scores, names):
@@ -89,8 +116,8 @@ def markdown(all_points):
     names = common_tasks(all_points)
     tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
     majority = next((p["majority"] for p in all_points if p["majority"]), {})
-    columns = [(p["label"], p["scores"]) for p in all_points] + [("majority class", majority)] + \
-        [(f"{name}, test", row) for name, row in PUBLISHED.items()]
+    columns = [(p["label"], p["scores"]) for p in all_points] + list(floors(all_points).items()) + \
+        [("majority class", majority)] + [(f"{name}, {split}", row) for name, (split, row) in PUBLISHED.items()]
     lines = ["| task | " + " | ".join(c for c, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for task in tasks:
         lines.append(f"| {task} | " + " | ".join(score(s.get(task)) for _, s in columns) + " |")
@@ -104,6 +131,10 @@ def markdown(all_points):
         mlm = f", val loss {p['val_loss']:.3f} (accuracy {p['accuracy']:.3f})" if p.get("val_loss") is not None else ""
         lines.append(f"- {p['label']}: {p['shape']}, vocabulary {p['vocab_size']:,}, {p['tokens'] / 1e6:,.1f}M tokens in "
                      f"{p['hours']:.2f} h, {p['flops']:.2e} FLOPs{mlm}; fine-tuned {fine_tuned}")
+    lines.append("- published: the BERT miniatures' GLUE test scores (Turc et al. 2019); BERT-base with no pretraining, "
+                 "dev (the Cramming paper, v1); on the picture also the ELECTRA paper's small models, GLUE-8 dev "
+                 "averages by training FLOPs: " + "; ".join(f"{name} " + ", ".join(f"{g:.1f} at {f:.1e}" for f, g in runs)
+                                                         for name, runs in ELECTRA.items()))
     return "\n".join(lines)
 
 
@@ -112,18 +143,23 @@ def draw(all_points, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = common_tasks(all_points)
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 6))
     for p in all_points:  # a legend, not labels: budgets alike overlap
         ax.scatter(p["flops"], average(p["scores"], names), zorder=3, label=p["label"])
+    for (name, runs), marker in zip(ELECTRA.items(), "^v"):  # their own tasks and FLOPs count: hollow markers
+        ax.plot(*zip(*runs), marker=marker, markerfacecolor="none", color="black", linewidth=0.8,
+                label=f"{name}: ELECTRA paper, GLUE-8 dev average")
     majority = next((p["majority"] for p in all_points if p["majority"]), None)
-    lines = [(f"{name} (published, test set)", row, "--") for name, row in PUBLISHED.items()]
-    lines += [("majority class", majority, ":")] if majority else []
-    for i, (name, row, style) in enumerate(lines):  # labels above and below their lines in turn: close rows
-        ax.axhline(average(row, names), linestyle=style, color="grey", linewidth=1)
-        ax.annotate(name, (0.01, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
-                    xytext=(0, 3 if i % 2 else -10), fontsize=8, color="dimgrey")
+    lines = [(f"{name} (published, {split} set)", row, "--", "grey") for name, (split, row) in PUBLISHED.items()]
+    lines += [(name, row, "-.", "firebrick") for name, row in floors(all_points).items()]
+    lines += [("majority class", majority, ":", "grey")] if majority else []
+    lines = [line for line in lines if not math.isnan(average(line[1], names))]
+    for i, (name, row, style, colour) in enumerate(sorted(lines, key=lambda line: average(line[1], names))):
+        ax.axhline(average(row, names), linestyle=style, color=colour, linewidth=1)  # labels below and above in turn
+        ax.annotate(name, (0.36, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
+                    xytext=(0, 3 if i % 2 else -10), fontsize=7, color=colour)
     ax.set_xscale("log")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=7)
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
     ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
     ax.set_title("cram: GLUE against pretraining compute", fontsize=10)

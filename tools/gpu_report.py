@@ -1,10 +1,17 @@
 """The GPU evidence in one command: is this setup healthy, and how good is each recipe here?
 
-    python tools/gpu_report.py --corpus=books.txt.gz --glue_dir=glue      # every phase, ~30 minutes on an H100
+    python tools/gpu_report.py --corpus=books.txt.gz --glue_dir=glue      # every phase, ~40 minutes on an H100
+    python tools/gpu_report.py --corpus=books.txt.gz --glue_dir=glue --phases=health,transfer  # first: ~10 minutes
     python tools/gpu_report.py --phases=bench,offload                     # some phases; the report keeps the rest
 
 On one GPU, offline, from a text corpus and a local GLUE folder (tens of MB in all), in phases
 that each have their own time limit and settings and can run alone:
+  health    seconds: the device, its free memory, and a matmul's speed at the training precision
+  transfer  does pretraining lift GLUE above the floor here? train.py's recipe pretrained for
+            transfer_minutes (about 1e17 FLOPs on an H100, where MLM starts to transfer), then
+            STS-B, MRPC, RTE and SST-2 fine-tuned once each, and STS-B and RTE also from scratch
+            (the no-pretraining floor), beside the published rows; its point on the picture of
+            GLUE against compute. Resumable: rerun it and the checkpoint and scored seeds are kept
   prepare   the corpus with a 32k vocabulary into data_dir, unless it is prepared already
   bench     bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
             the original-BERT and HF ratios, and the micro-batch probe
@@ -29,6 +36,7 @@ there) and saves its section, so phases run in separate sessions end up in one r
 On a CPU the same command runs end to end with tiny settings (tests/test_gpu_report.py):
 device_memory_gib then simulates the GPU's memory for the off-load phase.
 """
+import functools
 import gc
 import os
 import platform
@@ -39,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +61,14 @@ corpus = ""                # text for the prepare phase (prepare.py's formats); 
 data_dir = "data/gpu_report"  # the prepared corpus every phase reads
 glue_dir = ""              # a local GLUE folder (original layout); empty: the glue phase fails with a hint
 out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and logs, the recipes' runs
-phases = "prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
+phases = "health,transfer,prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
+# transfer: pretraining, then GLUE beside the no-pretraining floor (the first question a GPU answers)
+transfer_minutes = 6.0     # > 0: train.py's pretraining budget (compilation included); its other settings: train_args
+transfer_tasks = "stsb,mrpc,rte,sst2"  # fine-tuned with 1 seed, those present in glue_dir; sst2 for 1 epoch, the rest 5
+transfer_control = "stsb,rte"  # also fine-tuned from scratch (finetune_glue.py --from_scratch=True): the floor
+transfer_jobs = 0          # >= 0: fine-tuning processes at once; 0: 6 on a GPU (batches of 16 leave it mostly idle), 1 on a CPU
+transfer_glue_args = ""    # more finetune_glue.py settings for its fine-tuning
+transfer_limit_minutes = 9.0  # > 0: the phase's time limit (fits a 10-minute call with health); a rerun continues
 # prepare
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
 prepare_minutes = 3.0      # > 0: the phase's time limit
@@ -87,7 +103,7 @@ device = "auto"
 report = True              # write report.md after the phases (a phase run by the full command leaves it to it)
 # -----------------------------------------------------------------------------
 # in order of value per GPU minute (docs/gpu.md): health and speed first, then the decisions they feed
-PHASES = ("prepare", "bench", "compile", "float16", "recipes", "glue", "offload")
+PHASES = ("health", "transfer", "prepare", "bench", "compile", "float16", "recipes", "glue", "offload")
 GLUE_FOLDERS = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI",
                 "qqp": "QQP", "mnli": "MNLI", "wnli": "WNLI"}
 WIDTHS = (4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128, 64)  # off-load shapes to try, widest first
@@ -98,10 +114,10 @@ class PhaseFailed(Exception):
 
 
 # ---------------------------------------------------------------- running the scripts
-def run_logged(args, log_path, deadline):
-    """Run one of the project's scripts (args[0], then its arguments), its output shown as it comes
-    and saved to log_path, killed at `deadline` (time.time()). Returns the output; PhaseFailed if
-    the script failed or ran out of time."""
+def run_logged(args, log_path, deadline, echo=True):
+    """Run one of the project's scripts (args[0], then its arguments), its output saved to log_path
+    (and shown as it comes if echo), killed at `deadline` (time.time()). Returns the output;
+    PhaseFailed if the script failed or ran out of time."""
     if deadline - time.time() <= 0:
         raise PhaseFailed(f"no time left for {args[0]}")
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
@@ -113,7 +129,8 @@ def run_logged(args, log_path, deadline):
     with open(log_path, "w") as log:
         log.write(f"$ {' '.join(command)}\n")
         for line in proc.stdout:
-            sys.stdout.write(line)
+            if echo:
+                sys.stdout.write(line)
             log.write(line)
             lines.append(line)
     code = proc.wait()
@@ -135,8 +152,35 @@ def shape_args(text):
 
 
 # ---------------------------------------------------------------- the phases
-def phase_prepare(deadline, logs):
-    """data_dir prepared from the corpus unless meta.json says it is done."""
+def phase_health(deadline, logs):
+    """Seconds-long: the device torch sees, its free memory (another process on the GPU shows
+    here), and a square matmul's speed at the precision training uses, beside the device's peak."""
+    import torch
+    import runtime
+    rt = runtime.setup(device, "auto", compile=False)
+    size, dtype = (8192, rt.dtype) if rt.device.type == "cuda" else (1024, torch.float32)
+    a, b = (torch.randn(size, size, device=rt.device, dtype=dtype) for _ in range(2))
+    for repeats in (1, 10):  # the first warms up
+        rt.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        rt.synchronize()
+    flops = 2 * size ** 3 * repeats / (time.perf_counter() - start)
+    peak = runtime.peak_flops(rt.device)
+    share = f" ({100 * flops / peak:.0f}% of its {peak / 1e12:.0f} TFLOP/s peak)" if peak else ""
+    memory = ""
+    if rt.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(rt.device)
+        memory = f"; {free / 2 ** 30:.1f} of {total / 2 ** 30:.1f} GiB free"
+        if free < 0.9 * total:
+            memory += " (another process holds the rest: figures below will be low)"
+    headline = f"{rt.describe()}{memory}; {size}x{size} {str(dtype).split('.')[-1]} matmul {flops / 1e12:.3g} TFLOP/s{share}"
+    return headline, headline + "."
+
+
+def ensure_prepared(deadline, logs):
+    """data_dir prepared from the corpus unless meta.json says it is done: (headline, text)."""
     meta_path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(meta_path):
         if not corpus:
@@ -151,6 +195,75 @@ def phase_prepare(deadline, logs):
     train_tokens = os.path.getsize(os.path.join(data_dir, "train.bin")) // (2 if meta["dtype"] == "uint16" else 4)
     headline = f"{train_tokens:,} train tokens, vocabulary {meta['vocab_size']}"
     return headline, f"{data_dir}: {headline}, sequences of {meta['seq_len']}, from {meta['source']}; {how}."
+
+
+def phase_prepare(deadline, logs):
+    return ensure_prepared(deadline, logs)
+
+
+def glue_present(names):
+    """Those of the comma-separated GLUE tasks whose folder is in glue_dir; PhaseFailed without the folder."""
+    if not glue_dir or not os.path.isdir(glue_dir):
+        raise PhaseFailed(f"no GLUE folder at --glue_dir={glue_dir!r}: give one in the original layout (RTE/, MRPC/, ...)")
+    return [t for t in names.split(",") if t and os.path.isdir(os.path.join(glue_dir, GLUE_FOLDERS.get(t, t)))]
+
+
+def run_jobs(jobs, limit, deadline):
+    """Run the project's scripts, each (args, log_path), up to `limit` at a time, each killed at
+    `deadline`: fine-tuning at batch 16 leaves a GPU mostly idle, so several share it. Returns the
+    failures, one line each."""
+    with ThreadPoolExecutor(limit) as pool:
+        outcomes = pool.map(functools.partial(failure_of, deadline=deadline), jobs)
+        return [failure for failure in outcomes if failure]
+
+
+def failure_of(job, deadline):
+    """None if the job (args, log_path) ran to its end, else why not in one line."""
+    args, log_path = job
+    try:
+        run_logged(args, log_path, deadline, echo=False)
+    except PhaseFailed as failure:
+        return f"{' '.join(a for a in args if a.startswith('--tasks') or a.startswith('--from'))}: {failure}"
+
+
+def phase_transfer(deadline, logs):
+    """train.py's recipe pretrained for transfer_minutes on data_dir, then the transfer tasks
+    fine-tuned once (and the control tasks from scratch too, the floor) into one glue.json, in
+    parallel processes; the table beside the published rows and the point on the picture of GLUE
+    against compute. Everything done is kept: a rerun continues where a stop or the limit left it."""
+    present, control = glue_present(transfer_tasks), glue_present(transfer_control)
+    if not present:
+        raise PhaseFailed(f"none of {transfer_tasks} is in {glue_dir}")
+    prepared = ensure_prepared(deadline, logs)[0]
+    run = os.path.join(out_dir, "transfer")
+    os.makedirs(run, exist_ok=True)
+    train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={run}", f"--budget_hours={transfer_minutes / 60!r}",
+             "--eval_interval_minutes=1", "--ckpt_interval_minutes=2", f"--device={device}",
+             f"--resume={os.path.isfile(os.path.join(run, 'ckpt.pt'))}", *shape_args(train_args)]
+    trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline)
+    results = os.path.join(run, "glue.json")
+    base = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
+            f"--out_json={results}", "--seeds=1", f"--device={device}", *shape_args(transfer_glue_args)]
+    present.sort(key=lambda t: t != "sst2")  # the longest first, so that parallel jobs end together
+    jobs = [([*base, f"--tasks={t}", *(["--epochs=1"] if t == "sst2" else [])], os.path.join(logs, f"transfer_{t}.log"))
+            for t in present]
+    jobs += [([*base, f"--tasks={t}", "--from_scratch=True", *(["--epochs=1"] if t == "sst2" else [])],
+              os.path.join(logs, f"transfer_{t}_scratch.log")) for t in control]
+    failures = run_jobs(jobs, transfer_jobs or (6 if device_kind() == "GPU" else 1), deadline)
+    if failures:
+        raise PhaseFailed(f"{len(failures)} fine-tuning run(s) did not finish (rerun the phase to continue: the checkpoint "
+                          f"and the scored seeds are kept): {failures[0]}")
+    scores = read_json(results, "delete it and run the phase again")
+    floor = scores.get("no_pretraining_scores", {})
+    facts = scores["pretraining"]
+    headline = ", ".join(f"{t} {scores['scores'][t]:.1f}" + (f" (no pretraining {floor[t]:.1f})" if t in floor else "")
+                         for t in transfer_tasks.split(",") if t in scores["scores"])
+    headline += f" after {facts['tokens'] / 1e6:,.1f}M tokens, {facts['flops']:.1e} FLOPs"
+    finals = "\n".join(f"    {line}" for line in re.findall(r"^final: .*$", trained, re.M))
+    body = "\n\n".join([f"Data: {prepared}.", f"`{command_line(train)}`\n\n{finals}",
+                         "\n".join(f"`{command_line(args)}`" for args, _ in jobs), scores["table"],
+                         glue_points({f"{device_kind()} transfer {transfer_minutes:g} min": results}, deadline, logs)])
+    return headline, body
 
 
 def phase_bench(deadline, logs):
@@ -287,9 +400,7 @@ def phase_float16(deadline, logs):
 
 def phase_glue(deadline, logs):
     """finetune_glue.py on the checkpoints of glue_recipes, for the tasks present in glue_dir."""
-    if not glue_dir or not os.path.isdir(glue_dir):
-        raise PhaseFailed(f"no GLUE folder at --glue_dir={glue_dir!r}: give one in the original layout (RTE/, MRPC/, ...)")
-    present = [t for t in glue_tasks.split(",") if os.path.isdir(os.path.join(glue_dir, GLUE_FOLDERS.get(t, t)))]
+    present = glue_present(glue_tasks)
     if not present:
         raise PhaseFailed(f"none of {glue_tasks} is in {glue_dir}")
     unknown = [r for r in glue_recipes.split(",") if r not in recipe_runs()]
@@ -307,32 +418,34 @@ def phase_glue(deadline, logs):
         except PhaseFailed as failure:  # the other recipes still get their turn
             parts.append(f"#### {name}\n\nfailed: {failure}")
             continue
-        average = re.search(r"^\| average \(\d+ of 9\) \| \| ([\d.na]+) \|", output, re.M)
+        average = re.search(r"^\| average \(\d+ of 9\) \| \| ([\d.-]+) \|", output, re.M)
         averages.append(f"{name} {average.group(1) if average else '-'}")
         table = "\n".join(line for line in output.splitlines() if line.startswith("|"))
         parts.append(f"#### {name}\n\n`{command_line(args)}`\n\n{table}")
     if not averages:
         raise PhaseFailed("no checkpoint could be fine-tuned (run the recipes phase first): " + " / ".join(parts))
-    parts.append(glue_points(deadline, logs))
+    done = {f"{device_kind()} {name} {recipe_minutes:g} min": os.path.join(out_dir, f"glue_{name}.json")
+            for name in recipe_runs() if name in glue_recipes.split(",")}
+    parts.append(glue_points(done, deadline, logs))
     return f"average of {len(present)} tasks: {', '.join(averages)}", "\n\n".join(parts)
 
 
-def glue_points(deadline, logs):
-    """This GPU's checkpoints added to a copy of the project's GLUE-against-compute points
-    (tools/glue_plot.py), and the picture: copy <out_dir>/glue_points.json over
-    docs/glue_points.json to keep them."""
+def device_kind():
+    import torch
+    return "GPU" if device != "cpu" and torch.cuda.is_available() else "CPU"
+
+
+def glue_points(results, deadline, logs):
+    """glue.json files ({label: path}) added to the report's copy of the project's points of GLUE
+    against compute (tools/glue_plot.py; a point of the same label is replaced), and the picture:
+    copy <out_dir>/glue_points.json over docs/glue_points.json to keep them."""
     points = os.path.join(out_dir, "glue_points.json")
     shipped = os.path.join(ROOT, "docs", "glue_points.json")
-    if os.path.isfile(shipped):
+    if os.path.isfile(shipped) and not os.path.exists(points):
         shutil.copyfile(shipped, points)
-    elif os.path.exists(points):
-        os.remove(points)
-    done = {name: os.path.join(out_dir, f"glue_{name}.json") for name in recipe_runs() if name in glue_recipes.split(",")}
-    done = {name: path for name, path in done.items() if os.path.isfile(path)}
-    import torch
-    kind = "GPU" if device != "cpu" and torch.cuda.is_available() else "CPU"
+    done = {label: path for label, path in results.items() if os.path.isfile(path)}
     args = ["tools/glue_plot.py", f"--points={points}", f"--png={os.path.join(out_dir, 'glue_compute.png')}",
-            f"--add={','.join(done.values())}", f"--label={','.join(f'{kind} {name} {recipe_minutes:g} min' for name in done)}"]
+            f"--add={','.join(done.values())}", f"--label={','.join(done)}"]
     try:
         output = run_logged(args, os.path.join(logs, "glue_plot.log"), deadline)
     except PhaseFailed as failure:
@@ -496,9 +609,9 @@ def phase_offload(deadline, logs):
 
 
 # ---------------------------------------------------------------- the report
-PHASE_FUNCTIONS = dict(prepare=phase_prepare, bench=phase_bench, compile=phase_compile, float16=phase_float16,
+PHASE_FUNCTIONS = dict(health=phase_health, transfer=phase_transfer, prepare=phase_prepare, bench=phase_bench, compile=phase_compile, float16=phase_float16,
                        recipes=phase_recipes, glue=phase_glue, offload=phase_offload)
-PHASE_MINUTES = dict(prepare="prepare_minutes", bench="bench_minutes", compile="compile_minutes", float16=None,
+PHASE_MINUTES = dict(health=None, transfer="transfer_limit_minutes", prepare="prepare_minutes", bench="bench_minutes", compile="compile_minutes", float16=None,
                      recipes=None, glue="glue_minutes", offload="offload_minutes")
 
 
@@ -509,6 +622,8 @@ def phase_limit(name):
         return len(recipe_runs()) * (recipe_minutes + 1.5)
     if name == "float16":
         return len(FLOAT16_VARIANTS) * (float16_minutes + 1.5)
+    if name == "health":
+        return 1.0
     return globals()[PHASE_MINUTES[name]]
 
 
