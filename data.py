@@ -60,8 +60,9 @@ def cannot_write(path, e):
 def write_atomically(path, write):
     """write(tmp) writes the file at a temporary path; it replaces `path` only once complete and on
     the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves
-    the old file or the new one, never half of one. Any failure of the write is one line."""
-    tmp = path + ".tmp"
+    the old file or the new one, never half of one. Any failure of the write is one line. The
+    temporary name is this process's own: processes writing one file in turn never share it."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         write(tmp)
         with open(tmp, "rb") as f:
@@ -92,8 +93,9 @@ def check_writable(path, setting):
             raise SystemExit(f"error: {setting}: {where} is {kind}")
     try:
         os.makedirs(folder, exist_ok=True)
-        open(path + ".tmp", "w").close()
-        os.remove(path + ".tmp")
+        probe = f"{path}.{os.getpid()}.tmp"  # write_atomically's name: another process's is never touched
+        open(probe, "w").close()
+        os.remove(probe)
     except OSError as e:
         raise SystemExit(f"error: cannot write to {setting}={path}: {e.strerror or e}")
 

@@ -419,9 +419,10 @@ def table(results, names=None):
         made = ours.get(name) or scratch[name]
         floor_how = f" ({how_made(scratch[name])})" if name in scratch and how_made(scratch[name]) != how_made(made) else ""
         for score_name in TASKS[name]["dev"]:
+            majority = made.get("majority") or scratch.get(name, {}).get("majority") or {}  # older files lack it
             found = dict(ours=ours.get(name, {}).get("median", {}).get(score_name),
                          no_pretraining=scratch.get(name, {}).get("median", {}).get(score_name),
-                         majority=made.get("majority", {}).get(score_name))
+                         majority=majority.get(score_name))
             for column, metrics in found.items():
                 if metrics is not None:
                     columns[column][score_name] = metrics[main]
@@ -482,6 +483,7 @@ def add_run(identity, group, name, settings, run_seed, scores, seconds, counts, 
     results = results or {"tasks": {}, **identity}
     if not same_checkpoint(results, identity):
         raise SystemExit(f"error: another process wrote another checkpoint's scores to {results_path()} meanwhile")
+    results.setdefault("tasks", {})
     results.setdefault(group, {})
     entry = results[group].get(name)
     if not entry or entry.get("settings") != settings:

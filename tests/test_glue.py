@@ -229,20 +229,37 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     row = rf"^\| sst2 \| accuracy \(median of 2 seeds, 1 epoch, first 96 train examples\) \| {ours:.1f} \| {floor:.1f} \| 50.0 \| 92.0 \|$"
     assert re.search(row, proc.stdout, re.M) and re.search(row, results["table"], re.M)
     assert "--from_scratch=True" not in proc.stdout.splitlines()[-1]  # measured: no hint
-    for extra in ([], ["--from_scratch=True"]):  # each group resumes on its own: nothing to redo
-        again = run_script(*args, *extra)
-        assert "sst2: done earlier" in again.stdout and json.loads(out.read_text())["tasks"] == results["tasks"]
-    points = tmp_path / "points.json"
-    table = run_script("tools/glue_plot.py", f"--add={out}", "--label=tiny", f"--points={points}", "--png=").stdout
-    assert re.search(rf"^\| task \| tiny \| no pretraining, 2x64, vocabulary 384 \(measured\) \| majority class \|", table, re.M)
-    assert re.search(rf"^\| sst2 \| {ours:.1f} \| {floor:.1f} \| 50.0 \|", table, re.M)
+    again = run_script(*args, "--from_scratch=True")  # each group resumes on its own: nothing to redo
+    assert "sst2: done earlier" in again.stdout
+    assert {g: json.loads(out.read_text())[g] for g in ("tasks", "no_pretraining")} == \
+        {g: results[g] for g in ("tasks", "no_pretraining")}
+    # three seeds of the model, two of the control: the floor's cell says how it was made
+    proc = run_script(*args[:5], "--seeds=3", *args[6:])
+    assert re.search(rf"^\| sst2 \| accuracy \(median of 3 seeds, 1 epoch, first 96 train examples\) \| [\d.]+ \| "
+                     rf"{floor:.1f} \(median of 2 seeds, 1 epoch, first 96 train examples\) \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
+    # a task with only the control: its row shows the floor alone
+    run_script(*args[:3], "--tasks=mrpc", *args[4:], "--seeds=1", f"--glue_dir={FIXTURES}", "--from_scratch=True")
+    results = json.loads(out.read_text())
+    assert "mrpc" in results["no_pretraining"] and "mrpc" not in results["tasks"]
+    assert re.search(r"^\| mrpc \| F1 \(1 seed, 1 epoch, first 4 train examples\) \| - \| [\d.]+ \(accuracy [\d.]+\) \| [\d.]+ \([\d.]+\) \| 88.9 \|$",
+                     results["table"], re.M)
+    # the picture's table: the floor as a column; its line is drawn where it covers the average's tasks
+    points, picture = tmp_path / "points.json", tmp_path / "glue.png"
+    table = run_script("tools/glue_plot.py", f"--add={out}", "--label=tiny", f"--points={points}", f"--png={picture}").stdout
+    assert re.search(r"^\| task \| tiny \| no pretraining, 2x64, vocabulary 384 \(measured\) \| majority class \|", table, re.M)
+    assert re.search(rf"^\| sst2 \| [\d.]+ \| {floor:.1f} \| 50.0 \|", table, re.M)
+    assert re.search(rf"^\| average of 1 \| [\d.]+ \| {floor:.1f} \| 50.0 \|", table, re.M)  # sst2: the one task in common
+    assert picture.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_glue_plot_refuses_what_is_not_a_result(tmp_path):
     points = tmp_path / "points.json"
     args = ["tools/glue_plot.py", f"--points={points}", "--png="]
     (tmp_path / "other.json").write_text('{"tasks": {}}')
+    (tmp_path / "control.json").write_text(json.dumps({"tasks": {}, "no_pretraining": {}, "scores": {}, "pretraining": {
+        "tokens": 1, "flops": 1}}))
     for extra, message in [(["--add=missing.json"], "no file missing.json"),
+                           ([f"--add={tmp_path / 'control.json'}"], "holds no pretrained model's scores"),
                            ([f"--add={tmp_path / 'other.json'}"], "is not a glue.json with scores and pretraining facts"),
                            ([f"--add={tmp_path / 'other.json'},{tmp_path / 'other.json'}", "--label=a"], "one label per file"),
                            ([], f"no points in {points}"),

@@ -62,6 +62,10 @@ def point_from(path, name):
         raise SystemExit(f"error: {path} is not a glue.json with scores and pretraining facts (finetune_glue.py "
                          f"writes one; an older cram's lacks the facts: fine-tune again)")
     facts = results["pretraining"]
+    if not results["scores"]:
+        raise SystemExit(f"error: {path} holds no pretrained model's scores (only the no-pretraining control?): "
+                         f"fine-tune the checkpoint itself, and run the control with the same --checkpoint so that "
+                         f"it lands beside them")
     if not facts.get("tokens") or not facts.get("flops"):
         raise SystemExit(f"error: {path} is of a checkpoint that trained no tokens: nothing to place against compute")
     if not all("how" in entry for entry in results["tasks"].values()):
@@ -131,6 +135,11 @@ def markdown(all_points):
         mlm = f", val loss {p['val_loss']:.3f} (accuracy {p['accuracy']:.3f})" if p.get("val_loss") is not None else ""
         lines.append(f"- {p['label']}: {p['shape']}, vocabulary {p['vocab_size']:,}, {p['tokens'] / 1e6:,.1f}M tokens in "
                      f"{p['hours']:.2f} h, {p['flops']:.2e} FLOPs{mlm}; fine-tuned {fine_tuned}")
+    for name, row in floors(all_points).items():
+        missing = [n for n in names if n not in row]
+        if missing:
+            lines.append(f"- {name}: no {', '.join(missing)}, so no average and no line (finetune_glue.py "
+                         f"--from_scratch=True measures them)")
     lines.append("- published: the BERT miniatures' GLUE test scores (Turc et al. 2019); BERT-base with no pretraining, "
                  "dev (the Cramming paper, v1); on the picture also the ELECTRA paper's small models, GLUE-8 dev "
                  "averages by training FLOPs: " + "; ".join(f"{name} " + ", ".join(f"{g:.1f} at {f:.1e}" for f, g in runs)

@@ -65,10 +65,10 @@ phases = "health,transfer,prepare,bench,compile,float16,recipes,glue,offload"  #
 # transfer: pretraining, then GLUE beside the no-pretraining floor (the first question a GPU answers)
 transfer_minutes = 6.0     # > 0: train.py's pretraining budget (compilation included); its other settings: train_args
 transfer_tasks = "stsb,mrpc,rte,sst2"  # fine-tuned with 1 seed, those present in glue_dir; sst2 for 1 epoch, the rest 5
-transfer_control = "stsb,rte"  # also fine-tuned from scratch (finetune_glue.py --from_scratch=True): the floor
-transfer_jobs = 0          # >= 0: fine-tuning processes at once; 0: 6 on a GPU (batches of 16 leave it mostly idle), 1 on a CPU
+transfer_control = "stsb,mrpc,rte,sst2"  # also fine-tuned from scratch (finetune_glue.py --from_scratch=True): the floor
+transfer_jobs = 0          # >= 0: fine-tuning processes at once; 0: 8 on a GPU (batches of 16 leave it mostly idle), 1 on a CPU
 transfer_glue_args = ""    # more finetune_glue.py settings for its fine-tuning
-transfer_limit_minutes = 9.0  # > 0: the phase's time limit (fits a 10-minute call with health); a rerun continues
+transfer_limit_minutes = 15.0  # > 0: the phase's time limit; 9 fits a 10-minute call with health, and a rerun continues
 # prepare
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
 prepare_minutes = 3.0      # > 0: the phase's time limit
@@ -158,6 +158,12 @@ def phase_health(deadline, logs):
     import torch
     import runtime
     rt = runtime.setup(device, "auto", compile=False)
+    memory = ""
+    if rt.device.type == "cuda":  # before this process allocates: what others hold shows
+        free, total = torch.cuda.mem_get_info(rt.device)
+        memory = f"; {free / 2 ** 30:.1f} of {total / 2 ** 30:.1f} GiB free"
+        if total - free > 2 * 2 ** 30:  # more than a CUDA context's worth
+            memory += " (another process holds the rest: figures below will be low)"
     size, dtype = (8192, rt.dtype) if rt.device.type == "cuda" else (1024, torch.float32)
     a, b = (torch.randn(size, size, device=rt.device, dtype=dtype) for _ in range(2))
     for repeats in (1, 10):  # the first warms up
@@ -169,12 +175,6 @@ def phase_health(deadline, logs):
     flops = 2 * size ** 3 * repeats / (time.perf_counter() - start)
     peak = runtime.peak_flops(rt.device)
     share = f" ({100 * flops / peak:.0f}% of its {peak / 1e12:.0f} TFLOP/s peak)" if peak else ""
-    memory = ""
-    if rt.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(rt.device)
-        memory = f"; {free / 2 ** 30:.1f} of {total / 2 ** 30:.1f} GiB free"
-        if free < 0.9 * total:
-            memory += " (another process holds the rest: figures below will be low)"
     headline = f"{rt.describe()}{memory}; {size}x{size} {str(dtype).split('.')[-1]} matmul {flops / 1e12:.3g} TFLOP/s{share}"
     return headline, headline + "."
 
@@ -240,16 +240,21 @@ def phase_transfer(deadline, logs):
     train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={run}", f"--budget_hours={transfer_minutes / 60!r}",
              "--eval_interval_minutes=1", "--ckpt_interval_minutes=2", f"--device={device}",
              f"--resume={os.path.isfile(os.path.join(run, 'ckpt.pt'))}", *shape_args(train_args)]
-    trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline)
+    try:
+        trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline)
+    except PhaseFailed as failure:
+        raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
     results = os.path.join(run, "glue.json")
+    if "has spent this budget" not in trained and os.path.exists(results):  # scores of the checkpoint it replaced
+        os.replace(results, results + ".old")
     base = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
             f"--out_json={results}", "--seeds=1", f"--device={device}", *shape_args(transfer_glue_args)]
     present.sort(key=lambda t: t != "sst2")  # the longest first, so that parallel jobs end together
     jobs = [([*base, f"--tasks={t}", *(["--epochs=1"] if t == "sst2" else [])], os.path.join(logs, f"transfer_{t}.log"))
             for t in present]
     jobs += [([*base, f"--tasks={t}", "--from_scratch=True", *(["--epochs=1"] if t == "sst2" else [])],
-              os.path.join(logs, f"transfer_{t}_scratch.log")) for t in control]
-    failures = run_jobs(jobs, transfer_jobs or (6 if device_kind() == "GPU" else 1), deadline)
+              os.path.join(logs, f"transfer_{t}_scratch.log")) for t in sorted(control, key=lambda t: t != "sst2")]
+    failures = run_jobs(jobs, transfer_jobs or (8 if device_kind() == "GPU" else 1), deadline)
     if failures:
         raise PhaseFailed(f"{len(failures)} fine-tuning run(s) did not finish (rerun the phase to continue: the checkpoint "
                           f"and the scored seeds are kept): {failures[0]}")
@@ -259,10 +264,12 @@ def phase_transfer(deadline, logs):
     headline = ", ".join(f"{t} {scores['scores'][t]:.1f}" + (f" (no pretraining {floor[t]:.1f})" if t in floor else "")
                          for t in transfer_tasks.split(",") if t in scores["scores"])
     headline += f" after {facts['tokens'] / 1e6:,.1f}M tokens, {facts['flops']:.1e} FLOPs"
-    finals = "\n".join(f"    {line}" for line in re.findall(r"^final: .*$", trained, re.M))
-    body = "\n\n".join([f"Data: {prepared}.", f"`{command_line(train)}`\n\n{finals}",
+    mlm = f", val loss {facts['val_loss']:.4f} (masked-token accuracy {facts['accuracy']:.3f})" if facts["val_loss"] else ""
+    pretrained = (f"Pretrained {facts['shape']}: {facts['tokens'] / 1e6:,.1f}M tokens in {60 * facts['hours']:.1f} min, "
+                  f"{facts['flops']:.2e} FLOPs{mlm}.")
+    body = "\n\n".join([f"Data: {prepared}.", f"`{command_line(train)}`", pretrained,
                          "\n".join(f"`{command_line(args)}`" for args, _ in jobs), scores["table"],
-                         glue_points({f"{device_kind()} transfer {transfer_minutes:g} min": results}, deadline, logs)])
+                         glue_points(deadline, logs)])
     return headline, body
 
 
@@ -424,9 +431,7 @@ def phase_glue(deadline, logs):
         parts.append(f"#### {name}\n\n`{command_line(args)}`\n\n{table}")
     if not averages:
         raise PhaseFailed("no checkpoint could be fine-tuned (run the recipes phase first): " + " / ".join(parts))
-    done = {f"{device_kind()} {name} {recipe_minutes:g} min": os.path.join(out_dir, f"glue_{name}.json")
-            for name in recipe_runs() if name in glue_recipes.split(",")}
-    parts.append(glue_points(done, deadline, logs))
+    parts.append(glue_points(deadline, logs))
     return f"average of {len(present)} tasks: {', '.join(averages)}", "\n\n".join(parts)
 
 
@@ -435,15 +440,26 @@ def device_kind():
     return "GPU" if device != "cpu" and torch.cuda.is_available() else "CPU"
 
 
-def glue_points(results, deadline, logs):
-    """glue.json files ({label: path}) added to the report's copy of the project's points of GLUE
-    against compute (tools/glue_plot.py; a point of the same label is replaced), and the picture:
-    copy <out_dir>/glue_points.json over docs/glue_points.json to keep them."""
+def report_glue_files():
+    """{label: glue.json} of every checkpoint this report has fine-tuned: the transfer phase's and
+    the glue phase's recipes'."""
+    files = {f"{device_kind()} transfer {transfer_minutes:g} min": os.path.join(out_dir, "transfer", "glue.json")}
+    files.update({f"{device_kind()} {name} {recipe_minutes:g} min": os.path.join(out_dir, f"glue_{name}.json")
+                  for name in recipe_runs() if name in glue_recipes.split(",")})
+    return {label: path for label, path in files.items() if os.path.isfile(path)}
+
+
+def glue_points(deadline, logs):
+    """The project's points of GLUE against compute (docs/glue_points.json) with every checkpoint
+    this report fine-tuned added (tools/glue_plot.py), and the picture: copy
+    <out_dir>/glue_points.json over docs/glue_points.json to keep them."""
     points = os.path.join(out_dir, "glue_points.json")
     shipped = os.path.join(ROOT, "docs", "glue_points.json")
-    if os.path.isfile(shipped) and not os.path.exists(points):
+    if os.path.isfile(shipped):  # afresh each time: the shipped points as they are now, then this report's
         shutil.copyfile(shipped, points)
-    done = {label: path for label, path in results.items() if os.path.isfile(path)}
+    elif os.path.exists(points):
+        os.remove(points)
+    done = report_glue_files()
     args = ["tools/glue_plot.py", f"--points={points}", f"--png={os.path.join(out_dir, 'glue_compute.png')}",
             f"--add={','.join(done.values())}", f"--label={','.join(done)}"]
     try:
