@@ -40,10 +40,12 @@ png = os.path.join(ROOT, "docs", "glue_compute.png")  # the picture; empty: none
 # Learn Better"; google-research/bert's README): GLUE test sets, BERT's recipe at full scale. BERT-base
 # fine-tuned with no pretraining at all: the Cramming paper's GLUE table (Geiping & Goldstein 2022, v1), dev
 # sets, the floor that pretraining lifts a model from.
-PUBLISHED = {"BERT-Tiny (2x128)": ("test", dict(cola=0.0, sst2=83.2, mrpc=81.1, stsb=74.3, qnli=81.5, rte=57.2)),
-             "BERT-Mini (4x256)": ("test", dict(cola=0.0, sst2=85.9, mrpc=81.1, stsb=75.4, qnli=84.1, rte=57.9)),
-             "BERT-Small (4x512)": ("test", dict(cola=27.8, sst2=89.7, mrpc=83.4, stsb=78.8, qnli=86.4, rte=61.8)),
-             "BERT-base, no pretraining": ("dev", dict(cola=0.0, sst2=79.9, mrpc=77.9, stsb=17.8, qnli=50.0, rte=47.3))}
+PUBLISHED = {  # name: (split, source, scores)
+    "BERT-Tiny (2x128)": ("test", "Turc et al.", dict(cola=0.0, sst2=83.2, mrpc=81.1, stsb=74.3, qnli=81.5, rte=57.2)),
+    "BERT-Mini (4x256)": ("test", "Turc et al.", dict(cola=0.0, sst2=85.9, mrpc=81.1, stsb=75.4, qnli=84.1, rte=57.9)),
+    "BERT-Small (4x512)": ("test", "Turc et al.", dict(cola=27.8, sst2=89.7, mrpc=83.4, stsb=78.8, qnli=86.4, rte=61.8)),
+    "BERT-base, no pretraining": ("dev", "Cramming paper", dict(cola=0.0, sst2=79.9, mrpc=77.9, stsb=17.8, qnli=50.0,
+                                                                rte=47.3))}
 # The ELECTRA paper's Table 1 (Clark et al. 2020): GLUE dev averages of 8 tasks (no WNLI; accuracy for MRPC
 # and QQP, Spearman for STS-B: not our tasks or metrics, so a guide to where transfer starts, not a target)
 # against its own count of training FLOPs. Both models 12 layers x 256 (not Turc's 4 x 512 BERT-Small).
@@ -90,8 +92,8 @@ def read_points(path):
 
 def common_tasks(all_points):
     """The score names every point and the published rows have: what the average is over."""
-    names = set.intersection(*(set(p["scores"]) for p in all_points), *(set(r) for _, r in PUBLISHED.values()))
-    return [n for n in PUBLISHED["BERT-Tiny (2x128)"][1] if n in names]
+    names = set.intersection(*(set(p["scores"]) for p in all_points), *(set(r) for _, _, r in PUBLISHED.values()))
+    return [n for n in PUBLISHED["BERT-Tiny (2x128)"][2] if n in names]
 
 
 def floors(all_points):
@@ -121,7 +123,7 @@ def markdown(all_points):
     tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
     majority = next((p["majority"] for p in all_points if p["majority"]), {})
     columns = [(p["label"], p["scores"]) for p in all_points] + list(floors(all_points).items()) + \
-        [("majority class", majority)] + [(f"{name}, {split}", row) for name, (split, row) in PUBLISHED.items()]
+        [("majority class", majority)] + [(f"{name}, {split}", row) for name, (split, _, row) in PUBLISHED.items()]
     lines = ["| task | " + " | ".join(c for c, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for task in tasks:
         lines.append(f"| {task} | " + " | ".join(score(s.get(task)) for _, s in columns) + " |")
@@ -159,7 +161,7 @@ def draw(all_points, path):
         ax.plot(*zip(*runs), marker=marker, markerfacecolor="none", color="black", linewidth=0.8,
                 label=f"{name}: ELECTRA paper, GLUE-8 dev average")
     majority = next((p["majority"] for p in all_points if p["majority"]), None)
-    lines = [(f"{name} (published, {split} set)", row, "--", "grey") for name, (split, row) in PUBLISHED.items()]
+    lines = [(f"{name} ({source}, {split} set)", row, "--", "grey") for name, (split, source, row) in PUBLISHED.items()]
     lines += [(name, row, "-.", "firebrick") for name, row in floors(all_points).items()]
     lines += [("majority class", majority, ":", "grey")] if majority else []
     lines = [line for line in lines if not math.isnan(average(line[1], names))]
@@ -168,7 +170,7 @@ def draw(all_points, path):
         ax.annotate(name, (0.36, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
                     xytext=(0, 3 if i % 2 else -10), fontsize=7, color=colour)
     ax.set_xscale("log")
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper left", fontsize=7)
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
     ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
     ax.set_title("cram: GLUE against pretraining compute", fontsize=10)
