@@ -166,9 +166,9 @@ def draw(all_points, path):
     lines += [("majority class", majority, ":", "grey")] if majority else []
     lines = [line for line in lines if not math.isnan(average(line[1], names))]
     for i, (name, row, style, colour) in enumerate(sorted(lines, key=lambda line: average(line[1], names))):
-        ax.axhline(average(row, names), linestyle=style, color=colour, linewidth=1)  # labels below and above in turn
-        ax.annotate(name, (0.36, average(row, names)), xycoords=("axes fraction", "data"), textcoords="offset points",
-                    xytext=(0, 3 if i % 2 else -10), fontsize=7, color=colour)
+        ax.axhline(average(row, names), linestyle=style, color=colour, linewidth=1)  # labels left and right in turn
+        ax.annotate(name, (0.33 if i % 2 else 0.62, average(row, names)), xycoords=("axes fraction", "data"),
+                    textcoords="offset points", xytext=(0, 3), fontsize=7, color=colour)
     ax.set_xscale("log")
     ax.legend(loc="upper left", fontsize=7)
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
