@@ -57,12 +57,17 @@ def cannot_write(path, e):
     return SystemExit(f"error: cannot write {path}: {reason} ({advice}what was written before is intact)")
 
 
+def temporary_path(path):
+    """Where `path` is written before it is renamed into place: this process's own name, so that
+    processes writing one file in turn never touch each other's."""
+    return f"{path}.{os.getpid()}.tmp"
+
+
 def write_atomically(path, write):
     """write(tmp) writes the file at a temporary path; it replaces `path` only once complete and on
     the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves
-    the old file or the new one, never half of one. Any failure of the write is one line. The
-    temporary name is this process's own: processes writing one file in turn never share it."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    the old file or the new one, never half of one. Any failure of the write is one line."""
+    tmp = temporary_path(path)
     try:
         write(tmp)
         with open(tmp, "rb") as f:
@@ -93,7 +98,7 @@ def check_writable(path, setting):
             raise SystemExit(f"error: {setting}: {where} is {kind}")
     try:
         os.makedirs(folder, exist_ok=True)
-        probe = f"{path}.{os.getpid()}.tmp"  # write_atomically's name: another process's is never touched
+        probe = temporary_path(path)
         open(probe, "w").close()
         os.remove(probe)
     except OSError as e:

@@ -364,10 +364,6 @@ DAMAGED = "move it away and run the same command (its tasks are fine-tuned again
 GROUPS = ("tasks", "no_pretraining")
 
 
-def group_of(scratch):
-    return GROUPS[bool(scratch)]
-
-
 def median_scores(per_seed):
     return {name: {m: statistics.median(run[name][m] for run in per_seed) for m in per_seed[0][name]}
             for name in per_seed[0]}
@@ -417,9 +413,10 @@ def table(results, names=None):
     for name in names:
         main, *others = TASKS[name]["metrics"]
         made = ours.get(name) or scratch[name]
-        floor_how = f" ({how_made(scratch[name])})" if name in scratch and how_made(scratch[name]) != how_made(made) else ""
+        how, floor_how = how_made(made), how_made(scratch[name]) if name in scratch else ""
+        floor_how = f" ({floor_how})" if floor_how not in ("", how) else ""
+        majority = made.get("majority") or scratch.get(name, {}).get("majority") or {}  # older files lack it
         for score_name in TASKS[name]["dev"]:
-            majority = made.get("majority") or scratch.get(name, {}).get("majority") or {}  # older files lack it
             found = dict(ours=ours.get(name, {}).get("median", {}).get(score_name),
                          no_pretraining=scratch.get(name, {}).get("median", {}).get(score_name),
                          majority=majority.get(score_name))
@@ -427,7 +424,7 @@ def table(results, names=None):
                 if metrics is not None:
                     columns[column][score_name] = metrics[main]
             reference = f"{REFERENCE[score_name]:.1f}" if score_name in REFERENCE else "-"
-            lines.append(f"| {score_name} | {METRIC_NAMES[main]} ({how_made(made)}) | {cell(found['ours'], main, others)} | "
+            lines.append(f"| {score_name} | {METRIC_NAMES[main]} ({how}) | {cell(found['ours'], main, others)} | "
                          f"{cell(found['no_pretraining'], main, others)}{floor_how if found['no_pretraining'] else ''} | "
                          f"{cell(found['majority'], main, others, named=False)} | {reference} |")
     counted = [s for s in REFERENCE if s in columns["ours"]] or [s for s in REFERENCE if s in columns["no_pretraining"]]
@@ -553,7 +550,7 @@ def main(config):
                     checkpoint_tokens=ckpt.get("tokens"),
                     pretraining=pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint))))
     settings = {k: config[k] for k in SCORE_SETTINGS}
-    group = group_of(from_scratch)
+    group = GROUPS[from_scratch]
     todo = remaining_seeds(names, earlier_runs(path, identity).get(group, {}), settings, path)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     rt = runtime.setup(device, dtype, compile=False)

@@ -179,8 +179,8 @@ def phase_health(deadline, logs):
     return headline, headline + "."
 
 
-def ensure_prepared(deadline, logs):
-    """data_dir prepared from the corpus unless meta.json says it is done: (headline, text)."""
+def phase_prepare(deadline, logs):
+    """data_dir prepared from the corpus unless meta.json says it is done."""
     meta_path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(meta_path):
         if not corpus:
@@ -195,10 +195,6 @@ def ensure_prepared(deadline, logs):
     train_tokens = os.path.getsize(os.path.join(data_dir, "train.bin")) // (2 if meta["dtype"] == "uint16" else 4)
     headline = f"{train_tokens:,} train tokens, vocabulary {meta['vocab_size']}"
     return headline, f"{data_dir}: {headline}, sequences of {meta['seq_len']}, from {meta['source']}; {how}."
-
-
-def phase_prepare(deadline, logs):
-    return ensure_prepared(deadline, logs)
 
 
 def glue_present(names):
@@ -234,7 +230,7 @@ def phase_transfer(deadline, logs):
     present, control = glue_present(transfer_tasks), glue_present(transfer_control)
     if not present:
         raise PhaseFailed(f"none of {transfer_tasks} is in {glue_dir}")
-    prepared = ensure_prepared(deadline, logs)[0]
+    prepared = phase_prepare(deadline, logs)[0]
     run = os.path.join(out_dir, "transfer")
     os.makedirs(run, exist_ok=True)
     train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={run}", f"--budget_hours={transfer_minutes / 60!r}",
@@ -249,11 +245,10 @@ def phase_transfer(deadline, logs):
         os.replace(results, results + ".old")
     base = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
             f"--out_json={results}", "--seeds=1", f"--device={device}", *shape_args(transfer_glue_args)]
-    present.sort(key=lambda t: t != "sst2")  # the longest first, so that parallel jobs end together
-    jobs = [([*base, f"--tasks={t}", *(["--epochs=1"] if t == "sst2" else [])], os.path.join(logs, f"transfer_{t}.log"))
-            for t in present]
-    jobs += [([*base, f"--tasks={t}", "--from_scratch=True", *(["--epochs=1"] if t == "sst2" else [])],
-              os.path.join(logs, f"transfer_{t}_scratch.log")) for t in sorted(control, key=lambda t: t != "sst2")]
+    jobs = [([*base, f"--tasks={t}", *(["--from_scratch=True"] * scratch), *(["--epochs=1"] if t == "sst2" else [])],
+             os.path.join(logs, f"transfer_{t}{'_scratch' * scratch}.log"))
+            for scratch, tasks in ((False, present), (True, control))
+            for t in sorted(tasks, key=lambda t: t != "sst2")]  # the longest first: parallel jobs end together
     failures = run_jobs(jobs, transfer_jobs or (8 if device_kind() == "GPU" else 1), deadline)
     if failures:
         raise PhaseFailed(f"{len(failures)} fine-tuning run(s) did not finish (rerun the phase to continue: the checkpoint "
