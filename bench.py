@@ -32,9 +32,8 @@ import torch.nn as nn
 
 import runtime
 from configurator import read_config_file, configure
-from data import RandomBatches, benchmark_tokens
-from model import SHAPES, CrammedBert, ModelConfig, param_groups
-from runtime import train_step
+from data import benchmark_tokens, RandomBatches
+from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small}: 16x768 with 32768 tokens, 4x256 with 8192; auto: by device
@@ -110,12 +109,12 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
     fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
     step_model = rt.compile_model(model, fullgraph=fullgraph)
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
-    batch_at = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
-    step = functools.partial(train_step, step_model, optimizer, scaler, batch_at, accum_steps, 1e-4, 0.5, rt)
+    batches = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
+    trainer = Trainer(model, optimizer, scaler, step_model, rt.autocast)
     try:
         start = time.perf_counter()
         for _ in range(n_warmup):
-            step()
+            trainer.step(batches(accum_steps), 1e-4, 0.5)
         rt.synchronize()
         warmup_seconds = time.perf_counter() - start
         rt.reset_peak_memory()
@@ -123,7 +122,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
         with profiler:
             start = time.perf_counter()
             for _ in range(n_steps):
-                loss, _ = step()
+                loss, _ = trainer.step(batches(accum_steps), 1e-4, 0.5)
             loss.item()
             rt.synchronize()
             seconds = (time.perf_counter() - start) / n_steps
@@ -132,7 +131,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
             print(profiler.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=60))
         return seconds, warmup_seconds, rt.peak_memory()
     finally:
-        del model, optimizer, step_model
+        del model, optimizer, step_model, trainer
         torch._dynamo.reset()  # the next row (another mode) starts with no graphs, CUDA-graph pools or caches held
         gc.collect()
         if rt.device.type == "cuda":
@@ -170,11 +169,11 @@ def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
 
 def time_data(tokens, micro, rt, vocab, n=20):
     """Seconds to load and mask one micro-batch, device synchronised."""
-    batch_at = RandomBatches(tokens, vocab, micro, rt, 0.25, seed)
+    batches = RandomBatches(tokens, vocab, micro, rt, 0.25, seed)
     rt.synchronize()
     start = time.perf_counter()
-    for micro_step in range(n):
-        batch_at(micro_step)
+    for _ in range(n):
+        batches(1)
     rt.synchronize()
     return (time.perf_counter() - start) / n
 

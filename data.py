@@ -1,248 +1,24 @@
-"""Reading what prepare.py wrote: metadata, the tokenizer, token files; the training data's
-order (rows_at: a pure function of the position in the run) and its masked micro-batches
-(Batches, fixed-count MLM masking); fill-in examples; the runs' metrics.jsonl; and the file
-writes every script uses: atomic writes, checkpoints.
+"""The data and the objective: the tokens prepare.py wrote and their tokenizer; the training
+data's order (rows_at: a pure function of the position in the run) and its masked micro-batches
+(Batches, fixed-count MLM masking: mask_tokens); the validation loss and fill-in examples.
+Writing and checking cram's own files (checkpoints, JSON, locks) is files.py's.
 
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
 """
-import base64
-import dataclasses
-import errno
 import functools
-import json
 import os
 import re
-import shutil
-import socket
-import warnings
 
 import numpy as np
 import torch
 
-from configurator import allowed, declarations
-from model import ABSENT, CrammedBert, ModelConfig, saved_model_args
+from files import SPECIAL_TOKENS, load_meta, parse_ranks  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
 
-SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 # GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
 # so a BPE trained there gives identical ids through tiktoken.
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
-TOKEN_DTYPES = ("uint16", "uint32")
-META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
-             "val_sequences")  # what readers of meta.json rely on
-
-
-def hub_reachable(timeout=3.0):
-    """Whether the Hugging Face hub answers; False at once when the offline switches are set."""
-    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return False
-    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def cannot_write(path, e):
-    """The one-line error for a failed write of `path`: an OSError, or what a library raises for one
-    (torch.save and safetensors report a full disk in their own words)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    full = getattr(e, "errno", None) == errno.ENOSPC or \
-        (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)  # under a MiB left: full
-    first_line = (str(e).splitlines() or [""])[0][:160]
-    reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {first_line}"
-    advice = "the disk is full: free space and run the same command again; " if full else ""
-    return SystemExit(f"error: cannot write {path}: {reason} ({advice}what was written before is intact)")
-
-
-def temporary_path(path):
-    """Where `path` is written before it is renamed into place: this process's own name, so that
-    processes writing one file in turn never touch each other's."""
-    return f"{path}.{os.getpid()}.tmp"
-
-
-def write_atomically(path, write):
-    """write(tmp) writes the file at a temporary path; it replaces `path` only once complete and on
-    the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves
-    the old file or the new one, never half of one. Any failure of the write is one line."""
-    tmp = temporary_path(path)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except Exception as e:  # OSError, or a library's own error for one (torch.save: RuntimeError)
-        raise cannot_write(path, e)
-    finally:  # a failed or interrupted write leaves nothing behind
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    try:  # the rename itself on the disk (POSIX; elsewhere a folder cannot be opened, and need not be)
-        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        os.fsync(folder)
-        os.close(folder)
-    except OSError:
-        pass
-
-
-LOCK_FILE = ".lock"
-HELD = {}  # the folders this process has claimed, and their lock files: held until it ends
-
-
-def check_writable(path, setting):
-    """A one-line error unless a file can be written at `path`: checked before the work, not after."""
-    folder = os.path.dirname(os.path.abspath(path))
-    for where, kind in ((path, "a folder, not a file"), (folder, "a file, not a folder")):
-        if os.path.exists(where) and os.path.isdir(where) == (where == path):
-            raise SystemExit(f"error: {setting}: {where} is {kind}")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        probe = temporary_path(path)
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        raise SystemExit(f"error: cannot write to {setting}={path}: {e.strerror or e}")
-
-
-def claim_folder(path, setting="--out_dir", need_bytes=0):
-    """Create the folder `path` if needed and lock it for this process, before any work: a one-line
-    error when it cannot be written, has less than need_bytes free, or another process holds it.
-    The lock is the kernel's (flock), released when the process ends however it ends, so a crash
-    never leaves it behind."""
-    check_writable(os.path.join(path, LOCK_FILE), setting)
-    free = shutil.disk_usage(path).free
-    if free < need_bytes:
-        raise SystemExit(f"error: {setting}={path} has {free / 1e9:.1f} GB free and this run needs about "
-                         f"{need_bytes / 1e9:.1f} GB there: free space or choose another {setting}")
-    if os.path.realpath(path) in HELD:
-        return
-    lock = open(os.path.join(path, LOCK_FILE), "a+")
-    try:
-        import fcntl
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:  # no flock (Windows): no lock
-        pass
-    except OSError:
-        lock.seek(0)
-        raise SystemExit(f"error: {path} is in use by another process (pid {lock.read().strip() or '?'}): wait for "
-                         f"it to end, or choose another {setting}")
-    lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    HELD[os.path.realpath(path)] = lock
-
-
-def write_json(path, obj):
-    def dump(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
-    write_atomically(path, dump)
-
-
-def update_json(path, change, remedy):
-    """Read, change and write a JSON file that several processes may update at once (finetune_glue.py
-    runs on different tasks writing one glue.json): change(the file's object, or None) -> the new
-    object, under a lock on the file's folder (flock, released however the process ends), so that
-    their updates merge instead of the last one overwriting the others. `remedy`: as read_json's."""
-    lock = None
-    try:
-        import fcntl
-        lock = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    except ImportError:  # no flock (Windows): no lock
-        pass
-    try:
-        write_json(path, change(read_json(path, remedy) if os.path.exists(path) else None))
-    finally:
-        if lock is not None:
-            os.close(lock)  # and with it the lock
-
-
-def read_json(path, remedy):
-    """A JSON file that cram wrote, or a one-line error naming it damaged, with `remedy`: what to do."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:  # a cut or garbled file, bytes that are not UTF-8
-        raise SystemExit(f"error: {path} is damaged ({type(e).__name__}: {str(e)[:120]}): {remedy}")
-
-
-def read_jsonl(path):
-    """The records of a JSON-lines file. A last line without its newline that does not parse is the
-    trace of a process killed mid-write, not damage: it is left out. Any other bad line is an error."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = f.read().split("\n")
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line) if line.strip() else None
-        except ValueError:
-            if number == len(lines):  # cut short by a kill
-                break
-            raise SystemExit(f"error: {path}:{number} is not a JSON line: the file is damaged (delete that line)")
-        if record is not None:
-            if not isinstance(record, dict):
-                raise SystemExit(f"error: {path}:{number} is not a JSON record: the file is damaged (delete that line)")
-            records.append(record)
-    return records
-
-
-def meta_problem(meta):
-    """What in a meta.json breaks its readers, or None: the keys they rely on, of sane types."""
-    if not isinstance(meta, dict):
-        return "not a JSON object"
-    missing = [k for k in META_KEYS if k not in meta]
-    if missing:
-        return f"no {', '.join(missing)}"
-    counts = ("vocab_size", "n_regular", "seq_len", "train_sequences", "val_sequences")
-    bad = [k for k in counts if type(meta[k]) is not int or meta[k] < 0]
-    if bad:
-        return f"{', '.join(bad)} not a count"
-    if meta["dtype"] not in TOKEN_DTYPES or meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
-        return f"dtype {meta['dtype']!r} cannot hold a vocabulary of {meta['vocab_size']} (uint16 or uint32)"
-    expected = {tok: meta["n_regular"] + i for i, tok in enumerate(SPECIAL_TOKENS)}
-    if meta["special_ids"] != expected or meta["vocab_size"] != meta["n_regular"] + len(SPECIAL_TOKENS):
-        return f"special_ids {meta['special_ids']} and vocab_size {meta['vocab_size']} do not follow n_regular " \
-               f"{meta['n_regular']}"
-    if meta["seq_len"] < 2 or not meta["train_sequences"] or not meta["val_sequences"]:
-        return "no sequences" if meta["seq_len"] >= 2 else "seq_len below 2"
-    return None
-
-
-def load_meta(data_dir):
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: {path} not found: run `python prepare.py` first (or pass --data_dir=)")
-    meta = read_json(path, f"delete {data_dir} and run prepare.py again")
-    problem = meta_problem(meta)
-    if problem:
-        raise SystemExit(f"error: {path} is damaged ({problem}): delete {data_dir} and run prepare.py again")
-    return meta
-
-
-def write_ranks(path, ranks):
-    """Save BPE ranks in tiktoken's text format: base64(token bytes) rank, one per line."""
-    with open(path, "w") as f:
-        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-            f.write(f"{base64.b64encode(token).decode()} {rank}\n")
-
-
-def parse_ranks(text, where="the tokenizer"):
-    """BPE ranks from tiktoken's text format, or a one-line error naming `where` they came from."""
-    try:
-        ranks = {base64.b64decode(tok, validate=True): int(rank)
-                 for tok, rank in (line.split() for line in text.splitlines() if line.strip())}
-    except (ValueError, TypeError) as e:  # binascii.Error is a ValueError; a line of 1 or 3 fields too
-        raise SystemExit(f"error: {where} is damaged (not tiktoken's 'base64 rank' lines: {str(e)[:80]})")
-    if sorted(ranks.values()) != list(range(len(ranks))):
-        raise SystemExit(f"error: {where} is damaged (its ranks are not 0..{len(ranks) - 1}, each once)")
-    return ranks
-
-
-def read_ranks(path):
-    with open(path) as f:
-        return parse_ranks(f.read(), path)
 
 
 def make_encoding(ranks, special_ids, name="cram"):
@@ -319,129 +95,6 @@ def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
     return inputs, positions, labels
 
 
-def save_checkpoint(path, state):
-    write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
-
-
-def load_checkpoint(path):
-    """A checkpoint written by train.py, checked (check_checkpoint), or a one-line error."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: checkpoint not found: {path}")
-    try:
-        with warnings.catch_warnings():  # torch warns about a pickle protocol before refusing it: the error says it
-            warnings.simplefilter("ignore")
-            # weights_only: tensors and plain containers only, so a file can never run code on loading
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise SystemExit(f"error: {path} {refusal(e)}")
-    problem = checkpoint_problem(checkpoint, path)
-    if problem:
-        raise SystemExit(f"error: {path} is not a usable checkpoint written by train.py: {problem}")
-    return checkpoint
-
-
-def refusal(e):
-    """Why torch.load's safe loader (weights_only) refused a file, in a few words."""
-    text = str(e)
-    culprit = re.search(r"GLOBAL (\S+)", text)
-    if culprit:  # a pickle that names a function or class to call
-        return (f"was refused: it holds objects other than tensors and plain values ({culprit.group(1)}), and loading "
-                f"those could run code; cram loads the checkpoints train.py writes")
-    if "Unsupported operand 149" in text:  # FRAME, the opcode of pickle protocols 4 and 5
-        return ("was refused by the safe loader: it was pickled with protocol 4 or 5, which that loader does not "
-                "read; cram loads the checkpoints train.py writes (torch.save's default protocol 2)")
-    unpickler = re.search(r"WeightsUnpickler error: \s*(.+)", text)
-    why = unpickler.group(1).strip() if unpickler else (text.splitlines() or [""])[0]
-    return f"is not a readable checkpoint ({type(e).__name__}: {why[:160]})"
-
-
-def checkpoint_problem(checkpoint, path):
-    """What in a loaded checkpoint breaks its readers (train.py's resume, fine-tuning, the export),
-    or None: model_args that ModelConfig takes (known fields, their types and declared ranges),
-    weights of exactly the model they describe, the data's meta, and a tokenizer whose tokens and
-    special ids make up the model's vocabulary."""
-    if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
-        return "not a dict with model, model_args, meta and tokenizer"
-    args, weights = checkpoint["model_args"], checkpoint["model"]
-    if not isinstance(args, dict) or not isinstance(weights, dict):
-        return "model_args or model is not a dict"
-    problem = model_args_problem(args) or meta_problem(checkpoint["meta"])
-    if problem:
-        return problem
-    args = saved_model_args(args)
-    with torch.device("meta"):  # the shapes, without the memory
-        expected = {k: v.shape for k, v in CrammedBert(**args).state_dict().items()}
-    got = {k: tuple(v.shape) if torch.is_tensor(v) else None for k, v in weights.items()}
-    if got.keys() != expected.keys() or any(got[k] != tuple(expected[k]) for k in got):
-        wrong = sorted(k for k in expected.keys() | got.keys() if got.get(k) != tuple(expected.get(k) or ()))
-        return f"its weights do not fit its model_args ({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})"
-    meta = checkpoint["meta"]
-    if (meta["vocab_size"], meta["seq_len"]) != (args["vocab_size"], args["seq_len"]):
-        return f"its meta (vocabulary {meta['vocab_size']}) and model_args (vocabulary {args['vocab_size']}) disagree"
-    if not isinstance(checkpoint["tokenizer"], str):
-        return "its tokenizer is not text"
-    n = len(parse_ranks(checkpoint["tokenizer"], f"{path}'s tokenizer"))
-    if n != meta["n_regular"]:
-        return (f"its tokenizer has {n} tokens but its model {meta['n_regular']} besides the specials: it mixes two "
-                f"vocabularies")
-    return None
-
-
-def model_args_problem(args):
-    """Unknown fields, values of the wrong type or outside a field's declared range (its comment in
-    model.ModelConfig), or what ModelConfig refuses; None when ModelConfig takes them."""
-    fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(args) - fields.keys())
-    if unknown:
-        return f"unknown model_args field(s) {', '.join(unknown)} (a newer cram's checkpoint?)"
-    for kind, *declared in declarations({}, ModelConfig):
-        if kind != "setting" or declared[0] not in args:  # ('section', text), ('more', text): no setting
-            continue
-        name, comment = declared
-        value, rule, expected = args[name], allowed(comment), fields[name]
-        if type(value) is not expected and not (expected is float and type(value) is int):
-            return f"model_args {name}={value!r} is not {expected.__name__}"
-        if rule and not rule[0](value):
-            return f"model_args {name}={value!r}: {name} must be {rule[1]}"
-    try:
-        ModelConfig(**{**ABSENT, **args})
-    except (TypeError, ValueError) as e:
-        return f"model_args: {e}"
-    return None
-
-
-def all_finite(state_dict):
-    """Whether every floating-point tensor of a state dict is finite (no checkpoint holds one that is not)."""
-    return all(v.isfinite().all() for v in state_dict.values() if v.is_floating_point())
-
-
-def resume_checkpoint(path, resume, model_args, tokenizer_text, optim, data_dir):
-    """The checkpoint train.py resumes (with resume=True), after checking it continues the same run:
-    the same model, tokenizer and optimizer (the settings of those names), and finite weights. None
-    for a fresh run, which refuses to overwrite one. The autocast dtype may change (a run moved to
-    another GPU)."""
-    if not resume:
-        if os.path.exists(path):
-            raise SystemExit(f"error: {path} exists: continue it with --resume=True (a run that has spent its budget "
-                             f"also needs a larger --budget_hours), or choose another --out_dir")
-        return None
-    checkpoint = load_checkpoint(path)
-    saved = saved_model_args(checkpoint["model_args"])
-    if saved != model_args:
-        changed = [k for k in model_args if saved[k] != model_args[k]]
-        raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
-    if checkpoint["tokenizer"] != tokenizer_text:
-        raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with its own "
-                         f"data, --data_dir={checkpoint.get('data_dir')}")
-    trained_with = checkpoint.get("config", {}).get("optim", "adamw")
-    if trained_with != optim:
-        raise SystemExit(f"error: {path} trained with --optim={trained_with}: resume it with that optimizer (their "
-                         f"states do not convert)")
-    if not all_finite(checkpoint["model"]):
-        raise SystemExit(f"error: {path} holds non-finite weights and cannot be resumed")
-    return checkpoint
-
-
 def repeat_warning(expected, train_tokens, basis):
     """A one-line warning when the run will train on more tokens than the data holds, else None;
     basis says where the expected count comes from."""
@@ -475,35 +128,6 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
         lines.append(f"fill in: ...{' '.join(context.split())}... -> {guesses} (true: {enc.decode([int(ids[pos])])!r})")
     model.train()
     return lines
-
-
-def append_metrics(path, fields):
-    """One line of a run's metrics.jsonl (train.py's log and evaluation lines; read_metrics reads them).
-    A line cut short by a kill of the run (the file not ending in a newline) is dropped first, so
-    the resumed run's lines start on lines of their own."""
-    try:
-        with open(path, "a+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 65536))
-            tail = f.read()
-            if tail and not tail.endswith(b"\n"):  # keep up to the last whole line (none: rfind gives -1)
-                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
-            f.write((json.dumps(fields) + "\n").encode())
-    except OSError as e:
-        raise cannot_write(path, e)
-
-
-def read_metrics(run):
-    """The evaluations of one run, in order, one per step (for a step logged twice, the later line:
-    a run resumed after a hard kill redoes the steps since its last checkpoint)."""
-    path = os.path.join(run, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: {path} not found: is {run} the out_dir of a train.py run?")
-    evals = {record["step"]: record for record in read_jsonl(path) if record.get("kind") == "eval" and
-             isinstance(record.get("step"), int)}
-    if not evals:
-        raise SystemExit(f"error: {path} has no evaluation yet")
-    return [evals[step] for step in sorted(evals)]
 
 
 @functools.lru_cache(maxsize=2)
@@ -574,15 +198,15 @@ def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
 
 
 class RandomBatches:
-    """batch_at(micro_step): a masked micro-batch of random rows, as train.py's step takes it."""
+    """batches(n): n masked micro-batches of random rows, as model.train_step takes them."""
 
     def __init__(self, tokens, vocab, micro, rt, mask_rate=0.25, seed=0):
         self.tokens, self.vocab, self.micro, self.device, self.mask_rate = tokens, vocab, micro, rt.device, mask_rate
         self.rng = np.random.default_rng(seed)
 
-    def __call__(self, micro_step):
-        idx = get_batch(self.tokens, self.rng.integers(0, len(self.tokens), self.micro), self.device)
-        return mask_tokens(idx, self.mask_rate, self.vocab - 1, self.vocab - len(SPECIAL_TOKENS))
+    def __call__(self, n):
+        return [mask_tokens(get_batch(self.tokens, self.rng.integers(0, len(self.tokens), self.micro), self.device),
+                            self.mask_rate, self.vocab - 1, self.vocab - len(SPECIAL_TOKENS)) for _ in range(n)]
 
 
 def bytes_to_unicode():

@@ -30,8 +30,9 @@ import torch.nn.functional as F
 
 import runtime
 from configurator import configure
-from data import (check_writable, hub_reachable, load_checkpoint, make_encoding, parse_ranks, read_json, read_jsonl,
-                  update_json)
+from data import make_encoding
+from files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, update_json
+from runtime import hub_reachable
 from model import CrammedBert, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ it off), mixes each position's neighbours into its embedding.
 """
 import dataclasses
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
@@ -285,6 +286,54 @@ def param_groups(module, weight_decay):
     decay = [p for p in module.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in module.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Trainer:
+    """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model`
+    (what the step runs: the model, or its compiled and DDP-wrapped copy), the optimizer and
+    `scaler`, float16's loss scaling (a pass-through otherwise). offload.OffloadTrainer offers the
+    same step, state_dict and load_state_dict, so train.py runs both modes alike; bench.py and
+    the micro-batch search time this step."""
+
+    def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
+        self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
+        self.step_model = model if step_model is None else step_model
+
+    def step(self, micro_batches, lr, clip):
+        """One optimizer step: the MLM loss of each micro-batch (inputs, positions, labels), its
+        gradients accumulated, their norm clipped to `clip` (0: off), the update at learning rate
+        `lr`. Returns the mean loss (a tensor) and whether the update was applied: one with a
+        non-finite gradient is skipped."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total, n = 0.0, len(micro_batches)
+        for i, (inputs, positions, labels) in enumerate(micro_batches):
+            # DDP: all-reduce the gradients only after the last micro-batch
+            with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
+                with self.autocast():
+                    loss, _ = self.step_model(inputs, positions, labels)
+                self.scaler.scale(loss / n).backward()
+            total = total + loss.detach()
+        self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
+        # one sync per step, so that a non-finite update never lands; the norm of the all-reduced
+        # gradients is the same on every DDP rank, so all ranks decide alike
+        applied = math.isfinite(norm.item())
+        if applied:
+            self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total / n, applied
+
+    def state_dict(self):
+        return dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                    scaler=self.scaler.state_dict())
+
+    def load_state_dict(self, checkpoint):
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if checkpoint.get("scaler"):  # float16's loss scale; empty when the run used another dtype
+            self.scaler.load_state_dict(checkpoint["scaler"])
 
 
 class ClassificationHead(nn.Module):

@@ -32,8 +32,9 @@ The parts, one job each:
   BlockStreamer   the device side: the two templates, the copy and gradient streams and their
                   events; runs the blocks forward and recompute-backward, streaming weights in
                   and gradients out to HostBlocks.
-  OffloadTrainer  composes them with the stem: the optimizer step with the global clip, the model
-                  interface evaluation uses, and checkpoints in normal mode's format.
+  StreamedBlocks  the blocks' place in the model: model.encode streams them (evaluation, fill-in).
+  OffloadTrainer  composes them with the stem: the optimizer step with the global clip, and
+                  checkpoints in normal mode's format.
 """
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -299,13 +300,32 @@ class BlockStreamer:
         return self.staging[slot]
 
 
+class StreamedBlocks(nn.Module):
+    """The model's blocks in off-load mode: one module in their place that streams them all, under
+    no_grad, so that model.encode, forward and logits serve evaluation and fill-in unchanged
+    (training runs OffloadTrainer.step, which recomputes the blocks for their gradients)."""
+
+    def __init__(self, streamer):
+        super().__init__()
+        self.streamer = streamer  # not a module: the templates hold no weights of the model's own
+
+    def forward(self, x, attn_mask=None, context=None):
+        assert attn_mask is None and context is None, "off-load mode encodes unpadded MLM batches, all layers full"
+        return self.streamer.forward(x)
+
+    def train(self, mode=True):
+        for module in self.streamer.templates:
+            module.train(mode)
+        return super().train(mode)
+
+
 class OffloadTrainer:
-    """train.py's trainer for off-load mode: step(batch_at, accum_steps, lr, clip) -> (mean loss,
-    applied), state_dict()/load_state_dict() in normal mode's checkpoint format, and the model
-    interface evaluate() and fill_in() use (call, encode, logits, eval, train), which streams the
-    blocks too. Takes ownership of `model` (a CrammedBert on the host): its blocks become the
-    float32 masters of a HostBlocks, the rest (the stem: embeddings, final norm, MLM head) moves
-    to the device with a normal AdamW, and a BlockStreamer runs the blocks."""
+    """train.py's trainer for off-load mode: step(micro_batches, lr, clip) -> (mean loss, applied),
+    model.train_step's contract, and state_dict()/load_state_dict() in normal mode's checkpoint
+    format. Takes ownership of `model` (a CrammedBert on the host): its blocks become the float32
+    masters of a HostBlocks, the rest (the stem: embeddings, final norm, MLM head) moves to the
+    device with a normal AdamW, a BlockStreamer runs the blocks, and `self.model` is the stem with
+    StreamedBlocks in the blocks' place: the model evaluation and fill-in call."""
 
     def __init__(self, model, rt, lr, betas, eps, weight_decay):
         self.rt = rt
@@ -318,6 +338,8 @@ class OffloadTrainer:
         self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
         self.host = HostBlocks(host_blocks, rt, lr, betas, eps, weight_decay)
         self.streamer = BlockStreamer(self.host, model.config, rt)
+        self.stem.blocks.append(StreamedBlocks(self.streamer))
+        self.model = self.stem
 
     def synchronize(self):
         """Wait for the blocks' updates in flight (before reading the masters, or to time a step)."""
@@ -331,20 +353,22 @@ class OffloadTrainer:
         rng_after = device_rng(self.rt.device)
         top.requires_grad_()
         with self.rt.autocast():
-            loss, _ = self.stem.mlm_loss(self.final(self.stem.final_norm(top), positions), inputs, positions, labels)
+            hidden = self.stem.final_norm(top)
+            hidden = at_positions(hidden, positions) if self.stem.sparse_prediction else hidden
+            loss, _ = self.stem.mlm_loss(hidden, inputs, positions, labels)
         (loss / accum_steps).backward()
         grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last)
         x.backward(grad)
         set_device_rng(self.rt.device, rng_after)  # the recompute replayed the RNG; continue after the forward
         return loss.detach(), squares
 
-    def step(self, batch_at, accum_steps, lr, clip):
-        """train.train_step's contract: one optimizer step over accum_steps micro-batches; the mean
-        loss (a tensor) and whether the update was applied (not with a non-finite gradient norm).
-        The stem steps here; the blocks' updates are queued on the host's updater thread."""
-        total = 0.0
-        for micro_step in range(accum_steps):
-            loss, squares = self._micro_step(*batch_at(micro_step), accum_steps, micro_step == accum_steps - 1)
+    def step(self, micro_batches, lr, clip):
+        """model.train_step's contract: one optimizer step over the micro-batches; the mean loss (a
+        tensor) and whether the update was applied (not with a non-finite gradient norm). The stem
+        steps here; the blocks' updates are queued on the host's updater thread."""
+        total, n = 0.0, len(micro_batches)
+        for i, batch in enumerate(micro_batches):
+            loss, squares = self._micro_step(*batch, n, i == n - 1)
             total = total + loss
         stem_grads = [p.grad for p in self.stem.parameters() if p.grad is not None]
         stem_norm = torch.stack(torch._foreach_norm(stem_grads)).square().sum().item() if stem_grads else 0.0
@@ -362,31 +386,7 @@ class OffloadTrainer:
         else:
             self.host.discard_grads()
         self.optimizer.zero_grad(set_to_none=True)
-        return total / accum_steps, applied
-
-    # the model interface of evaluate() and fill_in(), streaming the blocks
-    @torch.no_grad()
-    def encode(self, idx, padding_mask=None):
-        assert padding_mask is None, "off-load mode encodes unpadded MLM batches only"
-        return self.stem.final_norm(self.streamer.forward(self.stem.embed(idx)))
-
-    def logits(self, hidden):
-        return self.stem.logits(hidden)
-
-    def __call__(self, inputs, positions, labels):
-        return self.stem.mlm_loss(self.final(self.encode(inputs), positions), inputs, positions, labels)
-
-    def final(self, hidden, positions):
-        """What mlm_loss takes: the final hidden states at the masked positions with sparse prediction."""
-        return at_positions(hidden, positions) if self.stem.sparse_prediction else hidden
-
-    def eval(self):
-        for module in (self.stem, *self.streamer.templates):
-            module.eval()
-
-    def train(self):
-        for module in (self.stem, *self.streamer.templates):
-            module.train()
+        return total / n, applied
 
     # checkpoints in normal mode's format
     def _locate(self):

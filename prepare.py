@@ -28,8 +28,9 @@ import numpy as np
 
 import runtime
 from configurator import configure
-from data import (SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, cannot_write, claim_folder, hub_reachable, load_meta,
-                  load_tokens, make_encoding, read_ranks, write_atomically, write_json, write_ranks)
+from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding
+from files import cannot_write, claim_folder, load_meta, read_ranks, write_atomically, write_json, write_ranks
+from runtime import hub_reachable
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name

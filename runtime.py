@@ -1,6 +1,6 @@
-"""Where and how the arithmetic runs: device, precision, TF32, compilation, the optimizer, the
-training step and the micro-batch search, decided here once for train.py, bench.py and
-finetune_glue.py; and the signals that ask a run to stop.
+"""Where and how the arithmetic runs: device, precision, TF32, compilation (CUDA graphs' care
+included), the optimizer and the micro-batch search, decided here once for train.py, bench.py
+and finetune_glue.py; progress lines; and the signals that ask a run to stop.
 
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
@@ -9,9 +9,9 @@ the tests run the GPU's code path on any machine, with only the device differing
 import errno
 import functools
 import importlib
-import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from data import SPECIAL_TOKENS, mask_tokens
-from model import CrammedBert, param_groups
+from model import CrammedBert, Trainer, param_groups
 
 # inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector
 # width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
@@ -71,6 +71,23 @@ def check_compile_mode(mode, device):
                          f"default or max-autotune-no-cudagraphs")
 
 
+class CudaGraphRuns(torch.nn.Module):
+    """A model compiled in a mode that records CUDA graphs. A replay overwrites the last one's
+    outputs, gradients included: each call first gives every parameter a gradient buffer of its
+    own (autograd then adds into it instead of keeping the graph's output) and marks a new run."""
+
+    def __init__(self, compiled):
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args):
+        for p in self.parameters():
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(*args)
+
+
 @dataclass
 class Runtime:
     device: torch.device
@@ -104,7 +121,8 @@ class Runtime:
         if self.device.type == "cpu":
             prepare_inductor()
         mode = None if self.compile_mode == "default" else self.compile_mode
-        return torch.compile(model, fullgraph=fullgraph, dynamic=False, mode=mode)
+        compiled = torch.compile(model, fullgraph=fullgraph, dynamic=False, mode=mode)
+        return CudaGraphRuns(compiled) if self.compile_mode in CUDA_GRAPH_MODES else compiled
 
     def synchronize(self):
         if self.device.type == "cuda":
@@ -206,6 +224,18 @@ class LogProgress:
         pass
 
 
+def hub_reachable(timeout=3.0):
+    """Whether the Hugging Face hub answers; False at once when the offline switches are set."""
+    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def installed(module):
     """Whether an optional dependency can be imported: asked before the work that needs it."""
     try:
@@ -294,48 +324,13 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
     return best, tried
 
 
-def train_step(model, optimizer, scaler, batch_at, accum_steps, step_lr, clip, rt):
-    """One optimizer step over accum_steps micro-batches. batch_at(micro_step) gives the masked
-    micro-batch (inputs, positions, labels) on the device. Returns the mean loss (a tensor) and
-    whether the update was applied: one with a non-finite gradient norm is skipped."""
-    for group in optimizer.param_groups:
-        group["lr"] = step_lr
-    total = 0.0
-    cuda_graphs = rt.compile and rt.compile_mode in CUDA_GRAPH_MODES
-    if cuda_graphs:  # gradients in buffers of their own: a recorded graph's outputs are overwritten by its next run
-        for p in model.parameters():
-            if p.grad is None and p.requires_grad:
-                p.grad = torch.zeros_like(p)
-    for micro_step in range(accum_steps):
-        inputs, positions, labels = batch_at(micro_step)
-        if cuda_graphs:  # a new run of the recorded graphs, which may reuse the last one's output memory
-            torch.compiler.cudagraph_mark_step_begin()
-        # DDP: all-reduce the gradients only on the last micro-batch
-        last = micro_step == accum_steps - 1
-        with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():
-            with rt.autocast():
-                loss, _ = model(inputs, positions, labels)
-            scaler.scale(loss / accum_steps).backward()
-        total = total + loss.detach()
-    scaler.unscale_(optimizer)  # the true gradients for the norm and the clipping (a no-op unless float16)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip or math.inf)
-    # one sync per step, so that a non-finite update never lands; the norm of the all-reduced
-    # gradients is the same on every rank, so all ranks decide alike
-    applied = math.isfinite(norm.item())
-    if applied:
-        scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=not cuda_graphs)  # CUDA graphs: zeroed in place, the buffers kept
-    return total / accum_steps, applied
-
-
 def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
     """Peak device bytes of one eager training step at micro-batch `size` (random tokens)."""
     vocab, seq = model.config.vocab_size, model.config.seq_len
     n_regular = vocab - len(SPECIAL_TOKENS)  # the special tokens take the last ids, [MASK] the very last
     batch = mask_tokens(torch.randint(0, n_regular, (size, seq), device=rt.device), mask_rate, vocab - 1, n_regular)
     rt.reset_peak_memory()
-    train_step(model, optimizer, scaler, lambda micro_step: batch, 1, 0.0, 1.0, rt)
+    Trainer(model, optimizer, scaler, autocast=rt.autocast).step([batch], 0.0, 1.0)
     rt.synchronize()
     return rt.peak_memory()
 
@@ -357,10 +352,10 @@ def probe_micro_batch(model_config, rt, largest, mask_rate):
         rt.reset_peak_memory()  # the training log reports training's own peak
 
 
-def cpu_warning(flops_per_step, threads, cpu_flops_per_thread=75e9):
+def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
     """A one-line warning when one optimizer step at the full batch takes over 10 minutes on this
-    CPU (float32 reaches about 75 GFLOP/s per AVX2 thread), else None."""
-    minutes = flops_per_step / (cpu_flops_per_thread * threads) / 60
+    CPU (float32 reaches about 75 GFLOP/s per AVX2 thread; threads: torch's), else None."""
+    minutes = flops_per_step / (cpu_flops_per_thread * (threads or torch.get_num_threads())) / 60
     if minutes > 10:
         return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
                 f"shape needs a GPU. For a run of a few minutes: python train.py config/train_quickstart.py")

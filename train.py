@@ -13,7 +13,6 @@ SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same 
 --resume=True continues the schedules and the data order where they were.
 """
 import dataclasses
-import functools
 import gc
 import math
 import os
@@ -26,10 +25,10 @@ import torch.distributed as dist
 
 import runtime
 from configurator import configure
-from data import (Batches, all_finite, append_metrics, check_writable, claim_folder, evaluate, fill_in, load_run_data,
-                  make_encoding, parse_ranks, repeat_warning, resume_checkpoint, save_checkpoint)
-from model import DATA_FIELDS, CrammedBert, ModelConfig, param_groups
-from runtime import cpu_warning, train_step
+from data import Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
+from files import MetricsLog, all_finite, claim_folder, parse_ranks, resume_checkpoint, save_checkpoint
+from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, param_groups
+from runtime import cpu_warning
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -113,9 +112,9 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
-def budget_progress(tokens, elapsed):
+def budget_progress(tokens, seconds):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
-    return tokens / budget_tokens if budget_tokens else elapsed / (3600 * budget_hours)
+    return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
 
 
 def budget_spent(progress, step):
@@ -123,7 +122,7 @@ def budget_spent(progress, step):
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
 
-def check_settings(world, config):
+def check_settings(world, config, rt):
     """One-line errors for settings that cannot run together, before any work (each setting's own
     range is declared beside it and checked by the configurator)."""
     ModelConfig.from_settings(config)
@@ -132,77 +131,9 @@ def check_settings(world, config):
     if micro_batch and batch_size % (micro_batch * world):
         raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
                          f"the {world} process(es)")
-
-
-def build_training(model, rt, ddp, log):
-    """(model, step, optimizer, scaler, trainer), where step(batch_at, accum_steps, lr, clip) is one
-    optimizer step: in normal mode the model on the device, runtime.train_step on its compiled (and
-    DDP-wrapped) copy, its optimizer and grad scaler (float16's loss scaling, else a pass-through);
-    in off-load mode the OffloadTrainer's step and scaler and the trainer, which is also the model
-    that evaluation and fill-in call (it streams the blocks)."""
     if offload:
-        from offload import OffloadTrainer
-        trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
-        log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; "
-            "eager (no torch.compile of the whole model)")
-        return trainer, trainer.step, None, trainer.scaler, trainer
-    model = model.to(rt.device)
-    if optim == "muon":
-        from muon import muon_groups
-        groups = muon_groups(model, weight_decay)
-    else:
-        groups = param_groups(model, weight_decay)
-    optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
-    step_model = rt.compile_model(model)
-    if ddp:
-        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
-        step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
-    scaler = rt.grad_scaler()
-    return model, functools.partial(train_step, step_model, optimizer, scaler, rt=rt), optimizer, scaler, None
-
-
-def training_state(model, optimizer, scaler, trainer):
-    """What a checkpoint keeps to resume training: either mode's state, in one format."""
-    if trainer is not None:
-        return trainer.state_dict()
-    return dict(model=model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict())
-
-
-def load_training_state(checkpoint, model, optimizer, scaler, trainer):
-    if trainer is not None:
-        return trainer.load_state_dict(checkpoint)
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    if checkpoint.get("scaler"):  # float16's loss scale; empty when the run used another dtype
-        scaler.load_state_dict(checkpoint["scaler"])
-
-
-def record(path, fields):
-    """One log or evaluation line to metrics.jsonl, and to wandb when on."""
-    append_metrics(path, fields)
-    if wandb_log:
-        import wandb
-        wandb.log(fields, step=fields["step"])
-
-
-def run_eval(model, tokens, meta, rt, batch, run, metrics_path):
-    val_loss, accuracy = evaluate(model, tokens, meta, batch, rt, eval_sequences, eval_mask_rate)
-    print(f"eval  step {run['step']} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | "
-          f"{run['elapsed'] / 60:.1f} min, {run['tokens'] / 1e6:.1f}M tokens")
-    record(metrics_path, dict(kind="eval", step=run["step"], elapsed=round(run["elapsed"], 2), tokens=run["tokens"],
-                              val_loss=val_loss, accuracy=accuracy))
-    return val_loss, accuracy
-
-
-def log_step(run, loss, step_lr, step_batch, tokens_per_s, mfu, rt, epoch, progress, metrics_path):
-    memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
-    skipped = f" | {run['skipped']} updates skipped (non-finite)" if run["skipped"] else ""
-    print(f"step {run['step']} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
-          f"{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{memory} | epoch {epoch:.2f} | {run['elapsed'] / 60:.1f} min | "
-          f"{100 * (1 - progress):.0f}% of the budget left{skipped}")
-    record(metrics_path, dict(kind="train", step=run["step"], elapsed=round(run["elapsed"], 2), tokens=run["tokens"],
-                              loss=loss, lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                              skipped=run["skipped"]))
+        from offload import check_settings as check_offload
+        check_offload(world, config, rt.dtype)
 
 
 def diverged(loss, vocab_size, applied=True, scaler=None):
@@ -214,211 +145,242 @@ def diverged(loss, vocab_size, applied=True, scaler=None):
     return skipped or not loss <= math.log(vocab_size) + 1.0
 
 
-def divergence_stop(in_a_row, run, ckpt_path, vocab_size):
-    """The one-line stop after max_skipped_steps diverged steps, naming the checkpoint to resume."""
-    saved = run["last_saved"] is not None
-    where = f"the last checkpoint is {ckpt_path} at step {run['last_saved']}" if saved else "no checkpoint was saved"
-    return SystemExit(f"error: {in_a_row} steps in a row diverged (a non-finite gradient, or a loss above "
-                      f"{math.log(vocab_size) + 1:.2f}) up to step {run['step']}; {where}: lower --lr and "
-                      f"{'resume it' if saved else 'start again'}")
+def run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds):
+    """The validation loss and masked-token accuracy, printed and recorded."""
+    val_loss, accuracy = evaluate(model, val_tokens, meta, micro, rt, eval_sequences, eval_mask_rate)
+    print(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | "
+          f"{seconds / 60:.1f} min, {tokens / 1e6:.1f}M tokens")
+    metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
+                       accuracy=accuracy))
+    return val_loss, accuracy
 
 
-def save(path, model, state, run, identity, val_tokens, rt, micro, final=False):
-    """A self-contained checkpoint: weights and training state, the run's place in its schedules and
-    data, and `identity` (the model's settings, the run's, the data's meta and tokenizer). Saves only
-    weights that are finite and whose loss on a validation micro-batch has not diverged, so the
-    checkpoint a divergence stop names is one a lower learning rate recovers from; returns the
-    reason when it saved nothing."""
+def save(path, model, state, val_tokens, rt, micro):
+    """A self-contained checkpoint: `state` holds the weights and training state, the run's place
+    in its schedules and data and its identity (the model's settings, the run's, the data's meta and
+    tokenizer). Saves only weights that are finite and whose loss on a validation micro-batch has
+    not diverged, so the checkpoint a divergence stop names is one a lower learning rate recovers
+    from; returns the reason when it saved nothing."""
     if not all_finite(state["model"]):
         return "non-finite weights"
-    loss = evaluate(model, val_tokens, identity["meta"], micro, rt, micro)[0]
-    if diverged(loss, identity["meta"]["vocab_size"]):
+    loss = evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0]
+    if diverged(loss, state["meta"]["vocab_size"]):
         return f"a diverged validation loss ({loss:.2f})"
-    save_checkpoint(path, dict(**state, **identity, step=run["step"], elapsed=run["elapsed"], tokens=run["tokens"],
-                               init_val_loss=run["init_loss"], final=final))
-    run["last_saved"] = run["step"]
+    save_checkpoint(path, state)
     return None
 
 
 def main(config):
     ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))
-    check_settings(world, config)
     # off-load mode runs the blocks eagerly through two templates: no torch.compile of the whole model
     rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                        compile_mode=compile_mode)
-    if offload:
-        from offload import check_settings as check_offload
-        check_offload(world, config, rt.dtype)
+    check_settings(world, config, rt)
     if ddp:
         dist.init_process_group(backend="nccl" if rt.device.type == "cuda" else "gloo")
-    rank = dist.get_rank() if ddp else 0
-    master = rank == 0
+    master = not ddp or dist.get_rank() == 0
     log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
-    model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
-    model_args = dataclasses.asdict(model_config)
-    ckpt_path, metrics_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "metrics.jsonl")
-    # out_dir: this process's alone (a lock), writable, with room for a checkpoint (weights and AdamW in float32)
-    with torch.device("meta"):  # the parameter count, without the memory
-        n_params = CrammedBert(**model_args).num_params()
-    if master:
-        claim_folder(out_dir, need_bytes=12 * n_params)
-        for target in (ckpt_path, metrics_path):  # now, not when the budget is spent
-            check_writable(target, "--out_dir")
-    checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
-    if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
-        # nothing to train, so nothing rewritten
-        log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens "
-            f"in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
-            f"--budget_hours (or --budget_tokens, --max_steps)")
-        if ddp:
-            dist.destroy_process_group()
-        return
-    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt, world,
-                                                               max(mask_rate, mask_rate_start),
-                                                               offload, log)
+    seq_len, n_rows = meta["seq_len"], len(train_tokens)
+    model_args = dataclasses.asdict(ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=seq_len))
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    checkpoint = start_run(model_args, tokenizer_text, ckpt_path, master)
+    if checkpoint == "spent":
+        return dist.destroy_process_group() if ddp else None
+    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, ModelConfig(**model_args), rt,
+                                                               world, max(mask_rate, mask_rate_start), offload, log)
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
-    flops_at, n_params, n_matmul = model.flops_per_token, model.num_params(), model.num_params(True)
-    model, step, optimizer, scaler, trainer = build_training(model, rt, ddp, log)
-    # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
-    identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
-                    tokenizer=tokenizer_text)
-    run = dict(step=0, elapsed=0.0, tokens=0, skipped=0, init_loss=None, last_saved=None)
-    if checkpoint:  # either mode resumes the other's checkpoints: they share the format
-        load_training_state(checkpoint, model, optimizer, scaler, trainer)
-        run.update(step=checkpoint["step"], elapsed=checkpoint["elapsed"], tokens=checkpoint["tokens"],
-                   init_loss=checkpoint.get("init_val_loss"), last_saved=checkpoint["step"])
-        log(f"resuming {ckpt_path} at step {run['step']}, {run['elapsed'] / 60:.1f} minutes and "
-            f"{run['tokens'] / 1e6:.1f}M tokens in")
-    seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
-    log(f"model: {n_params / 1e6:.2f}M parameters ({n_matmul / 1e6:.2f}M in matmuls), "
-        f"{flops_at(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
+    flops_per_token = model.flops_per_token
+    log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
+        f"{flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
-    for warning in (rt.device.type == "cpu" and cpu_warning(flops_at(mask_rate) * batch_size * seq_len,
-                                                            torch.get_num_threads()),
+    if offload:  # the blocks stay in host memory: offload.py streams them through the device
+        from offload import OffloadTrainer
+        trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
+    else:
+        trainer = normal_trainer(model, rt, ddp)
+    model = trainer.model  # on the device: what evaluation and fill-in call
+    step, tokens, seconds, skipped, init_loss, last_saved = 0, 0, 0.0, 0, None, None
+    if checkpoint:  # either mode resumes the other's checkpoints: they share the format
+        trainer.load_state_dict(checkpoint)
+        step, tokens, seconds = checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]
+        init_loss, last_saved = checkpoint.get("init_val_loss"), step
+        log(f"resuming {ckpt_path} at step {step}, {seconds / 60:.1f} minutes and {tokens / 1e6:.1f}M tokens in")
+    for warning in (rt.device.type == "cpu" and cpu_warning(flops_per_token(mask_rate) * batch_size * seq_len),
                     budget_tokens and repeat_warning(budget_tokens, n_rows * seq_len,
                                                      f"with --budget_tokens={budget_tokens:,}")):
         if warning:
             log(warning)
-
-    # every log and evaluation line as JSON: a fresh run starts the file, a resumed one appends
-    # (steps redone after a hard kill appear twice; the later line is the one that counts)
-    if master and not resume:
-        open(metrics_path, "w").close()
-    if master and wandb_log:
-        import wandb
-        wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
-                   config=config)
-    if run["init_loss"] is None and master:
-        run["init_loss"] = run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)[0]
-    batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
+    # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
+    identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
+                    tokenizer=tokenizer_text)
+    if master:
+        wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
+        metrics = MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
+    if init_loss is None and master:
+        init_loss = run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)[0]
+    batches = Batches(train_tokens, meta, micro, dist.get_rank() if ddp else 0, world, rt.device, seed, data_order)
     stop_request = runtime.StopRequest()
-    budget = budget_hours * 3600
+    peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
-    # -------------------------------------------------------------------- the loop; the clock runs
-    last_eval = last_ckpt = run["elapsed"]
-    diverged_in_a_row, warned_repeat = 0, budget_tokens > 0  # a token budget was checked at the start
-    window_start, window_tokens = time.perf_counter(), 0
-    clock = time.perf_counter()
+    # -------------------------------------------------------------------- the loop
+    # `seconds` counts training alone, compilation included: the clock runs from the top of an
+    # iteration to the end of its step; logging, evaluation and saving are not charged
+    last_eval = last_ckpt = seconds
+    in_a_row, warned_repeat = 0, budget_tokens > 0  # a token budget was checked at the start
+    window_seconds, window_tokens = 0.0, 0
     while True:
-        now = time.perf_counter()
-        run["elapsed"] += now - clock
-        clock = now
+        started = time.perf_counter()
         stop = stop_request.signum is not None
         if ddp:  # every rank follows rank 0's clock, so all take the same batch size, and all stop together
-            t = torch.tensor([run["elapsed"] if master else 0.0, float(stop)], dtype=torch.float64, device=rt.device)
+            t = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=rt.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            run["elapsed"], stop = t[0].item(), bool(t[1].item())
-        progress = budget_progress(run["tokens"], run["elapsed"])
-        if budget_spent(progress, run["step"]) or stop:
+            seconds, stop = t[0].item(), bool(t[1].item())
+        progress = budget_progress(tokens, seconds)
+        if budget_spent(progress, step) or stop:
             break
+        # the schedules: pure functions of the share of the budget spent
         step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)
-        accum, step_lr = step_batch // (micro * world), lr_at(progress, lr, lr_schedule, warmup)
+        step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
-        batch_at = functools.partial(batches.at, run["tokens"] // seq_len, mask_rate=step_mask)
-        loss, applied = step(batch_at, accum, step_lr, grad_clip)
-        run["step"] += 1
-        run["tokens"] += step_batch * seq_len
-        window_tokens += step_batch * seq_len
+        # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
+        micro_batches = [batches.at(tokens // seq_len, i, step_mask) for i in range(step_batch // (micro * world))]
+        # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step)
+        loss, applied = trainer.step(micro_batches, step_lr, grad_clip)
         if ddp:  # the mean over all ranks' micro-batches, as one process would report it
             dist.all_reduce(loss)
             loss = loss / world
-        loss = loss.item()  # no wait: train_step has synced the device for the gradient norm
-        run["skipped"] += not applied
-        diverged_in_a_row = diverged_in_a_row + 1 if diverged(loss, meta["vocab_size"], applied, scaler) else 0
-        if diverged_in_a_row >= max_skipped_steps:
-            raise divergence_stop(diverged_in_a_row, run, ckpt_path, meta["vocab_size"])
-        if run["step"] % log_interval == 0:
-            tokens_per_s = window_tokens / (time.perf_counter() - window_start)
-            mfu = flops_at(step_mask) * tokens_per_s / world / peak if peak else None
+        loss = loss.item()  # no wait: the step has synced the device for the gradient norm
+        step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
+        seconds += time.perf_counter() - started
+        window_seconds += time.perf_counter() - started
+        window_tokens += step_batch * seq_len
+        in_a_row = in_a_row + 1 if diverged(loss, meta["vocab_size"], applied, trainer.scaler) else 0
+        if in_a_row >= max_skipped_steps:
+            raise divergence_stop(in_a_row, step, last_saved, ckpt_path, meta["vocab_size"])
+        if step % log_interval == 0:
+            tokens_per_s = window_tokens / window_seconds
+            mfu = flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
             if master:
-                log_step(run, loss, step_lr, step_batch, tokens_per_s, mfu, rt, run["tokens"] / (n_rows * seq_len),
-                         progress, metrics_path)
-            window_start, window_tokens = time.perf_counter(), 0
+                log_step(metrics, rt, step, loss, step_lr, step_batch, tokens_per_s, mfu, tokens / (n_rows * seq_len),
+                         seconds, tokens, progress, skipped)
+            window_seconds, window_tokens = 0.0, 0
             rt.reset_peak_memory()  # each log line reports the peak of its own window
-            if not warned_repeat and run["elapsed"] >= min(120.0, 0.05 * budget):
+            if not warned_repeat and seconds >= min(120.0, 0.05 * budget_hours * 3600):
                 warned_repeat = True  # after the first minutes, when the speed is known
-                expected = run["tokens"] + tokens_per_s * max(0.0, budget - run["elapsed"])
+                expected = tokens + tokens_per_s * max(0.0, budget_hours * 3600 - seconds)
                 warning = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s")
                 if warning:
                     log(warning)
-        due_eval = run["elapsed"] - last_eval >= eval_interval_minutes * 60
-        due_ckpt = run["elapsed"] - last_ckpt >= ckpt_interval_minutes * 60
-        if due_eval or due_ckpt:  # the clock stops: evaluation and saving are not charged to the budget
-            paused = time.perf_counter()
-            if due_eval and master:
-                run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)
-                last_eval = run["elapsed"]
-            if due_ckpt and master:
-                refused = save(ckpt_path, model, training_state(model, optimizer, scaler, trainer), run, identity,
+        if seconds - last_eval >= eval_interval_minutes * 60:
+            last_eval = seconds
+            if master:
+                run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
+        if seconds - last_ckpt >= ckpt_interval_minutes * 60:
+            last_ckpt = seconds
+            if master:
+                place = dict(step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss)
+                refused = save(ckpt_path, model, dict(trainer.state_dict(), **identity, **place, final=False),
                                val_tokens, rt, micro)
                 if refused:
-                    log(f"checkpoint at step {run['step']} not saved: {refused}; {ckpt_path} keeps step "
-                        f"{run['last_saved']}")
-            last_ckpt = run["elapsed"] if due_ckpt else last_ckpt
-            clock += time.perf_counter() - paused
-            window_start += time.perf_counter() - paused
+                    print(f"checkpoint at step {step} not saved: {refused}; {ckpt_path} keeps step {last_saved}")
+                last_saved = last_saved if refused else step
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
-        final = None if stop else run_eval(model, val_tokens, meta, rt, micro, run, metrics_path)
-        refused = save(ckpt_path, model, training_state(model, optimizer, scaler, trainer), run, identity, val_tokens,
-                       rt, micro, final=not stop)
-        if refused:
-            raise SystemExit(f"error: the weights at step {run['step']} were not saved: {refused}; {ckpt_path} keeps "
-                             f"step {run['last_saved']}: lower --lr and resume it")
-        finish(model, val_tokens, meta, rt, run, final, stop_request.signum, tokenizer_text, ckpt_path)
+        place = dict(step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss)
+        finish(model, dict(trainer.state_dict(), **identity, **place, final=not stop), metrics, val_tokens, rt, micro,
+               stop and (stop_request.signum or "a signal to another rank"), last_saved, ckpt_path)
     if ddp:
         dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others
         # DDP's reducer holds gloo work: freed before its process group, not at the interpreter's
         # exit, where freeing it can abort the process ("terminate called without an active exception")
-        del step
+        del trainer
         gc.collect()
         dist.destroy_process_group()
     if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
 
 
-def finish(model, val_tokens, meta, rt, run, final, signum, tokenizer_text, ckpt_path):
-    """The last lines: how the run stopped, or its fill-in examples and final figures."""
-    if final is None:
-        name = signal.Signals(signum).name if signum else "a signal to another rank"
-        print(f"stopped by {name} at step {run['step']} ({run['tokens'] / 1e6:.1f}M tokens, {run['elapsed'] / 60:.1f} "
-              f"min): saved {ckpt_path}; continue with the same command and --resume=True")
+def normal_trainer(model, rt, ddp):
+    """Normal mode: the model on the device, its compiled (and under torchrun DDP-wrapped) copy
+    that the step runs, the optimizer and float16's grad scaler, as a model.Trainer."""
+    model = model.to(rt.device)
+    if optim == "muon":
+        from muon import muon_groups  # imported only when asked for
+    groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
+    optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
+    step_model = rt.compile_model(model)
+    if ddp:
+        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+        step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
+    return Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
+
+
+def start_run(model_args, tokenizer_text, ckpt_path, master):
+    """out_dir made this process's alone (a lock), writable, with room for a checkpoint (weights and
+    AdamW in float32); then the checkpoint to resume, None for a fresh run, or 'spent' when it has
+    spent this budget (nothing to train, so nothing rewritten)."""
+    if master:
+        with torch.device("meta"):  # the parameter count, without the memory
+            n_params = CrammedBert(**model_args).num_params()
+        claim_folder(out_dir, need_bytes=12 * n_params, files=("ckpt.pt", "metrics.jsonl"))
+    checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
+    if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
+        if master:
+            print(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M "
+                  f"tokens in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it "
+                  f"with a larger --budget_hours (or --budget_tokens, --max_steps)")
+        return "spent"
+    return checkpoint
+
+
+def log_step(metrics, rt, step, loss, step_lr, step_batch, tokens_per_s, mfu, epoch, seconds, tokens, progress,
+             skipped):
+    memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
+    print(f"step {step} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
+          f"{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{memory} | epoch {epoch:.2f} | {seconds / 60:.1f} min | "
+          f"{100 * (1 - progress):.0f}% of the budget left"
+          f"{f' | {skipped} updates skipped (non-finite)' if skipped else ''}")
+    metrics.write(dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss, lr=step_lr,
+                       batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu, skipped=skipped))
+
+
+def divergence_stop(in_a_row, step, last_saved, ckpt_path, vocab_size):
+    """The one-line stop after max_skipped_steps diverged steps, naming the checkpoint to resume."""
+    saved = last_saved is not None
+    where = f"the last checkpoint is {ckpt_path} at step {last_saved}" if saved else "no checkpoint was saved"
+    return SystemExit(f"error: {in_a_row} steps in a row diverged (a non-finite gradient, or a loss above "
+                      f"{math.log(vocab_size) + 1:.2f}) up to step {step}; {where}: lower --lr and "
+                      f"{'resume it' if saved else 'start again'}")
+
+
+def finish(model, state, metrics, val_tokens, rt, micro, stopped_by, last_saved, ckpt_path):
+    """The last checkpoint (`state`) and the last lines: how the run stopped (stopped_by: a signal
+    number or words), or the graphs compiled, fill-in examples and the final figures."""
+    step, tokens, minutes, meta = state["step"], state["tokens"], state["elapsed"] / 60, state["meta"]
+    final = None if stopped_by else run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, minutes * 60)
+    refused = save(ckpt_path, model, state, val_tokens, rt, micro)
+    if refused:
+        raise SystemExit(f"error: the weights at step {step} were not saved: {refused}; {ckpt_path} keeps step "
+                         f"{last_saved}: lower --lr and resume it")
+    if stopped_by:
+        name = signal.Signals(stopped_by).name if isinstance(stopped_by, int) else stopped_by
+        print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {minutes:.1f} min): saved {ckpt_path}; "
+              f"continue with the same command and --resume=True")
         return
     if rt.compile:
         print(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
     if fill_in_examples:
-        enc = make_encoding(parse_ranks(tokenizer_text), meta["special_ids"])
+        enc = make_encoding(parse_ranks(state["tokenizer"]), meta["special_ids"])
         for line in fill_in(model, val_tokens, meta, enc, rt, fill_in_examples, seed):
             print(line)
-    print(f"final: step {run['step']} | val loss {final[0]:.4f} (at init {run['init_loss']:.4f}) | masked-token "
-          f"accuracy {final[1]:.3f} | {run['tokens'] / 1e6:.1f}M tokens in {run['elapsed'] / 60:.1f} min | "
-          f"saved {ckpt_path}")
+    print(f"final: step {step} | val loss {final[0]:.4f} (at init {state['init_val_loss']:.4f}) | masked-token "
+          f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {minutes:.1f} min | saved {ckpt_path}")
 
 
 if __name__ == "__main__":

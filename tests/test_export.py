@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_script
-from data import load_checkpoint, make_encoding, parse_ranks
+from data import make_encoding
+from files import load_checkpoint, parse_ranks
 import export  # tools/export.py
 from model import CrammedBert
 from test_glue import FIXTURES

@@ -184,7 +184,7 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
 def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoints_shape(pretrained, monkeypatch):
     """--from_scratch=True: the encoder fine-tuned is a fresh initialisation of the checkpoint's
     shape, seeded by the fine-tuning seed as the head is; without it, the checkpoint's weights."""
-    from data import load_checkpoint
+    from files import load_checkpoint
     from model import saved_model_args
     ckpt = load_checkpoint(str(pretrained))
     start_weights = []

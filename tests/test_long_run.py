@@ -15,9 +15,9 @@ import torch
 
 import runtime
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, weights_atol
-from data import load_meta, mask_tokens
-from model import CrammedBert, param_groups
-from runtime import train_step
+from data import mask_tokens
+from files import load_meta
+from model import CrammedBert, Trainer, param_groups
 from data import repeat_warning, rows_at
 
 # 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
@@ -168,7 +168,7 @@ def test_a_non_finite_gradient_skips_the_update():
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-3)
     idx = torch.randint(0, 296, (8, 32))
     batch = mask_tokens(idx, 0.25, 299, 296, torch.Generator().manual_seed(0))
-    _, applied = train_step(model, optimizer, rt.grad_scaler(), lambda m: batch, 1, 1e-3, 0.5, rt)
+    _, applied = Trainer(model, optimizer, rt.grad_scaler(), autocast=rt.autocast).step([batch], 1e-3, 0.5)
     assert applied
     before = {k: v.clone() for k, v in model.state_dict().items()}
     steps_before = optimizer.state_dict()["state"][0]["step"].item()
@@ -178,14 +178,15 @@ def test_a_non_finite_gradient_skips_the_update():
         loss, correct = poisoned(*args)
         return loss * float("nan"), correct
     model.forward = nan_loss
-    loss, applied = train_step(model, optimizer, rt.grad_scaler(), lambda m: batch, 2, 1e-3, 0.5, rt)
+    trainer = Trainer(model, optimizer, rt.grad_scaler(), autocast=rt.autocast)
+    loss, applied = trainer.step([batch, batch], 1e-3, 0.5)
     assert not applied and not torch.isfinite(loss)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k  # weights untouched
     assert optimizer.state_dict()["state"][0]["step"].item() == steps_before  # moments untouched
     assert all(p.grad is None for p in model.parameters())
     model.forward = poisoned
-    assert train_step(model, optimizer, rt.grad_scaler(), lambda m: batch, 1, 1e-3, 0.5, rt)[1]
+    assert Trainer(model, optimizer, rt.grad_scaler(), autocast=rt.autocast).step([batch], 1e-3, 0.5)[1]
 
 
 class RunsCode:

@@ -7,9 +7,8 @@ import torch
 import runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
 from data import mask_tokens
-from model import CrammedBert, param_groups
+from model import CrammedBert, Trainer, param_groups
 from offload import OffloadTrainer
-from runtime import train_step
 
 VOCAB, SEQ = 300, 32
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU: real streams and pinned copies
@@ -22,7 +21,7 @@ def batches(n, size=4, seed=0):
 
 
 def train_both(model_args, n_steps, accum, clip, lr=1e-2, dtype="float32", device="cpu"):
-    """The same steps in normal mode (train_step, torch's fused AdamW) and off-load mode, from the
+    """The same steps in normal mode (Trainer, torch's fused AdamW) and off-load mode, from the
     same initialisation and RNG: (normal losses, off-load losses, normal model, optimizer, trainer)."""
     rt = runtime.setup(device, dtype, compile=False)
     torch.backends.cuda.matmul.allow_tf32 = False  # setup() turns TF32 on; compare exact float32 here
@@ -33,10 +32,11 @@ def train_both(model_args, n_steps, accum, clip, lr=1e-2, dtype="float32", devic
     torch.manual_seed(0)
     trainer = OffloadTrainer(CrammedBert(vocab_size=VOCAB, seq_len=SEQ, **model_args), rt, lr, (0.9, 0.98), 1e-12, 0.01)
     torch.manual_seed(1)  # dropout draws from here in both modes
-    normal = [train_step(model, optimizer, rt.grad_scaler(), lambda m, s=s: data[s * accum + m], accum, lr, clip, rt)
+    trainer_normal = Trainer(model, optimizer, rt.grad_scaler(), autocast=rt.autocast)
+    normal = [trainer_normal.step(data[s * accum:(s + 1) * accum], lr, clip)
               for s in range(n_steps)]
     torch.manual_seed(1)
-    offloaded = [trainer.step(lambda m, s=s: data[s * accum + m], accum, lr, clip) for s in range(n_steps)]
+    offloaded = [trainer.step(data[s * accum:(s + 1) * accum], lr, clip) for s in range(n_steps)]
     return normal, offloaded, model, optimizer, trainer
 
 
@@ -111,13 +111,13 @@ def test_a_non_finite_gradient_skips_the_update_in_offload_mode():
     trainer = OffloadTrainer(CrammedBert(vocab_size=VOCAB, seq_len=SEQ, n_layers=2, d_model=32, n_heads=2, d_ffn=128),
                              rt, 1e-3, (0.9, 0.98), 1e-12, 0.01)
     data = batches(1)[0]
-    assert trainer.step(lambda m: data, 1, 1e-3, 0.5)[1]
+    assert trainer.step([data], 1e-3, 0.5)[1]
     before = trainer.state_dict()
     before = {"model": {k: v.clone() for k, v in before["model"].items()}, "steps": before["optimizer"]["state"]}
     steps_before = {i: s["step"].item() for i, s in before["steps"].items()}
     loss_of = trainer.stem.mlm_loss
     trainer.stem.mlm_loss = lambda *args: (loss_of(*args)[0] * float("nan"), None)
-    loss, applied = trainer.step(lambda m: data, 2, 1e-3, 0.5)
+    loss, applied = trainer.step([data, data], 1e-3, 0.5)
     assert not applied and not torch.isfinite(loss)
     after = trainer.state_dict()
     for name, value in after["model"].items():
@@ -126,7 +126,7 @@ def test_a_non_finite_gradient_skips_the_update_in_offload_mode():
     assert all(p.grad is None for p in trainer.stem.parameters())
     assert all(not p.grad.any() for params in trainer.host.masters for p in params)  # accumulators emptied
     trainer.stem.mlm_loss = loss_of
-    assert trainer.step(lambda m: data, 1, 1e-3, 0.5)[1]
+    assert trainer.step([data], 1e-3, 0.5)[1]
 
 
 def step_losses(stdout):

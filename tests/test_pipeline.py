@@ -10,7 +10,8 @@ import torch
 
 import prepare
 from conftest import TINY_MODEL, assert_one_line_error, run_script
-from data import load_meta, load_tokenizer, load_tokens, rows_at
+from data import load_tokenizer, load_tokens, rows_at
+from files import load_meta
 
 
 def test_prepare_writes_token_files(prepared):

@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from configurator import allowed, config_keys, declarations
-from data import claim_folder, load_meta, read_metrics, write_atomically
+from files import claim_folder, load_meta, read_metrics, write_atomically
 
 SCRIPTS = ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
            "tools/gpu_report.py", "tools/bench_offload.py", "tools/bench_prepare.py", "tools/curriculum.py"]

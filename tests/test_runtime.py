@@ -9,7 +9,8 @@ import runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
 from data import mask_tokens
 from model import CrammedBert, param_groups
-from runtime import cpu_warning, train_step
+from model import Trainer
+from runtime import cpu_warning
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,
@@ -55,7 +56,7 @@ def test_compiled_step_matches_eager(recipe, device, mode):
 @pytest.mark.parametrize("mode", runtime.CUDA_GRAPH_MODES)
 def test_cuda_graph_modes_accumulate_like_eager(mode):
     """Two optimizer steps of two micro-batches each: a recorded graph's outputs are overwritten by
-    its next run, so the gradients must accumulate in buffers of their own (train_step's care)."""
+    its next run, so the gradients must accumulate in buffers of their own (runtime.CudaGraphRuns' care)."""
     batches = [masked_batch("cuda", seed) for seed in range(4)]
     params = []
     for compiled in (False, True):
@@ -64,9 +65,9 @@ def test_cuda_graph_modes_accumulate_like_eager(mode):
         torch.backends.cuda.matmul.allow_tf32 = False
         model = CrammedBert(**TINY).cuda()
         optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-3)
-        step_model = rt.compile_model(model)
+        trainer = Trainer(model, optimizer, rt.grad_scaler(), rt.compile_model(model), rt.autocast)
         for step in range(2):
-            train_step(step_model, optimizer, rt.grad_scaler(), lambda i, s=step: batches[2 * s + i], 2, 1e-3, 1.0, rt)
+            trainer.step(batches[2 * step:2 * step + 2], 1e-3, 1.0)
         params.append([p.detach().clone() for p in model.parameters()])
     for compiled, eager in zip(params[1], params[0]):
         torch.testing.assert_close(compiled, eager, rtol=0, atol=weights_atol(1e-3, 2))
@@ -82,8 +83,8 @@ def test_bfloat16_autocast_tracks_float32(device):
         model = CrammedBert(**TINY).to(device)
         optimizer = rt.optimizer(param_groups(model, 0.01), lr=3e-3)
         batches = [masked_batch(device, seed) for seed in range(2)]
-        losses[dtype] = [train_step(model, optimizer, rt.grad_scaler(), lambda m: batches[m], 2, 3e-3, 0.5, rt)[0].item()
-                         for _ in range(4)]
+        trainer = Trainer(model, optimizer, rt.grad_scaler(), autocast=rt.autocast)
+        losses[dtype] = [trainer.step(batches, 3e-3, 0.5)[0].item() for _ in range(4)]
     assert all(map(torch.isfinite, torch.tensor(losses["bfloat16"])))
     assert losses["float32"][-1] < losses["float32"][0]  # it trains
     torch.testing.assert_close(torch.tensor(losses["bfloat16"]), torch.tensor(losses["float32"]), rtol=0.03, atol=0)
@@ -98,7 +99,8 @@ def test_float16_loss_scaling_trains():
     model = CrammedBert(**TINY)
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=3e-3)
     batch = masked_batch("cpu")
-    losses = [train_step(model, optimizer, scaler, lambda m: batch, 1, 3e-3, 0.5, rt)[0].item() for _ in range(8)]
+    trainer = Trainer(model, optimizer, scaler, autocast=rt.autocast)
+    losses = [trainer.step([batch], 3e-3, 0.5)[0].item() for _ in range(8)]
     assert all(map(torch.isfinite, torch.tensor(losses))) and losses[-1] < 0.9 * losses[0]
     assert scaler.get_scale() > 1  # scaling was on
 

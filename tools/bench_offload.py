@@ -21,11 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import runtime  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
-from data import RandomBatches, benchmark_tokens  # noqa: E402
+from data import benchmark_tokens, RandomBatches  # noqa: E402
 from measure import alternate, gib, spread  # noqa: E402
-from model import SHAPES, CrammedBert, param_groups  # noqa: E402
+from model import SHAPES, CrammedBert, Trainer, param_groups  # noqa: E402
 from offload import OffloadTrainer  # noqa: E402
-from runtime import train_step  # noqa: E402
 
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small}: 16x768 with 32768 tokens, 4x256 with 8192; auto: by device
@@ -47,12 +46,12 @@ class NormalMode:
     name = "normal, eager"
 
     def __init__(self, dims, rt):
-        self.model = CrammedBert(seq_len=seq_len, **dims).to(rt.device)
-        self.optimizer = rt.optimizer(param_groups(self.model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
-        self.scaler, self.rt = rt.grad_scaler(), rt
+        model = CrammedBert(seq_len=seq_len, **dims).to(rt.device)
+        optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
+        self.trainer, self.rt = Trainer(model, optimizer, rt.grad_scaler(), autocast=rt.autocast), rt
 
-    def step(self, batch_at):
-        return train_step(self.model, self.optimizer, self.scaler, batch_at, accum_steps, 1e-4, 0.5, self.rt)[0]
+    def step(self, batches):
+        return self.trainer.step(batches(accum_steps), 1e-4, 0.5)[0]
 
     def finish(self):
         self.rt.synchronize()
@@ -65,34 +64,34 @@ class OffloadMode:
         self.trainer = OffloadTrainer(CrammedBert(seq_len=seq_len, **dims), rt, 1e-4, (0.9, 0.98), 1e-12, 0.01)
         self.rt = rt
 
-    def step(self, batch_at):
-        return self.trainer.step(batch_at, accum_steps, 1e-4, 0.5)[0]
+    def step(self, batches):
+        return self.trainer.step(batches(accum_steps), 1e-4, 0.5)[0]
 
     def finish(self):  # the blocks' host updates run on past step(); a timing waits for them as the next step would
         self.trainer.synchronize()
         self.rt.synchronize()
 
 
-def time_mode(mode, batch_at, n_steps, rt):
+def time_mode(mode, batches, n_steps, rt):
     """Seconds per optimizer step of `mode`, and its peak device memory (None on a CPU)."""
     rt.reset_peak_memory()
     start = time.perf_counter()
     for _ in range(n_steps):
-        loss = mode.step(batch_at)
+        loss = mode.step(batches)
     loss.item()
     mode.finish()
     return (time.perf_counter() - start) / n_steps, rt.peak_memory()
 
 
-def compare_modes(modes, batch_at, n_steps, n_warmup, rt):
+def compare_modes(modes, batches, n_steps, n_warmup, rt):
     """{name: [seconds per step, one per round]} and {name: peak bytes}, the modes in turn each round."""
     for mode in modes:
         for _ in range(n_warmup):
-            mode.step(batch_at)
+            mode.step(batches)
     times, peaks = {mode.name: [] for mode in modes}, {}
     for _ in range(repeats):
         for mode in modes:
-            seconds, peaks[mode.name] = time_mode(mode, batch_at, n_steps, rt)
+            seconds, peaks[mode.name] = time_mode(mode, batches, n_steps, rt)
             times[mode.name].append(seconds)
     return times, peaks
 
@@ -147,12 +146,12 @@ def bus_bandwidth(rt):
     print(f"pinned host-to-device copy of 256 MiB: {spread([pinned.numel() / t / 1e9 for t in seconds], '{:.1f}')} GB/s")
 
 
-def capped_run(build, batch_at, n_steps, rt, micro):
+def capped_run(build, batches, n_steps, rt, micro):
     """tokens/s and peak of a mode built by build() and stepped under the cap, or 'out of memory'."""
     mode = None
     try:
         mode = build()
-        seconds, peak = time_mode(mode, batch_at, n_steps, rt)
+        seconds, peak = time_mode(mode, batches, n_steps, rt)
         return f"{micro * accum_steps * seq_len / seconds:,.0f} tokens/s, peak {gib(peak)} GiB"
     except torch.cuda.OutOfMemoryError:
         return "out of memory"
@@ -170,10 +169,10 @@ def main():
     tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# off-load mode beside normal mode | {name} shape {dims['n_layers']}x{dims['d_model']} | {rt.describe()} | "
           f"torch {torch.__version__} | {accum_steps} micro-batches per step | data: {source} | {time.strftime('%Y-%m-%d')}")
-    batch_at = RandomBatches(tokens, dims["vocab_size"], micro, rt, 0.25, seed)
+    batches = RandomBatches(tokens, dims["vocab_size"], micro, rt, 0.25, seed)
     torch.manual_seed(seed)
     offloaded = OffloadMode(dims, rt)
-    times, peaks = compare_modes([NormalMode(dims, rt), offloaded], batch_at, n_steps, n_warmup, rt)
+    times, peaks = compare_modes([NormalMode(dims, rt), offloaded], batches, n_steps, n_warmup, rt)
     with torch.device("meta"):  # shapes only: counting FLOPs allocates nothing
         flops = CrammedBert(seq_len=seq_len, **dims).flops_per_token(0.25)
     print_modes(times, peaks, micro, flops)
@@ -186,7 +185,7 @@ def main():
     torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(rt.device).total_memory)
     try:
         for mode_name, build in ((NormalMode.name, lambda: NormalMode(dims, rt)), (OffloadMode.name, lambda: offloaded)):
-            result = capped_run(build, batch_at, n_steps, rt, micro)
+            result = capped_run(build, batches, n_steps, rt, micro)
             print(f"{mode_name} capped at {gib(limit)} GiB ({cap} of normal mode's peak): {result}")
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)

@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import prepare  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
-from data import load_meta, load_tokenizer  # noqa: E402
+from data import load_tokenizer  # noqa: E402
+from files import load_meta  # noqa: E402
 from runtime import guarded  # noqa: E402
 from measure import alternate, spread  # noqa: E402
 

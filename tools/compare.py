@@ -30,7 +30,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
-from data import check_writable, claim_folder, read_jsonl, read_metrics, write_json  # noqa: E402
+from files import check_writable, claim_folder, read_jsonl, read_metrics, write_json  # noqa: E402
 from runtime import guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------

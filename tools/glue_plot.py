@@ -25,7 +25,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import read_json, write_json  # noqa: E402
+from files import read_json, write_json  # noqa: E402
 from runtime import guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------

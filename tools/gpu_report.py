@@ -53,7 +53,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
+from files import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
 from runtime import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -512,7 +512,7 @@ def gib(n_bytes):
     return f"{n_bytes / 2 ** 30:.3g} GiB"
 
 
-def try_normal_mode(model_args, rt, device_bytes, batch_at):
+def try_normal_mode(model_args, rt, device_bytes, batches):
     """One normal-mode step of the shape, built on the device: what happened, in words. On a GPU
     it should run out of memory; a CPU has none to run out of, so there the state's size is
     compared with device_bytes instead."""
@@ -524,7 +524,7 @@ def try_normal_mode(model_args, rt, device_bytes, batch_at):
             model = CrammedBert(**model_args)
         optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4)
         with rt.autocast():
-            loss, _ = model(*batch_at(0))
+            loss, _ = model(*batches(1)[0])
         loss.backward()
         optimizer.step()
         needed = state_bytes(model, optimizer)
@@ -545,7 +545,7 @@ def try_normal_mode(model_args, rt, device_bytes, batch_at):
             rt.reset_peak_memory()
 
 
-def train_offloaded(model_args, rt, batch_at):
+def train_offloaded(model_args, rt, batches):
     """A few optimizer steps in off-load mode: seconds per step and losses (one untimed step first)."""
     import torch
     from model import CrammedBert
@@ -557,7 +557,7 @@ def train_offloaded(model_args, rt, batch_at):
     seconds, losses = [], []
     for step in range(offload_steps + 1):
         start = time.time()
-        loss, applied = trainer.step(batch_at, offload_accum, 1e-4, 0.5)
+        loss, applied = trainer.step(batches(offload_accum), 1e-4, 0.5)
         losses.append(loss.item())
         trainer.synchronize()  # the host updates of the blocks finish before the clock stops
         rt.synchronize()
@@ -570,7 +570,7 @@ def train_offloaded(model_args, rt, batch_at):
 def phase_offload(deadline, logs):
     import torch
     import runtime
-    from data import RandomBatches, benchmark_tokens
+    from data import benchmark_tokens, RandomBatches
     from model import CrammedBert
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
@@ -590,11 +590,11 @@ def phase_offload(deadline, logs):
     shape = f"{model_args['n_layers']}x{model_args['d_model']} (vocabulary {vocab_size}), {n_params / 1e6:,.1f}M parameters"
     print(f"off-load shape: {shape}", flush=True)
     tokens, _ = benchmark_tokens(data_dir, vocab_size, seq_len, seed=0)  # the data's when they match, else random
-    batch_at = RandomBatches(tokens, vocab_size, offload_micro_batch, rt)
-    normal = try_normal_mode(model_args, rt, device_bytes, batch_at)
+    batches = RandomBatches(tokens, vocab_size, offload_micro_batch, rt)
+    normal = try_normal_mode(model_args, rt, device_bytes, batches)
     print(f"normal mode: {normal}", flush=True)
     rt.reset_peak_memory()
-    seconds, losses = train_offloaded(model_args, rt, batch_at)
+    seconds, losses = train_offloaded(model_args, rt, batches)
     with torch.device("meta"):
         flops = CrammedBert(**model_args).flops_per_token(0.25)
     step = sorted(seconds)[len(seconds) // 2]
