@@ -68,7 +68,10 @@ def write_atomically(path, write):
 
 
 def check_writable(path, setting):
-    """A one-line error unless a file can be written at `path`: checked before the work, not after."""
+    """A one-line error unless a file can be written at `path`: checked before the work, not after,
+    and by doing rather than by reading permission bits (which say yes to root): a file created and
+    removed beside it (atomic writes rename one into place), and `path` itself, when it exists,
+    opened for writing without truncating it (metrics.jsonl is appended to)."""
     folder = os.path.dirname(os.path.abspath(path))
     for where, kind in ((path, "a folder, not a file"), (folder, "a file, not a folder")):
         if os.path.exists(where) and os.path.isdir(where) == (where == path):
@@ -78,6 +81,8 @@ def check_writable(path, setting):
         probe = temporary_path(path)
         open(probe, "w").close()
         os.remove(probe)
+        if os.path.exists(path):
+            open(path, "r+b").close()
     except OSError as e:
         raise SystemExit(f"error: cannot write to {setting}={path}: {e.strerror or e}")
 
