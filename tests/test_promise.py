@@ -327,7 +327,7 @@ def test_a_checkpoint_that_cannot_be_written_is_refused_before_training(prepared
 
 
 # ------------------------------------------------------------------ 5. what two processes write is merged
-# (data.update_json, the export's manifest)
+# (files.update_json, the export's manifest)
 def test_two_finetuning_runs_on_one_checkpoint_merge_their_tasks(pretrained, tmp_path):
     run = copy_run(pretrained, tmp_path / "run")
     procs = [start("finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", f"--tasks={task}",

@@ -173,7 +173,7 @@ def test_a_resume_refuses_what_would_change_the_run_and_carries_a_dtype_over(pre
 
 
 # ------------------------------------------------------------------ 4. two processes, one folder
-HOLD = "import sys, time; sys.path.insert(0, {root!r}); from data import claim_folder; claim_folder({out!r}); " \
+HOLD = "import sys, time; sys.path.insert(0, {root!r}); from files import claim_folder; claim_folder({out!r}); " \
        "print('held', flush=True); time.sleep(60)"
 
 
