@@ -198,7 +198,7 @@ def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
 
 
 class RandomBatches:
-    """batches(n): n masked micro-batches of random rows, as model.train_step takes them."""
+    """batches(n): n masked micro-batches of random rows, as model.Trainer.step takes them."""
 
     def __init__(self, tokens, vocab, micro, rt, mask_rate=0.25, seed=0):
         self.tokens, self.vocab, self.micro, self.device, self.mask_rate = tokens, vocab, micro, rt.device, mask_rate

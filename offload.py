@@ -321,7 +321,7 @@ class StreamedBlocks(nn.Module):
 
 class OffloadTrainer:
     """train.py's trainer for off-load mode: step(micro_batches, lr, clip) -> (mean loss, applied),
-    model.train_step's contract, and state_dict()/load_state_dict() in normal mode's checkpoint
+    model.Trainer.step's contract, and state_dict()/load_state_dict() in normal mode's checkpoint
     format. Takes ownership of `model` (a CrammedBert on the host): its blocks become the float32
     masters of a HostBlocks, the rest (the stem: embeddings, final norm, MLM head) moves to the
     device with a normal AdamW, a BlockStreamer runs the blocks, and `self.model` is the stem with
@@ -363,7 +363,7 @@ class OffloadTrainer:
         return loss.detach(), squares
 
     def step(self, micro_batches, lr, clip):
-        """model.train_step's contract: one optimizer step over the micro-batches; the mean loss (a
+        """model.Trainer.step's contract: one optimizer step over the micro-batches; the mean loss (a
         tensor) and whether the update was applied (not with a non-finite gradient norm). The stem
         steps here; the blocks' updates are queued on the host's updater thread."""
         total, n = 0.0, len(micro_batches)

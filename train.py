@@ -182,12 +182,13 @@ def main(config):
     log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    model_args = dataclasses.asdict(ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=seq_len))
+    model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=seq_len)
+    model_args = dataclasses.asdict(model_config)
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     checkpoint = start_run(model_args, tokenizer_text, ckpt_path, master)
     if checkpoint == "spent":
         return dist.destroy_process_group() if ddp else None
-    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, ModelConfig(**model_args), rt,
+    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
 
     # -------------------------------------------------------------------- the model and its optimizer
@@ -256,8 +257,8 @@ def main(config):
             loss = loss / world
         loss = loss.item()  # no wait: the step has synced the device for the gradient norm
         step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
-        seconds += time.perf_counter() - started
-        window_seconds += time.perf_counter() - started
+        spent = time.perf_counter() - started
+        seconds, window_seconds = seconds + spent, window_seconds + spent
         window_tokens += step_batch * seq_len
         in_a_row = in_a_row + 1 if diverged(loss, meta["vocab_size"], applied, trainer.scaler) else 0
         if in_a_row >= max_skipped_steps:
@@ -362,15 +363,15 @@ def divergence_stop(in_a_row, step, last_saved, ckpt_path, vocab_size):
 def finish(model, state, metrics, val_tokens, rt, micro, stopped_by, last_saved, ckpt_path):
     """The last checkpoint (`state`) and the last lines: how the run stopped (stopped_by: a signal
     number or words), or the graphs compiled, fill-in examples and the final figures."""
-    step, tokens, minutes, meta = state["step"], state["tokens"], state["elapsed"] / 60, state["meta"]
-    final = None if stopped_by else run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, minutes * 60)
+    step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
+    final = None if stopped_by else run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
     refused = save(ckpt_path, model, state, val_tokens, rt, micro)
     if refused:
         raise SystemExit(f"error: the weights at step {step} were not saved: {refused}; {ckpt_path} keeps step "
                          f"{last_saved}: lower --lr and resume it")
     if stopped_by:
         name = signal.Signals(stopped_by).name if isinstance(stopped_by, int) else stopped_by
-        print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {minutes:.1f} min): saved {ckpt_path}; "
+        print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {ckpt_path}; "
               f"continue with the same command and --resume=True")
         return
     if rt.compile:
@@ -380,7 +381,7 @@ def finish(model, state, metrics, val_tokens, rt, micro, stopped_by, last_saved,
         for line in fill_in(model, val_tokens, meta, enc, rt, fill_in_examples, seed):
             print(line)
     print(f"final: step {step} | val loss {final[0]:.4f} (at init {state['init_val_loss']:.4f}) | masked-token "
-          f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {minutes:.1f} min | saved {ckpt_path}")
+          f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {ckpt_path}")
 
 
 if __name__ == "__main__":

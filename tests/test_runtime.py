@@ -73,6 +73,29 @@ def test_cuda_graph_modes_accumulate_like_eager(mode):
         torch.testing.assert_close(compiled, eager, rtol=0, atol=weights_atol(1e-3, 2))
 
 
+def test_cuda_graph_wrapper_accumulates_in_its_own_buffers_on_a_cpu():
+    """runtime.CudaGraphRuns' part that runs anywhere: gradient buffers made before each call, so
+    accumulation adds into them; two steps of two micro-batches give eager's weights (the CPU twin
+    of the GPU test above, around an eager model instead of recorded graphs)."""
+    batches = [masked_batch("cpu", seed) for seed in range(4)]
+    params = []
+    for wrapped in (False, True):
+        torch.manual_seed(0)
+        rt = runtime.setup("cpu", "float32", compile=False)
+        model = CrammedBert(**TINY)
+        optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-3)
+        step_model = runtime.CudaGraphRuns(model) if wrapped else model
+        trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
+        for step in range(2):
+            trainer.step(batches[2 * step:2 * step + 2], 1e-3, 1.0)
+        if wrapped:  # the wrapper gave every parameter its buffer before the first micro-batch
+            step_model(*batches[0])
+            assert all(p.grad is not None for p in model.parameters())
+        params.append([p.detach().clone() for p in model.parameters()])
+    for wrapped, eager in zip(params[1], params[0]):
+        torch.testing.assert_close(wrapped, eager, rtol=0, atol=weights_atol(1e-3, 2))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bfloat16_autocast_tracks_float32(device):
     """A few training steps under bfloat16 autocast stay finite and within a few percent of float32."""
