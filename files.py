@@ -123,25 +123,6 @@ def write_json(path, obj):
     write_atomically(path, dump)
 
 
-def update_json(path, change, remedy):
-    """Read, change and write a JSON file that several processes may update at once (finetune_glue.py
-    runs on different tasks writing one glue.json): change(the file's object, or None) -> the new
-    object, under a lock on the file's folder (flock, released however the process ends), so that
-    their updates merge instead of the last one overwriting the others. `remedy`: as read_json's."""
-    lock = None
-    try:
-        import fcntl
-        lock = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    except ImportError:  # no flock (Windows): no lock
-        pass
-    try:
-        write_json(path, change(read_json(path, remedy) if os.path.exists(path) else None))
-    finally:
-        if lock is not None:
-            os.close(lock)  # and with it the lock
-
-
 def read_json(path, remedy):
     """A JSON file that cram wrote, or a one-line error naming it damaged, with `remedy`: what to do."""
     try:
@@ -328,11 +309,14 @@ def checkpoint_problem(checkpoint, path):
         return problem
     args = saved_model_args(args)
     with torch.device("meta"):  # the shapes, without the memory
-        expected = {k: v.shape for k, v in CrammedBert(**args).state_dict().items()}
-    got = {k: tuple(v.shape) if torch.is_tensor(v) else None for k, v in weights.items()}
-    if got.keys() != expected.keys() or any(got[k] != tuple(expected[k]) for k in got):
-        wrong = sorted(k for k in expected.keys() | got.keys() if got.get(k) != tuple(expected.get(k) or ()))
-        return f"its weights do not fit its model_args ({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})"
+        model = CrammedBert(**args)
+    try:  # torch's strict load names what is missing, unexpected or of another shape (copying into meta is a no-op)
+        with warnings.catch_warnings():  # ... which torch warns of, once per weight
+            warnings.simplefilter("ignore")
+            model.load_state_dict(weights, strict=True)  # not assign=True: that ties the weights to this model
+    except (RuntimeError, TypeError) as e:
+        why = "; ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
+        return f"its weights do not fit its model_args ({why[:200]})"
     meta = checkpoint["meta"]
     if (meta["vocab_size"], meta["seq_len"]) != (args["vocab_size"], args["seq_len"]):
         return f"its meta (vocabulary {meta['vocab_size']}) and model_args (vocabulary {args['vocab_size']}) disagree"

@@ -17,7 +17,7 @@ settings and seeds: the floor that pretraining must beat, shown beside the model
 same table and glue.json. A small model's GLUE sits there until pretraining passes about 1e17 FLOPs.
 """
 import csv
-import functools
+import glob
 import math
 import os
 import statistics
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import runtime
 from configurator import configure
 from data import make_encoding
-from files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, update_json
+from files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, write_json
 from runtime import hub_reachable
 from model import CrammedBert, SequenceClassifier, saved_model_args
 
@@ -134,16 +134,8 @@ def pearson(x, y):
 
 def average_ranks(values):
     """Ranks 1..n, ties sharing the mean of their ranks."""
-    values = np.asarray(values, dtype=np.float64)
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    sorted_values = values[order]
-    start = 0
-    for end in range(1, len(values) + 1):
-        if end == len(values) or sorted_values[end] != sorted_values[start]:
-            ranks[order[start:end]] = (start + end + 1) / 2
-            start = end
-    return ranks
+    _, group, counts = np.unique(np.asarray(values, dtype=np.float64), return_inverse=True, return_counts=True)
+    return (np.cumsum(counts) - (counts - 1) / 2)[group]  # a group's last rank, less half its ties
 
 
 def spearman(x, y):
@@ -356,12 +348,12 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
     return scores, counts
 
 
-# ---------------------------------------------------------------- results: glue.json, merged as runs finish
+# ---------------------------------------------------------------- results: a file per run, glue.json their summary
 SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "pooling",
                   "dtype", "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
-DAMAGED = "move it away and run the same command (its tasks are fine-tuned again)"
-# glue.json keeps the checkpoint's runs under "tasks" and the no-pretraining control's (--from_scratch) under
-# "no_pretraining": the floor each score is shown beside
+DAMAGED = "move it away and run the same command (what it held is fine-tuned again)"
+# The checkpoint's runs go under "tasks", the no-pretraining control's (--from_scratch) under "no_pretraining":
+# the floor each score is shown beside
 GROUPS = ("tasks", "no_pretraining")
 
 
@@ -457,57 +449,60 @@ def results_path():
     return out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
 
 
-def same_checkpoint(results, identity):
-    """Whether glue.json's scores are this checkpoint's: its step and tokens (not its path, which may
-    move, nor the pretraining facts derived from it, which each write refreshes)."""
-    return all(results.get(k) == v for k, v in identity.items() if k not in ("checkpoint", "pretraining"))
+def runs_folder(path):
+    """Where glue.json's runs live, a file each: <glue>_runs/<group>/<task>/seed<N>.json. Each process writes
+    only its own runs' files, so processes on different tasks need no lock, and resuming is a file that exists."""
+    return os.path.splitext(path)[0] + "_runs"
 
 
-def earlier_runs(path, identity):
-    """What glue.json already holds for this checkpoint ({"tasks": {}} when there is none); a
-    one-line error when it holds another checkpoint's scores, which a rerun must not replace."""
-    results = read_json(path, DAMAGED) if os.path.exists(path) else {"tasks": {}, **identity}
-    if not isinstance(results, dict) or not all(isinstance(results.get(g, {}), dict) for g in GROUPS) or \
-            not same_checkpoint(results, identity):
-        raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass --out_json= "
-                         f"for this one's, or move it away")
-    return results
+def run_files(path):
+    """The files of glue.json's runs, each with its time of change: what a summary was made from."""
+    return [(f, os.stat(f).st_mtime_ns) for f in sorted(glob.glob(os.path.join(runs_folder(path), "*", "*", "*.json")))]
 
 
-def add_run(identity, group, name, settings, run_seed, scores, seconds, counts, facts, results):
-    """glue.json's object (or None) with one more fine-tuning run in `group` ("tasks", or
-    "no_pretraining" for the control): seed run_seed of task `name`, its seconds and its counts
-    (finetune's: tokens, padded_tokens, train_seconds) added to the task's."""
-    results = results or {"tasks": {}, **identity}
-    if not same_checkpoint(results, identity):
-        raise SystemExit(f"error: another process wrote another checkpoint's scores to {results_path()} meanwhile")
-    results.setdefault("tasks", {})
-    results.setdefault(group, {})
-    entry = results[group].get(name)
-    if not entry or entry.get("settings") != settings:
-        entry = dict(settings=settings, seeds=[], per_seed=[], seconds=0.0, tokens=0, padded_tokens=0,
-                     train_seconds=0.0)
-    if run_seed in entry["seeds"]:  # two processes ran the same seed: the later one stands
-        del entry["per_seed"][entry["seeds"].index(run_seed)]
-        entry["seeds"].remove(run_seed)
-    entry["seeds"].append(run_seed)
-    entry["per_seed"].append(scores)
-    entry.update(facts, seconds=round(entry["seconds"] + seconds, 1), median=median_scores(entry["per_seed"]),
-                 **{k: round(entry.get(k, 0) + v, 1) for k, v in counts.items()})
-    results[group][name] = entry
-    for each in (e for g in GROUPS for e in results.get(g, {}).values()):  # what tools/glue_plot.py shows
-        each["how"] = how_made(each)
-    markdown, averages, counted = table(results)
-    everything = {**results.get("no_pretraining", {}), **results["tasks"]}
-    return dict(results, **identity, scores=main_scores(results["tasks"]),
-                no_pretraining_scores=main_scores(results.get("no_pretraining", {})),
-                majority=main_scores(everything, "majority"), average=none_if_nan(averages["ours"]),
-                no_pretraining_average=none_if_nan(averages["no_pretraining"]), average_over=counted,
-                reference=REFERENCE, table=markdown)
+def read_runs(files, identity):
+    """{group: {task: [run, ...]}} from run files; a one-line error if one is damaged or holds another
+    checkpoint's scores, which a rerun must not replace."""
+    found = {}
+    for file, _ in files:
+        run, (group, name) = read_json(file, DAMAGED), file.split(os.sep)[-3:-1]
+        if not isinstance(run, dict) or any(run.get(k) != v for k, v in identity.items() if k != "checkpoint"):
+            raise SystemExit(f"error: {file} holds the scores of another checkpoint: pass --out_json= for this one's, "
+                             f"or move it away")
+        found.setdefault(group, {}).setdefault(name, []).append(run)
+    return found
 
 
-def none_if_nan(value):
-    return None if math.isnan(value) else value
+def task_entry(runs):
+    """A task's entry in glue.json: the seeds run with the settings of its latest run (a rerun with other
+    settings supersedes the older runs; their files stay), their scores and median, the seconds and counts
+    (finetune's: tokens, padded_tokens, train_seconds) summed, and how they were made."""
+    settings = max(runs, key=lambda r: r["finished"])["settings"]
+    runs = sorted((r for r in runs if r["settings"] == settings), key=lambda r: r["seed"])
+    entry = dict(settings=settings, seeds=[r["seed"] for r in runs], per_seed=[r["scores"] for r in runs],
+                 median=median_scores([r["scores"] for r in runs]), **runs[-1]["facts"],
+                 **{k: round(sum(r["counts"][k] for r in runs), 1) for k in runs[0]["counts"]})
+    return dict(entry, how=how_made(entry))  # what tools/glue_plot.py shows
+
+
+def write_summary(path, identity, facts):
+    """glue.json anew from its runs' files: each group's tasks, the main scores, the averages and the table.
+    Written again until the files are as they were before the read: of processes finishing together, the
+    last to write has seen every run, so none is left out without a lock."""
+    while True:
+        before = run_files(path)
+        runs = read_runs(before, identity)
+        results = {group: {name: task_entry(r) for name, r in runs.get(group, {}).items()} for group in GROUPS}
+        markdown, averages, counted = table(results)
+        averages = {k: None if math.isnan(v) else v for k, v in averages.items()}
+        results.update(identity, pretraining=facts, runs=os.path.basename(runs_folder(path)),
+                       scores=main_scores(results["tasks"]), no_pretraining_scores=main_scores(results["no_pretraining"]),
+                       majority=main_scores({**results["no_pretraining"], **results["tasks"]}, "majority"),
+                       average=averages["ours"], no_pretraining_average=averages["no_pretraining"],
+                       average_over=counted, reference=REFERENCE, table=markdown)
+        write_json(path, results)
+        if run_files(path) == before:
+            return results
 
 
 def summary(name, entry):
@@ -523,19 +518,28 @@ def summary(name, entry):
     return f"{scores} ({how_made(entry)}, {entry['seconds']:.0f} s{speed})"
 
 
-def remaining_seeds(names, done, settings, path):
-    """task -> the seeds it still needs, given the tasks glue.json holds (of the group this run adds
-    to): a rerun redoes nothing that finished with the same settings (it says so)."""
+def remaining_seeds(names, runs, settings, path):
+    """task -> the seeds it still needs, given the runs of the group this one adds to: a rerun redoes no
+    run whose file holds the same settings (it says so)."""
     wanted, todo = [seed + s for s in range(seeds)], {}
     for name in names:
-        entry = done.get(name)
-        finished = entry["seeds"] if entry and entry.get("settings") == settings else []
-        missing = [s for s in wanted if s not in finished]
+        finished = [r for r in runs.get(name, []) if r["settings"] == settings]
+        missing = [s for s in wanted if s not in {r["seed"] for r in finished}]
         if missing:
             todo[name] = missing
         else:
-            print(f"{name}: done earlier, in {path}: {summary(name, entry)}")
+            print(f"{name}: done earlier, in {path}: {summary(name, task_entry(finished))}")
     return todo
+
+
+def check_earlier(path, identity):
+    """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, or
+    of an older cram (which kept the scores in glue.json alone), is not replaced."""
+    old = read_json(path, DAMAGED) if os.path.exists(path) else {"runs": True, **identity}
+    if not isinstance(old, dict) or "runs" not in old or \
+            any(old.get(k) != v for k, v in identity.items() if k != "checkpoint"):
+        raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass "
+                         f"--out_json= for this one's, or move it away")
 
 
 def main(config):
@@ -545,14 +549,15 @@ def main(config):
         raise SystemExit(f"error: unknown task {', '.join(map(repr, unknown)) or '(none given)'} "
                          f"(tasks: {', '.join(TASKS)})")
     ckpt = load_checkpoint(checkpoint)
-    path = results_path()
-    check_writable(path, "--out_json")  # now, not after an hour of fine-tuning
+    path, group = results_path(), GROUPS[from_scratch]
+    for file in (path, os.path.join(runs_folder(path), group, "probe.json")):
+        check_writable(file, "--out_json")  # now, not after an hour of fine-tuning
     identity = dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
-                    checkpoint_tokens=ckpt.get("tokens"),
-                    pretraining=pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint))))
+                    checkpoint_tokens=ckpt.get("tokens"))
+    check_earlier(path, identity)
+    facts = pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint)))
     settings = {k: config[k] for k in SCORE_SETTINGS}
-    group = GROUPS[from_scratch]
-    todo = remaining_seeds(names, earlier_runs(path, identity).get(group, {}), settings, path)
+    todo = remaining_seeds(names, read_runs(run_files(path), identity).get(group, {}), settings, path)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     rt = runtime.setup(device, dtype, compile=False)
     print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
@@ -567,20 +572,24 @@ def main(config):
             data["train"] = tuple(column[:max_train_examples] for column in data["train"])
         encoded = {split: (encode_examples(enc, texts, ckpt["model_args"]["seq_len"], ckpt["meta"]["special_ids"]),
                            labels) for split, (texts, labels) in data.items()}
-        facts = dict(train_examples=len(data["train"][0]), dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]},
-                     majority=majority_scores(name, data))
-        for run_seed in missing:  # each seed is in glue.json as soon as it is scored
+        task_facts = dict(train_examples=len(data["train"][0]), majority=majority_scores(name, data),
+                          dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
+        for run_seed in missing:  # each seed has its file, and is in glue.json, as soon as it is scored
             t0 = time.time()
             scores, counts = finetune(name, encoded, ckpt, run_seed, rt, pretrained=not from_scratch)
-            update_json(path, functools.partial(add_run, identity, group, name, settings, run_seed, scores,
-                                                time.time() - t0, counts, facts), DAMAGED)
-        print(f"{name}{' (no pretraining)' * from_scratch}: {summary(name, read_json(path, DAMAGED)[group][name])}")
+            run = dict(identity, seed=run_seed, settings=settings, scores=scores, facts=task_facts,
+                       counts=dict(counts, seconds=time.time() - t0), finished=time.time())
+            file = os.path.join(runs_folder(path), group, name, f"seed{run_seed}.json")
+            os.makedirs(os.path.dirname(file), exist_ok=True)
+            write_json(file, run)
+            results = write_summary(path, identity, facts)
+        print(f"{name}{' (no pretraining)' * from_scratch}: {summary(name, results[group][name])}")
 
-    results = read_json(path, DAMAGED)
+    results = write_summary(path, identity, facts)
     print(table(results, names)[0])
-    others = sorted({n for g in GROUPS for n in results.get(g, {})} - set(names))
+    others = sorted({n for g in GROUPS for n in results[g]} - set(names))
     print(f"wrote {path}" + (f" (it also holds {', '.join(others)})" if others else ""))
-    if not from_scratch and any(n not in results.get("no_pretraining", {}) for n in names):
+    if not from_scratch and any(n not in results["no_pretraining"] for n in names):
         print("no pretraining: '-' where not measured; the same command with --from_scratch=True fine-tunes a "
               "never-pretrained encoder of this shape, the floor these scores should beat")
 

@@ -143,11 +143,11 @@ class Runtime:
         return f"{self.device}{name}, {dtype}{f', compiled{mode}' if self.compile else ''}"
 
 
-def setup(device="auto", dtype="auto", compile=True, local_rank=None, compile_mode="default"):
+def setup(device="auto", dtype="auto", compile=True, compile_mode="default"):
     """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto':
     bfloat16 on a GPU that has it, float16 on older GPUs, float32 on a CPU; or 'float32',
-    'bfloat16', 'float16'), compile and compile_mode (COMPILE_MODES). Under torchrun, local_rank
-    picks this process's GPU."""
+    'bfloat16', 'float16'), compile and compile_mode (COMPILE_MODES). Under torchrun, 'cuda' is
+    this process's GPU (LOCAL_RANK)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -160,7 +160,7 @@ def setup(device="auto", dtype="auto", compile=True, local_rank=None, compile_mo
         if not torch.cuda.is_available():
             raise SystemExit(f"error: --device={device} but torch sees no CUDA GPU (torch {torch.__version__}); "
                              "use --device=cpu or install a CUDA build of torch")
-        index = dev.index if dev.index is not None else (local_rank or 0)
+        index = dev.index if dev.index is not None else int(os.environ.get("LOCAL_RANK", 0))
         if index >= torch.cuda.device_count():
             raise SystemExit(f"error: --device={device}: there are only {torch.cuda.device_count()} GPUs")
         dev = torch.device("cuda", index)
@@ -288,6 +288,38 @@ class StopRequest:
     def handle(self, signum, frame):
         self.signum = signum
         signal.signal(signum, signal.SIG_DFL)
+
+
+def join_process_group(device):
+    """Under torchrun: this process joins the others (NCCL on GPUs, gloo on CPUs); returns its rank."""
+    import torch.distributed as dist
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank()
+
+
+def mean_over_ranks(value):
+    """Under DDP: a tensor's mean over all processes, on each."""
+    import torch.distributed as dist
+    dist.all_reduce(value)
+    return value / dist.get_world_size()
+
+
+def leave_process_group():
+    """The end of a DDP run, once the DDP model is deleted: its reducer holds gloo work, freed now, before
+    its process group, not at the interpreter's exit, where freeing it can abort the process ("terminate
+    called without an active exception")."""
+    import gc
+    import torch.distributed as dist
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def rank0_clock(seconds, stop, master, device):
+    """Under DDP: rank 0's training seconds, and whether any rank was asked to stop, on every rank."""
+    import torch.distributed as dist
+    t = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t[0].item(), bool(t[1].item())
 
 
 def compiled_graphs():

@@ -13,7 +13,6 @@ SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same 
 --resume=True continues the schedules and the data order where they were.
 """
 import dataclasses
-import gc
 import math
 import os
 import signal
@@ -34,8 +33,7 @@ from runtime import cpu_warning
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 budget_hours = 24.0       # > 0: training time, compilation included; the schedules follow the share spent
-budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock and the run ends there
-                          # (reproducible runs, equal-token comparisons); budget_hours is then not used
+budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock (reproducible runs)
 max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
 # model: every field of model.py's ModelConfig (n_layers, d_model, ..., smear) is a setting here too,
@@ -60,13 +58,10 @@ batch_size = 8192         # >= 1: sequences per optimizer step at the end of the
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from one micro-batch
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
-dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: bfloat16 on a GPU that has it, else
-                          # float16 (with loss scaling); float32 on a CPU
+dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: bfloat16, else float16 on a GPU; float32 on a CPU
 compile = True            # torch.compile the training step (inductor; on a CPU too)
-compile_mode = "default"  # torch.compile's mode: default, max-autotune-no-cudagraphs, or max-autotune and
-                          # reduce-overhead, which record CUDA graphs (a GPU only); bench.py times them
-offload = False           # blocks' master weights and AdamW state in host memory, streamed through the device:
-                          # for encoders whose training state exceeds the GPU (offload.py; one process, AdamW)
+compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
+offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                  # >= 0: model initialisation, data order and masks
 data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
@@ -155,39 +150,38 @@ def run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
     return val_loss, accuracy
 
 
-def save(path, model, state, val_tokens, rt, micro):
+def save(path, model, state, val_tokens, rt, micro, last_saved, at_end=False):
     """A self-contained checkpoint: `state` holds the weights and training state, the run's place
     in its schedules and data and its identity (the model's settings, the run's, the data's meta and
     tokenizer). Saves only weights that are finite and whose loss on a validation micro-batch has
     not diverged, so the checkpoint a divergence stop names is one a lower learning rate recovers
-    from; returns the reason when it saved nothing."""
-    if not all_finite(state["model"]):
-        return "non-finite weights"
-    loss = evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0]
-    if diverged(loss, state["meta"]["vocab_size"]):
-        return f"a diverged validation loss ({loss:.2f})"
+    from. Returns the step the checkpoint file now holds: state's, or last_saved's when refused (said;
+    at_end, the run's last save, an error)."""
+    loss = evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0] if all_finite(state["model"]) else None
+    refused = "non-finite weights" if loss is None else \
+        f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
+    if refused and at_end:
+        raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {path} keeps step "
+                         f"{last_saved}: lower --lr and resume it")
+    if refused:
+        print(f"checkpoint at step {state['step']} not saved: {refused}; {path} keeps step {last_saved}")
+        return last_saved
     save_checkpoint(path, state)
-    return None
+    return state["step"]
 
 
 def main(config):
-    ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))
-    # off-load mode runs the blocks eagerly through two templates: no torch.compile of the whole model
-    rt = runtime.setup(device, dtype, compile and not offload, local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                       compile_mode=compile_mode)
+    ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))  # under torchrun
+    rt = runtime.setup(device, dtype, compile and not offload, compile_mode=compile_mode)  # off-load: eager blocks
     check_settings(world, config, rt)
-    if ddp:
-        dist.init_process_group(backend="nccl" if rt.device.type == "cuda" else "gloo")
-    master = not ddp or dist.get_rank() == 0
+    master = not ddp or runtime.join_process_group(rt.device) == 0
     log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=seq_len)
     model_args = dataclasses.asdict(model_config)
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    checkpoint = start_run(model_args, tokenizer_text, ckpt_path, master)
-    if checkpoint == "spent":
-        return dist.destroy_process_group() if ddp else None
+    checkpoint = start_run(model_args, tokenizer_text, ckpt_path, master, rt, n_rows * seq_len, ddp)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
 
@@ -198,12 +192,7 @@ def main(config):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
-    if offload:  # the blocks stay in host memory: offload.py streams them through the device
-        from offload import OffloadTrainer
-        trainer = OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
-        log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
-    else:
-        trainer = normal_trainer(model, rt, ddp)
+    trainer = make_trainer(model, rt, ddp, log)
     model = trainer.model  # on the device: what evaluation and fill-in call
     step, tokens, seconds, skipped, init_loss, last_saved = 0, 0, 0.0, 0, None, None
     if checkpoint:  # either mode resumes the other's checkpoints: they share the format
@@ -211,11 +200,6 @@ def main(config):
         step, tokens, seconds = checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]
         init_loss, last_saved = checkpoint.get("init_val_loss"), step
         log(f"resuming {ckpt_path} at step {step}, {seconds / 60:.1f} minutes and {tokens / 1e6:.1f}M tokens in")
-    for warning in (rt.device.type == "cpu" and cpu_warning(flops_per_token(mask_rate) * batch_size * seq_len),
-                    budget_tokens and repeat_warning(budget_tokens, n_rows * seq_len,
-                                                     f"with --budget_tokens={budget_tokens:,}")):
-        if warning:
-            log(warning)
     # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
     identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
                     tokenizer=tokenizer_text)
@@ -238,9 +222,7 @@ def main(config):
         started = time.perf_counter()
         stop = stop_request.signum is not None
         if ddp:  # every rank follows rank 0's clock, so all take the same batch size, and all stop together
-            t = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=rt.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            seconds, stop = t[0].item(), bool(t[1].item())
+            seconds, stop = runtime.rank0_clock(seconds, stop, master, rt.device)
         progress = budget_progress(tokens, seconds)
         if budget_spent(progress, step) or stop:
             break
@@ -252,10 +234,8 @@ def main(config):
         micro_batches = [batches.at(tokens // seq_len, i, step_mask) for i in range(step_batch // (micro * world))]
         # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step)
         loss, applied = trainer.step(micro_batches, step_lr, grad_clip)
-        if ddp:  # the mean over all ranks' micro-batches, as one process would report it
-            dist.all_reduce(loss)
-            loss = loss / world
-        loss = loss.item()  # no wait: the step has synced the device for the gradient norm
+        # (under DDP the mean over all ranks' micro-batches; no wait: the step synced for the gradient norm)
+        loss = (runtime.mean_over_ranks(loss) if ddp else loss).item()
         step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
         spent = time.perf_counter() - started
         seconds, window_seconds = seconds + spent, window_seconds + spent
@@ -271,10 +251,9 @@ def main(config):
                          seconds, tokens, progress, skipped)
             window_seconds, window_tokens = 0.0, 0
             rt.reset_peak_memory()  # each log line reports the peak of its own window
-            if not warned_repeat and seconds >= min(120.0, 0.05 * budget_hours * 3600):
-                warned_repeat = True  # after the first minutes, when the speed is known
+            if not warned_repeat and seconds >= min(120.0, 0.05 * budget_hours * 3600):  # the speed is known
                 expected = tokens + tokens_per_s * max(0.0, budget_hours * 3600 - seconds)
-                warning = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s")
+                warning, warned_repeat = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s"), True
                 if warning:
                     log(warning)
         if seconds - last_eval >= eval_interval_minutes * 60:
@@ -284,12 +263,9 @@ def main(config):
         if seconds - last_ckpt >= ckpt_interval_minutes * 60:
             last_ckpt = seconds
             if master:
-                place = dict(step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss)
-                refused = save(ckpt_path, model, dict(trainer.state_dict(), **identity, **place, final=False),
-                               val_tokens, rt, micro)
-                if refused:
-                    print(f"checkpoint at step {step} not saved: {refused}; {ckpt_path} keeps step {last_saved}")
-                last_saved = last_saved if refused else step
+                state = dict(trainer.state_dict(), **identity, step=step, elapsed=seconds, tokens=tokens,
+                             init_val_loss=init_loss, final=False)
+                last_saved = save(ckpt_path, model, state, val_tokens, rt, micro, last_saved)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
@@ -298,18 +274,20 @@ def main(config):
                stop and (stop_request.signum or "a signal to another rank"), last_saved, ckpt_path)
     if ddp:
         dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others
-        # DDP's reducer holds gloo work: freed before its process group, not at the interpreter's
-        # exit, where freeing it can abort the process ("terminate called without an active exception")
-        del trainer
-        gc.collect()
-        dist.destroy_process_group()
+        del trainer  # DDP's reducer: freed before its process group (runtime.leave_process_group says why)
+        runtime.leave_process_group()
     if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
 
 
-def normal_trainer(model, rt, ddp):
-    """Normal mode: the model on the device, its compiled (and under torchrun DDP-wrapped) copy
-    that the step runs, the optimizer and float16's grad scaler, as a model.Trainer."""
+def make_trainer(model, rt, ddp, log):
+    """The model on the device, its compiled (and under torchrun DDP-wrapped) copy that the step
+    runs, the optimizer and float16's grad scaler, as a model.Trainer; or off-load mode's trainer,
+    which keeps the blocks in host memory and streams them through the device (the same interface)."""
+    if offload:
+        from offload import OffloadTrainer
+        log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
+        return OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     model = model.to(rt.device)
     if optim == "muon":
         from muon import muon_groups  # imported only when asked for
@@ -322,21 +300,29 @@ def normal_trainer(model, rt, ddp):
     return Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
 
 
-def start_run(model_args, tokenizer_text, ckpt_path, master):
+def start_run(model_args, tokenizer_text, ckpt_path, master, rt, train_tokens, ddp):
     """out_dir made this process's alone (a lock), writable, with room for a checkpoint (weights and
-    AdamW in float32); then the checkpoint to resume, None for a fresh run, or 'spent' when it has
-    spent this budget (nothing to train, so nothing rewritten)."""
+    AdamW in float32), and warnings of a run too large for a CPU or its data; then the checkpoint to
+    resume, or None for a fresh run. A run that has spent this budget ends here, having nothing to
+    train (and so nothing rewritten)."""
     if master:
-        with torch.device("meta"):  # the parameter count, without the memory
-            n_params = CrammedBert(**model_args).num_params()
-        claim_folder(out_dir, need_bytes=12 * n_params, files=("ckpt.pt", "metrics.jsonl"))
+        with torch.device("meta"):  # the counts, without the memory
+            model = CrammedBert(**model_args)
+        claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
+        step_flops = model.flops_per_token(mask_rate) * batch_size * model_args["seq_len"]
+        for warning in (rt.device.type == "cpu" and cpu_warning(step_flops), budget_tokens and
+                        repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
+            if warning:
+                print(warning)
     checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
     if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
         if master:
             print(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M "
                   f"tokens in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it "
                   f"with a larger --budget_hours (or --budget_tokens, --max_steps)")
-        return "spent"
+        if ddp:
+            dist.destroy_process_group()
+        raise SystemExit(0)
     return checkpoint
 
 
@@ -365,10 +351,7 @@ def finish(model, state, metrics, val_tokens, rt, micro, stopped_by, last_saved,
     number or words), or the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     final = None if stopped_by else run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
-    refused = save(ckpt_path, model, state, val_tokens, rt, micro)
-    if refused:
-        raise SystemExit(f"error: the weights at step {step} were not saved: {refused}; {ckpt_path} keeps step "
-                         f"{last_saved}: lower --lr and resume it")
+    save(ckpt_path, model, state, val_tokens, rt, micro, last_saved, at_end=True)
     if stopped_by:
         name = signal.Signals(stopped_by).name if isinstance(stopped_by, int) else stopped_by
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {ckpt_path}; "

@@ -100,8 +100,7 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
     # the transfer phase continues where a stop left it (as a second call does): pretraining is found spent and
     # kept, finished fine-tuning is kept, and what was missing (here sst2's seed, as if stopped during it) is done
     ckpt_before = (out / "transfer" / "ckpt.pt").stat().st_mtime_ns
-    del transfer["tasks"]["sst2"]
-    (out / "transfer" / "glue.json").write_text(json.dumps(transfer))
+    (out / "transfer" / "glue_runs" / "tasks" / "sst2" / "seed0.json").unlink()  # a run's file is its being done
     run_script("tools/gpu_report.py", "--phases=transfer", f"--data_dir={data}", f"--glue_dir={GLUE_FIXTURES}",
                f"--out_dir={out}", *TINY)
     logs = out / "logs"

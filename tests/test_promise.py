@@ -268,6 +268,11 @@ def test_damaged_results_and_glue_files_are_named(pretrained, tmp_path):
     for args in (["tools/export.py", f"--checkpoint={run / 'ckpt.pt'}"],
                  ["finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte"]):
         assert_kept(run_script(*args, check=False), before, 1, "error:", "glue.json is damaged", "move it away")
+    (run / "glue.json").unlink()  # a run's file cut short is named too, and kept
+    (run / "glue_runs" / "tasks" / "rte").mkdir(parents=True)
+    (run / "glue_runs" / "tasks" / "rte" / "seed0.json").write_text('{"checkpoint_step": 60, "sco')
+    before = snapshot(tmp_path)
+    assert_kept(run_script(*args, check=False), before, 1, "error:", "seed0.json is damaged", "move it away")
     glue = tmp_path / "glue"
     shutil.copytree(FIXTURES, glue)
     cases = {"RTE": ("train.tsv", "A caf\xe9".encode("latin-1"), "is not UTF-8 text"),
@@ -327,7 +332,7 @@ def test_a_checkpoint_that_cannot_be_written_is_refused_before_training(prepared
 
 
 # ------------------------------------------------------------------ 5. what two processes write is merged
-# (files.update_json, the export's manifest)
+# (finetune_glue.py's run files and their summary, the export's manifest)
 def test_two_finetuning_runs_on_one_checkpoint_merge_their_tasks(pretrained, tmp_path):
     run = copy_run(pretrained, tmp_path / "run")
     procs = [start("finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", f"--tasks={task}",
