@@ -90,10 +90,9 @@ def recipes(dims):
         out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), 0.25, flops)
     if baselines:
         out["original BERT"] = (lambda: CrammedBert(**ours, **bert_args), ORIGINAL_BERT["mask_rate"], flops_bert)
-        try:
-            import transformers  # noqa: F401  (optional)
+        if runtime.installed("transformers"):  # optional
             out["HF BertForMaskedLM"] = (lambda: HFMaskedLM(**dims), ORIGINAL_BERT["mask_rate"], flops_bert)
-        except ImportError:
+        else:
             print("transformers is not installed: skipping the BertForMaskedLM baseline")
     return out
 

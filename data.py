@@ -212,16 +212,9 @@ class RandomBatches:
 def bytes_to_unicode():
     """The byte-level BPE alphabet: printable characters stand for themselves, the other
     bytes are shifted past 255, so every byte is one visible unicode character."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, shift = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + shift)
-            shift += 1
-    return chars
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = iter(range(256, 512))  # the others, in order
+    return {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
 
 
 @torch.no_grad()

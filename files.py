@@ -152,22 +152,6 @@ def read_jsonl(path):
     return records
 
 
-def append_metrics(path, fields):
-    """One line of a run's metrics.jsonl (train.py's log and evaluation lines; read_metrics reads them).
-    A line cut short by a kill of the run (the file not ending in a newline) is dropped first, so
-    the resumed run's lines start on lines of their own."""
-    try:
-        with open(path, "a+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 65536))
-            tail = f.read()
-            if tail and not tail.endswith(b"\n"):  # keep up to the last whole line (none: rfind gives -1)
-                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
-            f.write((json.dumps(fields) + "\n").encode())
-    except OSError as e:
-        raise cannot_write(path, e)
-
-
 class MetricsLog:
     """A run's log and evaluation lines as JSON in metrics.jsonl, and to Weights & Biases when
     `wandb_run` (its project and name) is given. A fresh run starts the file, a resumed one appends
@@ -182,7 +166,18 @@ class MetricsLog:
             wandb.init(project=wandb_run[0], name=wandb_run[1], config=config)
 
     def write(self, fields):
-        append_metrics(self.path, fields)
+        """One line. A line cut short by a kill of the run (the file not ending in a newline) is dropped
+        first, so the resumed run's lines start on lines of their own."""
+        try:
+            with open(self.path, "a+b") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - 65536))
+                tail = f.read()
+                if tail and not tail.endswith(b"\n"):  # keep up to the last whole line (none: rfind gives -1)
+                    f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
+                f.write((json.dumps(fields) + "\n").encode())
+        except OSError as e:
+            raise cannot_write(self.path, e)
         if self.wandb:
             import wandb
             wandb.log(fields, step=fields["step"])

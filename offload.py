@@ -430,8 +430,6 @@ class OffloadTrainer:
             groups = [dict(g, **{k: v for k, v in s.items() if k != "params"})
                       for g, s in zip(own["param_groups"], saved["param_groups"])]
             optimizer.load_state_dict(dict(state=state, param_groups=groups))
-        if "scaler" in checkpoint:
-            self.scaler.load_state_dict(checkpoint["scaler"])
         for i in range(len(self.host)):
             self.host.refresh_send(i)
         self.streamer.invalidate()

@@ -29,7 +29,7 @@ import numpy as np
 import runtime
 from configurator import configure
 from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding
-from files import cannot_write, claim_folder, load_meta, read_ranks, write_atomically, write_json, write_ranks
+from files import cannot_write, claim_folder, read_ranks, write_atomically, write_json, write_ranks
 from runtime import hub_reachable
 
 # -----------------------------------------------------------------------------
@@ -640,13 +640,6 @@ def check_folder(out_dir, settings, source):
         write_json(path, dict(settings, source=source))
 
 
-def check_prepared(out_dir):
-    """A finished folder's token files against its meta.json: a one-line error if they disagree."""
-    meta = load_meta(out_dir)
-    for split in SPLITS:
-        load_tokens(out_dir, split, meta)
-
-
 def main():
     source, documents = document_source(dataset, hf_config, hf_split, text_field)
     name = "pydocs" if dataset == "pydocs" else os.path.basename(dataset.rstrip("/")).split(".")[0] or "corpus"
@@ -659,7 +652,8 @@ def main():
     check_folder(out, settings, f"{source} {fingerprint(dataset) or ''}".strip())
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
-        check_prepared(out)
+        for split in SPLITS:  # its token files against its meta.json: a one-line error if they disagree
+            load_tokens(out, split)
         print(f"{out} is already prepared (delete it to start over)")
         return
 

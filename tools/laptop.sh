@@ -30,7 +30,7 @@ python train.py config/train_cpu.py --data_dir="$data" --out_dir="$out" --resume
 # 3. GLUE with the reference's settings: the small tasks (WNLI too, though the reference leaves it out
 #    of its average) over 3 seeds (the median), the large ones
 #    (SST-2, QNLI: 67k and 105k pairs) 1 seed of 1 epoch, to keep a CPU's time in bounds; every row
-#    of the table says its seeds and epochs. glue.json keeps each seed as it is scored.
+#    of the table says its seeds and epochs. Each seed is a file (glue_runs/) once scored; glue.json sums them up.
 present() {  # the tasks of $1 whose training file is in the GLUE folder
     local tasks=() task folder
     for task in ${1//,/ }; do
