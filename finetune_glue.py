@@ -355,6 +355,7 @@ DAMAGED = "move it away and run the same command (what it held is fine-tuned aga
 # The checkpoint's runs go under "tasks", the no-pretraining control's (--from_scratch) under "no_pretraining":
 # the floor each score is shown beside
 GROUPS = ("tasks", "no_pretraining")
+RUN_KEYS = {"seed", "settings", "scores", "facts", "counts", "finished"}  # what a run's file holds (and the identity)
 
 
 def median_scores(per_seed):
@@ -466,7 +467,9 @@ def read_runs(files, identity):
     found = {}
     for file, _ in files:
         run, (group, name) = read_json(file, DAMAGED), file.split(os.sep)[-3:-1]
-        if not isinstance(run, dict) or any(run.get(k) != v for k, v in identity.items() if k != "checkpoint"):
+        if not isinstance(run, dict) or not RUN_KEYS <= run.keys():
+            raise SystemExit(f"error: {file} is damaged (not a fine-tuning run's record): {DAMAGED}")
+        if any(run.get(k) != v for k, v in identity.items() if k != "checkpoint"):
             raise SystemExit(f"error: {file} holds the scores of another checkpoint: pass --out_json= for this one's, "
                              f"or move it away")
         found.setdefault(group, {}).setdefault(name, []).append(run)

@@ -295,3 +295,36 @@ def test_bad_input_errors(pretrained, tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"\x00junk")
     assert_one_line_error(run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'junk.pt'}", f"--glue_dir={FIXTURES}",
                               "--tasks=rte", check=False), "not a readable checkpoint")
+
+
+def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_supersedes(tmp_path):
+    """glue.json is rebuilt from glue_runs/ after each run: seeds sorted, counts summed, the median over
+    the seeds of the latest run's settings (an older run's file stays, left out); a glue.json that is not
+    such a summary (an older cram kept its scores there alone) is refused, not replaced."""
+    path = str(tmp_path / "glue.json")
+    identity = dict(checkpoint="/x/ckpt.pt", checkpoint_step=60, checkpoint_tokens=1000)
+    settings = {k: getattr(glue, k) for k in glue.SCORE_SETTINGS}
+
+    def write_run(seed, epochs, accuracy, finished):
+        file = tmp_path / "glue_runs" / "tasks" / "rte" / f"seed{seed}.json"
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(dict(
+            identity, seed=seed, settings=dict(settings, epochs=epochs), scores={"rte": {"accuracy": accuracy}},
+            facts=dict(train_examples=8, dev_examples={"rte": 4}, majority={"rte": {"accuracy": 50.0}}),
+            counts=dict(tokens=100, padded_tokens=125, train_seconds=1.0, seconds=2.5), finished=finished)))
+    for seed, accuracy in ((2, 75.0), (0, 50.0), (1, 62.5)):
+        write_run(seed, 5, accuracy, finished=seed)
+    results = glue.write_summary(path, identity, facts={"tokens": 1000})
+    entry = results["tasks"]["rte"]
+    assert entry["seeds"] == [0, 1, 2] and entry["median"] == {"rte": {"accuracy": 62.5}}
+    assert entry["seconds"] == 7.5 and entry["tokens"] == 300 and entry["how"] == "median of 3 seeds, 5 epochs"
+    assert results["scores"] == {"rte": 62.5} and results["no_pretraining"] == {} and json.loads(open(path).read()) == results
+    write_run(1, 2, 25.0, finished=10)  # seed 1 again with 2 epochs: seeds 0 and 2 (5 epochs) are left out
+    entry = glue.write_summary(path, identity, facts={})["tasks"]["rte"]
+    assert entry["seeds"] == [1] and entry["median"] == {"rte": {"accuracy": 25.0}} and entry["settings"]["epochs"] == 2
+    assert (tmp_path / "glue_runs" / "tasks" / "rte" / "seed0.json").exists()
+    glue.check_earlier(path, identity)  # this checkpoint's summary: taken
+    for old in ({"checkpoint_step": 60, "checkpoint_tokens": 1000, "tasks": {"rte": {}}}, dict(results, checkpoint_step=61)):
+        (tmp_path / "glue.json").write_text(json.dumps(old))
+        with pytest.raises(SystemExit, match="holds the scores of another checkpoint .or of an older cram."):
+            glue.check_earlier(path, identity)

@@ -270,9 +270,10 @@ def test_damaged_results_and_glue_files_are_named(pretrained, tmp_path):
         assert_kept(run_script(*args, check=False), before, 1, "error:", "glue.json is damaged", "move it away")
     (run / "glue.json").unlink()  # a run's file cut short is named too, and kept
     (run / "glue_runs" / "tasks" / "rte").mkdir(parents=True)
-    (run / "glue_runs" / "tasks" / "rte" / "seed0.json").write_text('{"checkpoint_step": 60, "sco')
-    before = snapshot(tmp_path)
-    assert_kept(run_script(*args, check=False), before, 1, "error:", "seed0.json is damaged", "move it away")
+    for text in ('{"checkpoint_step": 60, "sco', '{"checkpoint_step": 60}'):  # cut; whole but not a run's record
+        (run / "glue_runs" / "tasks" / "rte" / "seed0.json").write_text(text)
+        before = snapshot(tmp_path)
+        assert_kept(run_script(*args, check=False), before, 1, "error:", "seed0.json is damaged", "move it away")
     glue = tmp_path / "glue"
     shutil.copytree(FIXTURES, glue)
     cases = {"RTE": ("train.tsv", "A caf\xe9".encode("latin-1"), "is not UTF-8 text"),
