@@ -13,7 +13,7 @@ import re
 import numpy as np
 import torch
 
-from files import SPECIAL_TOKENS, load_meta, parse_ranks  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
+from files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
 
 # GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
 # so a BPE trained there gives identical ids through tiktoken.
@@ -205,8 +205,9 @@ class RandomBatches:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, n):
+        n_regular = self.vocab - len(SPECIAL_TOKENS)
         return [mask_tokens(get_batch(self.tokens, self.rng.integers(0, len(self.tokens), self.micro), self.device),
-                            self.mask_rate, self.vocab - 1, self.vocab - len(SPECIAL_TOKENS)) for _ in range(n)]
+                            self.mask_rate, special_ids(n_regular)["[MASK]"], n_regular) for _ in range(n)]
 
 
 def bytes_to_unicode():

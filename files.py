@@ -18,12 +18,17 @@ import torch
 from configurator import allowed, declarations
 from model import ABSENT, CrammedBert, ModelConfig, saved_model_args
 
-SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id
+SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 TOKEN_DTYPES = ("uint16", "uint32")
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
              "val_sequences")  # what readers of meta.json rely on
 LOCK_FILE = ".lock"
 HELD = {}  # the folders this process has claimed, and their lock files: held until it ends
+
+
+def special_ids(n_regular):
+    """The special tokens' ids, worked out here alone: after the n_regular BPE tokens, in SPECIAL_TOKENS' order."""
+    return {token: n_regular + i for i, token in enumerate(SPECIAL_TOKENS)}
 
 
 def cannot_write(path, e):
@@ -209,8 +214,7 @@ def meta_problem(meta):
         return f"{', '.join(bad)} not a count"
     if meta["dtype"] not in TOKEN_DTYPES or meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         return f"dtype {meta['dtype']!r} cannot hold a vocabulary of {meta['vocab_size']} (uint16 or uint32)"
-    expected = {tok: meta["n_regular"] + i for i, tok in enumerate(SPECIAL_TOKENS)}
-    if meta["special_ids"] != expected or meta["vocab_size"] != meta["n_regular"] + len(SPECIAL_TOKENS):
+    if meta["special_ids"] != special_ids(meta["n_regular"]) or meta["vocab_size"] != meta["n_regular"] + len(SPECIAL_TOKENS):
         return f"special_ids {meta['special_ids']} and vocab_size {meta['vocab_size']} do not follow n_regular " \
                f"{meta['n_regular']}"
     if meta["seq_len"] < 2 or not meta["train_sequences"] or not meta["val_sequences"]:

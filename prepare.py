@@ -29,7 +29,7 @@ import numpy as np
 import runtime
 from configurator import configure
 from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding
-from files import cannot_write, claim_folder, read_ranks, write_atomically, write_json, write_ranks
+from files import cannot_write, claim_folder, read_ranks, special_ids, write_atomically, write_json, write_ranks
 from runtime import hub_reachable
 
 # -----------------------------------------------------------------------------
@@ -663,8 +663,8 @@ def main():
     n_regular = len(ranks)
     if n_regular + len(SPECIAL_TOKENS) < vocab_size:
         print(f"note: the corpus only supports {n_regular + len(SPECIAL_TOKENS)} tokens (asked for {vocab_size})")
-    special_ids = {tok: n_regular + i for i, tok in enumerate(SPECIAL_TOKENS)}
-    enc = make_encoding(ranks, special_ids)
+    specials = special_ids(n_regular)
+    enc = make_encoding(ranks, specials)
     t1 = time.time()
     dtype = "uint16" if enc.n_vocab <= 2 ** 16 else "uint32"
     # the reference's compression filter kept documents under 0.25 tokens per character with its
@@ -672,11 +672,11 @@ def main():
     # the limit is relative: a multiple of this corpus' own median (1.5x removes the worst tail;
     # the absolute 0.25 would remove 20% of English books at 32k and 55% of pydocs at 8k)
     median = median_tokens_per_char(documents, enc, min_doc_chars) if max_compression else 0.0
-    stats = encode_corpus(documents, enc, special_ids, dtype, max_compression * median, out, workers=workers,
+    stats = encode_corpus(documents, enc, specials, dtype, max_compression * median, out, workers=workers,
                           seq_len=seq_len, val_fraction=val_fraction, min_doc_chars=min_doc_chars, dedup=dedup,
                           max_tokens=max_tokens, progress_minutes=progress_minutes)
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
-    meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=special_ids,
+    meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=specials,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.time() - t1, 1))
     write_json(meta_path, meta)

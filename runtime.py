@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data import SPECIAL_TOKENS, mask_tokens
+from data import SPECIAL_TOKENS, mask_tokens, special_ids
 from model import CrammedBert, Trainer, param_groups
 
 # inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector
@@ -359,8 +359,9 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
 def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
     """Peak device bytes of one eager training step at micro-batch `size` (random tokens)."""
     vocab, seq = model.config.vocab_size, model.config.seq_len
-    n_regular = vocab - len(SPECIAL_TOKENS)  # the special tokens take the last ids, [MASK] the very last
-    batch = mask_tokens(torch.randint(0, n_regular, (size, seq), device=rt.device), mask_rate, vocab - 1, n_regular)
+    n_regular = vocab - len(SPECIAL_TOKENS)
+    batch = mask_tokens(torch.randint(0, n_regular, (size, seq), device=rt.device), mask_rate,
+                        special_ids(n_regular)["[MASK]"], n_regular)
     rt.reset_peak_memory()
     Trainer(model, optimizer, scaler, autocast=rt.autocast).step([batch], 0.0, 1.0)
     rt.synchronize()
