@@ -157,17 +157,18 @@ def save(path, model, state, val_tokens, rt, micro, last_saved, at_end=False):
     not diverged, so the checkpoint a divergence stop names is one a lower learning rate recovers
     from. Returns the step the checkpoint file now holds: state's, or last_saved's when refused (said;
     at_end, the run's last save, an error)."""
-    loss = evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0] if all_finite(state["model"]) else None
-    refused = "non-finite weights" if loss is None else \
-        f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
-    if refused and at_end:
+    refused = None if all_finite(state["model"]) else "non-finite weights"
+    loss = None if refused else evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0]
+    if loss is not None and diverged(loss, state["meta"]["vocab_size"]):
+        refused = f"a diverged validation loss ({loss:.2f})"
+    if not refused:
+        save_checkpoint(path, state)
+        return state["step"]
+    if at_end:
         raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {path} keeps step "
                          f"{last_saved}: lower --lr and resume it")
-    if refused:
-        print(f"checkpoint at step {state['step']} not saved: {refused}; {path} keeps step {last_saved}")
-        return last_saved
-    save_checkpoint(path, state)
-    return state["step"]
+    print(f"checkpoint at step {state['step']} not saved: {refused}; {path} keeps step {last_saved}")
+    return last_saved
 
 
 def main(config):
