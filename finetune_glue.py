@@ -515,7 +515,7 @@ def summary(name, entry):
     scores = ", ".join(f"{'' if score_name == name else score_name + ' '}{METRIC_NAMES[main]} {v[main]:.1f}"
                        for score_name, v in entry["median"].items())
     speed = ""
-    if entry.get("train_seconds"):  # glue.json of an older cram has no counts
+    if entry.get("train_seconds"):  # (0.0: runs too short to time)
         real = entry["tokens"] / entry["padded_tokens"]
         speed = f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, {100 * real:.0f}% of them not padding"
     return f"{scores} ({how_made(entry)}, {entry['seconds']:.0f} s{speed})"
