@@ -307,10 +307,12 @@ def mean_over_ranks(value):
 def leave_process_group():
     """The end of a DDP run, once the DDP model is deleted: its reducer holds gloo work, freed now, before
     its process group, not at the interpreter's exit, where freeing it can abort the process ("terminate
-    called without an active exception")."""
+    called without an active exception"); then a wait for every rank (rank 0 evaluates and saves alone,
+    and tearing down before it is done aborts the others), and the group's end."""
     import gc
     import torch.distributed as dist
     gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

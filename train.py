@@ -20,7 +20,6 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 
 import runtime
 from configurator import configure
@@ -175,7 +174,8 @@ def main(config):
     ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))  # under torchrun
     rt = runtime.setup(device, dtype, compile and not offload, compile_mode=compile_mode)  # off-load: eager blocks
     check_settings(world, config, rt)
-    master = not ddp or runtime.join_process_group(rt.device) == 0
+    rank = runtime.join_process_group(rt.device) if ddp else 0
+    master = rank == 0
     log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
@@ -209,7 +209,7 @@ def main(config):
         metrics = MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
     if init_loss is None and master:
         init_loss = run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)[0]
-    batches = Batches(train_tokens, meta, micro, dist.get_rank() if ddp else 0, world, rt.device, seed, data_order)
+    batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
     stop_request = runtime.StopRequest()
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
@@ -273,9 +273,8 @@ def main(config):
         place = dict(step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss)
         finish(model, dict(trainer.state_dict(), **identity, **place, final=not stop), metrics, val_tokens, rt, micro,
                stop and (stop_request.signum or "a signal to another rank"), last_saved, ckpt_path)
-    if ddp:
-        dist.barrier()  # rank 0 evaluates and saves alone; tearing down before it is done aborts the others
-        del trainer  # DDP's reducer: freed before its process group (runtime.leave_process_group says why)
+    if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
+        del trainer
         runtime.leave_process_group()
     if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
@@ -322,7 +321,7 @@ def start_run(model_args, tokenizer_text, ckpt_path, master, rt, train_tokens, d
                   f"tokens in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it "
                   f"with a larger --budget_hours (or --budget_tokens, --max_steps)")
         if ddp:
-            dist.destroy_process_group()
+            runtime.leave_process_group()
         raise SystemExit(0)
     return checkpoint
 
