@@ -29,7 +29,7 @@ import numpy as np
 import runtime
 from configurator import configure
 from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding
-from files import cannot_write, claim_folder, read_ranks, special_ids, write_atomically, write_json, write_ranks
+from files import cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically, write_json, write_ranks
 from runtime import hub_reachable
 
 # -----------------------------------------------------------------------------
@@ -619,13 +619,9 @@ def check_folder(out_dir, settings, source):
     of the corpus (its progress record and partial files) is stale and removed (a tokenizer has its
     own check); unfinished work records these settings and this source."""
     path = os.path.join(out_dir, "settings.json")
-    previous = {}
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                previous = dict(json.load(f))
-        except (OSError, ValueError, TypeError) as e:
-            raise SystemExit(f"error: {path} is damaged ({e}): delete {out_dir} and prepare again")
+    previous = read_json(path, f"delete {out_dir} and prepare again") if os.path.exists(path) else {}
+    if not isinstance(previous, dict):
+        raise SystemExit(f"error: {path} is damaged (not an object): delete {out_dir} and prepare again")
     changed = ", ".join(k for k in settings if k in previous and previous[k] != settings[k])
     if changed:
         raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
