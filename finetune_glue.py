@@ -409,7 +409,7 @@ def table(results, names=None):
         made = ours.get(name) or scratch[name]
         how, floor_how = how_made(made), how_made(scratch[name]) if name in scratch else ""
         floor_how = f" ({floor_how})" if floor_how not in ("", how) else ""
-        majority = made.get("majority") or scratch.get(name, {}).get("majority") or {}  # older files lack it
+        majority = made["majority"]  # of the training labels the row's runs saw (ours where there are both)
         for score_name in TASKS[name]["dev"]:
             found = dict(ours=ours.get(name, {}).get("median", {}).get(score_name),
                          no_pretraining=scratch.get(name, {}).get("median", {}).get(score_name),

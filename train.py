@@ -149,6 +149,13 @@ def run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
     return val_loss, accuracy
 
 
+def checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final):
+    """What a checkpoint holds: the training state (either mode's, in one format), the run's place in
+    its schedules and data, and its identity."""
+    return dict(trainer.state_dict(), **identity, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
+                final=final)
+
+
 def save(path, model, state, val_tokens, rt, micro, last_saved, at_end=False):
     """A self-contained checkpoint: `state` holds the weights and training state, the run's place
     in its schedules and data and its identity (the model's settings, the run's, the data's meta and
@@ -254,7 +261,8 @@ def main(config):
             rt.reset_peak_memory()  # each log line reports the peak of its own window
             if not warned_repeat and seconds >= min(120.0, 0.05 * budget_hours * 3600):  # the speed is known
                 expected = tokens + tokens_per_s * max(0.0, budget_hours * 3600 - seconds)
-                warning, warned_repeat = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s"), True
+                warning = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s")
+                warned_repeat = True
                 if warning:
                     log(warning)
         if seconds - last_eval >= eval_interval_minutes * 60:
@@ -264,15 +272,14 @@ def main(config):
         if seconds - last_ckpt >= ckpt_interval_minutes * 60:
             last_ckpt = seconds
             if master:
-                state = dict(trainer.state_dict(), **identity, step=step, elapsed=seconds, tokens=tokens,
-                             init_val_loss=init_loss, final=False)
+                state = checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=False)
                 last_saved = save(ckpt_path, model, state, val_tokens, rt, micro, last_saved)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
-        place = dict(step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss)
-        finish(model, dict(trainer.state_dict(), **identity, **place, final=not stop), metrics, val_tokens, rt, micro,
-               stop and (stop_request.signum or "a signal to another rank"), last_saved, ckpt_path)
+        state = checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=not stop)
+        finish(model, state, metrics, val_tokens, rt, micro, stop and (stop_request.signum or "a signal to another rank"),
+               last_saved, ckpt_path)
     if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
         del trainer
         runtime.leave_process_group()

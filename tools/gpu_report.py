@@ -241,11 +241,12 @@ def phase_transfer(deadline, logs):
     except PhaseFailed as failure:
         raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
     results = os.path.join(run, "glue.json")
-    for old in (results, os.path.join(run, "glue_runs")) if "has spent this budget" not in trained else ():
-        if os.path.isdir(old + ".old"):  # the scores of the checkpoint this one replaced are kept aside
-            shutil.rmtree(old + ".old")
-        if os.path.exists(old):
-            os.replace(old, old + ".old")
+    if "has spent this budget" not in trained:  # the scores of the checkpoint this one replaced are kept aside
+        for old in (results, os.path.join(run, "glue_runs")):
+            if os.path.isdir(old + ".old"):
+                shutil.rmtree(old + ".old")
+            if os.path.exists(old):
+                os.replace(old, old + ".old")
     base = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
             f"--out_json={results}", "--seeds=1", f"--device={device}", *shape_args(transfer_glue_args)]
     jobs = [([*base, f"--tasks={t}", *(["--from_scratch=True"] * scratch), *(["--epochs=1"] if t == "sst2" else [])],
