@@ -370,12 +370,12 @@ def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
     return rt.peak_memory()
 
 
-def probe_micro_batch(model_config, rt, largest, mask_rate):
+def probe_micro_batch(model_args, rt, largest, mask_rate):
     """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a
     throwaway model of the real shape, its AdamW state and one eager step per size (eager keeps at
     least the activations a compiled step keeps, so the compiled run fits too).
     Returns (size, {size: peak bytes or None})."""
-    model = CrammedBert(**vars(model_config)).to(rt.device)
+    model = CrammedBert(**model_args).to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.0), lr=0.0)
     scaler = rt.grad_scaler()
     try:
@@ -397,12 +397,12 @@ def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
     return None
 
 
-def choose_micro_batch(micro_batch, batch_size, model_config, rt, world, mask_rate, offload, log):
+def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate, offload, log):
     """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
     torchrun the smallest over the ranks) and divides the batch, on a CPU 32 or less."""
     if micro_batch or rt.device.type != "cuda" or offload:  # the probe measures normal mode
         return micro_batch or max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0)
-    chosen, tried = probe_micro_batch(model_config, rt, batch_size // world, mask_rate)
+    chosen, tried = probe_micro_batch(model_args, rt, batch_size // world, mask_rate)
     if world > 1:
         t = torch.tensor([chosen], device=rt.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)

@@ -186,19 +186,17 @@ def main(config):
     log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    model_config = ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=seq_len)
-    model_args = dataclasses.asdict(model_config)
+    model_args = dataclasses.asdict(ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=seq_len))
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    checkpoint = start_run(model_args, tokenizer_text, ckpt_path, master, rt, n_rows * seq_len, ddp)
-    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_config, rt,
+    checkpoint, metrics = start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, n_rows * seq_len, ddp)
+    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
-    flops_per_token = model.flops_per_token
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
-        f"{flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
+        f"{model.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
     trainer = make_trainer(model, rt, ddp, log)
     model = trainer.model  # on the device: what evaluation and fill-in call
@@ -207,14 +205,9 @@ def main(config):
         trainer.load_state_dict(checkpoint)
         step, tokens, seconds = checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]
         init_loss, last_saved = checkpoint.get("init_val_loss"), step
-        log(f"resuming {ckpt_path} at step {step}, {seconds / 60:.1f} minutes and {tokens / 1e6:.1f}M tokens in")
-    # what every checkpoint carries besides the training state: nothing else is needed to resume or fine-tune
     identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
-                    tokenizer=tokenizer_text)
-    if master:
-        wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
-        metrics = MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
-    if init_loss is None and master:
+                    tokenizer=tokenizer_text)  # all a checkpoint needs besides the training state to resume or fine-tune
+    if master and init_loss is None:  # the loss at initialisation, which the final line compares with
         init_loss = run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)[0]
     batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
     stop_request = runtime.StopRequest()
@@ -224,8 +217,7 @@ def main(config):
     # `seconds` counts training alone, compilation included: the clock runs from the top of an
     # iteration to the end of its step; logging, evaluation and saving are not charged
     last_eval = last_ckpt = seconds
-    in_a_row, warned_repeat = 0, budget_tokens > 0  # a token budget was checked at the start
-    window_seconds, window_tokens = 0.0, 0
+    window, in_a_row = (seconds, tokens), 0  # where the next log line's speed is measured from; diverged steps
     while True:
         started = time.perf_counter()
         stop = stop_request.signum is not None
@@ -234,52 +226,42 @@ def main(config):
         progress = budget_progress(tokens, seconds)
         if budget_spent(progress, step) or stop:
             break
-        # the schedules: pure functions of the share of the budget spent
-        step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)
+        step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)  # schedules: pure functions
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
         # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
         micro_batches = [batches.at(tokens // seq_len, i, step_mask) for i in range(step_batch // (micro * world))]
         # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step)
         loss, applied = trainer.step(micro_batches, step_lr, grad_clip)
-        # (under DDP the mean over all ranks' micro-batches; no wait: the step synced for the gradient norm)
-        loss = (runtime.mean_over_ranks(loss) if ddp else loss).item()
+        loss = (runtime.mean_over_ranks(loss) if ddp else loss).item()  # DDP: all ranks' (the step synced already)
         step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
-        spent = time.perf_counter() - started
-        seconds, window_seconds = seconds + spent, window_seconds + spent
-        window_tokens += step_batch * seq_len
+        seconds += time.perf_counter() - started
         in_a_row = in_a_row + 1 if diverged(loss, meta["vocab_size"], applied, trainer.scaler) else 0
         if in_a_row >= max_skipped_steps:
             raise divergence_stop(in_a_row, step, last_saved, ckpt_path, meta["vocab_size"])
-        if step % log_interval == 0:
-            tokens_per_s = window_tokens / window_seconds
-            mfu = flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
-            if master:
-                log_step(metrics, rt, step, loss, step_lr, step_batch, tokens_per_s, mfu, tokens / (n_rows * seq_len),
-                         seconds, tokens, progress, skipped)
-            window_seconds, window_tokens = 0.0, 0
-            rt.reset_peak_memory()  # each log line reports the peak of its own window
-            if not warned_repeat and seconds >= min(120.0, 0.05 * budget_hours * 3600):  # the speed is known
+        if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
+            tokens_per_s = (tokens - window[1]) / (seconds - window[0])
+            mfu = model.flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
+            log_step(metrics, rt, step, loss, step_lr, step_batch, tokens_per_s, mfu, tokens / (n_rows * seq_len),
+                     seconds, tokens, progress, skipped)
+            if not budget_tokens and window[0] < min(120.0, 0.05 * budget_hours * 3600) <= seconds:  # once: the speed is known
                 expected = tokens + tokens_per_s * max(0.0, budget_hours * 3600 - seconds)
                 warning = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s")
-                warned_repeat = True
                 if warning:
-                    log(warning)
-        if seconds - last_eval >= eval_interval_minutes * 60:
+                    print(warning)
+            window = (seconds, tokens)
+        if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval = seconds
-            if master:
-                run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
-        if seconds - last_ckpt >= ckpt_interval_minutes * 60:
+            run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
+        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60:
             last_ckpt = seconds
-            if master:
-                state = checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=False)
-                last_saved = save(ckpt_path, model, state, val_tokens, rt, micro, last_saved)
+            state = checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=False)
+            last_saved = save(ckpt_path, model, state, val_tokens, rt, micro, last_saved)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
         state = checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=not stop)
-        finish(model, state, metrics, val_tokens, rt, micro, stop and (stop_request.signum or "a signal to another rank"),
-               last_saved, ckpt_path)
+        finish(model, state, metrics, val_tokens, rt, micro, stop_request.signum, last_saved, ckpt_path)
     if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
         del trainer
         runtime.leave_process_group()
@@ -307,11 +289,11 @@ def make_trainer(model, rt, ddp, log):
     return Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
 
 
-def start_run(model_args, tokenizer_text, ckpt_path, master, rt, train_tokens, ddp):
+def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_tokens, ddp):
     """out_dir made this process's alone (a lock), writable, with room for a checkpoint (weights and
-    AdamW in float32), and warnings of a run too large for a CPU or its data; then the checkpoint to
-    resume, or None for a fresh run. A run that has spent this budget ends here, having nothing to
-    train (and so nothing rewritten)."""
+    AdamW in float32), and warnings of a run too large for a CPU or its data. Returns the checkpoint
+    to resume (None for a fresh run) and rank 0's metrics log (a fresh run's starts empty). A run
+    that has spent this budget ends here, having nothing to train (and so nothing rewritten)."""
     if master:
         with torch.device("meta"):  # the counts, without the memory
             model = CrammedBert(**model_args)
@@ -330,12 +312,20 @@ def start_run(model_args, tokenizer_text, ckpt_path, master, rt, train_tokens, d
         if ddp:
             runtime.leave_process_group()
         raise SystemExit(0)
-    return checkpoint
+    if not master:
+        return checkpoint, None
+    if checkpoint:
+        print(f"resuming {ckpt_path} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
+              f"{checkpoint['tokens'] / 1e6:.1f}M tokens in")
+    wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
+    return checkpoint, MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
 
 
 def log_step(metrics, rt, step, loss, step_lr, step_batch, tokens_per_s, mfu, epoch, seconds, tokens, progress,
              skipped):
+    """A training log line, printed and recorded; on a GPU with the peak memory since the last one."""
     memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
+    rt.reset_peak_memory()
     print(f"step {step} | loss {loss:.4f} | lr {step_lr:.2e} | batch {step_batch} | {tokens_per_s:,.0f} tok/s"
           f"{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{memory} | epoch {epoch:.2f} | {seconds / 60:.1f} min | "
           f"{100 * (1 - progress):.0f}% of the budget left"
@@ -353,14 +343,15 @@ def divergence_stop(in_a_row, step, last_saved, ckpt_path, vocab_size):
                       f"{'resume it' if saved else 'start again'}")
 
 
-def finish(model, state, metrics, val_tokens, rt, micro, stopped_by, last_saved, ckpt_path):
-    """The last checkpoint (`state`) and the last lines: how the run stopped (stopped_by: a signal
-    number or words), or the graphs compiled, fill-in examples and the final figures."""
+def finish(model, state, metrics, val_tokens, rt, micro, signum, last_saved, ckpt_path):
+    """The last checkpoint (`state`) and the last lines: for a run stopped before its end (state's
+    `final` is false), the signal that stopped it (signum: this process's, or None for another
+    rank's); else the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    final = None if stopped_by else run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
+    final = state["final"] and run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
     save(ckpt_path, model, state, val_tokens, rt, micro, last_saved, at_end=True)
-    if stopped_by:
-        name = signal.Signals(stopped_by).name if isinstance(stopped_by, int) else stopped_by
+    if not state["final"]:
+        name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {ckpt_path}; "
               f"continue with the same command and --resume=True")
         return
