@@ -13,7 +13,6 @@ import ast
 import functools
 import gzip
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
@@ -27,10 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import runtime
-from configurator import configure
+from configurator import config_keys, configure
 from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding
 from files import cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically, write_json, write_ranks
-from runtime import hub_reachable
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -52,25 +50,15 @@ progress_minutes = 1.0  # >= 0: write a progress record this often: a killed run
 
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
+STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding (dedup.bin: with dedup)
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
-# The most text the tokenizer, its trainer and the de-duplication see at once: a .txt document
-# is cut at a line end before it grows longer, a longer record is encoded in pieces. Memory then
-# stays flat whatever the text's layout (one paragraph per line and no blank line: one "document").
+# The most text the tokenizer, its trainer and the de-duplication see at once: a .txt document is cut at a line end
+# before it grows longer, a longer record is encoded in pieces, so memory stays flat whatever the text's layout.
 MAX_DOC_CHARS = 1_000_000
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
 
 # ---------------------------------------------------------------- sources
-def pydocs_roots():
-    """Source trees of the embedded corpus: the standard library, then numpy and torch."""
-    roots = [("stdlib", sysconfig.get_paths()["stdlib"])]
-    for name in PYDOCS_PACKAGES:
-        spec = importlib.util.find_spec(name)
-        if spec and spec.origin:
-            roots.append((name, os.path.dirname(spec.origin)))
-    return roots
-
-
 def pydocs_documents():
     """The English documentation that ships with Python: pydoc's topic pages, then the
     docstrings of every module of the standard library, numpy and torch (one document per
@@ -80,7 +68,8 @@ def pydocs_documents():
     for key in sorted(topics):
         yield topics[key]
     skip = {"__pycache__", "site-packages", "test", "tests", "testing", "idlelib", "lib2to3", "turtledemo"}
-    for _, root in pydocs_roots():
+    roots = [sysconfig.get_paths()["stdlib"], *(os.path.dirname(__import__(p).__file__) for p in PYDOCS_PACKAGES)]
+    for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for filename in sorted(f for f in filenames if f.endswith(".py")):
@@ -140,16 +129,6 @@ def pieces(text, max_chars=MAX_DOC_CHARS):
     yield text
 
 
-def text_of(row, where, text_field):
-    """The text field of a record; null is an empty document (skipped), anything else but a
-    string is an error rather than a silent str() of it."""
-    text = row[text_field]
-    if text is not None and not isinstance(text, str):
-        raise SystemExit(f"error: {where}: field '{text_field}' holds {type(text).__name__}, not text; "
-                         f"set --text_field= to the text column")
-    return text or ""
-
-
 class RowStream:
     """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet
     file. An interrupted preparation resumes it without reading again what was done (for a hub
@@ -168,7 +147,11 @@ class RowStream:
                 if self.text_field not in row:
                     raise SystemExit(f"error: {self.where} has no '{self.text_field}' field "
                                      f"(fields: {', '.join(row)}); set --text_field=")
-                yield text_of(row, self.where, self.text_field)
+                text = row[self.text_field]  # null: an empty document (skipped)
+                if text is not None and not isinstance(text, str):  # an error rather than a silent str() of it
+                    raise SystemExit(f"error: {self.where}: field '{self.text_field}' holds {type(text).__name__}, "
+                                     f"not text; set --text_field= to the text column")
+                yield text or ""
         except Exception as e:  # datasets raises many types; the user needs one line
             raise SystemExit(f"error: cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
@@ -201,7 +184,7 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
     arguments are the settings of the same names (defaults: theirs)."""
     if name == "pydocs":
         versions = f"Python {platform.python_version()}, " + ", ".join(
-            f"{pkg} {__import__(pkg).__version__}" for pkg, _ in pydocs_roots()[1:])
+            f"{pkg} {__import__(pkg).__version__}" for pkg in PYDOCS_PACKAGES)
         return f"pydocs ({versions})", pydocs_documents
     if os.path.exists(name):
         files = local_files(name)
@@ -210,7 +193,7 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
         return os.path.abspath(name), functools.partial(local_documents, files, text_field)
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
         raise SystemExit(f"error: file or folder not found: {name}")
-    if not hub_reachable():
+    if not runtime.hub_reachable():
         raise SystemExit(f"error: '{name}' is not a local path and the Hugging Face hub cannot be reached; "
                          f"offline, use --dataset=pydocs (embedded) or a local .txt/.jsonl/.json/.parquet file or folder")
     return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), hub_dataset(name, hf_config, hf_split, text_field)
@@ -237,13 +220,12 @@ def bpe_ranks(bpe):
     return ranks
 
 
-def first_characters(documents, n_chars, digest=None):
+def first_characters(documents, n_chars, digest):
     """The documents from the start of the corpus until they hold n_chars characters; each also
     updates `digest` (a hashlib object), which then identifies the text the tokenizer trained on."""
     chars = 0
     for doc in documents():
-        if digest:
-            digest.update(doc.encode() + b"\0")
+        digest.update(doc.encode() + b"\0")
         yield from pieces(doc)
         chars += len(doc)
         if chars >= n_chars:
@@ -292,15 +274,13 @@ class SequenceWriter:
     continues the same file, dropping whatever was written after the state was taken."""
 
     def __init__(self, path, dtype, seq_len, state=None):
+        state = state or dict(bytes=0, pending=[], sequences=0)
         self.path, self.dtype, self.seq_len = path, dtype, seq_len
-        if state:
-            self.file = open(path + ".tmp", "r+b")
-            self.file.truncate(state["bytes"])
-            self.file.seek(state["bytes"])
-        else:
-            self.file = open(path + ".tmp", "wb")
-        self.pending = np.asarray(state["pending"] if state else [], dtype=dtype)
-        self.sequences = state["sequences"] if state else 0
+        self.file = open(path + ".tmp", "r+b" if state["bytes"] else "wb")
+        self.file.truncate(state["bytes"])
+        self.file.seek(state["bytes"])
+        self.pending = np.asarray(state["pending"], dtype=dtype)
+        self.sequences = state["sequences"]
 
     def add(self, *tokens):
         self.pending = np.concatenate([self.pending, *tokens], dtype=self.dtype)
@@ -375,12 +355,9 @@ def read_progress(out_dir, dedup, seq_len, itemsize):
     """The last progress record of an interrupted preparation in out_dir, or None (then it starts
     over) when there is none, its files are gone, or it does not agree with them (damaged: said in a
     line)."""
+    if not all(os.path.exists(os.path.join(out_dir, name)) for name in (STALE if dedup else STALE[:-1])):
+        return None
     path = os.path.join(out_dir, PROGRESS_FILE)
-    if not os.path.exists(path):
-        return None
-    files = [f"{split}.bin.tmp" for split in SPLITS] + (["dedup.bin"] if dedup else [])
-    if not all(os.path.exists(os.path.join(out_dir, name)) for name in files):
-        return None
     try:
         with open(path) as f:
             progress = json.load(f)
@@ -432,21 +409,16 @@ class TokenFiles:
     source. Built from a progress record, it continues where that record left off."""
 
     def __init__(self, out_dir, dtype, seq_len, sep_id, max_tokens_per_char, val_fraction, dedup, progress):
-        self.progress_path = os.path.join(out_dir, PROGRESS_FILE)
-        self.seq_len = seq_len
+        self.progress_path, self.seq_len = os.path.join(out_dir, PROGRESS_FILE), seq_len
+        self.max_tokens_per_char, self.val_fraction = max_tokens_per_char, val_fraction
         self.sep = np.array([sep_id], dtype=dtype)  # ends every document
-        self.max_tokens_per_char = max_tokens_per_char
-        self.val_fraction = val_fraction
-        self.writers = {}
-        for split in SPLITS:
-            state = progress["writers"][split] if progress else None
-            self.writers[split] = SequenceWriter(os.path.join(out_dir, f"{split}.bin"), dtype, seq_len, state)
+        self.writers = {split: SequenceWriter(os.path.join(out_dir, f"{split}.bin"), dtype, seq_len,
+                                              progress["writers"][split] if progress else None) for split in SPLITS}
         self.stats = progress["stats"] if progress else {
             "documents": 0, "short_documents": 0, "dropped_documents": 0, "dropped_tokens": 0, "duplicate_documents": 0,
             "duplicate_tokens": 0, "train_tokens": 0, "val_tokens": 0}
-        self.seen = None
-        if dedup:
-            self.seen = SeenTexts(os.path.join(out_dir, "dedup.bin"), progress["dedup_bytes"] if progress else 0)
+        self.seen = SeenTexts(os.path.join(out_dir, "dedup.bin"),
+                              progress["dedup_bytes"] if progress else 0) if dedup else None
         self.read = progress["read"] if progress else 0  # documents consumed from the source
 
     def write_batch(self, batch, results, end, short):
@@ -471,10 +443,9 @@ class TokenFiles:
     def record(self, source_state):
         """Make all that was written durable and write a progress record of it, with where the source
         is (a RowStream's state, else None)."""
-        dedup_bytes = self.seen.state() if self.seen else 0
-        writers = {split: writer.state() for split, writer in self.writers.items()}
-        write_json(self.progress_path, dict(read=self.read, stats=self.stats, dedup_bytes=dedup_bytes,
-                                            writers=writers, source_state=source_state))
+        write_json(self.progress_path, dict(
+            read=self.read, stats=self.stats, dedup_bytes=self.seen.state() if self.seen else 0,
+            writers={split: writer.state() for split, writer in self.writers.items()}, source_state=source_state))
 
     def check_enough_text(self):
         """Before anything is renamed into place: each split needs a whole sequence."""
@@ -579,10 +550,7 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
     max_tokens_per_char tokens per character are dropped (0: none are); the other arguments are the
     settings of the same names (defaults: theirs).
-    Resumes an interrupted run from its last progress record: the files are cut back to what that
-    record says was written, the source is read again up to the documents it had consumed (a
-    RowStream instead continues from the position the record holds), and the result is byte for
-    byte what an uninterrupted run writes."""
+    Resumes from the last progress record of an interrupted run; the result is byte for byte an uninterrupted run's."""
     progress = read_progress(out_dir, dedup, seq_len, np.dtype(dtype).itemsize)
     files = TokenFiles(out_dir, dtype, seq_len, special_ids["[SEP]"], max_tokens_per_char, val_fraction, dedup,
                        progress)
@@ -609,9 +577,6 @@ def fingerprint(dataset):
             f.seek(max(0, size - 65536))
             digest.update(f.read(65536))
     return digest.hexdigest()
-
-
-STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding
 
 
 def check_folder(out_dir, settings, source):
@@ -641,10 +606,8 @@ def main():
     name = "pydocs" if dataset == "pydocs" else os.path.basename(dataset.rstrip("/")).split(".")[0] or "corpus"
     out = out_dir or os.path.join("data", name)
     claim_folder(out)
-    settings = dict(dataset=dataset, hf_config=hf_config, hf_split=hf_split, text_field=text_field,
-                    vocab_size=vocab_size, seq_len=seq_len, val_fraction=val_fraction,
-                    tokenizer_train_chars=tokenizer_train_chars, max_tokens=max_tokens,
-                    max_compression=max_compression, min_doc_chars=min_doc_chars, dedup=dedup)
+    # what the prepared data depends on: every setting but where it goes and how fast it is made
+    settings = {k: v for k, v in config_keys(globals()).items() if k not in ("out_dir", "workers", "progress_minutes")}
     check_folder(out, settings, f"{source} {fingerprint(dataset) or ''}".strip())
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
@@ -663,10 +626,7 @@ def main():
     enc = make_encoding(ranks, specials)
     t1 = time.time()
     dtype = "uint16" if enc.n_vocab <= 2 ** 16 else "uint32"
-    # the reference's compression filter kept documents under 0.25 tokens per character with its
-    # 32k lower-cased WordPiece; byte-level BPE compresses by the vocabulary size and the text, so
-    # the limit is relative: a multiple of this corpus' own median (1.5x removes the worst tail;
-    # the absolute 0.25 would remove 20% of English books at 32k and 55% of pydocs at 8k)
+    # the reference's compression filter, relative to this corpus' median (why not its absolute 0.25: docs/data.md)
     median = median_tokens_per_char(documents, enc, min_doc_chars) if max_compression else 0.0
     stats = encode_corpus(documents, enc, specials, dtype, max_compression * median, out, workers=workers,
                           seq_len=seq_len, val_fraction=val_fraction, min_doc_chars=min_doc_chars, dedup=dedup,
