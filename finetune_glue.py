@@ -32,7 +32,6 @@ import runtime
 from configurator import configure
 from data import make_encoding
 from files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, write_json
-from runtime import hub_reachable
 from model import CrammedBert, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
@@ -60,36 +59,32 @@ dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py (no co
 seed = 0                # >= 0
 # -----------------------------------------------------------------------------
 
-# Each task: its folder and columns in the GLUE distribution (header names, or indices where the
-# file has no header), its hub configuration and columns, label names in the hub's id order
-# (None: regression), its dev sets (score name -> (file, hub split)) and metrics, main one first.
+# Each task: its folder and columns in the GLUE distribution (header names, or indices where the file has no header),
+# its columns on the hub (whose configuration is the task's name), label names in the hub's id order (None:
+# regression), its dev sets (score name -> (file, hub split)) and metrics, main one first.
 TASKS = {
-    "cola": dict(folder="CoLA", header=False, text=(3,), label=1, hub="cola", hub_text=("sentence",),
-                 labels=("0", "1"), dev={"cola": ("dev.tsv", "validation")}, metrics=("mcc",)),
-    "sst2": dict(folder="SST-2", text=("sentence",), label="label", hub="sst2", hub_text=("sentence",),
-                 labels=("0", "1"), dev={"sst2": ("dev.tsv", "validation")}, metrics=("accuracy",)),
-    "mrpc": dict(folder="MRPC", text=("#1 String", "#2 String"), label="Quality", hub="mrpc",
-                 hub_text=("sentence1", "sentence2"), labels=("0", "1"), dev={"mrpc": ("dev.tsv", "validation")},
-                 metrics=("f1", "accuracy")),
-    "stsb": dict(folder="STS-B", text=("sentence1", "sentence2"), label="score", hub="stsb",
-                 hub_text=("sentence1", "sentence2"), labels=None, dev={"stsb": ("dev.tsv", "validation")},
-                 metrics=("pearson", "spearman")),
-    "qqp": dict(folder="QQP", text=("question1", "question2"), label="is_duplicate", hub="qqp",
+    "cola": dict(folder="CoLA", header=False, text=(3,), label=1, hub_text=("sentence",), labels=("0", "1"),
+                 dev={"cola": ("dev.tsv", "validation")}, metrics=("mcc",)),
+    "sst2": dict(folder="SST-2", text=("sentence",), label="label", hub_text=("sentence",), labels=("0", "1"),
+                 dev={"sst2": ("dev.tsv", "validation")}, metrics=("accuracy",)),
+    "mrpc": dict(folder="MRPC", text=("#1 String", "#2 String"), label="Quality", hub_text=("sentence1", "sentence2"),
+                 labels=("0", "1"), dev={"mrpc": ("dev.tsv", "validation")}, metrics=("f1", "accuracy")),
+    "stsb": dict(folder="STS-B", text=("sentence1", "sentence2"), label="score", hub_text=("sentence1", "sentence2"),
+                 labels=None, dev={"stsb": ("dev.tsv", "validation")}, metrics=("pearson", "spearman")),
+    "qqp": dict(folder="QQP", text=("question1", "question2"), label="is_duplicate",
                 hub_text=("question1", "question2"), labels=("0", "1"), dev={"qqp": ("dev.tsv", "validation")},
                 metrics=("f1", "accuracy")),
-    "mnli": dict(folder="MNLI", text=("sentence1", "sentence2"), label="gold_label", hub="mnli",
-                 hub_text=("premise", "hypothesis"), labels=("entailment", "neutral", "contradiction"),
+    "mnli": dict(folder="MNLI", text=("sentence1", "sentence2"), label="gold_label", hub_text=("premise", "hypothesis"),
+                 labels=("entailment", "neutral", "contradiction"),
                  dev={"mnli-m": ("dev_matched.tsv", "validation_matched"),
                       "mnli-mm": ("dev_mismatched.tsv", "validation_mismatched")}, metrics=("accuracy",)),
-    "qnli": dict(folder="QNLI", text=("question", "sentence"), label="label", hub="qnli",
-                 hub_text=("question", "sentence"), labels=("entailment", "not_entailment"),
-                 dev={"qnli": ("dev.tsv", "validation")}, metrics=("accuracy",)),
-    "rte": dict(folder="RTE", text=("sentence1", "sentence2"), label="label", hub="rte",
-                hub_text=("sentence1", "sentence2"), labels=("entailment", "not_entailment"),
-                dev={"rte": ("dev.tsv", "validation")}, metrics=("accuracy",)),
-    "wnli": dict(folder="WNLI", text=("sentence1", "sentence2"), label="label", hub="wnli",
-                 hub_text=("sentence1", "sentence2"), labels=("0", "1"), dev={"wnli": ("dev.tsv", "validation")},
+    "qnli": dict(folder="QNLI", text=("question", "sentence"), label="label", hub_text=("question", "sentence"),
+                 labels=("entailment", "not_entailment"), dev={"qnli": ("dev.tsv", "validation")},
                  metrics=("accuracy",)),
+    "rte": dict(folder="RTE", text=("sentence1", "sentence2"), label="label", hub_text=("sentence1", "sentence2"),
+                labels=("entailment", "not_entailment"), dev={"rte": ("dev.tsv", "validation")}, metrics=("accuracy",)),
+    "wnli": dict(folder="WNLI", text=("sentence1", "sentence2"), label="label", hub_text=("sentence1", "sentence2"),
+                 labels=("0", "1"), dev={"wnli": ("dev.tsv", "validation")}, metrics=("accuracy",)),
 }
 # Published crammed BERT (A6000, 24 h, reference model card), GLUE dev; its average is over these nine.
 REFERENCE = {"mnli-m": 84.1, "mnli-mm": 84.6, "qqp": 87.5, "qnli": 90.2, "sst2": 92.0, "cola": 53.3,
@@ -204,15 +199,12 @@ def load_task(name):
         if not os.path.isdir(folder):
             raise SystemExit(f"error: no folder {folder} for task {name} (expected <glue_dir>/{spec['folder']}/train.tsv)")
         return {split: read_glue_tsv(os.path.join(folder, file), spec) for split, (file, _) in splits.items()}
-    if not hub_reachable():
+    if not runtime.hub_reachable():
         raise SystemExit("error: the Hugging Face hub cannot be reached; offline, pass --glue_dir= with the GLUE "
                          "tasks in their original layout (<dir>/CoLA/train.tsv, ...)")
     import datasets
-    data = {}
-    for split, (_, hub_split) in splits.items():
-        rows = datasets.load_dataset("nyu-mll/glue", spec["hub"], split=hub_split)
-        data[split] = (list(zip(*(rows[c] for c in spec["hub_text"]))), list(rows["label"]))
-    return data
+    rows = {s: datasets.load_dataset("nyu-mll/glue", name, split=hub_split) for s, (_, hub_split) in splits.items()}
+    return {s: (list(zip(*(r[c] for c in spec["hub_text"]))), list(r["label"])) for s, r in rows.items()}
 
 
 def check_task(name, data):
@@ -237,10 +229,7 @@ def encode_examples(enc, texts, max_len, special_ids):
         room = max_len - 1 - len(parts)
         while sum(map(len, parts)) > room:
             max(parts, key=len).pop()
-        ids = [cls]
-        for part in parts:
-            ids += part + [sep]
-        encoded.append(ids)
+        encoded.append([cls] + [t for part in parts for t in part + [sep]])
     return encoded
 
 
@@ -262,10 +251,7 @@ def train_batches(lengths, size, generator, grouped):
 
 def collate(sequences, pad_id, device):
     """Right-padded (B, T) ids and the (B, T) mask of real tokens."""
-    width = max(map(len, sequences))
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, :len(seq)] = torch.tensor(seq)
+    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in sequences], batch_first=True, padding_value=pad_id)
     return ids.to(device), (ids != pad_id).to(device)
 
 
@@ -313,8 +299,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
                                pooling=pooling).to(rt.device)
     optimizer = rt.optimizer(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     scaler = rt.grad_scaler()
-    steps_per_epoch = math.ceil(len(train_ids) / batch_size)
-    total = epochs * steps_per_epoch
+    total = epochs * math.ceil(len(train_ids) / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))
     targets = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     generator = torch.Generator().manual_seed(run_seed)
@@ -340,11 +325,8 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
     counts["train_seconds"] = time.perf_counter() - start_time
-    scores = {}
-    for score_name in spec["dev"]:
-        dev_ids, dev_labels = encoded[score_name]
-        pred = predict(model, dev_ids, pad_id, rt, regression)
-        scores[score_name] = {m: 100 * METRICS[m](pred, dev_labels) for m in spec["metrics"]}
+    predictions = {s: predict(model, encoded[s][0], pad_id, rt, regression) for s in spec["dev"]}  # by score name
+    scores = {s: {m: 100 * METRICS[m](pred, encoded[s][1]) for m in spec["metrics"]} for s, pred in predictions.items()}
     return scores, counts
 
 
@@ -352,9 +334,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
 SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "pooling",
                   "dtype", "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
 DAMAGED = "move it away and run the same command (what it held is fine-tuned again)"
-# The checkpoint's runs go under "tasks", the no-pretraining control's (--from_scratch) under "no_pretraining":
-# the floor each score is shown beside
-GROUPS = ("tasks", "no_pretraining")
+GROUPS = ("tasks", "no_pretraining")  # the checkpoint's runs; the --from_scratch control's: each score's floor
 RUN_KEYS = {"seed", "settings", "scores", "facts", "counts", "finished"}  # what a run's file holds (and the identity)
 
 
@@ -395,25 +375,22 @@ def cell(metrics, main, others, named=True):
 
 
 def table(results, names=None):
-    """Markdown: one row per score (main metric, others in brackets): the checkpoint's, the same shape
-    fine-tuned without pretraining (the floor pretraining must lift it from), the majority class and
-    the reference, each row saying how it was made (seeds, epochs, a cap on the training examples).
-    Returns the markdown and the averages over the reference's scores present ({column: value}, nan
-    where a column lacks one of them)."""
+    """Markdown, a row per score (main metric, others in brackets) and how it was made: the checkpoint's, the same
+    shape's without pretraining (the floor), the majority class's, the reference's. Returns (markdown, {column: its
+    mean over `counted`, nan if it lacks one}, counted: the reference's scores that ours, else the floor, has)."""
     ours, scratch = results.get("tasks", {}), results.get("no_pretraining", {})
     names = [n for n in (names or TASKS) if n in ours or n in scratch]
     lines = ["| task | metric | ours | no pretraining | majority class | reference |", "|---|---|---|---|---|---|"]
     columns = dict(ours={}, no_pretraining={}, majority={}, reference=REFERENCE)  # score name -> main score
     for name in names:
         main, *others = TASKS[name]["metrics"]
-        made = ours.get(name) or scratch[name]
+        made = ours.get(name) or scratch[name]  # the runs the row describes: ours where there are both
         how, floor_how = how_made(made), how_made(scratch[name]) if name in scratch else ""
         floor_how = f" ({floor_how})" if floor_how not in ("", how) else ""
-        majority = made["majority"]  # of the training labels the row's runs saw (ours where there are both)
         for score_name in TASKS[name]["dev"]:
             found = dict(ours=ours.get(name, {}).get("median", {}).get(score_name),
                          no_pretraining=scratch.get(name, {}).get("median", {}).get(score_name),
-                         majority=majority.get(score_name))
+                         majority=made["majority"].get(score_name))  # of the training labels those runs saw
             for column, metrics in found.items():
                 if metrics is not None:
                     columns[column][score_name] = metrics[main]
@@ -430,10 +407,9 @@ def table(results, names=None):
 
 
 def pretraining_facts(ckpt, run_dir):
-    """What a plot of GLUE against pretraining compute needs (tools/glue_plot.py): the checkpoint's
-    shape, tokens, hours and FLOPs (model.py's flops_per_token at its final masking rate x tokens;
-    under a masking-rate schedule, an estimate), and
-    its validation loss and accuracy if the run's metrics.jsonl beside it logged them at its step."""
+    """What a plot of GLUE against pretraining compute needs (tools/glue_plot.py): the checkpoint's shape, tokens,
+    hours and FLOPs (model.py's flops_per_token at its final masking rate x tokens; under a masking-rate schedule,
+    an estimate), and its validation loss and accuracy if the run's metrics.jsonl beside it logged them at its step."""
     args = saved_model_args(ckpt["model_args"])
     with torch.device("meta"):  # the count needs the shapes, not the memory
         per_token = CrammedBert(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", 0.25))
@@ -514,10 +490,9 @@ def summary(name, entry):
     main = TASKS[name]["metrics"][0]
     scores = ", ".join(f"{'' if score_name == name else score_name + ' '}{METRIC_NAMES[main]} {v[main]:.1f}"
                        for score_name, v in entry["median"].items())
-    speed = ""
-    if entry.get("train_seconds"):  # (0.0: runs too short to time)
-        real = entry["tokens"] / entry["padded_tokens"]
-        speed = f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, {100 * real:.0f}% of them not padding"
+    speed = (f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, "
+             f"{entry['tokens'] / entry['padded_tokens']:.0%} of them not padding"
+             if entry.get("train_seconds") else "")  # (0.0: runs too short to time)
     return f"{scores} ({how_made(entry)}, {entry['seconds']:.0f} s{speed})"
 
 
