@@ -17,7 +17,6 @@ train.py's micro_batch=0 uses).
 
 Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too:
 tools/bench_prepare.py.
-
 """
 import dataclasses
 import functools
@@ -133,8 +132,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
         del model, optimizer, step_model, trainer
         torch._dynamo.reset()  # the next row (another mode) starts with no graphs, CUDA-graph pools or caches held
         gc.collect()
-        if rt.device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # (nothing unless CUDA is in use)
 
 
 def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):

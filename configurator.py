@@ -89,13 +89,6 @@ def allowed(comment):
         f"in {left}{lo}, {hi}{right}"
 
 
-def check_allowed(key, value, comment):
-    """A one-line error when `value` is not among the values `comment` declares."""
-    rule = allowed(comment)
-    if rule and not rule[0](value):  # NaN fails every comparison, so it is never allowed
-        raise SystemExit(f"error: --{key}={value} is not allowed: {key} must be {rule[1]}")
-
-
 def declared(lines, pattern, known):
     """The settings block of a source: ('setting', key, comment) for each setting of `known` that
     a line of `lines` declares (pattern: its regex, groups key and comment), ('section', text) and
@@ -175,9 +168,10 @@ def configure(namespace, argv, cls=None, skip=()):
         else:
             for key, value in read_config_file(arg).items():
                 known[key] = _check(key, value, known)
-    for kind, *rest in declarations(namespace, cls, skip):
-        if kind == "setting":
-            check_allowed(rest[0], known[rest[0]], rest[1])
+    for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
+        rule = allowed(rest[1]) if kind == "setting" else None
+        if rule and not rule[0](known[rest[0]]):  # NaN fails every comparison, so it is never allowed
+            raise SystemExit(f"error: --{rest[0]}={known[rest[0]]} is not allowed: {rest[0]} must be {rule[1]}")
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known

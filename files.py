@@ -19,7 +19,6 @@ from configurator import allowed, declarations
 from model import ABSENT, CrammedBert, ModelConfig, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
-TOKEN_DTYPES = ("uint16", "uint32")
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
              "val_sequences")  # what readers of meta.json rely on
 LOCK_FILE = ".lock"
@@ -212,7 +211,7 @@ def meta_problem(meta):
     bad = [k for k in counts if type(meta[k]) is not int or meta[k] < 0]
     if bad:
         return f"{', '.join(bad)} not a count"
-    if meta["dtype"] not in TOKEN_DTYPES or meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
+    if meta["dtype"] not in ("uint16", "uint32") or meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         return f"dtype {meta['dtype']!r} cannot hold a vocabulary of {meta['vocab_size']} (uint16 or uint32)"
     if meta["special_ids"] != special_ids(meta["n_regular"]) or meta["vocab_size"] != meta["n_regular"] + len(SPECIAL_TOKENS):
         return f"special_ids {meta['special_ids']} and vocab_size {meta['vocab_size']} do not follow n_regular " \

@@ -54,10 +54,8 @@ class FeedForward(nn.Module):
         h = self.up(x)
         if self.glu:
             gate, value = h.chunk(2, dim=-1)
-            h = F.gelu(gate) * value
-        else:
-            h = F.gelu(h)
-        return self.down(h)
+            return self.down(F.gelu(gate) * value)
+        return self.down(F.gelu(h))
 
 
 class Block(nn.Module):
@@ -173,10 +171,9 @@ class CrammedBert(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         # pre-norm leaves the residual stream un-normalised, so it needs a final norm
         self.final_norm = nn.LayerNorm(d_model, eps=norm_eps) if c.norm_first else nn.Identity()
-        if c.head_transform:  # original BERT: dense -> GELU -> LayerNorm before the decoder
-            self.head = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
-        else:
-            self.head = nn.Identity()
+        # original BERT: dense -> GELU -> LayerNorm before the decoder
+        self.head = (nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
+                     if c.head_transform else nn.Identity())
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if c.bias else None
         self.apply(self._init_weights)
         if c.smear:
@@ -231,11 +228,9 @@ class CrammedBert(nn.Module):
         return logits if self.decoder_bias is None else logits + self.decoder_bias
 
     def forward(self, inputs, positions, labels):
-        """MLM loss and the number of correct predictions at the masked positions.
-
-        Sparse prediction sends only the (B, k) masked positions through the output layer;
-        dense prediction scores every position and ignores the rest, as the original BERT.
-        """
+        """MLM loss and the number of correct predictions at the masked positions: sparse prediction sends
+        only the (B, k) masked positions through the output layer, dense scores every position and
+        ignores the rest (the original BERT)."""
         return self.mlm_loss(self.encode(inputs, positions=positions if self.sparse_prediction else None), inputs,
                              positions, labels)
 
@@ -243,17 +238,14 @@ class CrammedBert(nn.Module):
         """forward's loss and correct count from the final hidden states: (B, k, d) at the masked
         positions with sparse prediction, else (B, T, d). Off-load mode (offload.py) runs the blocks
         itself and joins here."""
-        if self.sparse_prediction:
-            targets = labels
-        else:
-            targets = torch.full_like(inputs, -100).scatter(1, positions, labels)
+        targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         correct = (logits.argmax(-1) == targets).sum()
         return loss, correct
 
     def num_params(self, matmul_only=False):
-        """All parameters, or only the weights of the Linear layers in the blocks and head."""
+        """All parameters, or only the weights of the Linear layers (the blocks, the head and smear)."""
         if not matmul_only:
             return sum(p.numel() for p in self.parameters())
         return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
@@ -269,7 +261,8 @@ class CrammedBert(nn.Module):
         attention = 2 * 2 * layers * c.seq_len * c.d_model
         output_layer = 2 * c.vocab_size * c.d_model * predicted
         head = 2 * sum(m.weight.numel() for m in self.head.modules() if isinstance(m, nn.Linear)) * predicted
-        kv = 2 * c.d_model ** 2  # a layer's matmul weights: qkv and out, the feed-forward's up and down
+        kv = 2 * c.d_model ** 2  # the keys' and values' weights: computed at every position of a narrowed layer
+        # a layer's matmul weights: qkv and out, the feed-forward's up and down
         per_layer = 4 * c.d_model ** 2 + c.d_model * c.d_ffn + (c.d_ffn // 2 if c.glu else c.d_ffn) * c.d_model
         blocks = 2 * (full * per_layer + (c.n_layers - full) * (kv + (per_layer - kv) * predicted))
         smear = 2 * self.smear.weight.numel() if self.smear is not None else 0

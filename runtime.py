@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from data import SPECIAL_TOKENS, mask_tokens, special_ids
 from model import CrammedBert, Trainer, param_groups
@@ -292,14 +293,12 @@ class StopRequest:
 
 def join_process_group(device):
     """Under torchrun: this process joins the others (NCCL on GPUs, gloo on CPUs); returns its rank."""
-    import torch.distributed as dist
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank()
 
 
 def mean_over_ranks(value):
     """Under DDP: a tensor's mean over all processes, on each."""
-    import torch.distributed as dist
     dist.all_reduce(value)
     return value / dist.get_world_size()
 
@@ -310,7 +309,6 @@ def leave_process_group():
     called without an active exception"); then a wait for every rank (rank 0 evaluates and saves alone,
     and tearing down before it is done aborts the others), and the group's end."""
     import gc
-    import torch.distributed as dist
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
@@ -318,7 +316,6 @@ def leave_process_group():
 
 def rank0_clock(seconds, stop, master, device):
     """Under DDP: rank 0's training seconds, and whether any rank was asked to stop, on every rank."""
-    import torch.distributed as dist
     t = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t[0].item(), bool(t[1].item())
@@ -405,7 +402,7 @@ def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate
     chosen, tried = probe_micro_batch(model_args, rt, batch_size // world, mask_rate)
     if world > 1:
         t = torch.tensor([chosen], device=rt.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
         chosen = int(t.item())
     while batch_size % (chosen * world):
         chosen //= 2
