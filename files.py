@@ -159,19 +159,23 @@ def read_jsonl(path):
 class MetricsLog:
     """A run's log and evaluation lines as JSON in metrics.jsonl, and to Weights & Biases when
     `wandb_run` (its project and name) is given. A fresh run starts the file, a resumed one appends
-    (steps redone after a hard kill appear twice; the later line counts)."""
+    (steps redone after a hard kill appear twice; the later line counts). Both start with the first
+    line: a run that fails before it leaves the file as it was and no empty W&B run, and W&B records
+    `config` as the run has settled it by then (train.py's chosen micro-batch)."""
 
     def __init__(self, path, fresh, wandb_run=None, config=None):
-        self.path, self.wandb = path, wandb_run is not None
-        if fresh:
-            open(path, "w").close()
-        if self.wandb:
-            import wandb
-            wandb.init(project=wandb_run[0], name=wandb_run[1], config=config)
+        self.path, self.fresh, self.wandb_run, self.config, self.started = path, fresh, wandb_run, config, False
 
     def write(self, fields):
         """One line. A line cut short by a kill of the run (the file not ending in a newline) is dropped
         first, so the resumed run's lines start on lines of their own."""
+        if not self.started:
+            self.started = True
+            if self.fresh:
+                open(self.path, "w").close()
+            if self.wandb_run:
+                import wandb
+                wandb.init(project=self.wandb_run[0], name=self.wandb_run[1], config=self.config)
         try:
             with open(self.path, "a+b") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -182,7 +186,7 @@ class MetricsLog:
                 f.write((json.dumps(fields) + "\n").encode())
         except OSError as e:
             raise cannot_write(self.path, e)
-        if self.wandb:
+        if self.wandb_run:
             import wandb
             wandb.log(fields, step=fields["step"])
 

@@ -217,7 +217,7 @@ def main(config):
     # `seconds` counts training alone, compilation included: the clock runs from the top of an
     # iteration to the end of its step; logging, evaluation and saving are not charged
     last_eval = last_ckpt = seconds
-    window, in_a_row = (seconds, tokens), 0  # where the next log line's speed is measured from; diverged steps
+    window, in_a_row, warned = (seconds, tokens), 0, budget_tokens > 0  # speed window, diverged in a row, repeat warned
     while True:
         started = time.perf_counter()
         stop = stop_request.signum is not None
@@ -244,8 +244,8 @@ def main(config):
             mfu = model.flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
             log_step(metrics, rt, step, loss, step_lr, step_batch, tokens_per_s, mfu, tokens / (n_rows * seq_len),
                      seconds, tokens, progress, skipped)
-            if not budget_tokens and window[0] < min(120.0, 0.05 * budget_hours * 3600) <= seconds:  # once: the speed is known
-                expected = tokens + tokens_per_s * max(0.0, budget_hours * 3600 - seconds)
+            if not warned and seconds >= min(120.0, 0.05 * budget_hours * 3600):  # once: the speed is known
+                warned, expected = True, tokens + tokens_per_s * max(0.0, budget_hours * 3600 - seconds)
                 warning = repeat_warning(expected, n_rows * seq_len, f"at {tokens_per_s:,.0f} tokens/s")
                 if warning:
                     print(warning)
@@ -292,7 +292,7 @@ def make_trainer(model, rt, ddp, log):
 def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_tokens, ddp):
     """out_dir made this process's alone (a lock), writable, with room for a checkpoint (weights and
     AdamW in float32), and warnings of a run too large for a CPU or its data. Returns the checkpoint
-    to resume (None for a fresh run) and rank 0's metrics log (a fresh run's starts empty). A run
+    to resume (None for a fresh run) and rank 0's metrics log (files.MetricsLog). A run
     that has spent this budget ends here, having nothing to train (and so nothing rewritten)."""
     if master:
         with torch.device("meta"):  # the counts, without the memory

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -259,6 +260,27 @@ def test_a_metrics_line_cut_by_a_kill_is_tolerated_and_ended_by_the_resume(pretr
                "--max_steps=65", "--fill_in_examples=0")
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert all(json.loads(line) for line in lines) and json.loads(lines[-1])["step"] == 65  # the cut line is gone
+
+
+def test_a_fresh_metrics_log_starts_at_its_first_line(tmp_path, monkeypatch):
+    """A fresh run that fails before its first line (the micro-batch probe, a model too large) leaves an
+    earlier metrics.jsonl as it was and starts no W&B run; W&B's config is the one the run settled."""
+    from files import MetricsLog
+    calls = []
+    fake_wandb = types.SimpleNamespace(init=lambda **kw: calls.append(("init", kw["name"], dict(kw["config"]))),
+                                       log=lambda fields, step: calls.append(("log", step)))
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "eval", "step": 7}\n')  # an earlier run's
+    config = {"micro_batch": 0}
+    log = MetricsLog(str(path), True, ("cram", "run"), config)
+    config["micro_batch"] = 32  # train.py's choice, made after the log is created
+    assert path.read_text() == '{"kind": "eval", "step": 7}\n' and calls == []
+    log.write(dict(kind="eval", step=0))
+    log.write(dict(kind="train", step=10))
+    assert calls == [("init", "run", {"micro_batch": 32}), ("log", 0), ("log", 10)]
+    MetricsLog(str(path), False).write(dict(kind="train", step=20))  # a resumed run appends
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 10, 20]
 
 
 def test_damaged_results_and_glue_files_are_named(pretrained, tmp_path):
