@@ -62,27 +62,25 @@ def startup_env(env):
 def run_forked(args, cwd, env, timeout):
     import multiprocessing
     import tempfile
-    from multiprocessing import forkserver
 
     import script_child
     if not FORK_SERVER:
-        saved = dict(os.environ)
-        os.environ.update(env)  # the server starts (and imports torch) with a run's environment
-        try:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["torch", "numpy"])
-            fresh = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
-                                   capture_output=True, text=True, check=True).stdout
-            FORK_SERVER.update(context=context, env=startup_env(env), path=json.loads(fresh))
-            forkserver.ensure_running()  # now, in this environment
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "numpy"])
+        fresh = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+                               capture_output=True, text=True, check=True).stdout
+        FORK_SERVER.update(context=context, env=startup_env(env), path=json.loads(fresh))
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         child = FORK_SERVER["context"].Process(target=script_child.run, args=(
             os.path.join(cwd, args[0]), args, cwd, env, FORK_SERVER["path"], out, err))
-        child.start()
+        saved = dict(os.environ)
+        os.environ.update(env)  # a server started (or restarted) now imports torch in the run's environment
+        try:
+            child.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         child.join(timeout)
         if child.exitcode is None:
             child.kill()

@@ -7,16 +7,22 @@ The child is made to look like a fresh interpreter: the script's argv, working f
 and sys.path (its own folder first, then a fresh interpreter's path), standard output and error on
 files as a pipe would be, unbuffered as PYTHONUNBUFFERED=1 makes them; its exit status as python
 gives it (SystemExit's code or message, 1 and a traceback for an error, killed by SIGINT for an
-uncaught Ctrl-C); and, before it ends, what python's own exit does: objects freed (so files the
-script left open are flushed) and atexit's functions run.
+uncaught Ctrl-C); multiprocessing's default start method the platform's; and, before it ends,
+what python's own exit does: non-daemon threads joined, objects freed (so files the script left
+open are flushed), atexit's functions run, C's stdio flushed. What stays the server's: the string
+hash seed (two runs compared byte for byte cannot show an order that depends on it) and the
+warnings torch prints as it is imported.
 """
 import atexit
+import ctypes
 import gc
 import io
+import multiprocessing
 import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
 
 
@@ -44,6 +50,7 @@ def run(script, argv, cwd, env, fresh_path, out_path, err_path):
     sys.stdin = open(os.devnull)
     sys.argv = argv
     sys.path[:] = [os.path.dirname(os.path.realpath(script)), *fresh_path]
+    multiprocessing.set_start_method(None, force=True)  # the platform's default again, not the server's
     code, interrupted = 0, False
     try:
         runpy.run_path(script, run_name="__main__")
@@ -56,12 +63,14 @@ def run(script, argv, cwd, env, fresh_path, out_path, err_path):
         traceback.print_exc()
         code = 1
     finally:
-        gc.collect()  # the script's objects freed: files it left open are flushed
         try:
+            threading._shutdown()  # as python's exit: wait for the script's non-daemon threads
+            gc.collect()  # the script's objects freed: files it left open are flushed
             atexit._run_exitfuncs()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            ctypes.CDLL(None).fflush(None)  # what C or C++ code wrote through stdio
     if interrupted:  # as python does for an uncaught KeyboardInterrupt: the status of a SIGINT kill
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
