@@ -437,6 +437,12 @@ def run_files(path):
     return [(f, os.stat(f).st_mtime_ns) for f in sorted(glob.glob(os.path.join(runs_folder(path), "*", "*", "*.json")))]
 
 
+def same_checkpoint(record, identity):
+    """Whether a run's file or glue.json holds this checkpoint's scores: its step and tokens (not its path,
+    which may move)."""
+    return all(record.get(k) == v for k, v in identity.items() if k != "checkpoint")
+
+
 def read_runs(files, identity):
     """{group: {task: [run, ...]}} from run files; a one-line error if one is damaged or holds another
     checkpoint's scores, which a rerun must not replace."""
@@ -445,7 +451,7 @@ def read_runs(files, identity):
         run, (group, name) = read_json(file, DAMAGED), file.split(os.sep)[-3:-1]
         if not isinstance(run, dict) or not RUN_KEYS <= run.keys():
             raise SystemExit(f"error: {file} is damaged (not a fine-tuning run's record): {DAMAGED}")
-        if any(run.get(k) != v for k, v in identity.items() if k != "checkpoint"):
+        if not same_checkpoint(run, identity):
             raise SystemExit(f"error: {file} holds the scores of another checkpoint: pass --out_json= for this one's, "
                              f"or move it away")
         found.setdefault(group, {}).setdefault(name, []).append(run)
@@ -514,8 +520,7 @@ def check_earlier(path, identity):
     """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, or
     of an older cram (which kept the scores in glue.json alone), is not replaced."""
     old = read_json(path, DAMAGED) if os.path.exists(path) else {"runs": True, **identity}
-    if not isinstance(old, dict) or "runs" not in old or \
-            any(old.get(k) != v for k, v in identity.items() if k != "checkpoint"):
+    if not isinstance(old, dict) or "runs" not in old or not same_checkpoint(old, identity):
         raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass "
                          f"--out_json= for this one's, or move it away")
 
