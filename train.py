@@ -26,7 +26,6 @@ from configurator import configure
 from data import Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from files import MetricsLog, all_finite, claim_folder, parse_ranks, resume_checkpoint, save_checkpoint
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, param_groups
-from runtime import cpu_warning
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -163,10 +162,11 @@ def save(path, model, state, val_tokens, rt, micro, last_saved, at_end=False):
     not diverged, so the checkpoint a divergence stop names is one a lower learning rate recovers
     from. Returns the step the checkpoint file now holds: state's, or last_saved's when refused (said;
     at_end, the run's last save, an error)."""
-    refused = None if all_finite(state["model"]) else "non-finite weights"
-    loss = None if refused else evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0]
-    if loss is not None and diverged(loss, state["meta"]["vocab_size"]):
-        refused = f"a diverged validation loss ({loss:.2f})"
+    if all_finite(state["model"]):
+        loss = evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0]
+        refused = f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
+    else:
+        refused = "non-finite weights"
     if not refused:
         save_checkpoint(path, state)
         return state["step"]
@@ -299,7 +299,7 @@ def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_t
             model = CrammedBert(**model_args)
         claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
         step_flops = model.flops_per_token(mask_rate) * batch_size * model_args["seq_len"]
-        for warning in (rt.device.type == "cpu" and cpu_warning(step_flops), budget_tokens and
+        for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                         repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
             if warning:
                 print(warning)
@@ -348,7 +348,7 @@ def finish(model, state, metrics, val_tokens, rt, micro, signum, last_saved, ckp
     `final` is false), the signal that stopped it (signum: this process's, or None for another
     rank's); else the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    final = state["final"] and run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)
+    final = run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds) if state["final"] else None
     save(ckpt_path, model, state, val_tokens, rt, micro, last_saved, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
