@@ -122,6 +122,26 @@ class ModelConfig:
         except ValueError as e:
             raise SystemExit(f"error: {e}")
 
+    def layer_weights(self):
+        """One layer's matmul weights: qkv and out, the feed-forward's up and down."""
+        return 4 * self.d_model ** 2 + self.d_model * self.d_ffn + (self.d_ffn // 2 if self.glu else self.d_ffn) * self.d_model
+
+    def flops_per_token(self, mask_rate):
+        """Training FLOPs per input token (forward + backward = 3x forward): matmul weights,
+        attention scores and values, and the tied output layer on the predicted positions. A
+        narrowed layer computes keys and values at every position, the rest at the masked ones."""
+        predicted = mask_rate if self.sparse_prediction else 1.0
+        full = self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
+        layers = full + (self.n_layers - full) * predicted  # full layers' worth of queries
+        attention = 2 * 2 * layers * self.seq_len * self.d_model
+        output_layer = 2 * self.vocab_size * self.d_model * predicted
+        head = 2 * self.d_model ** 2 * predicted if self.head_transform else 0  # its dense layer
+        kv = 2 * self.d_model ** 2  # the keys' and values' weights: computed at every position of a narrowed layer
+        per_layer = self.layer_weights()
+        blocks = 2 * (full * per_layer + (self.n_layers - full) * (kv + (per_layer - kv) * predicted))
+        smear = 2 * 2 * self.d_model ** 2 if self.smear else 0
+        return 3 * (blocks + attention + output_layer + head + smear)
+
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
 # what a field missing from a checkpoint's model_args meant: the switch did not exist yet (off)
@@ -251,22 +271,8 @@ class CrammedBert(nn.Module):
         return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
 
     def flops_per_token(self, mask_rate):
-        """Training FLOPs per input token (forward + backward = 3x forward): matmul weights,
-        attention scores and values, and the tied output layer on the predicted positions. A
-        narrowed layer computes keys and values at every position, the rest at the masked ones."""
-        c = self.config
-        predicted = mask_rate if self.sparse_prediction else 1.0
-        full = c.full_layers if 0 < c.full_layers < c.n_layers else c.n_layers
-        layers = full + (c.n_layers - full) * predicted  # full layers' worth of queries
-        attention = 2 * 2 * layers * c.seq_len * c.d_model
-        output_layer = 2 * c.vocab_size * c.d_model * predicted
-        head = 2 * sum(m.weight.numel() for m in self.head.modules() if isinstance(m, nn.Linear)) * predicted
-        kv = 2 * c.d_model ** 2  # the keys' and values' weights: computed at every position of a narrowed layer
-        # a layer's matmul weights: qkv and out, the feed-forward's up and down
-        per_layer = 4 * c.d_model ** 2 + c.d_model * c.d_ffn + (c.d_ffn // 2 if c.glu else c.d_ffn) * c.d_model
-        blocks = 2 * (full * per_layer + (c.n_layers - full) * (kv + (per_layer - kv) * predicted))
-        smear = 2 * self.smear.weight.numel() if self.smear is not None else 0
-        return 3 * (blocks + attention + output_layer + head + smear)
+        """Training FLOPs per input token (model.ModelConfig.flops_per_token)."""
+        return self.config.flops_per_token(mask_rate)
 
 
 def at_positions(hidden, positions):

@@ -321,6 +321,31 @@ def rank0_clock(seconds, stop, master, device):
     return t[0].item(), bool(t[1].item())
 
 
+def from_rank0(value, device):
+    """Under DDP: rank 0's number, on every rank (a measurement one rank makes for all)."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.broadcast(t, 0)
+    return t.item()
+
+
+def matmul_speed(rt, size=2048):
+    """FLOP/s of a size^3 matmul at the run's precision (under its autocast): a measure of the
+    device that does not depend on the model's shape, for the budget to choose one by. The best of
+    three rounds after a warm-up: about a second on a CPU, milliseconds on a GPU."""
+    a, b = (torch.randn(size, size, device=rt.device) for _ in range(2))
+    repeats, best = 20 if rt.device.type == "cuda" else 1, 0.0
+    with torch.no_grad(), rt.autocast():
+        a @ b
+        for _ in range(3):
+            rt.synchronize()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                a @ b
+            rt.synchronize()
+            best = max(best, 2 * size ** 3 * repeats / (time.perf_counter() - start))
+    return best
+
+
 def compiled_graphs():
     """How many graphs torch.compile has built in this process (a recompilation adds one)."""
     from torch._dynamo.utils import counters

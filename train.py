@@ -24,7 +24,8 @@ import torch
 import runtime
 from configurator import configure
 from data import Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
-from files import MetricsLog, all_finite, claim_folder, parse_ranks, resume_checkpoint, save_checkpoint
+from files import (MetricsLog, all_finite, claim_folder, load_checkpoint, parse_ranks, resume_checkpoint,
+                   save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
@@ -34,8 +35,14 @@ budget_hours = 24.0       # > 0: training time, compilation included; the schedu
 budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock (reproducible runs)
 max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
-# model: every field of model.py's ModelConfig (n_layers, d_model, ..., smear) is a setting here too,
-# with its default there (--help lists them); vocabulary and sequence length come from the data
+# model: the budget picks the shape and the final batch (shape_for_budget, batch_for_budget) unless they
+# are given here, in a config or on the command line; a resumed run keeps its checkpoint's
+n_layers = 0              # >= 0: 0: by the budget
+d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
+n_heads = 0               # >= 0: 0: by the budget
+d_ffn = 0                 # >= 0: 0: by the budget
+# every other field of model.py's ModelConfig (smear, glu, ...) is a setting here too, with its default
+# there (--help lists them); vocabulary and sequence length come from the data
 # objective
 mask_rate = 0.25          # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
@@ -52,7 +59,7 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # >= 0: sequences per device per forward pass; 0: on a GPU the largest that fits, 32 on a CPU
-batch_size = 8192         # >= 1: sequences per optimizer step at the end of the ramp
+batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: by the budget
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from one micro-batch
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
@@ -73,6 +80,53 @@ wandb_log = False         # also log to Weights & Biases (pip install wandb; imp
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
+SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that train.py declares itself
+# The budget's choice of shape (shape_for_budget): a ladder of (layers, width), each with heads of 64
+# and a feed-forward 4x the width; ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768,
+# the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
+LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
+STEP_EFFICIENCY = 0.5    # a training step's FLOP/s over a 2048^3 matmul's (the H100 at 16 x 768 0.5, the CPU 0.8)
+PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100 TFLOP/s, x STEP_EFFICIENCY), in
+PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
+SIZE_EXPONENT = 0.35     # the best size grows as compute ** 0.35: through the paper's point and the CPU's (4 x 256 at 1e14)
+MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)
+
+
+def shape_of(rung, given):
+    """A LADDER rung (layers, width) as ModelConfig's shape fields, those `given` (non-zero) in their
+    place: heads of 64 and a feed-forward 4x the width, the given width's if one is given."""
+    width = given.get("d_model") or rung[1]
+    return dict(n_layers=given.get("n_layers") or rung[0], d_model=width,
+                n_heads=given.get("n_heads") or max(1, width // 64), d_ffn=given.get("d_ffn") or 4 * width)
+
+
+def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
+    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time
+    budget's estimate), or `tokens` when above 0 (each rung then costs its own FLOPs per token).
+    The rung whose blocks' matmul weights are nearest (by ratio) the compute's best size,
+    PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT; where it would repeat the data
+    (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens in the time,
+    up to 4x the best size. model_args: the other ModelConfig fields (vocabulary, sequence length,
+    switches), which the FLOPs per token depend on."""
+    rungs = []  # (weights, best size, tokens) of each rung
+    for rung in LADDER:
+        config = ModelConfig(**{**model_args, **shape_of(rung, {})})
+        per_token = config.flops_per_token(mask_rate)
+        trained = tokens or compute / per_token
+        best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
+        rungs.append((config.n_layers * config.layer_weights(), best, trained))
+    i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j][0] / rungs[j][1])))
+    while (not tokens and rungs[i][2] > MAX_EPOCHS * data_tokens and i + 1 < len(rungs)
+           and rungs[i + 1][0] <= 4 * rungs[nearest][1]):
+        i += 1
+    return LADDER[i], LADDER[nearest], rungs[i][2]
+
+
+def batch_for_budget(tokens, seq_len):
+    """The final batch for a run of `tokens`: the power of two nearest the square root of its
+    sequences, so that it takes about as many steps as a step has sequences (16 at least): the
+    paper's 8,192 at 24 hours on its GPU (54M sequences), 256 for the CPU's 20 minutes (53k)."""
+    return max(16, 2 ** round(math.log2(math.sqrt(tokens / seq_len))))
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
@@ -105,6 +159,18 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
+def expected_steps(sequences, micro, final, ramp):
+    """About how many optimizer steps a run of `sequences` takes, spread evenly over its budget, with
+    batch_size_at's batches: while it grows, a batch of k micro-batches lasts a share
+    ramp * micro / (final - micro) of the budget; the widest lasts the rest."""
+    levels = max(1, final // micro)
+    if ramp <= 0 or levels == 1:
+        return sequences / (levels * micro)
+    share = ramp * micro / (final - micro)
+    growing = sum(share * sequences / (k * micro) for k in range(1, levels))
+    return growing + (1 - share * (levels - 1)) * sequences / (levels * micro)
+
+
 def budget_progress(tokens, seconds):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
@@ -118,10 +184,10 @@ def budget_spent(progress, step):
 def check_settings(world, config, rt):
     """One-line errors for settings that cannot run together, before any work (each setting's own
     range is declared beside it and checked by the configurator)."""
-    ModelConfig.from_settings(config)
+    ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})  # the given fields, the rest any rung's
     if wandb_log and not runtime.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
-    if micro_batch and batch_size % (micro_batch * world):
+    if micro_batch and batch_size and batch_size % (micro_batch * world):
         raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
                          f"the {world} process(es)")
     if offload:
@@ -186,11 +252,16 @@ def main(config):
     log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    model_args = dataclasses.asdict(ModelConfig.from_settings(config, vocab_size=meta["vocab_size"], seq_len=seq_len))
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    checkpoint, metrics = start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, n_rows * seq_len, ddp)
-    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch_size, model_args, rt,
+    data_args, ckpt_path = dict(vocab_size=meta["vocab_size"], seq_len=seq_len), os.path.join(out_dir, "ckpt.pt")
+    checkpoint = load_checkpoint(ckpt_path) if resume else None  # its shape and batch are the run's
+    pick = settle_shape(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
+    batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
+    checkpoint, metrics = start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, n_rows * seq_len, ddp,
+                                    checkpoint)
+    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
+    if pick and not checkpoint:
+        log(budget_line(pick, config, micro * world, seq_len))
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
@@ -206,7 +277,7 @@ def main(config):
         step, tokens, seconds = checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]
         init_loss, last_saved = checkpoint.get("init_val_loss"), step
     identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
-                    tokenizer=tokenizer_text)  # all a checkpoint needs besides the training state to resume or fine-tune
+                    tokenizer=tokenizer_text, budget=pick)  # all a checkpoint needs besides the training state to resume or fine-tune
     if master and init_loss is None:  # the loss at initialisation, which the final line compares with
         init_loss = run_eval(model, val_tokens, meta, rt, micro, metrics, step, tokens, seconds)[0]
     batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
@@ -226,7 +297,7 @@ def main(config):
         progress = budget_progress(tokens, seconds)
         if budget_spent(progress, step) or stop:
             break
-        step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)  # schedules: pure functions
+        step_batch = batch_size_at(progress, micro * world, batch, batch_ramp)  # schedules: pure functions
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
         # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
@@ -269,6 +340,50 @@ def main(config):
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
 
 
+def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
+    """The shape and the final batch, written into `config`: each given (non-zero) as given; a
+    resumed run's others from its checkpoint; a fresh run's from its budget: its tokens, or its
+    hours' FLOPs, this device's measured matmul speed (rank 0's under torchrun) x STEP_EFFICIENCY x
+    the processes. Returns what the budget picked (None where it picked nothing), for the
+    checkpoint to keep and budget_line to say."""
+    given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
+    if checkpoint:
+        saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=checkpoint["config"]["batch_size"])
+        config.update(saved, **given)
+        return checkpoint.get("budget")
+    if len(given) == len(SHAPE_FIELDS) + 1:
+        return None
+    speed = runtime.matmul_speed(rt) if master and not budget_tokens else 0.0
+    speed = runtime.from_rank0(speed, rt.device) if ddp else speed
+    compute = budget_hours * 3600 * speed * STEP_EFFICIENCY * world
+    model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
+    rung, nearest, _ = shape_for_budget(compute, budget_tokens, data_tokens, model_args, mask_rate)
+    config.update(shape_of(rung, given))
+    per_token = ModelConfig.from_settings(config, **data_args).flops_per_token(mask_rate)
+    tokens = budget_tokens or compute / per_token
+    unit = (micro_batch or 1) * world  # the batch a whole number of micro-batches on every process
+    config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
+    return dict(matmul_flops=speed, compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
+                rung=list(rung), nearest=list(nearest), given=sorted(given))
+
+
+def budget_line(pick, config, micro, seq_len):
+    """The start-up line that says what the budget picked, and why."""
+    if pick["matmul_flops"]:
+        budget = (f"{budget_hours:g} h x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a 2048^3 matmul here) x "
+                  f"{STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
+    else:
+        budget = f"{budget_tokens:,} tokens, {pick['compute']:.2g} FLOPs"
+    rung, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])
+    why = (f"the ladder's {rung}, nearest that compute" if rung == nearest else
+           f"the ladder's {rung}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
+    given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""
+    steps = expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], batch_ramp)
+    return (f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
+            f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.1f} epochs), a final batch of {config['batch_size']} "
+            f"sequences, about {steps:,.0f} optimizer steps")
+
+
 def make_trainer(model, rt, ddp, log):
     """The model on the device, its compiled (and under torchrun DDP-wrapped) copy that the step
     runs, the optimizer and float16's grad scaler, as a model.Trainer; or off-load mode's trainer,
@@ -289,21 +404,21 @@ def make_trainer(model, rt, ddp, log):
     return Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
 
 
-def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_tokens, ddp):
+def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_tokens, ddp, checkpoint):
     """out_dir made this process's alone (a lock), writable, with room for a checkpoint (weights and
     AdamW in float32), and warnings of a run too large for a CPU or its data. Returns the checkpoint
-    to resume (None for a fresh run) and rank 0's metrics log (files.MetricsLog). A run
+    to resume (`checkpoint`, checked; None for a fresh run) and rank 0's metrics log (files.MetricsLog). A run
     that has spent this budget ends here, having nothing to train (and so nothing rewritten)."""
     if master:
         with torch.device("meta"):  # the counts, without the memory
             model = CrammedBert(**model_args)
         claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
-        step_flops = model.flops_per_token(mask_rate) * batch_size * model_args["seq_len"]
+        step_flops = model.flops_per_token(mask_rate) * config["batch_size"] * model_args["seq_len"]
         for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                         repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
             if warning:
                 print(warning)
-    checkpoint = resume_checkpoint(ckpt_path, resume, model_args, tokenizer_text, optim, data_dir)
+    checkpoint = resume_checkpoint(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)
     if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
         if master:
             print(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M "
@@ -367,6 +482,6 @@ def finish(model, state, metrics, val_tokens, rt, micro, signum, last_saved, ckp
 
 if __name__ == "__main__":
     # signals before the loop (StopRequest takes them from there on), a machine's fault anywhere
-    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS)
+    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS)
     runtime.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings)

@@ -93,5 +93,5 @@ def test_help_lists_every_setting_with_its_default_and_comment(script):
         assert "  --budget_hours=24.0" in out and "the schedules follow the share spent" in out
         assert "  --data_dir=data/fineweb-edu" in out
         # the model's settings, declared once in model.py's ModelConfig, with their comments
-        assert "ModelConfig (model.py)" in out and "  --n_layers=16" in out and "  --smear=True" in out
+        assert "ModelConfig (model.py)" in out and "  --n_layers=0" in out and "  --smear=True" in out
         assert "pre-LayerNorm (False: the original post-norm)" in out and "--vocab_size" not in out

@@ -17,6 +17,7 @@ TINY = [
     "--recipe_minutes=0.05", "--float16_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
     "--glue_recipes=crammed,full_layers=2,recipe_reference", "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
     "--transfer_minutes=0.05", "--transfer_glue_args=--epochs=2 --max_train_examples=8",
+    "--transfer_train_args=--compile=False --log_interval=5 --eval_sequences=64 --fill_in_examples=0",  # the budget's shape
     # off-load: a 10 MiB device simulated, so the chosen encoder's state (16 B a parameter) exceeds it
     "--device=cpu", "--device_memory_gib=0.01", "--host_memory_gib=1", "--offload_micro_batch=2", "--offload_steps=2",
 ]
@@ -48,6 +49,9 @@ def test_every_phase_runs_and_the_report_has_its_figures(corpus_file, tmp_path):
     for group in ("tasks", "no_pretraining"):  # sst2 for 1 epoch, the others as transfer_glue_args says
         assert {t: e["settings"]["epochs"] for t, e in transfer[group].items()} == dict(mrpc=2, rte=2, sst2=1, stsb=2)
     evals = [r for r in map(json.loads, (out / "transfer" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    # no shape given: 3 s of this CPU buy the ladder's smallest rung, said in the log and kept in the checkpoint
+    assert re.search(r"^budget: 0.000833+ h x [\d.]+ TFLOP/s .* -> 2 x 128 ", (out / "logs" / "transfer_train.log").read_text(), re.M)
+    assert torch.load(out / "transfer" / "ckpt.pt", weights_only=True)["budget"]["rung"] == [2, 128]
     assert 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
     assert re.fullmatch(r"stsb -?[\d.]+ \(no pretraining -?[\d.]+\), mrpc [\d.]+ \(no pretraining [\d.]+\), rte [\d.]+ "
                         r"\(no pretraining [\d.]+\), sst2 [\d.]+ \(no pretraining [\d.]+\) after [\d.]+M tokens, [\d.]+e\+\d+ FLOPs",

@@ -55,7 +55,7 @@ SETTINGS = [  # (script, arguments, what the error says)
     ("train.py", ["--n_heads=3", "--d_model=64"], "d_model=64 must be a multiple of n_heads=3"),
     ("train.py", ["--d_ffn=255"], "d_ffn=255 must be even with glu"),
     ("train.py", ["--mask_rate=1.5"], "mask_rate must be in (0, 1)"),
-    ("train.py", ["--d_model=0"], "d_model must be >= 1"),
+    ("train.py", ["--d_model=-1"], "d_model must be >= 0"),
     ("train.py", ["--eval_sequences=0"], "eval_sequences must be >= 1"),
     ("train.py", ["--log_interval=0"], "log_interval must be >= 1"),
     ("train.py", ["--fill_in_examples=-1"], "fill_in_examples must be >= 0"),

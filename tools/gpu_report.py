@@ -8,7 +8,8 @@ On one GPU, offline, from a text corpus and a local GLUE folder (tens of MB in a
 that each have their own time limit and settings and can run alone:
   health    seconds: the device, its free memory, and a matmul's speed at the training precision
   transfer  does pretraining lift GLUE above the floor here? train.py's recipe pretrained for
-            transfer_minutes (about 1e17 FLOPs on an H100, where MLM starts to transfer), then
+            transfer_minutes (about 1e17 FLOPs on an H100, where MLM starts to transfer) at the
+            shape and batch that budget picks (train.py's shape_for_budget), then
             STS-B, MRPC, RTE and SST-2 fine-tuned once each, and each also from scratch (the
             no-pretraining floor), beside the published rows; its point on the picture of GLUE
             against compute. Resumable: rerun it and the checkpoint and scored seeds are kept
@@ -19,7 +20,7 @@ that each have their own time limit and settings and can run alone:
             max-autotune) and eager, at the micro-batch the probe chose: tokens/s and warm-up
   float16   the consumer-GPU path: bfloat16 and float16 (loss scaling) trained a few minutes each,
             their validation loss curves, tokens/s and skipped updates side by side
-  recipes   each recipe trained for recipe_minutes at the reference shape, one after the other,
+  recipes   each recipe trained for recipe_minutes at the paper's shape (config/shape_paper.py), one after the other,
             and tools/compare.py's validation loss (fixed masks) against minutes and tokens
   glue      finetune_glue.py on the checkpoints of glue_recipes, for the small tasks in glue_dir; their
             points on the picture of GLUE against pretraining compute (tools/glue_plot.py)
@@ -63,7 +64,8 @@ glue_dir = ""              # a local GLUE folder (original layout); empty: the g
 out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and logs, the recipes' runs
 phases = "health,transfer,prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
 # transfer: pretraining, then GLUE beside the no-pretraining floor (the first question a GPU answers)
-transfer_minutes = 6.0     # > 0: train.py's pretraining budget (compilation included); its other settings: train_args
+transfer_minutes = 6.0     # > 0: train.py's pretraining budget (compilation included), which picks its shape and batch
+transfer_train_args = ""   # more train.py settings for its pretraining (a shape given here replaces the budget's)
 transfer_tasks = "stsb,mrpc,rte,sst2"  # fine-tuned with 1 seed, those present in glue_dir; sst2 for 1 epoch, the rest 5
 transfer_control = "stsb,mrpc,rte,sst2"  # also fine-tuned from scratch (finetune_glue.py --from_scratch=True): the floor
 transfer_jobs = 0          # >= 0: fine-tuning processes at once; 0: 8 on a GPU (batches of 16 leave it mostly idle), 1 on a CPU
@@ -85,7 +87,7 @@ float16_minutes = 1.5      # > 0: training budget of each precision
 recipes = "crammed,full_layers=2,recipe_reference"  # tools/compare.py's variants: crammed is train.py's recipe (the
                            # paper's + smear), full_layers=2 narrows it (NarrowBERT), recipe_reference is the paper's
 recipe_minutes = 1.5       # > 0: training budget of each recipe (compilation included, evaluation not)
-train_args = ""            # more train.py settings for every recipe (the reference shape is train.py's default)
+train_args = ""            # more train.py settings for the recipes and float16 phases (config/shape_paper.py's shape unless given)
 # glue
 glue_recipes = "crammed,recipe_reference"  # the recipes whose checkpoints are fine-tuned (about 2.5 min each)
 glue_tasks = "rte,mrpc,stsb"  # those present in glue_dir are fine-tuned (CoLA: the most steps, and 0 this early)
@@ -235,7 +237,7 @@ def phase_transfer(deadline, logs):
     os.makedirs(run, exist_ok=True)
     train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={run}", f"--budget_hours={transfer_minutes / 60!r}",
              "--eval_interval_minutes=1", "--ckpt_interval_minutes=2", f"--device={device}",
-             f"--resume={os.path.isfile(os.path.join(run, 'ckpt.pt'))}", *shape_args(train_args)]
+             f"--resume={os.path.isfile(os.path.join(run, 'ckpt.pt'))}", *shape_args(transfer_train_args)]
     try:
         trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline)
     except PhaseFailed as failure:
@@ -359,9 +361,10 @@ def train_variants(variants, minutes, phase, folder, deadline, logs):
         f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\n"
                 f"ckpt_interval_minutes = 1e9\n")
     shutil.rmtree(os.path.join(out_dir, folder), ignore_errors=True)  # a rerun trains afresh
+    paper_shape = os.path.join(ROOT, "config", "shape_paper.py")  # these phases measure the paper's shape, whatever the budget
     args = ["tools/compare.py", f"--variants={','.join(variants)}", f"--base={base}", f"--budget_minutes={minutes}",
             f"--out_dir={os.path.join(out_dir, folder)}", f"--png={os.path.join(out_dir, phase + '.png')}",
-            f"--train_args={' '.join([f'--device={device}', *shape_args(train_args)])}"]
+            f"--train_args={' '.join([paper_shape, f'--device={device}', *shape_args(train_args)])}"]
     return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs
 
 

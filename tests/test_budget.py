@@ -1,0 +1,108 @@
+"""The budget picks the shape and the final batch (train.py's shape_for_budget and batch_for_budget):
+its picks at a CPU budget, near 1e17 FLOPs and at the paper's 24 hours; a small corpus; settings given
+win; a resumed run keeps its checkpoint's shape and batch."""
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from conftest import TINY_MODEL, run_script
+from model import ModelConfig
+from train import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, batch_size_at, expected_steps, shape_for_budget,
+                   shape_of)
+
+BOOKS = dataclasses.asdict(ModelConfig(vocab_size=32768, seq_len=128))  # train.py's recipe on a 32k vocabulary
+DAY, FINEWEB = 24 * 3600, 10e9  # seconds; the tokens of FineWeb-Edu's 10BT sample
+
+
+def pick(seconds, matmul_flops, data_tokens, tokens=0):
+    """(layers, width), the rung nearest the compute, tokens and final batch for a budget on a device
+    whose 2048^3 matmul runs at matmul_flops."""
+    rung, nearest, trained = shape_for_budget(seconds * matmul_flops * STEP_EFFICIENCY, tokens, data_tokens, BOOKS, 0.25)
+    return rung, nearest, trained, batch_for_budget(trained, 128)
+
+
+def test_the_paper_shape_and_batch_at_24_hours_on_its_gpu():
+    # an RTX A6000's bfloat16 matmul at about 100 TFLOP/s (65% of its 155 TFLOP/s peak, as an H100 reaches of its own)
+    rung, nearest, tokens, batch = pick(DAY, 100e12, FINEWEB)
+    assert rung == nearest == (16, 768) and batch == 8192 and 6e9 < tokens < 8e9
+    # an H100 (a 2048^3 bfloat16 matmul at about 650 TFLOP/s): 6.5x the compute, so a larger shape, BERT-Large's
+    rung, _, tokens, batch = pick(DAY, 650e12, FINEWEB)
+    assert rung == (24, 1024) and tokens > 1.5e10 and batch == 16384
+
+
+def test_about_1e17_flops_picks_a_small_model_and_many_steps():
+    # six H100 minutes, about 1.2e17 FLOPs, with ample data: 8 x 512 (ELECTRA-Small's class, 21M in the blocks)
+    rung, nearest, tokens, batch = pick(360, 650e12, FINEWEB)
+    assert rung == nearest == (8, 512) and batch == 2048 and 5e8 < tokens < 1e9
+    assert expected_steps(tokens / 128, 512, batch, 0.6) > 1000  # the paper's shape would take about 300
+
+
+def test_cpu_budgets_pick_the_cpu_sweeps_shape():
+    # 20 minutes of a 2-core CPU whose float32 2048^3 matmul runs at 200-370 GFLOP/s: 4 x 256 (the sweep's
+    # best of three), 4-7M tokens and a batch of 128-256 (the CPU recipe's 256)
+    for matmul, final in ((200e9, 128), (370e9, 256)):
+        rung, _, tokens, batch = pick(1200, matmul, 67e6)
+        assert rung == (4, 256) and batch == final and 3.5e6 < tokens < 7.5e6
+    assert pick(60, 200e9, 67e6)[0] < (4, 256) and pick(2 * 3600, 370e9, 67e6)[0] > (4, 256)  # a minute; two hours
+
+
+def test_a_small_corpus_moves_to_a_larger_shape_up_to_four_times_the_best_size():
+    # six H100 minutes on 23M tokens: 8 x 512 would read them 32 times, so a larger shape that reads fewer tokens
+    rung, nearest, tokens, _ = pick(360, 650e12, 23e6)
+    assert nearest == (8, 512) and rung > nearest and tokens <= MAX_EPOCHS * 23e6
+    # a corpus far too small for any shape: the largest rung within 4x the best size (26M), 16 x 768 (94M), not 24 x 1024
+    rung, nearest, _, _ = pick(360, 650e12, 1e5)
+    assert nearest == (8, 512) and rung == (16, 768) and LADDER[-1] == (24, 1024)
+
+
+def test_a_token_budget_needs_no_speed_and_ignores_the_compute():
+    a = shape_for_budget(0.0, 5_000_000, 1e5, BOOKS, 0.25)
+    b = shape_for_budget(1e30, 5_000_000, 1e5, BOOKS, 0.25)
+    assert a == b and a[2] == 5_000_000 and a[0] == a[1]  # no move for the data: its tokens are fixed
+
+
+def test_given_settings_replace_the_pick_and_the_width_brings_its_heads_and_feed_forward():
+    assert shape_of((8, 512), {}) == dict(n_layers=8, d_model=512, n_heads=8, d_ffn=2048)
+    assert shape_of((8, 512), dict(d_model=320)) == dict(n_layers=8, d_model=320, n_heads=5, d_ffn=1280)
+    assert shape_of((8, 512), dict(n_layers=3, n_heads=4, d_ffn=1000)) == dict(n_layers=3, d_model=512, n_heads=4,
+                                                                               d_ffn=1000)
+    assert shape_of((2, 128), dict(d_model=32)) == dict(n_layers=2, d_model=32, n_heads=1, d_ffn=128)
+
+
+def test_expected_steps_follow_the_ramp():
+    for micro, final, ramp in ((32, 256, 0.6), (16, 16, 0.6), (128, 8192, 0.0), (64, 1024, 1.0)):
+        sequences, steps, done = 2e6, 0, 0.0
+        while done < sequences:  # the loop's batches, the progress being the share of sequences trained
+            done += batch_size_at(done / sequences, micro, final, ramp)
+            steps += 1
+        assert expected_steps(sequences, micro, final, ramp) == pytest.approx(steps, rel=0.02)
+
+
+def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_path):
+    """No shape or batch given: the token budget picks both (no speed measured: reproducible), the
+    start-up line says the pick, the checkpoint keeps it; a resume with a larger budget keeps the shape
+    and batch although the larger budget alone would pick others; a time budget measures the device;
+    a given width replaces the pick's, with its heads and feed-forward."""
+    settings = [a for a in TINY_MODEL if not re.match(r"--(n_layers|d_model|n_heads|d_ffn|batch_size)=", a)]
+    common = ["train.py", f"--data_dir={prepared}", *settings, "--fill_in_examples=0"]
+    first = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=8192").stdout
+    line = re.search(r"^budget: 8,192 tokens, [\d.e+]+ FLOPs -> 2 x 128 \(the ladder's 2 x 128, nearest that "
+                     r"compute\), about 0.0M tokens \(\d.\d epochs\), a final batch of 16 sequences, about \d+ "
+                     r"optimizer steps$", first, re.M)
+    assert line, first
+    ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
+    assert (ckpt["model_args"]["n_layers"], ckpt["model_args"]["d_model"], ckpt["config"]["batch_size"]) == (2, 128, 16)
+    assert ckpt["budget"]["rung"] == [2, 128] and ckpt["budget"]["matmul_flops"] == 0.0
+    assert shape_for_budget(0, 2_000_000, 1e9, dict(ckpt["model_args"], n_layers=2), 0.25)[0] != (2, 128)
+    resumed = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=2000000", "--max_steps=20",
+                         "--resume=True").stdout
+    assert "budget:" not in resumed and re.search(r"\| batch 16 \|", resumed)
+    again = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
+    assert again["model_args"] == ckpt["model_args"] and again["config"]["batch_size"] == 16 and again["step"] == 20
+    timed = run_script(*common, f"--out_dir={tmp_path / 'b'}", "--budget_hours=0.0005", "--d_model=96").stdout
+    assert re.search(r"^budget: 0.0005 h x [\d.]+ TFLOP/s \(a 2048\^3 matmul here\) x 0.5 = [\d.e+]+ FLOPs -> 2 x 96 "
+                     r"\(the ladder's 2 x 128, [^;]+; given: d_model\)", timed, re.M), timed
+    args = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model_args"]
+    assert (args["d_model"], args["n_heads"], args["d_ffn"]) == (96, 1, 384)
