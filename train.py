@@ -2,12 +2,13 @@
 
     python train.py                                     # the real run: 24 hours on data/fineweb-edu, one GPU
     python train.py config/train_quickstart.py          # a few minutes on a CPU
-    python train.py config/recipe_reference.py          # the paper's recipe exactly (no smear)
+    python train.py config/recipe_reference.py config/shape_paper.py  # the paper's recipe and shape exactly
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The learning rate and the batch size follow the fraction of the budget spent, not the step
-count (the reference's choice: the run ends on time, whatever the hardware). The budget counts
+The budget picks the model's shape and the final batch unless they are given (shape_for_budget,
+batch_for_budget). The learning rate and the batch size follow the fraction of the budget spent,
+not the step count (the reference's choice: the run ends on time, whatever the hardware). The budget counts
 training time, compilation included; evaluation and checkpointing are not counted. Ctrl-C or
 SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same command with
 --resume=True continues the schedules and the data order where they were.

@@ -1,5 +1,6 @@
 # The paper's crammed-BERT recipe exactly (Geiping & Goldstein 2022): train.py's defaults without
 # smear, cram's one change (it won the CPU ablations at two scales and on STS-B: BENCHMARKS.md).
-# On top of any other config:
-# python train.py config/recipe_reference.py --out_dir=out/paper
+# On top of any other config; with the paper's shape and batch too (train.py's budget picks them only at
+# 24 hours on the paper's GPU):
+# python train.py config/recipe_reference.py config/shape_paper.py --out_dir=out/paper
 smear = False
