@@ -173,7 +173,42 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default"):
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
     check_compile_mode(compile_mode, dev)  # with compile off too: a mode that cannot run here is a mistake to report
+    problem = compile and compile_problem(dev)
+    if problem:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"warning: torch.compile cannot build here: {problem}; this run goes on eager (the same results, "
+                  f"somewhat slower), and --compile=False skips this check", flush=True)
+        compile = False
     return Runtime(dev, DTYPES[dtype], compile, compile_mode)
+
+
+COMPILER_HINT = ("install one (Debian, Ubuntu: apt install g++; Fedora: dnf install gcc-c++; macOS: "
+                 "xcode-select --install; conda: conda install -c conda-forge gxx) or point CXX at it")
+
+
+def compile_problem(device):
+    """Why torch.compile cannot build on this device, in a few words, or None. Checked before any
+    work by compiling and running a two-operation function, which needs what the model's compilation
+    needs (a C++ compiler and headers on a CPU; Triton and a C compiler on a GPU): a second or two the
+    first time, a cache hit afterwards. Checked here, not by catching the first compiled step's
+    failure, because inductor compiles the backward at the first backward, so a failure there
+    would leave a step half done. The probe's graph is taken off the count that compiled_graphs
+    reports, which is the training step's."""
+    from torch._dynamo.utils import counters
+    before = dict(counters["stats"])
+    try:
+        if device.type == "cpu":
+            prepare_inductor()  # which builds code to learn the CPU's vector width
+        torch.compile(lambda x: torch.sin(x) * 2, fullgraph=True, dynamic=False)(torch.ones(8, device=device))
+        return None
+    except Exception as e:  # inductor wraps the toolchain's errors in its own; their first line says what failed
+        text = " ".join(str(e).split())
+        if "C++ compiler" in text or "InvalidCxxCompiler" in type(e).__name__ + text or "is not found" in text:
+            return f"it needs a C++ compiler and none works ({text[-160:]}): {COMPILER_HINT}"
+        return f"{type(e).__name__}: {text[:200]}"
+    finally:
+        counters["stats"].clear()
+        counters["stats"].update(before)
 
 
 def prepare_inductor():

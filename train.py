@@ -254,8 +254,7 @@ def main(config):
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     data_args, ckpt_path = dict(vocab_size=meta["vocab_size"], seq_len=seq_len), os.path.join(out_dir, "ckpt.pt")
-    checkpoint = load_checkpoint(ckpt_path) if resume else None  # its shape and batch are the run's
-    pick = settle_shape(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
+    checkpoint, pick = settle_shape(config, ckpt_path, data_args, n_rows * seq_len, rt, world, master, ddp)
     batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
     checkpoint, metrics = start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, n_rows * seq_len, ddp,
                                     checkpoint)
@@ -341,19 +340,20 @@ def main(config):
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
 
 
-def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
+def settle_shape(config, ckpt_path, data_args, data_tokens, rt, world, master, ddp):
     """The shape and the final batch, written into `config`: each given (non-zero) as given; a
-    resumed run's others from its checkpoint; a fresh run's from its budget: its tokens, or its
-    hours' FLOPs, this device's measured matmul speed (rank 0's under torchrun) x STEP_EFFICIENCY x
-    the processes. Returns what the budget picked (None where it picked nothing), for the
-    checkpoint to keep and budget_line to say."""
+    resumed run's others from its checkpoint (loaded here: returned for start_run to check); a
+    fresh run's from its budget: its tokens, or its hours' FLOPs, this device's measured matmul
+    speed (rank 0's under torchrun) x STEP_EFFICIENCY x the processes. Returns (the checkpoint or
+    None, what the budget picked or None), the pick for the checkpoint to keep and budget_line to say."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
-    if checkpoint:
+    if resume:
+        checkpoint = load_checkpoint(ckpt_path)
         saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=checkpoint["config"]["batch_size"])
         config.update(saved, **given)
-        return checkpoint.get("budget")
+        return checkpoint, checkpoint.get("budget")
     if len(given) == len(SHAPE_FIELDS) + 1:
-        return None
+        return None, None
     speed = runtime.matmul_speed(rt) if master and not budget_tokens else 0.0
     speed = runtime.from_rank0(speed, rt.device) if ddp else speed
     compute = budget_hours * 3600 * speed * STEP_EFFICIENCY * world
@@ -364,14 +364,15 @@ def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, 
     tokens = budget_tokens or compute / per_token
     unit = (micro_batch or 1) * world  # the batch a whole number of micro-batches on every process
     config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
-    return dict(matmul_flops=speed, compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
-                rung=list(rung), nearest=list(nearest), given=sorted(given))
+    return None, dict(matmul_flops=speed, compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
+                      rung=list(rung), nearest=list(nearest), given=sorted(given))
 
 
 def budget_line(pick, config, micro, seq_len):
     """The start-up line that says what the budget picked, and why."""
     if pick["matmul_flops"]:
-        budget = (f"{budget_hours:g} h x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a 2048^3 matmul here) x "
+        hours = f"{budget_hours:g} h" if budget_hours >= 1 else f"{60 * budget_hours:.3g} min"
+        budget = (f"{hours} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a 2048^3 matmul here) x "
                   f"{STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
     else:
         budget = f"{budget_tokens:,} tokens, {pick['compute']:.2g} FLOPs"
@@ -381,7 +382,7 @@ def budget_line(pick, config, micro, seq_len):
     given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""
     steps = expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], batch_ramp)
     return (f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
-            f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.1f} epochs), a final batch of {config['batch_size']} "
+            f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
             f"sequences, about {steps:,.0f} optimizer steps")
 
 

@@ -89,7 +89,7 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     common = ["train.py", f"--data_dir={prepared}", *settings, "--fill_in_examples=0"]
     first = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=8192").stdout
     line = re.search(r"^budget: 8,192 tokens, [\d.e+]+ FLOPs -> 2 x 128 \(the ladder's 2 x 128, nearest that "
-                     r"compute\), about 0.0M tokens \(\d.\d epochs\), a final batch of 16 sequences, about \d+ "
+                     r"compute\), about 0.0M tokens \([\d.]+ epochs\), a final batch of 16 sequences, about \d+ "
                      r"optimizer steps$", first, re.M)
     assert line, first
     ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
@@ -102,7 +102,32 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     again = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
     assert again["model_args"] == ckpt["model_args"] and again["config"]["batch_size"] == 16 and again["step"] == 20
     timed = run_script(*common, f"--out_dir={tmp_path / 'b'}", "--budget_hours=0.0005", "--d_model=96").stdout
-    assert re.search(r"^budget: 0.0005 h x [\d.]+ TFLOP/s \(a 2048\^3 matmul here\) x 0.5 = [\d.e+]+ FLOPs -> 2 x 96 "
+    assert re.search(r"^budget: 0.03 min x [\d.]+ TFLOP/s \(a 2048\^3 matmul here\) x 0.5 = [\d.e+]+ FLOPs -> 2 x 96 "
                      r"\(the ladder's 2 x 128, [^;]+; given: d_model\)", timed, re.M), timed
     args = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model_args"]
     assert (args["d_model"], args["n_heads"], args["d_ffn"]) == (96, 1, 384)
+
+
+def test_the_picture_of_the_best_shape_against_compute(prepared, tmp_path):
+    """tools/shape_plot.py reads a sweep (compare.py's layout: <minutes>/results.json and each variant's
+    seed0 checkpoint), keeps its points and draws them beside the rule's line; a second drawing needs
+    no runs."""
+    import json
+    settings = [a for a in TINY_MODEL if not re.match(r"--(n_layers|d_model|n_heads|d_ffn|batch_size)=", a)]
+    sweep = tmp_path / "sweep" / "0.05"
+    for variant, extra, loss in (("crammed", [], 6.1), ("n_layers=3", ["--n_layers=3"], 6.3)):
+        run_script("train.py", f"--data_dir={prepared}", f"--out_dir={sweep / variant / 'seed0'}", *settings, *extra,
+                   "--budget_hours=0.0005", "--fill_in_examples=0")
+        results = json.loads((sweep / "results.json").read_text()) if (sweep / "results.json").exists() else {"variants": {}}
+        results["variants"][variant] = {"val_loss": [loss]}
+        (sweep / "results.json").write_text(json.dumps(results))
+    points, png = tmp_path / "points.json", tmp_path / "shape.png"
+    out = run_script("tools/shape_plot.py", f"--sweep_dir={tmp_path / 'sweep'}", f"--points={points}", f"--png={png}",
+                     "--machine=test CPU").stdout
+    assert f"wrote {points}: 0.05 min, test CPU" in out and png.read_bytes()[:4] == b"\x89PNG"
+    column = json.loads(points.read_text())["0.05 min, test CPU"]
+    assert column["compute"] > 0 and [s["shape"] for s in column["shapes"]] == [[2, 128], [3, 128]]
+    assert column["shapes"][0]["weights"] == 2 * 10 * 128 ** 2 and column["shapes"][1]["val_loss"] == 6.3
+    png.unlink()
+    run_script("tools/shape_plot.py", f"--points={points}", f"--png={png}")  # from the kept points alone
+    assert png.read_bytes()[:4] == b"\x89PNG"

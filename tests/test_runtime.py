@@ -216,3 +216,24 @@ def test_bad_device_settings_are_one_line_errors(prepared, tmp_path):
             assert_one_line_error(run_script(*args, f"--compile_mode={mode}", check=False),
                                   f"compile mode '{mode}' records CUDA graphs, which need a GPU")
         assert not any(tmp_path.iterdir())
+
+
+def test_without_a_cpp_compiler_a_run_says_so_once_and_trains_eager(prepared, tmp_path, monkeypatch):
+    """A machine with Python but no C++ compiler (slim containers, many Windows set-ups, a Mac without
+    its command-line tools): inductor cannot build, so train.py says so in one line, with how to install
+    one, and trains eager, to the weights --compile=False gives. The compiler is hidden for real: CXX
+    names a missing one, and a fresh kernel cache holds nothing built with a working one."""
+    args = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--max_steps=6", "--fill_in_examples=0"]
+    eager = run_script(*args, f"--out_dir={tmp_path / 'eager'}", "--compile=False")
+    monkeypatch.setenv("CXX", str(tmp_path / "missing" / "g++"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    hidden = run_script(*args, f"--out_dir={tmp_path / 'hidden'}", "--compile=True")
+    warnings = [line for line in hidden.stdout.splitlines() if "torch.compile cannot build" in line]
+    assert len(warnings) == 1 and "C++ compiler" in warnings[0] and "apt install g++" in warnings[0], hidden.stdout
+    assert "Traceback" not in hidden.stderr and re.search(r"^final: step 6 \|", hidden.stdout, re.M)
+    assert "compiled" not in re.search(r"^model: .*$", hidden.stdout, re.M).group(0)  # the device line: eager
+    a, b = (torch.load(tmp_path / run / "ckpt.pt", weights_only=True)["model"] for run in ("eager", "hidden"))
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=weights_atol(3e-3, 6)) for k in a)
+    bench = run_script("bench.py", "--steps=1", "--warmup_steps=1", "--sweep=False", "--baselines=False",
+                       "--micro_batch=2", "--accum_steps=1", "--device=cpu")
+    assert bench.stdout.count("torch.compile cannot build") == 1 and "Traceback" not in bench.stderr

@@ -10,7 +10,7 @@ OUT=${OUT:-out/shape_sweep}
 variants() {  # the pick, its neighbours and a second batch, as this host's rule picks them (2-core Xeon, ~300-370 GFLOP/s)
   case $1 in
     5) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=256" ;;
-    15) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=512" ;;
+    15) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=128" ;;
     45) echo "crammed,n_layers=4+d_model=256,n_layers=6+d_model=384,batch_size=512" ;;
     *) echo "crammed" ;;
   esac
