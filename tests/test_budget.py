@@ -69,6 +69,8 @@ def test_given_settings_replace_the_pick_and_the_width_brings_its_heads_and_feed
     assert shape_of((8, 512), dict(n_layers=3, n_heads=4, d_ffn=1000)) == dict(n_layers=3, d_model=512, n_heads=4,
                                                                                d_ffn=1000)
     assert shape_of((2, 128), dict(d_model=32)) == dict(n_layers=2, d_model=32, n_heads=1, d_ffn=128)
+    assert shape_of((8, 512), dict(d_model=200))["n_heads"] == 2  # 3 heads (200 / 64) do not divide 200: 2 do
+    assert shape_of((8, 512), dict(n_heads=12)) == dict(n_layers=8, d_model=516, n_heads=12, d_ffn=2064)
 
 
 def test_expected_steps_follow_the_ramp():

@@ -30,17 +30,17 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
-from files import check_writable, claim_folder, read_jsonl, read_metrics, write_json  # noqa: E402
+from files import check_writable, claim_folder, load_checkpoint, read_jsonl, read_metrics, write_json  # noqa: E402
 from runtime import guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)
 variants = ""             # comma-separated variants to train (see above); the first is the reference
-base = "config/train_quickstart.py"  # the config every variant starts from (data, shape, budget); "": train.py's defaults
+base = "config/train_quickstart.py"  # the config every variant starts from (data, shape, budget); "": train.py's defaults (the budget picks each variant's shape)
 protocol = "clock"        # {clock, tokens}: equal wall-clock budgets, or timed, then equal-time token budgets
 budget_minutes = 0.0      # >= 0: each variant's budget (0: the base config's budget_hours)
 budget_tokens = 0         # >= 0: protocol=tokens: > 0 gives every variant these tokens, untimed (variants of one speed)
-seeds = 1                 # >= 1: training runs per variant (seeds 0, 1, ...)
+seeds = 1                 # [1, 100000]: training runs per variant (seeds 0, 1, ...)
 speed_steps = 12          # >= 2: protocol=tokens: full-batch steps per timing run (the first log window is dropped)
 speed_repeats = 2         # >= 1: protocol=tokens: timing runs per variant, interleaved across variants
 train_args = ""           # more train.py settings for every run, before the variant's own, space-separated
@@ -90,28 +90,37 @@ def speed(run_dir):
     return statistics.median(rates[1:] or rates)
 
 
-def timed_speeds(names):
-    """protocol=tokens, step 1: every variant's full-batch steps, interleaved, repeated."""
+def timed_speeds(names, budget):
+    """protocol=tokens, step 1: every variant's full-batch steps, interleaved, repeated, each under the
+    variant's clock budget (which picks its shape and batch where it gives none: train.py's budget)."""
     speeds = {name: [] for name in names}
     for repeat in range(speed_repeats):
         for name in names:
             run_dir = os.path.join(out_dir, "speed", f"{name}-{repeat}")
             train(name, run_dir, "--batch_ramp=0", f"--max_steps={speed_steps}", "--log_interval=3",
-                  "--eval_sequences=64", "--budget_hours=1")
+                  "--eval_sequences=64", f"--budget_hours={budget / 3600!r}")
             speeds[name].append(speed(run_dir))
             print(f"speed {name} #{repeat}: {speeds[name][-1]:,.0f} tokens/s", flush=True)
     return speeds
 
 
+def timed_shape(name):
+    """The shape and final batch of a variant's first timing run, as settings: its token-budget runs
+    train what was timed (a token budget alone could pick another shape)."""
+    ckpt = load_checkpoint(os.path.join(out_dir, "speed", f"{name}-0", "ckpt.pt"))
+    shape = [f"--{k}={ckpt['model_args'][k]}" for k in ("n_layers", "d_model", "n_heads", "d_ffn")]
+    return shape + [f"--batch_size={ckpt['config']['batch_size']}"]
+
+
 def train_variants(names, budget):
     """Each variant once per seed: {name: [evaluation curve per seed]}, the speeds measured and
     the token budgets given (protocol=tokens)."""
-    speeds = timed_speeds(names) if protocol == "tokens" and not budget_tokens else {}
+    speeds = timed_speeds(names, budget) if protocol == "tokens" and not budget_tokens else {}
     curves, budgets = {}, {}
     for name in names:
         if protocol == "tokens":
             budgets[name] = budget_tokens or int(statistics.median(speeds[name]) * budget)
-            limit = [f"--budget_tokens={budgets[name]}"]
+            limit = [f"--budget_tokens={budgets[name]}", *(timed_shape(name) if speeds else [])]
         else:
             limit = [f"--budget_hours={budget / 3600!r}"]
         curves[name] = []

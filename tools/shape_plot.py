@@ -39,7 +39,7 @@ PUBLISHED = [
 def sweep_columns(folder):
     """{label: column} for each budget's results.json under `folder`: the compute the rule saw and each
     shape's weights and mean validation loss."""
-    from model import ModelConfig
+    from model import ModelConfig, saved_model_args
     columns = {}
     for minutes in sorted(os.listdir(folder), key=lambda m: float(m) if m.replace(".", "").isdigit() else math.inf):
         results = os.path.join(folder, minutes, "results.json")
@@ -48,7 +48,7 @@ def sweep_columns(folder):
         shapes = []
         for name, found in read_json(results, "run the sweep again")["variants"].items():
             ckpt = load_checkpoint(os.path.join(folder, minutes, name, "seed0", "ckpt.pt"))
-            config = ModelConfig(**ckpt["model_args"])
+            config = ModelConfig(**saved_model_args(ckpt["model_args"]))
             shapes.append(dict(variant=name, shape=[config.n_layers, config.d_model], batch=ckpt["config"]["batch_size"],
                                weights=config.n_layers * config.layer_weights(), val_loss=sum(found["val_loss"]) / len(found["val_loss"]),
                                compute=(ckpt.get("budget") or {}).get("compute")))
