@@ -52,7 +52,7 @@ compile_mode = "default"  # torch.compile's mode (train.py's), or several, comma
                           # in each (warm-up = compilation + autotuning), the baselines in the first
 profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                # >= 0
+seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
 ORIGINAL_BERT = read_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "bert_original.py"))
 

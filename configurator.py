@@ -71,6 +71,12 @@ def read_config_file(path):
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 
 
+def number(text):
+    """A bound as written: an integer exactly (Python compares an int with an int or a float exactly,
+    while float('18446744073709551615') is 2**64), else a float."""
+    return int(text) if re.fullmatch(r"-?\d[\d_]*", text) else float(text)
+
+
 def allowed(comment):
     """(test, words) for the values a setting's comment starts with (see the module's docstring),
     or None when it declares none."""
@@ -82,9 +88,9 @@ def allowed(comment):
         names = [c.strip() for c in choices.split(",")]
         return (lambda v: v in names), f"one of {', '.join(names)}"
     if op:
-        b = float(bound)
+        b = number(bound)
         return (lambda v: v >= b) if op == ">=" else (lambda v: v > b), f"{op} {bound}"
-    a, b = float(lo), float(hi)
+    a, b = number(lo), number(hi)
     return (lambda v: (a <= v if left == "[" else a < v) and (v <= b if right == "]" else v < b)), \
         f"in {left}{lo}, {hi}{right}"
 

@@ -91,6 +91,14 @@ def check_writable(path, setting):
         raise SystemExit(f"error: cannot write to {setting}={path}: {e.strerror or e}")
 
 
+def size_text(n_bytes):
+    """A size in the unit that fits it: '512 bytes', '1.0 MB', '12.3 GB'."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes:.0f} bytes"
+
+
 def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     """Create the folder `path` if needed and lock it for this process, before any work: a one-line
     error when it or the `files` to be written there cannot be written, it has less than need_bytes
@@ -100,8 +108,8 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
         check_writable(os.path.join(path, name), setting)
     free = shutil.disk_usage(path).free
     if free < need_bytes:
-        raise SystemExit(f"error: {setting}={path} has {free / 1e9:.1f} GB free and this run needs about "
-                         f"{need_bytes / 1e9:.1f} GB there: free space or choose another {setting}")
+        raise SystemExit(f"error: {setting}={path} has {size_text(free)} free and this run needs about "
+                         f"{size_text(need_bytes)} there: free space or choose another {setting}")
     if os.path.realpath(path) in HELD:
         return
     lock = open(os.path.join(path, LOCK_FILE), "a+")

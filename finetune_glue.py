@@ -16,7 +16,6 @@ fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer in
 settings and seeds: the floor that pretraining must beat, shown beside the model's scores in the
 same table and glue.json. A small model's GLUE sits there until pretraining passes about 1e17 FLOPs.
 """
-import csv
 import glob
 import math
 import os
@@ -38,7 +37,7 @@ from model import CrammedBert, SequenceClassifier, saved_model_args
 checkpoint = "out/quickstart/ckpt.pt"
 tasks = "cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte"  # wnli on request
 glue_dir = ""           # a folder in the original GLUE layout (<dir>/<TASK>/train.tsv ...); empty: the hub
-seeds = 1               # >= 1: fine-tuning seeds per task; the reference reports the median of 5
+seeds = 1               # [1, 100000]: fine-tuning seeds per task; the reference reports the median of 5
 batch_size = 16         # >= 1
 lr = 4e-5               # > 0
 beta1 = 0.9             # [0, 1)
@@ -56,7 +55,7 @@ group_by_length = True  # batches of similar lengths (shuffled in pools of 64 ba
 out_json = ""           # default: glue.json beside the checkpoint
 device = "auto"         # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py (no compile here: padded lengths vary)
-seed = 0                # >= 0
+seed = 0                # [0, 4294967295]: the first fine-tuning seed (seed + s for the others)
 # -----------------------------------------------------------------------------
 
 # Each task: its folder and columns in the GLUE distribution (header names, or indices where the file has no header),
@@ -143,12 +142,14 @@ METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spea
 # ---------------------------------------------------------------- data
 def read_glue_tsv(path, spec):
     """(texts, labels) from one GLUE file: tab-separated, no quoting (quotes are text),
-    a header except for CoLA. Rows with too few fields (QQP has some) are skipped."""
+    a header except for CoLA. Rows with too few fields (QQP has some) are skipped. A line is split
+    at its tabs, as csv does without quoting, but with no limit on a field's size (csv's is 128 kB):
+    an over-long sentence is truncated after tokenizing, as any other."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: GLUE file not found: {path}")
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC starts with a BOM
-            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        with open(path, encoding="utf-8-sig") as f:  # -sig: MRPC starts with a BOM; \r\n and \r read as \n
+            rows = [line.rstrip("\n").split("\t") for line in f]
     except UnicodeDecodeError as e:
         raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): the GLUE "
                          f"files are UTF-8; convert it (iconv -t utf-8) or fetch it again")
@@ -422,6 +423,14 @@ def pretraining_facts(ckpt, run_dir):
                 accuracy=at_step[0]["accuracy"] if at_step else None)
 
 
+def kept_runs():
+    """What a stop keeps, said when it comes: the runs finished so far, or that none had."""
+    done = len(run_files(results_path()))
+    if not done:
+        return "no fine-tuning run had finished, so nothing was written; run the same command to start"
+    return f"the {done} run(s) finished so far are in {results_path()}; run the same command to do the rest"
+
+
 def results_path():
     return out_json or os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "glue.json")
 
@@ -579,5 +588,4 @@ def main(config):
 
 if __name__ == "__main__":
     settings = configure(globals(), sys.argv[1:])
-    runtime.guarded(main, f"the runs finished so far are in {results_path()}; run the same command to do the rest",
-                    settings)
+    runtime.guarded(main, kept_runs, settings)

@@ -205,6 +205,9 @@ def compile_problem(device):
         text = " ".join(str(e).split())
         if "C++ compiler" in text or "InvalidCxxCompiler" in type(e).__name__ + text or "is not found" in text:
             return f"it needs a C++ compiler and none works ({text[-160:]}): {COMPILER_HINT}"
+        if device.type == "cuda":  # Triton builds a small C launcher for its kernels
+            return (f"{type(e).__name__}: {text[:200]} (Triton needs a C compiler, gcc or clang, and pip install "
+                    f"triton)")
         return f"{type(e).__name__}: {text[:200]}"
     finally:
         counters["stats"].clear()
@@ -281,45 +284,107 @@ def installed(module):
         return False
 
 
+# The signals that end a run from outside, each taken as Ctrl-C is (train.py finishes the step, saves
+# and exits 128 + n): SIGINT (Ctrl-C); SIGTERM (schedulers, pre-emption; PBS and SLURM at the time
+# limit); SIGHUP (a closed terminal, a dropped ssh session); SIGUSR1 and SIGUSR2 (sent ahead of the kill
+# by SLURM's --signal, SGE's -notify and LSF); SIGXCPU (a CPU-time limit: ulimit -t, a batch system's).
+# SIGKILL and SIGSTOP cannot be caught (a checkpoint every ckpt_interval_minutes covers a kill). Those a
+# platform lacks are left out (Windows has SIGINT and SIGTERM of them).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU")
+                     if hasattr(signal, name))
+
+
+def take_signals(handler):
+    """`handler` for each of STOP_SIGNALS, except those the parent set to be ignored: a run under
+    nohup keeps ignoring SIGHUP, a shell script's background job SIGINT, as they ask."""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
 def interrupt(signum, frame):
-    """SIGTERM and SIGINT both unwind the work as Ctrl-C does (through its finally blocks); a second
-    signal kills at once."""
+    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks); a second one
+    kills at once."""
     signal.signal(signum, signal.SIG_DFL)
     raise KeyboardInterrupt(signum)
 
 
+class Unbroken:
+    """A text stream (stdout, stderr) whose writes stop, silently, once its reader is gone: after a
+    hang-up the terminal answers EIO, a closed pipe EPIPE. The file descriptor then points at the
+    null device, so what is still buffered is dropped at the exit too; a run saves its work whether
+    anyone reads its lines or not."""
+
+    def __init__(self, stream):
+        self.stream, self.gone = stream, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except OSError:
+                self.lost()
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except OSError:
+                self.lost()
+
+    def lost(self):
+        self.gone = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def guarded(main, kept, *args):
     """A script's main(*args), with the faults that can come at any moment made one line on stderr
-    that says what was kept and how to continue (`kept`): Ctrl-C or SIGTERM ('stopped by SIGINT:
-    <kept>', status 130 or 143; train.py's loop installs StopRequest over this, which finishes its
-    step and saves), and an OSError from the machine, such as a full disk ('error: ...', status 1)."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, interrupt)
+    that says what was kept and how to continue (`kept`, or kept() when what was kept is known only
+    then): Ctrl-C or another of STOP_SIGNALS
+    ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
+    train.py's loop installs StopRequest over this, which finishes its step and saves), and an
+    OSError from the machine, such as a full disk ('error: ...', status 1). Output whose reader is
+    gone (a closed terminal or pipe) is dropped, not an error (Unbroken)."""
+    take_signals(interrupt)
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
         sys.stdout.reconfigure(line_buffering=True)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Unbroken(sys.stdout), Unbroken(sys.stderr)
     try:
         return main(*args)
     except KeyboardInterrupt as e:
-        signum = e.args[0] if e.args and e.args[0] in (signal.SIGTERM, signal.SIGINT) else signal.SIGINT
+        signum = e.args[0] if e.args and e.args[0] in STOP_SIGNALS else signal.SIGINT
         e.__traceback__ = None  # frees the stopped frames: their progress bars close before the line below
         sys.stdout.flush()
-        print(f"stopped by {signal.Signals(signum).name}: {kept}", file=sys.stderr, flush=True)
+        print(f"stopped by {signal.Signals(signum).name}: {kept() if callable(kept) else kept}", file=sys.stderr,
+              flush=True)
         sys.exit(128 + signum)
     except OSError as e:
         full = " (free space on that disk)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         where = f" on {e.filename}" if e.filename else ""
         sys.stdout.flush()
-        raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; {kept}")
+        raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; "
+                         f"{kept() if callable(kept) else kept}")
+    finally:  # the streams the script was given (a test runs several scripts in one process)
+        sys.stdout, sys.stderr = streams
 
 
 class StopRequest:
-    """SIGTERM (schedulers, pre-emption) and SIGINT (Ctrl-C) ask the loop to finish its step,
-    save and exit; a second signal kills at once."""
+    """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its
+    step, save and exit; a second signal kills at once."""
 
     def __init__(self):
         self.signum = None
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.handle)
+        take_signals(self.handle)
 
     def handle(self, signum, frame):
         self.signum = signum
@@ -366,11 +431,15 @@ def from_rank0(value, device):
 def matmul_speed(rt, size=2048):
     """FLOP/s of a size^3 matmul at the run's precision (under its autocast): a measure of the
     device that does not depend on the model's shape, for the budget to choose one by. The best of
-    three rounds after a warm-up: about a second on a CPU, milliseconds on a GPU."""
+    three rounds after a tenth of a second's warm-up (a GPU raises its clocks): about a second on a
+    CPU, a fifth on a GPU."""
     a, b = (torch.randn(size, size, device=rt.device) for _ in range(2))
     repeats, best = 20 if rt.device.type == "cuda" else 1, 0.0
     with torch.no_grad(), rt.autocast():
-        a @ b
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.1:
+            a @ b
+            rt.synchronize()
         for _ in range(3):
             rt.synchronize()
             start = time.perf_counter()

@@ -9,8 +9,9 @@
 The budget picks the model's shape and the final batch unless they are given (shape_for_budget,
 batch_for_budget). The learning rate and the batch size follow the fraction of the budget spent,
 not the step count (the reference's choice: the run ends on time, whatever the hardware). The budget counts
-training time, compilation included; evaluation and checkpointing are not counted. Ctrl-C or
-SIGTERM finishes the step, saves and exits (130, 143); after any stop, the same command with
+training time, compilation included; evaluation and checkpointing are not counted. Ctrl-C,
+SIGTERM, a closed terminal (SIGHUP) and the other runtime.STOP_SIGNALS finish the step, save and
+exit (128 + the signal's number: 130, 143, 129); after any stop, the same command with
 --resume=True continues the schedules and the data order where they were.
 """
 import dataclasses
@@ -69,7 +70,7 @@ compile = True            # torch.compile the training step (inductor; on a CPU 
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # >= 0: model initialisation, data order and masks
+seed = 0                  # [0, 4294967295]: model initialisation, data order and masks (2^32 seeds)
 data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
 log_interval = 10         # >= 1: steps
 max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged (see train.py's loop)
@@ -95,10 +96,12 @@ MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epoch
 
 def shape_of(rung, given):
     """A LADDER rung (layers, width) as ModelConfig's shape fields, those `given` (non-zero) in their
-    place: heads of 64 and a feed-forward 4x the width, the given width's if one is given."""
-    width = given.get("d_model") or rung[1]
-    return dict(n_layers=given.get("n_layers") or rung[0], d_model=width,
-                n_heads=given.get("n_heads") or max(1, width // 64), d_ffn=given.get("d_ffn") or 4 * width)
+    place: heads of 64 (of the given width: the most heads up to width / 64 that divide it) and a
+    feed-forward 4x the width; given heads alone take the multiple of them nearest the rung's width."""
+    heads = given.get("n_heads")
+    width = given.get("d_model") or (heads * max(1, round(rung[1] / heads)) if heads else rung[1])
+    heads = heads or max(h for h in range(1, max(1, width // 64) + 1) if width % h == 0)
+    return dict(n_layers=given.get("n_layers") or rung[0], d_model=width, n_heads=heads, d_ffn=given.get("d_ffn") or 4 * width)
 
 
 def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
@@ -184,13 +187,14 @@ def budget_spent(progress, step):
 
 def check_settings(world, config, rt):
     """One-line errors for settings that cannot run together, before any work (each setting's own
-    range is declared beside it and checked by the configurator)."""
-    ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})  # the given fields, the rest any rung's
+    range is declared beside it and checked by the configurator); again once the shape and batch
+    are settled (settle_shape), with those. Until then a shape field not given is any rung's."""
+    ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})
     if wandb_log and not runtime.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
-    if micro_batch and batch_size and batch_size % (micro_batch * world):
-        raise SystemExit(f"error: --batch_size={batch_size} must be a multiple of --micro_batch={micro_batch} times "
-                         f"the {world} process(es)")
+    batch, unit = config["batch_size"], f"--micro_batch={micro_batch} times " if micro_batch else ""
+    if batch and batch % ((micro_batch or 1) * world):
+        raise SystemExit(f"error: --batch_size={batch} must be a multiple of {unit}the {world} process(es)")
     if offload:
         from offload import check_settings as check_offload
         check_offload(world, config, rt.dtype)
@@ -336,7 +340,7 @@ def main(config):
     if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
         del trainer
         runtime.leave_process_group()
-    if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
+    if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM, ...): the run is not finished
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
 
 
@@ -347,13 +351,21 @@ def settle_shape(config, ckpt_path, data_args, data_tokens, rt, world, master, d
     speed (rank 0's under torchrun) x STEP_EFFICIENCY x the processes. Returns (the checkpoint or
     None, what the budget picked or None), the pick for the checkpoint to keep and budget_line to say."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
-    if resume:
-        checkpoint = load_checkpoint(ckpt_path)
-        saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=checkpoint["config"]["batch_size"])
+    checkpoint, pick = load_checkpoint(ckpt_path) if resume else None, None
+    if checkpoint:  # the batch of a checkpoint from before the budget picked: train.py's default then
+        saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS},
+                     batch_size=checkpoint.get("config", {}).get("batch_size", 8192))
         config.update(saved, **given)
-        return checkpoint, checkpoint.get("budget")
-    if len(given) == len(SHAPE_FIELDS) + 1:
-        return None, None
+        pick = checkpoint.get("budget")
+    elif len(given) < len(SHAPE_FIELDS) + 1:
+        pick = pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp)
+    check_settings(world, config, rt)  # with the shape and batch settled
+    return checkpoint, pick
+
+
+def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):
+    """settle_shape's fresh run: the budget's shape and batch into `config` (those `given` win);
+    returns what it picked and why."""
     speed = runtime.matmul_speed(rt) if master and not budget_tokens else 0.0
     speed = runtime.from_rank0(speed, rt.device) if ddp else speed
     compute = budget_hours * 3600 * speed * STEP_EFFICIENCY * world
@@ -364,8 +376,8 @@ def settle_shape(config, ckpt_path, data_args, data_tokens, rt, world, master, d
     tokens = budget_tokens or compute / per_token
     unit = (micro_batch or 1) * world  # the batch a whole number of micro-batches on every process
     config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
-    return None, dict(matmul_flops=speed, compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
-                      rung=list(rung), nearest=list(nearest), given=sorted(given))
+    return dict(matmul_flops=speed, compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
+                rung=list(rung), nearest=list(nearest), given=sorted(given))
 
 
 def budget_line(pick, config, micro, seq_len):

@@ -95,3 +95,12 @@ def test_help_lists_every_setting_with_its_default_and_comment(script):
         # the model's settings, declared once in model.py's ModelConfig, with their comments
         assert "ModelConfig (model.py)" in out and "  --n_layers=0" in out and "  --smear=True" in out
         assert "pre-LayerNorm (False: the original post-norm)" in out and "--vocab_size" not in out
+
+
+def test_integer_bounds_are_exact():
+    """A bound written as an integer is compared as one: float('18446744073709551615') is 2**64, so a
+    float comparison would let 2**64 through to a library that overflows on it."""
+    from configurator import allowed
+    test, words = allowed("[0, 18446744073709551615]: a uint64")
+    assert test(2 ** 64 - 1) and not test(2 ** 64) and words == "in [0, 18446744073709551615]"
+    assert not allowed(">= 1")[0](0) and allowed("(0, 1.5]")[0](1.5) and not allowed("> 1e3")[0](1000)

@@ -2,6 +2,7 @@ import json
 import os
 import random
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -70,6 +71,33 @@ def tiny_setup():
     ranks = {bytes([b]): b for b in range(256)}
     special = {"[PAD]": 256, "[CLS]": 257, "[SEP]": 258, "[MASK]": 259}
     return make_encoding(ranks, special), special
+
+
+def test_a_field_of_any_size_is_read_and_truncated_like_any_other(tmp_path, monkeypatch):
+    """csv's field limit (128 kB) is no limit here: a 200,000-word sentence and a 10 MB line without
+    a space load, and encode to max_len as a short one does (CoLA: a file without a header)."""
+    for task, folder, header, row in (
+            ("rte", "RTE", "index\tsentence1\tsentence2\tlabel\n", "0\t{}\tA short one.\tentailment\n"),
+            ("cola", "CoLA", "", "src\t1\t\t{}\n")):
+        for text in ("word " * 200_000, "x" * 10_000_000):
+            shutil.copytree(os.path.join(FIXTURES, folder), tmp_path / folder, dirs_exist_ok=True)
+            (tmp_path / folder / "train.tsv").write_text(header + row.format(text))
+            monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
+            texts, labels = glue.load_task(task)["train"]
+            assert len(texts) == 1 and max(map(len, texts[0])) == len(text) and labels[0] == 1 - (task == "rte")
+    enc, special = tiny_setup()
+    (ids,) = glue.encode_examples(enc, [("x" * 10_000_000, "b")], 32, special)
+    assert len(ids) == 32 and ids.count(ord("b")) == 1
+
+
+def test_a_stop_says_which_runs_were_kept(tmp_path, monkeypatch):
+    """The stop line's 'kept' is worked out when the stop comes: none yet, or how many and where."""
+    monkeypatch.setattr(glue, "out_json", str(tmp_path / "glue.json"))
+    assert glue.kept_runs().startswith("no fine-tuning run had finished, so nothing was written")
+    run = tmp_path / "glue_runs" / "tasks" / "rte" / "seed0.json"
+    run.parent.mkdir(parents=True)
+    run.write_text("{}")
+    assert glue.kept_runs() == f"the 1 run(s) finished so far are in {tmp_path / 'glue.json'}; run the same command to do the rest"
 
 
 def test_encoding_truncates_longest_first():

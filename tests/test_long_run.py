@@ -140,7 +140,8 @@ def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
         torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129),
+                                            (signal.SIGXCPU, 152)])
 def test_a_signal_saves_and_exits_with_its_status(prepared, tmp_path, signum, status):
     args = [sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
             "--budget_hours=1.0", "--log_interval=1"]
@@ -159,6 +160,52 @@ def test_a_signal_saves_and_exits_with_its_status(prepared, tmp_path, signum, st
     assert stop, stdout[-2000:]
     ckpt = torch.load(tmp_path / "ckpt.pt")
     assert ckpt["step"] == int(stop.group(1)) >= 3 and not ckpt["final"]
+
+
+def test_a_closed_terminal_or_pipe_still_saves_and_nohup_keeps_ignoring_the_hang_up(prepared, tmp_path):
+    """SIGHUP after the terminal closed (every write to it now fails, EIO), or SIGTERM after the reader
+    of a pipe left (EPIPE): the run saves and exits with the signal's status, its lines dropped, not an
+    exit 1 with nothing saved. Under nohup (SIGHUP ignored) a hang-up changes nothing: the run goes on."""
+    import pty
+    args = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--budget_hours=1.0", "--log_interval=1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, *args, f"--out_dir={tmp_path / 'tty'}"], cwd=ROOT, env=env,
+                            stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while b"step 3 " not in seen:
+        seen += os.read(master, 4096)
+    os.close(master)  # the terminal is gone
+    time.sleep(1.0)  # a few steps write to it and fail
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=120) == 129
+    ckpt = torch.load(tmp_path / "tty" / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] > 3 and not ckpt["final"]
+
+    proc = subprocess.Popen([sys.executable, *args, f"--out_dir={tmp_path / 'pipe'}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in proc.stdout:
+        if line.startswith(b"step 3 "):
+            break
+    proc.stdout.close()  # the reader is gone
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, proc.stderr.read()[-2000:]
+    assert torch.load(tmp_path / "pipe" / "ckpt.pt", weights_only=True)["step"] > 3
+
+    proc = subprocess.Popen(["nohup", sys.executable, *args, f"--out_dir={tmp_path / 'nohup'}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 3 "):
+            proc.send_signal(signal.SIGHUP)
+        if line.startswith("step 8 "):  # still training after the hang-up
+            proc.send_signal(signal.SIGTERM)
+            break
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in stdout and "SIGHUP" not in stdout + stderr, stderr
 
 
 def test_a_non_finite_gradient_skips_the_update():

@@ -137,7 +137,7 @@ SIGNALS = {  # case -> (arguments (tmp_path, prepared, pretrained), when to send
         lambda t, p, c: ["finetune_glue.py", f"--checkpoint={c}",
                       f"--glue_dir={FIXTURES}", "--tasks=rte,mrpc", "--seeds=20", "--device=cpu",
                       f"--out_json={t / 'glue.json'}"],
-        lambda t: exists_with_bytes(t / "glue.json"), "the runs finished so far are in"),
+        lambda t: exists_with_bytes(t / "glue.json"), "run(s) finished so far are in"),
     "tools/compare.py": (
         lambda t, p, c: ["tools/compare.py", "--variants=crammed", f"--out_dir={t / 'compare'}", "--budget_minutes=5",
                       f"--train_args=--data_dir={p} {' '.join(TINY_MODEL)}"],
@@ -145,11 +145,15 @@ SIGNALS = {  # case -> (arguments (tmp_path, prepared, pretrained), when to send
 }
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+OTHER_SIGNALS = {signal.SIGTERM: "finetune_glue.py", signal.SIGHUP: "prepare.py encoding",
+                 signal.SIGUSR1: "tools/compare.py"}  # each tried on one case: the mechanism is the same for all
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, *OTHER_SIGNALS], ids=lambda s: signal.Signals(s).name)
 @pytest.mark.parametrize("case", SIGNALS)
 def test_a_signal_anywhere_is_one_line_and_a_status(case, signum, prepared, pretrained, tmp_path):
-    if signum == signal.SIGTERM and case != "finetune_glue.py":
-        pytest.skip("one signal per case keeps the suite short: the mechanism is the same for both")
+    if signum != signal.SIGINT and OTHER_SIGNALS[signum] != case:
+        pytest.skip("one signal per case keeps the suite short: the mechanism is the same for all")
     args, ready, fragment = SIGNALS[case]
     proc = stop_when(start(*args(tmp_path, prepared, pretrained)), ready(tmp_path), signum)
     assert_kept(proc, {}, 128 + signum, f"stopped by {signal.Signals(signum).name}", fragment)

@@ -69,16 +69,20 @@ SETTINGS = [  # (script, arguments, what the error says)
     ("train.py", ["--data_order=sorted"], "data_order must be one of shuffled, file"),
     ("train.py", ["--dtype=fp8"], "dtype must be one of auto"),
     ("train.py", ["--micro_batch=1.5"], "--micro_batch expects int"),
+    # integers that reach torch's and numpy's limits, compared exactly (not as floats)
+    ("train.py", ["--seed=1180591620717411303424"], "seed must be in [0, 4294967295]"),
+    ("finetune_glue.py", ["--seed=4294967296"], "seed must be in [0, 4294967295]"),
+    ("finetune_glue.py", ["--seeds=100000000000000000001"], "seeds must be in [1, 100000]"),
     ("prepare.py", ["--vocab_size=100"], "vocab_size must be >= 260"),
     ("prepare.py", ["--val_fraction=0"], "val_fraction must be in (0, 1)"),
     ("prepare.py", ["--seq_len=1"], "seq_len must be >= 2"),
     ("prepare.py", ["--workers=-1"], "workers must be >= 0"),
-    ("finetune_glue.py", ["--seeds=0"], "seeds must be >= 1"),
+    ("finetune_glue.py", ["--seeds=0"], "seeds must be in [1, 100000]"),
     ("finetune_glue.py", ["--dropout=1"], "dropout must be in [0, 1)"),
     ("finetune_glue.py", ["--epochs=0"], "epochs must be >= 1"),
     ("bench.py", ["--steps=-1"], "steps must be >= 0"),
     ("bench.py", ["--shape=huge"], "shape must be one of"),
-    ("tools/compare.py", ["--seeds=0"], "seeds must be >= 1"),
+    ("tools/compare.py", ["--seeds=0"], "seeds must be in [1, 100000]"),
     ("tools/compare.py", ["--protocol=steps"], "protocol must be one of clock, tokens"),
     ("tools/curriculum.py", ["--block=0"], "block must be >= 1"),
 ]
@@ -319,6 +323,8 @@ def test_a_folder_without_room_for_a_checkpoint_is_refused(tmp_path):
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(SystemExit, match="GB free and this run needs about"):
         claim_folder(str(tmp_path / "run"), need_bytes=free * 2)
+    from files import size_text  # a small disk in its own unit, not "0.0 GB free"
+    assert (size_text(1_048_576), size_text(2.5e12), size_text(999)) == ("1.0 MB", "2.5 TB", "999 bytes")
     claim_folder(str(tmp_path / "run"), need_bytes=1)  # and is this process's once claimed
     claim_folder(str(tmp_path / "run"))
     assert os.listdir(tmp_path / "run") == [".lock"]

@@ -38,7 +38,7 @@ data_dir = "data/pydocs"  # real tokens when its vocabulary matches the shape; r
 seq_len = 128           # >= 2
 device = "auto"
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py
-seed = 0                # >= 0
+seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
 
 
