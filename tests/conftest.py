@@ -30,6 +30,13 @@ def synthetic_corpus(n_docs=400, seed=0):
     return docs
 
 
+def hang_up_default():
+    """preexec_fn for a child that a test sends SIGHUP: the default disposition, even where the suite
+    itself runs under nohup (whose ignored SIGHUP a child would keep, as it should)."""
+    import signal
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def run_script(*args, cwd=ROOT, check=True, timeout=600):
     """Run one of the project's scripts as a user would (`python script.py args`, its own process);
     returns the CompletedProcess. A script runs in a child of a fork server that has imported torch

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import runtime
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, weights_atol
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, hang_up_default, run_script, weights_atol
 from data import mask_tokens
 from files import load_meta
 from model import CrammedBert, Trainer, param_groups
@@ -146,7 +146,7 @@ def test_a_signal_saves_and_exits_with_its_status(prepared, tmp_path, signum, st
     args = [sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
             "--budget_hours=1.0", "--log_interval=1"]
     proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hang_up_default)
     lines = []
     for line in proc.stdout:  # wait for training to run
         lines.append(line)
@@ -171,7 +171,7 @@ def test_a_closed_terminal_or_pipe_still_saves_and_nohup_keeps_ignoring_the_hang
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, *args, f"--out_dir={tmp_path / 'tty'}"], cwd=ROOT, env=env,
-                            stdin=slave, stdout=slave, stderr=slave)
+                            stdin=slave, stdout=slave, stderr=slave, preexec_fn=hang_up_default)
     os.close(slave)
     seen = b""
     while b"step 3 " not in seen:
