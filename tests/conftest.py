@@ -30,11 +30,34 @@ def synthetic_corpus(n_docs=400, seed=0):
     return docs
 
 
-def hang_up_default():
-    """preexec_fn for a child that a test sends SIGHUP: the default disposition, even where the suite
-    itself runs under nohup (whose ignored SIGHUP a child would keep, as it should)."""
+def default_signals():
+    """preexec_fn for a child that a test signals: the stop signals at their default disposition, even
+    where the suite itself runs under nohup (SIGHUP ignored) or as a shell script's background job
+    (SIGINT ignored), which a child would keep, as it should."""
     import signal
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for signum in runtime.STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
+CHILDREN = []  # the processes spawn() started in the running test
+
+
+def spawn(args, **kwargs):
+    """subprocess.Popen of a child that a test drives and signals (default_signals), killed when the
+    test ends if it still runs (reap_children): a failing signal test leaves no hour-long run behind."""
+    proc = subprocess.Popen(args, preexec_fn=default_signals, **kwargs)
+    CHILDREN.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def reap_children():
+    yield
+    while CHILDREN:
+        proc = CHILDREN.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def run_script(*args, cwd=ROOT, check=True, timeout=600):
@@ -119,8 +142,10 @@ def weights_atol(lr, steps, r=1e-3):
     return r * lr * steps
 
 
+# float32 pinned: dtype=auto picks bfloat16 on a CPU with AMX, and the tests that compare numbers
+# (resume, compiled against eager, off-load against normal) mean the same arithmetic on every host
 TINY_MODEL = ["--n_layers=2", "--d_model=64", "--n_heads=2", "--d_ffn=256", "--micro_batch=16", "--batch_size=32",
-              "--lr=3e-3", "--log_interval=5", "--eval_sequences=64", "--device=cpu", "--compile=False"]
+              "--lr=3e-3", "--log_interval=5", "--eval_sequences=64", "--device=cpu", "--compile=False", "--dtype=float32"]
 
 
 @pytest.fixture(scope="session")

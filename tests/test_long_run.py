@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import runtime
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, hang_up_default, run_script, weights_atol
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, spawn, weights_atol
 from data import mask_tokens
 from files import load_meta
 from model import CrammedBert, Trainer, param_groups
@@ -145,8 +145,8 @@ def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
 def test_a_signal_saves_and_exits_with_its_status(prepared, tmp_path, signum, status):
     args = [sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
             "--budget_hours=1.0", "--log_interval=1"]
-    proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hang_up_default)
+    proc = spawn(args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stdout:  # wait for training to run
         lines.append(line)
@@ -170,8 +170,8 @@ def test_a_closed_terminal_or_pipe_still_saves_and_nohup_keeps_ignoring_the_hang
     args = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--budget_hours=1.0", "--log_interval=1"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, *args, f"--out_dir={tmp_path / 'tty'}"], cwd=ROOT, env=env,
-                            stdin=slave, stdout=slave, stderr=slave, preexec_fn=hang_up_default)
+    proc = spawn([sys.executable, *args, f"--out_dir={tmp_path / 'tty'}"], cwd=ROOT, env=env,
+                 stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     seen = b""
     while b"step 3 " not in seen:
@@ -183,8 +183,8 @@ def test_a_closed_terminal_or_pipe_still_saves_and_nohup_keeps_ignoring_the_hang
     ckpt = torch.load(tmp_path / "tty" / "ckpt.pt", weights_only=True)
     assert ckpt["step"] > 3 and not ckpt["final"]
 
-    proc = subprocess.Popen([sys.executable, *args, f"--out_dir={tmp_path / 'pipe'}"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = spawn([sys.executable, *args, f"--out_dir={tmp_path / 'pipe'}"], cwd=ROOT, env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for line in proc.stdout:
         if line.startswith(b"step 3 "):
             break
@@ -194,8 +194,8 @@ def test_a_closed_terminal_or_pipe_still_saves_and_nohup_keeps_ignoring_the_hang
     assert proc.wait(timeout=120) == 143, proc.stderr.read()[-2000:]
     assert torch.load(tmp_path / "pipe" / "ckpt.pt", weights_only=True)["step"] > 3
 
-    proc = subprocess.Popen(["nohup", sys.executable, *args, f"--out_dir={tmp_path / 'nohup'}"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn(["nohup", sys.executable, *args, f"--out_dir={tmp_path / 'nohup'}"], cwd=ROOT, env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, hang_up_default, run_script, synthetic_corpus
+from conftest import ROOT, TINY_MODEL, run_script, spawn, synthetic_corpus
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
 
@@ -90,8 +90,8 @@ def test_a_corpus_without_blank_lines_prepares_in_flat_memory(tmp_path):
 # ------------------------------------------------------------------ 2. Ctrl-C and SIGTERM anywhere: runtime.guarded
 def start(*args):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=hang_up_default)
+    return spawn([sys.executable, *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True)
 
 
 def stop_when(proc, ready, signum, timeout=240):
