@@ -31,14 +31,21 @@ def config_keys(namespace):
             if not k.startswith("_") and not k.isupper() and type(v) in CONFIG_TYPES}
 
 
+def shown(value, limit=60):
+    """A value as an error line quotes it: as text, cut to `limit` characters with its length said
+    (a setting of any size is still a one-line error)."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _check(key, value, known):
     if key not in known:
-        raise SystemExit(f"error: unknown config key '{key}' (known keys: {', '.join(sorted(known))})")
+        raise SystemExit(f"error: unknown config key '{shown(key)}' (known keys: {', '.join(sorted(known))})")
     expected = type(known[key])
     if expected is float and type(value) is int:
         return float(value)
     if type(value) is not expected:
-        raise SystemExit(f"error: --{key} expects {expected.__name__}, got {value!r} ({type(value).__name__})")
+        raise SystemExit(f"error: --{key} expects {expected.__name__}, got {shown(repr(value))} ({type(value).__name__})")
     return value
 
 
@@ -50,7 +57,7 @@ def _parse(key, raw, expected):
     if expected is str and not isinstance(value, str):
         return raw  # a string setting takes the text as typed: --dataset=pydocs, --full_layers=2,4
     if value is None and raw != "None":
-        raise SystemExit(f"error: --{key} expects {expected.__name__}, cannot parse {raw!r}")
+        raise SystemExit(f"error: --{key} expects {expected.__name__}, cannot parse {shown(repr(raw))}")
     return value
 
 
@@ -168,7 +175,7 @@ def configure(namespace, argv, cls=None, skip=()):
         if arg.startswith("--"):
             key, sep, raw = arg[2:].partition("=")
             if not sep:
-                raise SystemExit(f"error: expected --key=value, got '{arg}'")
+                raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
             expected = type(known[key]) if key in known else str
             known[key] = _check(key, _parse(key, raw, expected), known)
         else:
@@ -177,7 +184,7 @@ def configure(namespace, argv, cls=None, skip=()):
     for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
         rule = allowed(rest[1]) if kind == "setting" else None
         if rule and not rule[0](known[rest[0]]):  # NaN fails every comparison, so it is never allowed
-            raise SystemExit(f"error: --{rest[0]}={known[rest[0]]} is not allowed: {rest[0]} must be {rule[1]}")
+            raise SystemExit(f"error: --{rest[0]}={shown(known[rest[0]])} is not allowed: {rest[0]} must be {rule[1]}")
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known

@@ -112,7 +112,7 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
     rng = np.random.default_rng(seed)
     n_regular, lines = meta["n_regular"], []
     model.eval()
-    for ids in np.asarray(tokens[np.linspace(0, len(tokens) - 1, n).astype(int)], dtype=np.int64):
+    for ids in np.asarray(tokens[np.linspace(0, len(tokens) - 1, min(n, len(tokens))).astype(int)], dtype=np.int64):
         words = [i for i in range(8, len(ids) - 4) if ids[i] < n_regular and
                  re.fullmatch(r" [A-Za-z]{3,}", enc.decode([int(ids[i])]))]
         if not words:

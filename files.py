@@ -140,7 +140,7 @@ def read_json(path, remedy):
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError) as e:  # a cut or garbled file, bytes that are not UTF-8
+    except (OSError, ValueError, RecursionError) as e:  # cut, garbled, not UTF-8, nested past the parser's depth
         raise SystemExit(f"error: {path} is damaged ({type(e).__name__}: {str(e)[:120]}): {remedy}")
 
 
@@ -153,7 +153,7 @@ def read_jsonl(path):
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line) if line.strip() else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             if number == len(lines):  # cut short by a kill
                 break
             raise SystemExit(f"error: {path}:{number} is not a JSON line: the file is damaged (delete that line)")

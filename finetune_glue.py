@@ -31,7 +31,7 @@ import runtime
 from configurator import configure
 from data import make_encoding
 from files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, write_json
-from model import CrammedBert, SequenceClassifier, saved_model_args
+from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"
@@ -264,10 +264,22 @@ def cosine_with_warmup(step, total):
     return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
+def eval_size(rt):
+    return eval_batch_size or (512 if rt.device.type == "cuda" else 128)
+
+
+def check_memory(ckpt, rt):
+    """One-line errors, before any work, for a batch that surely cannot fit (runtime.check_memory)."""
+    config = ModelConfig(**saved_model_args(ckpt["model_args"]))
+    runtime.check_memory(config, rt, 0.0, batch_size, f"--batch_size={batch_size}")
+    size = eval_size(rt)
+    runtime.check_memory(config, rt, 0.0, size, f"--eval_batch_size={size}", training=False)
+
+
 @torch.no_grad()
 def predict(model, encoded, pad_id, rt, regression):
     model.eval()
-    size = eval_batch_size or (512 if rt.device.type == "cuda" else 128)
+    size = eval_size(rt)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths pad less
     out = [None] * len(encoded)
     for start in range(0, len(order), size):
@@ -548,10 +560,11 @@ def main(config):
                     checkpoint_tokens=ckpt.get("tokens"))
     check_earlier(path, identity)
     facts = pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint)))
-    settings = {k: config[k] for k in SCORE_SETTINGS}
+    rt = runtime.setup(device, dtype, compile=False)
+    check_memory(ckpt, rt)
+    settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
     todo = remaining_seeds(names, read_runs(run_files(path), identity).get(group, {}), settings, path)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
-    rt = runtime.setup(device, dtype, compile=False)
     print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
           f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
           f"{ckpt['model_args']['d_model']}) on {', '.join(todo) or 'nothing left to do'} with {seeds} seed(s) on "

@@ -258,7 +258,7 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
         try:
             with open(path + ".source") as f:
                 trained_on = json.load(f)["digest"]
-        except (OSError, ValueError, TypeError, KeyError):  # a damaged record proves nothing: train again
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):  # a damaged record proves nothing: train again
             trained_on = None
         if trained_on and (not local or trained_on == training_text_digest(documents, train_chars)):
             print(f"reusing {path}")
@@ -362,8 +362,8 @@ def read_progress(out_dir, dedup, seq_len, itemsize):
         with open(path) as f:
             progress = json.load(f)
         problem = progress_problem(progress, out_dir, dedup, seq_len, itemsize)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        problem = f"{type(e).__name__}: {e}"
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        problem = f"{type(e).__name__}: {str(e)[:120]}"
     if problem:
         print(f"warning: {path} is damaged ({problem}): the encoding starts over (the tokenizer is kept)")
         return None

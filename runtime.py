@@ -9,6 +9,7 @@ the tests run the GPU's code path on any machine, with only the device differing
 import errno
 import functools
 import importlib
+import math
 import os
 import signal
 import socket
@@ -22,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from data import SPECIAL_TOKENS, mask_tokens, special_ids
-from model import CrammedBert, Trainer, param_groups
+from files import size_text
+from model import CrammedBert, ModelConfig, Trainer, param_groups
 
 # inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector
 # width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
@@ -95,6 +97,7 @@ class Runtime:
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     compile: bool
     compile_mode: str = "default"  # one of COMPILE_MODES (checked by setup)
+    why: str = ""  # why this dtype: auto's reason (auto_dtype), or "" where the setting named it
 
     def autocast(self):
         if self.dtype == torch.float32:
@@ -139,16 +142,20 @@ class Runtime:
 
     def describe(self):
         name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
-        dtype = str(self.dtype).replace("torch.", "")
+        dtype = self.dtype_name()
         mode = f" ({self.compile_mode})" if self.compile_mode != "default" else ""
-        return f"{self.device}{name}, {dtype}{f', compiled{mode}' if self.compile else ''}"
+        return f"{self.device}{name}, {dtype}{f' ({self.why})' if self.why else ''}{f', compiled{mode}' if self.compile else ''}"
+
+    def dtype_name(self):
+        """The autocast precision as the dtype setting names it ('float32', 'bfloat16', 'float16')."""
+        return str(self.dtype).replace("torch.", "")
 
 
-def setup(device="auto", dtype="auto", compile=True, compile_mode="default"):
+def setup(device="auto", dtype="auto", compile=True, compile_mode="default", trained=None):
     """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto':
-    bfloat16 on a GPU that has it, float16 on older GPUs, float32 on a CPU; or 'float32',
-    'bfloat16', 'float16'), compile and compile_mode (COMPILE_MODES). Under torchrun, 'cuda' is
-    this process's GPU (LOCAL_RANK)."""
+    auto_dtype's rule; or 'float32', 'bfloat16', 'float16'), compile and compile_mode
+    (COMPILE_MODES). Under torchrun, 'cuda' is this process's GPU (LOCAL_RANK). trained: a resumed
+    run's (device type, dtype), which auto keeps (auto_dtype)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -168,8 +175,9 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default"):
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls outside autocast on tensor cores
         torch.backends.cudnn.allow_tf32 = True
+    why = ""
     if dtype == "auto":
-        dtype = "float32" if dev.type == "cpu" else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        dtype, why = auto_dtype(dev, trained=trained)
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
     check_compile_mode(compile_mode, dev)  # with compile off too: a mode that cannot run here is a mistake to report
@@ -179,7 +187,27 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default"):
             print(f"warning: torch.compile cannot build here: {problem}; this run goes on eager (the same results, "
                   f"somewhat slower), and --compile=False skips this check", flush=True)
         compile = False
-    return Runtime(dev, DTYPES[dtype], compile, compile_mode)
+    return Runtime(dev, DTYPES[dtype], compile, compile_mode, why)
+
+
+def auto_dtype(device, amx=None, trained=None):
+    """dtype='auto': (the autocast precision, why). A resumed run's, `trained` (the device type and
+    dtype its checkpoint trained in), on a device of that type (bfloat16 where a GPU has it): a run
+    and its resume train alike. Else on a GPU bfloat16 where it has it, else float16.
+    On a CPU bfloat16 where it has AMX's bfloat16 tiles (Intel Xeons since the 4th generation), whose
+    matmuls ran at 10x float32's on a 2-core Xeon; float32 elsewhere: AVX512-bf16 without AMX (AMD
+    Zen 4 and 5, older Xeons) ran a 2048^3 bfloat16 matmul at half float32's speed on a Xeon, and AVX2
+    has no bfloat16 arithmetic (BENCHMARKS.md). A fixed rule on what the CPU has, not a timing, so a
+    run and its resume choose alike; read from the CPU itself, as oneDNN does (ATEN_CPU_CAPABILITY
+    changes ATen's kernels, not oneDNN's use of AMX). amx: the answer to use instead (tests)."""
+    bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
+    if trained and trained[0] == device.type and trained[1] in DTYPES and (trained[1] != "bfloat16" or bfloat16):
+        return trained[1], "auto: the checkpoint's"
+    if device.type == "cuda":
+        return ("bfloat16", "auto: a GPU with bfloat16") if bfloat16 else ("float16", "auto: a GPU without bfloat16")
+    if amx is None:
+        amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return ("bfloat16", "auto: this CPU has AMX") if amx else ("float32", "auto: this CPU has no AMX")
 
 
 COMPILER_HINT = ("install one (Debian, Ubuntu: apt install g++; Fedora: dnf install gcc-c++; macOS: "
@@ -523,11 +551,74 @@ def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
     return None
 
 
+def memory_capacity(device):
+    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or its container's
+    limit (cgroup v2 or v1) where that is lower; None where the system does not say (Windows)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total
+
+
+def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="", training=True, offload=False,
+                 capacity=None):
+    """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`,
+    default memory_capacity's) by lower estimates, so that what is refused surely does not fit: the
+    weights, gradients and AdamW state (16 bytes a parameter; off-load mode keeps them in host
+    memory), `micro` sequences' activations (ModelConfig.step_bytes; `training` or inference) and
+    the token ids of a step's `batch` (inputs, positions, labels: 12 bytes a position, all on the
+    device before the step). Names the setting (micro_name, batch_name: '--micro_batch=32', or what
+    chose the value; or the model's shape) and the largest value that fits."""
+    capacity = capacity or memory_capacity(rt.device)
+    if not capacity:
+        return
+    params, where = config.parameters_at_least(), f"this {'GPU' if rt.device.type == 'cuda' else 'machine'}'s"
+    state = 16 * params * (not offload)
+    per_sequence = config.step_bytes(mask_rate, 4 if rt.dtype == torch.float32 else 2, training)
+    ids = 12 * config.seq_len * batch
+    fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" else "")
+    if offload and 16 * params > (memory_capacity(torch.device("cpu")) or math.inf):
+        state, where = 16 * params, "the host's"  # off-load's masters and AdamW state live there
+        capacity = memory_capacity(torch.device("cpu"))
+    if state + per_sequence > capacity:
+        raise SystemExit(f"error: a model of {config.n_layers} x {config.d_model} ({params / 1e6:,.0f}M parameters) "
+                         f"needs at least {size_text(state + per_sequence)} for its weights, gradients and AdamW state "
+                         f"and one sequence, more than {where} {size_text(capacity)}: {fix}")
+    if state + per_sequence + ids > capacity:
+        largest = (capacity - state - per_sequence) // (12 * config.seq_len)
+        raise SystemExit(f"error: {batch_name} needs at least {size_text(state + per_sequence + ids)} (its "
+                         f"token ids, the model and one sequence's activations), more than {where} "
+                         f"{size_text(capacity)}: the largest that fits is about {largest:,}")
+    if state + per_sequence * micro + ids > capacity:
+        largest = (capacity - state - ids) // per_sequence
+        raise SystemExit(f"error: {micro_name} needs at least {size_text(state + per_sequence * micro + ids)} "
+                         f"({size_text(per_sequence)} of activations a sequence, and the model), more than {where} "
+                         f"{size_text(capacity)}: the largest that fits is about {largest:,}")
+
+
 def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate, offload, log):
     """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
-    torchrun the smallest over the ranks) and divides the batch, on a CPU 32 or less."""
-    if micro_batch or rt.device.type != "cuda" or offload:  # the probe measures normal mode
-        return micro_batch or max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0)
+    torchrun the smallest over the ranks) and divides the batch, on a CPU 32 or less. Either is
+    checked first against the memory it surely needs (check_memory; before the probe, with one
+    sequence: the model itself)."""
+    probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
+    chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
+    name = f"--micro_batch={chosen}" if micro_batch else f"a micro-batch of {chosen} (micro_batch=0 on a CPU)"
+    check_memory(ModelConfig(**model_args), rt, mask_rate, chosen, name, batch_size // world,
+                 f"--batch_size={batch_size}", offload=offload)
+    if not probe:
+        return chosen
     chosen, tried = probe_micro_batch(model_args, rt, batch_size // world, mask_rate)
     if world > 1:
         t = torch.tensor([chosen], device=rt.device)

@@ -65,7 +65,7 @@ batch_size = 0            # >= 0: sequences per optimizer step at the end of the
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from one micro-batch
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
-dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: bfloat16, else float16 on a GPU; float32 on a CPU
+dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: runtime.auto_dtype (a resume keeps its own)
 compile = True            # torch.compile the training step (inductor; on a CPU too)
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (offload.py)
@@ -250,20 +250,26 @@ def save(path, model, state, val_tokens, rt, micro, last_saved, at_end=False):
 
 def main(config):
     ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))  # under torchrun
-    rt = runtime.setup(device, dtype, compile and not offload, compile_mode=compile_mode)  # off-load: eager blocks
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    checkpoint = load_checkpoint(ckpt_path) if resume else None  # first: dtype=auto keeps its precision
+    saved = checkpoint.get("config", {}) if checkpoint else {}
+    trained = (saved.get("device"), saved.get("dtype"))
+    rt = runtime.setup(device, dtype, compile and not offload, compile_mode, trained)  # off-load: eager blocks
+    config.update(device=rt.device.type, dtype=rt.dtype_name())  # as resolved: the checkpoint keeps them
     check_settings(world, config, rt)
     rank = runtime.join_process_group(rt.device) if ddp else 0
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    data_args, ckpt_path = dict(vocab_size=meta["vocab_size"], seq_len=seq_len), os.path.join(out_dir, "ckpt.pt")
-    checkpoint, pick = settle_shape(config, ckpt_path, data_args, n_rows * seq_len, rt, world, master, ddp)
+    data_args = dict(vocab_size=meta["vocab_size"], seq_len=seq_len)
+    pick = settle_shape(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
     batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    checkpoint, metrics = start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, n_rows * seq_len, ddp,
-                                    checkpoint)
+    # the micro-batch, after a check that the step can fit the device's memory (runtime.check_memory)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
+    checkpoint, metrics = start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, n_rows * seq_len, ddp,
+                                    checkpoint)
     if pick and not checkpoint:
         log(budget_line(pick, config, micro * world, seq_len))
 
@@ -344,14 +350,14 @@ def main(config):
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
 
 
-def settle_shape(config, ckpt_path, data_args, data_tokens, rt, world, master, ddp):
+def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
     """The shape and the final batch, written into `config`: each given (non-zero) as given; a
-    resumed run's others from its checkpoint (loaded here: returned for start_run to check); a
-    fresh run's from its budget: its tokens, or its hours' FLOPs, this device's measured matmul
-    speed (rank 0's under torchrun) x STEP_EFFICIENCY x the processes. Returns (the checkpoint or
-    None, what the budget picked or None), the pick for the checkpoint to keep and budget_line to say."""
+    resumed run's others from its `checkpoint` (None for a fresh run); a fresh run's from its
+    budget: its tokens, or its hours' FLOPs, this device's measured matmul speed (rank 0's under
+    torchrun) x STEP_EFFICIENCY x the processes. Returns what the budget picked (or None), for the
+    checkpoint to keep and budget_line to say."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
-    checkpoint, pick = load_checkpoint(ckpt_path) if resume else None, None
+    pick = None
     if checkpoint:  # the batch of a checkpoint from before the budget picked: train.py's default then
         saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS},
                      batch_size=checkpoint.get("config", {}).get("batch_size", 8192))
@@ -360,7 +366,7 @@ def settle_shape(config, ckpt_path, data_args, data_tokens, rt, world, master, d
     elif len(given) < len(SHAPE_FIELDS) + 1:
         pick = pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp)
     check_settings(world, config, rt)  # with the shape and batch settled
-    return checkpoint, pick
+    return pick
 
 
 def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):

@@ -93,6 +93,71 @@ def test_a_bad_setting_is_one_line_naming_it(script, args, fragment):
     assert fragment in error_of(script, *args)
 
 
+def test_a_setting_of_any_size_is_a_one_line_error_that_quotes_it_short():
+    for args, fragment in ((["--seed=" + "9" * 4000], "(4,000 characters) is not allowed"),
+                           (["--seed=" + "9" * 5000], "--seed expects int, cannot parse"),  # past int()'s 4,300 digits
+                           (["--lr=" + "[" * 100000], "--lr expects float, cannot parse"),
+                           (["--" + "x" * 100000 + "=1"], "(100,000 characters)' (known keys")):
+        message = error_of("train.py", *args)
+        assert fragment in message and len(message) < 1000, message[:200]
+
+
+# ------------------------------------------------------------------ 3b. a step that cannot fit is refused before the work
+# The memory a step surely needs (runtime.check_memory: lower estimates from the shape), against the
+# machine's: values past any machine's memory, chosen so that the ordering of the checks (the model,
+# the batch's token ids, a micro-batch's activations) names the setting at fault on any machine
+# from 8 GB to 50 TB.
+MEMORY = [  # (script, arguments, what the error says)
+    ("train.py", ["--micro_batch=1000000000000", "--batch_size=1000000000000"],
+     "--batch_size=1000000000000 needs at least"),
+    ("train.py", ["--micro_batch=16777216", "--batch_size=16777216"], "--micro_batch=16777216 needs at least"),
+    ("train.py", ["--n_layers=100000", "--d_model=16384"], "a model of 100000 x 16384"),
+    ("train.py", ["--micro_batch=0", "--batch_size=16", "--n_layers=20000", "--d_model=16384"],
+     "a model of 20000 x 16384"),
+    ("bench.py", ["--shape=reference", "--micro_batch=1073741824"], "--micro_batch=1073741824 needs at least"),
+]
+
+
+@pytest.mark.parametrize("script,args,fragment", MEMORY, ids=[" ".join(c[1]) for c in MEMORY])
+def test_a_step_that_cannot_fit_in_memory_names_the_setting_and_the_largest_that_fits(script, args, fragment,
+                                                                                      prepared, tmp_path):
+    out = tmp_path / "run"
+    data = [*TINY_MODEL, f"--data_dir={prepared}", f"--out_dir={out}"] if script == "train.py" else ["--device=cpu"]
+    message = error_of(script, *data, *args)
+    assert fragment in message and ("the largest that fits is about" in message or "choose a smaller" in message)
+    assert not out.exists()  # refused before the folder was claimed: nothing written, nothing lost
+
+
+def test_finetuning_batches_that_cannot_fit_are_refused_before_the_work(pretrained, tmp_path):
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", "--glue_dir=nowhere", "--tasks=rte", "--device=cpu",
+            f"--out_json={tmp_path / 'glue.json'}"]
+    assert "--batch_size=16777216 needs at least" in error_of(*args, "--batch_size=16777216")
+    assert "--eval_batch_size=4294967296 needs at least" in error_of(*args, "--eval_batch_size=4294967296")
+    assert not (tmp_path / "glue.json").exists()
+
+
+def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
+    import runtime
+    from model import ModelConfig
+    config = ModelConfig(vocab_size=384, seq_len=32, n_layers=2, d_model=64, n_heads=2, d_ffn=256)
+    rt = runtime.setup("cpu", "float32", compile=False)
+
+    def refusal(micro, batch):  # None where it fits in 1 GB
+        try:
+            runtime.check_memory(config, rt, 0.25, micro, f"--micro_batch={micro}", batch, f"--batch_size={batch}",
+                                 capacity=10 ** 9)
+        except SystemExit as e:
+            return str(e)
+
+    for name, sizes in (("--batch_size", lambda n: (1, n)), ("--micro_batch", lambda n: (n, 16))):
+        message = refusal(*sizes(10 ** 8))
+        assert message.startswith(f"error: {name}=100000000 needs at least"), message
+        largest = int(message.split("the largest that fits is about ")[1].replace(",", ""))
+        assert refusal(*sizes(largest)) is None and refusal(*sizes(largest + 1)).startswith(f"error: {name}=")
+    # bfloat16 keeps activations in half the bytes: a larger micro-batch fits
+    assert config.step_bytes(0.25, 2) < config.step_bytes(0.25, 4)
+
+
 def test_a_bad_config_file_names_its_file_and_line(tmp_path):
     cases = {"lr = 1e-3\nn_layers = (\n": ":2: '(' was never closed", "lr = 1e-3\nx = 1 / 0\n": ":2: ZeroDivisionError",
              "lr = float('nan')\n": "lr must be in (0, inf)", "budget_hours = '1'\n": "--budget_hours expects float"}
@@ -172,6 +237,12 @@ def test_a_resume_refuses_what_would_change_the_run_and_carries_a_dtype_over(pre
              "--fill_in_examples=0"]
     run_script(*train, "--dtype=float16", "--max_steps=65")
     assert torch.load(out / "ckpt.pt")["scaler"]
+    # dtype=auto keeps the precision the checkpoint trained in on a device of its type (the settled
+    # dtype and device are in its config), whatever this CPU's own rule would pick
+    assert torch.load(out / "ckpt.pt")["config"]["dtype"] == "float16"
+    proc = run_script(*train, "--dtype=auto", "--max_steps=67")
+    assert "device: cpu, float16 (auto: the checkpoint's)" in proc.stdout
+    assert {k: torch.load(out / "ckpt.pt")["config"][k] for k in ("device", "dtype")} == dict(device="cpu", dtype="float16")
     run_script(*train, "--dtype=float32", "--max_steps=70")
     assert torch.load(out / "ckpt.pt")["step"] == 70
 

@@ -180,7 +180,26 @@ def test_setup_errors():
         with pytest.raises(SystemExit, match="torch sees no CUDA GPU"):
             runtime.setup("cuda")
     rt = runtime.setup("auto", "auto")
-    assert rt.dtype == (torch.float32 if rt.device.type == "cpu" else torch.bfloat16)
+    assert rt.dtype_name() == runtime.auto_dtype(rt.device)[0]
+
+
+def test_auto_picks_bfloat16_on_a_cpu_with_amx_alone_and_keeps_a_checkpoint_s_precision():
+    cpu = torch.device("cpu")
+    assert runtime.auto_dtype(cpu, amx=True) == ("bfloat16", "auto: this CPU has AMX")
+    assert runtime.auto_dtype(cpu, amx=False) == ("float32", "auto: this CPU has no AMX")
+    has_amx = bool(torch.cpu._is_amx_tile_supported())  # this host's own answer, whatever ATEN_CPU_CAPABILITY says
+    assert runtime.setup("cpu", "auto", compile=False).dtype == (torch.bfloat16 if has_amx else torch.float32)
+    # a resumed run trains on in its checkpoint's precision where the device is of the same type
+    for trained in ("float32", "bfloat16", "float16"):
+        assert runtime.auto_dtype(cpu, amx=not has_amx, trained=("cpu", trained)) == (trained, "auto: the checkpoint's")
+        assert runtime.setup("cpu", "auto", compile=False, trained=("cpu", trained)).dtype_name() == trained
+    # another device's precision, an older checkpoint's "auto" or none: this device's own rule
+    for trained in (("cuda", "bfloat16"), ("cpu", "auto"), (None, None), None):
+        assert runtime.auto_dtype(cpu, amx=False, trained=trained) == ("float32", "auto: this CPU has no AMX")
+    # a setting that names a precision wins over both
+    assert runtime.setup("cpu", "float32", compile=False, trained=("cpu", "bfloat16")).dtype == torch.float32
+    said = runtime.Runtime(cpu, torch.float32, False, why="auto: this CPU has no AMX").describe()
+    assert said == "cpu, float32 (auto: this CPU has no AMX)"
 
 
 def test_cpu_warning_for_a_gpu_sized_run():
