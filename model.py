@@ -289,25 +289,6 @@ class CrammedBert(nn.Module):
             return sum(p.numel() for p in self.parameters())
         return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
 
-    def parameters_at_least(self):
-        """About the parameters (a little under: the norms' and positions' few are left out):
-        the embedding, shared with the output layer, the layers' matmuls and smear's."""
-        return self.vocab_size * self.d_model + self.n_layers * self.layer_weights() + 2 * self.d_model ** 2 * self.smear
-
-    def step_bytes(self, mask_rate, value_bytes, training=True):
-        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and
-        position, each matmul's input and q, k, v for the backward (6 widths and the feed-forward's
-        1.5 in the autocast precision, `value_bytes`) and the float32 residual; inference holds one
-        layer's widest tensors at a time. Both hold the float32 logits of the predicted positions (none
-        at mask_rate 0: fine-tuning's classifier).
-        Measured against it: 16 x 768 at micro-batch 1,024 in bfloat16 on the H100 peaked at 52.7
-        GiB, this estimate and the weights' 48 GiB; attention's scores are left out (the fused
-        kernels keep none)."""
-        width = 6 * self.d_model + 1.5 * self.d_ffn if training else 3 * self.d_model + self.d_ffn
-        layers = self.n_layers if training else 1
-        predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
-        return int(self.seq_len * layers * (width * value_bytes + 4 * self.d_model) + predicted * self.vocab_size * 4)
-
     def flops_per_token(self, mask_rate):
         """Training FLOPs per input token (model.ModelConfig.flops_per_token)."""
         return self.config.flops_per_token(mask_rate)

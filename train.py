@@ -92,6 +92,9 @@ PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100
 PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
 SIZE_EXPONENT = 0.35     # the best size grows as compute ** 0.35: through the paper's point and the CPU's (4 x 256 at 1e14)
 MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)
+PAPER_BATCH = 8192       # the paper's final batch, at the 54M sequences its day trained (6.9B tokens of 128)
+PAPER_SEQUENCES = 54e6
+BATCH_EXPONENT = 0.74    # the final batch grows as the sequences ** 0.74: through the paper's point and the CPU's (32 at 29k)
 
 
 def shape_of(rung, given):
@@ -127,10 +130,12 @@ def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
 
 
 def batch_for_budget(tokens, seq_len):
-    """The final batch for a run of `tokens`: the power of two nearest the square root of its
-    sequences, so that it takes about as many steps as a step has sequences (16 at least): the
-    paper's 8,192 at 24 hours on its GPU (54M sequences), 256 for the CPU's 20 minutes (53k)."""
-    return max(16, 2 ** round(math.log2(math.sqrt(tokens / seq_len))))
+    """The final batch for a run of `tokens`: the power of two nearest PAPER_BATCH x (its sequences /
+    PAPER_SEQUENCES) ** BATCH_EXPONENT, 32 at least (the smallest measured, and a CPU's micro-batch):
+    the paper's 8,192 at 24 hours on its GPU, 32 for 15 CPU minutes (29k sequences), 2,048 for 6 H100
+    minutes. Small runs take many small steps: the steps grow as the sequences ** 0.26, from about
+    900 at 29k to 6,600 at the paper's 54M (the square root's rule gave 128 at 29k: 0.17 worse)."""
+    return max(32, 2 ** round(math.log2(PAPER_BATCH * (tokens / seq_len / PAPER_SEQUENCES) ** BATCH_EXPONENT)))
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):

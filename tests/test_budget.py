@@ -41,11 +41,19 @@ def test_about_1e17_flops_picks_a_small_model_and_many_steps():
 
 def test_cpu_budgets_pick_the_cpu_sweeps_shape():
     # 20 minutes of a 2-core CPU whose float32 2048^3 matmul runs at 200-370 GFLOP/s: 4 x 256 (the sweep's
-    # best of three), 4-7M tokens and a batch of 128-256 (the CPU recipe's 256)
-    for matmul, final in ((200e9, 128), (370e9, 256)):
+    # best of three), 4-7M tokens and a batch of 32-64 (the batch sweep's best at 29k sequences: 32)
+    for matmul, final in ((200e9, 32), (370e9, 64)):
         rung, _, tokens, batch = pick(1200, matmul, 67e6)
         assert rung == (4, 256) and batch == final and 3.5e6 < tokens < 7.5e6
     assert pick(60, 200e9, 67e6)[0] < (4, 256) and pick(2 * 3600, 370e9, 67e6)[0] > (4, 256)  # a minute; two hours
+
+
+def test_the_batch_rule_passes_through_the_paper_and_the_cpu_batch_sweep():
+    assert batch_for_budget(54e6 * 128, 128) == 8192  # the paper's day: 54M sequences
+    assert batch_for_budget(29e3 * 128, 128) == 32  # 15 CPU minutes of 3 x 192: 32 beat 64 and 128
+    assert batch_for_budget(1e5, 128) == 32  # never below a CPU's micro-batch
+    sizes = [batch_for_budget(10 ** e * 128, 128) for e in range(3, 10)]
+    assert sizes == sorted(sizes)  # more sequences, never a smaller batch
 
 
 def test_a_small_corpus_moves_to_a_larger_shape_up_to_four_times_the_best_size():
@@ -91,18 +99,18 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     common = ["train.py", f"--data_dir={prepared}", *settings, "--fill_in_examples=0"]
     first = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=8192").stdout
     line = re.search(r"^budget: 8,192 tokens, [\d.e+]+ FLOPs -> 2 x 128 \(the ladder's 2 x 128, nearest that "
-                     r"compute\), about 0.0M tokens \([\d.]+ epochs\), a final batch of 16 sequences, about \d+ "
+                     r"compute\), about 0.0M tokens \([\d.]+ epochs\), a final batch of 32 sequences, about \d+ "
                      r"optimizer steps$", first, re.M)
     assert line, first
     ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
-    assert (ckpt["model_args"]["n_layers"], ckpt["model_args"]["d_model"], ckpt["config"]["batch_size"]) == (2, 128, 16)
+    assert (ckpt["model_args"]["n_layers"], ckpt["model_args"]["d_model"], ckpt["config"]["batch_size"]) == (2, 128, 32)
     assert ckpt["budget"]["rung"] == [2, 128] and ckpt["budget"]["matmul_flops"] == 0.0
     assert shape_for_budget(0, 2_000_000, 1e9, dict(ckpt["model_args"], n_layers=2), 0.25)[0] != (2, 128)
     resumed = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=2000000", "--max_steps=20",
                          "--resume=True").stdout
-    assert "budget:" not in resumed and re.search(r"\| batch 16 \|", resumed)
+    assert "budget:" not in resumed and max(map(int, re.findall(r"\| batch (\d+) \|", resumed))) <= 32
     again = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
-    assert again["model_args"] == ckpt["model_args"] and again["config"]["batch_size"] == 16 and again["step"] == 20
+    assert again["model_args"] == ckpt["model_args"] and again["config"]["batch_size"] == 32 and again["step"] == 20
     timed = run_script(*common, f"--out_dir={tmp_path / 'b'}", "--budget_hours=0.0005", "--d_model=96").stdout
     assert re.search(r"^budget: 0.03 min x [\d.]+ TFLOP/s \(a 2048\^3 matmul here\) x 0.5 = [\d.e+]+ FLOPs -> 2 x 96 "
                      r"\(the ladder's 2 x 128, [^;]+; given: d_model\)", timed, re.M), timed

@@ -239,6 +239,9 @@ PREPARED = {  # what is done to a prepared folder -> what the error says
     "an empty train.bin": (lambda f: (rewrite_meta(f, train_sequences=0), (f / "train.bin").write_bytes(b"")),
                            "no sequences"),
     "no tokenizer file": (lambda f: (f / "tokenizer.tiktoken").unlink(), "cannot read the tokenizer"),
+    "meta.json nested past the parser's depth": (
+        lambda f: (f / "meta.json").write_text('{"source": ' + "[" * 100000 + "]" * 100000 + "}"),
+        "meta.json is damaged (RecursionError"),
 }
 
 
@@ -313,6 +316,35 @@ def test_damaged_results_and_glue_files_are_named(pretrained, tmp_path):
         proc = run_script("finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={glue}",
                           f"--tasks={folder.lower().replace('-', '')}", f"--out_json={tmp_path / 'g.json'}", check=False)
         assert_kept(proc, before, 1, "error:", name, fragment)
+
+
+def test_a_field_or_line_of_any_size_or_depth_is_read_or_named(tmp_path, corpus_file):
+    """Every file cram reads: a record or line of megabytes gives a result (read in pieces); one nested
+    past the JSON parser's depth is a one-line error naming the file (and the line, where cram reads
+    the lines itself), never a parser's traceback. (GLUE's TSVs: test_glue; settings and config
+    files: test_reliability.)"""
+    from files import read_jsonl
+    docs = corpus_file.read_text().split("\n\n")
+    big = " ".join(docs * 20)  # one document of about 2 MB with no line break: read as MAX_DOC_CHARS pieces
+    (tmp_path / "big.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in [big, *docs[:50]]))
+    (tmp_path / "big.txt").write_text("\n\n".join([big, *docs[:50]]) + "\n")
+    for name in ("big.jsonl", "big.txt"):
+        run_script("prepare.py", f"--dataset={tmp_path / name}", f"--out_dir={tmp_path / name}.data", "--vocab_size=300",
+                   "--seq_len=32", "--tokenizer_train_chars=50000")
+        meta = json.loads((tmp_path / f"{name}.data" / "meta.json").read_text())
+        assert meta["train_sequences"] * 32 > len(big) / 8, meta  # the long document's tokens are there
+    deep = "[" * 100000 + "]" * 100000
+    (tmp_path / "deep.jsonl").write_text(json.dumps({"text": "a short document"}) + "\n" + '{"text": ' + deep + "}\n")
+    proc = run_script("prepare.py", f"--dataset={tmp_path / 'deep.jsonl'}", f"--out_dir={tmp_path / 'deep'}",
+                      "--vocab_size=300", check=False)
+    assert_kept(proc, {}, 1, "error:", "deep.jsonl")
+    # cram's own JSON lines (metrics.jsonl): a line of megabytes is read, one nested too deep is named
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(json.dumps({"step": 1, "note": "x" * 10_000_000}) + "\n" + json.dumps({"step": 2}) + "\n")
+    assert [r["step"] for r in read_jsonl(log)] == [1, 2]
+    log.write_text(json.dumps({"step": 1}) + "\n" + deep + "\n" + json.dumps({"step": 3}) + "\n")
+    with pytest.raises(SystemExit, match=r"metrics.jsonl:2 is not a JSON line"):
+        read_jsonl(log)
 
 
 # ------------------------------------------------------------------ 4. full disks, unwritable targets

@@ -16,7 +16,8 @@ from configurator import allowed, config_keys, declarations
 from files import claim_folder, load_meta, read_metrics, write_atomically
 
 SCRIPTS = ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
-           "tools/gpu_report.py", "tools/bench_offload.py", "tools/bench_prepare.py", "tools/curriculum.py"]
+           "tools/gpu_report.py", "tools/bench_offload.py", "tools/bench_prepare.py", "tools/curriculum.py",
+           "tools/bench_memory.py"]
 
 
 def error_of(script, *args):

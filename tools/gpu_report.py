@@ -166,18 +166,11 @@ def phase_health(deadline, logs):
         memory = f"; {free / 2 ** 30:.1f} of {total / 2 ** 30:.1f} GiB free"
         if total - free > 2 * 2 ** 30:  # more than a CUDA context's worth
             memory += " (another process holds the rest: figures below will be low)"
-    size, dtype = (8192, rt.dtype) if rt.device.type == "cuda" else (1024, torch.float32)
-    a, b = (torch.randn(size, size, device=rt.device, dtype=dtype) for _ in range(2))
-    for repeats in (1, 10):  # the first warms up
-        rt.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        rt.synchronize()
-    flops = 2 * size ** 3 * repeats / (time.perf_counter() - start)
+    size = 8192 if rt.device.type == "cuda" else 1024
+    flops = runtime.matmul_speed(rt, size)  # under the run's autocast, as train.py's budget measures it
     peak = runtime.peak_flops(rt.device)
     share = f" ({100 * flops / peak:.0f}% of its {peak / 1e12:.0f} TFLOP/s peak)" if peak else ""
-    headline = f"{rt.describe()}{memory}; {size}x{size} {str(dtype).split('.')[-1]} matmul {flops / 1e12:.3g} TFLOP/s{share}"
+    headline = f"{rt.describe()}{memory}; {size}x{size} {rt.dtype_name()} matmul {flops / 1e12:.3g} TFLOP/s{share}"
     return headline, headline + "."
 
 

@@ -11,7 +11,7 @@ variants() {  # the pick, its neighbours and a second batch, as this host's rule
   case $1 in
     5) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=256" ;;
     15) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=128" ;;
-    45) echo "crammed,n_layers=4+d_model=256,n_layers=6+d_model=384,batch_size=512" ;;
+    45) echo "crammed,n_layers=4+d_model=256,n_layers=6+d_model=384,batch_size=128" ;;  # the pick 5 x 320 at 64 (the 0.74 rule)
     *) echo "crammed" ;;
   esac
 }
