@@ -330,7 +330,7 @@ def test_a_field_or_line_of_any_size_or_depth_is_read_or_named(tmp_path, corpus_
     (tmp_path / "big.txt").write_text("\n\n".join([big, *docs[:50]]) + "\n")
     for name in ("big.jsonl", "big.txt"):
         run_script("prepare.py", f"--dataset={tmp_path / name}", f"--out_dir={tmp_path / name}.data", "--vocab_size=300",
-                   "--seq_len=32", "--tokenizer_train_chars=50000")
+                   "--seq_len=32", "--tokenizer_train_chars=50000", "--val_fraction=0.2")
         meta = json.loads((tmp_path / f"{name}.data" / "meta.json").read_text())
         assert meta["train_sequences"] * 32 > len(big) / 8, meta  # the long document's tokens are there
     deep = "[" * 100000 + "]" * 100000
