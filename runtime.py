@@ -587,7 +587,8 @@ def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="
     state = 16 * params * (not offload)
     per_sequence = config.step_bytes(mask_rate, 4 if rt.dtype == torch.float32 else 2, training)
     ids = 12 * config.seq_len * batch
-    fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" else "")
+    fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" and
+                                                         not offload else "")
     if offload and 16 * params > (memory_capacity(torch.device("cpu")) or math.inf):
         state, where = 16 * params, "the host's"  # off-load's masters and AdamW state live there
         capacity = memory_capacity(torch.device("cpu"))

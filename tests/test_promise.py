@@ -325,7 +325,7 @@ def test_a_field_or_line_of_any_size_or_depth_is_read_or_named(tmp_path, corpus_
     files: test_reliability.)"""
     from files import read_jsonl
     docs = corpus_file.read_text().split("\n\n")
-    big = " ".join(docs * 20)  # one document of about 2 MB with no line break: read as MAX_DOC_CHARS pieces
+    big = " ".join(docs * 10)  # one document of about 1.1 MB with no line break: read as MAX_DOC_CHARS pieces
     (tmp_path / "big.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in [big, *docs[:50]]))
     (tmp_path / "big.txt").write_text("\n\n".join([big, *docs[:50]]) + "\n")
     for name in ("big.jsonl", "big.txt"):
