@@ -9,7 +9,6 @@ the tests run the GPU's code path on any machine, with only the device differing
 import errno
 import functools
 import importlib
-import math
 import os
 import signal
 import socket
@@ -589,9 +588,9 @@ def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="
     ids = 12 * config.seq_len * batch
     fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" and
                                                          not offload else "")
-    if offload and 16 * params > (memory_capacity(torch.device("cpu")) or math.inf):
-        state, where = 16 * params, "the host's"  # off-load's masters and AdamW state live there
-        capacity = memory_capacity(torch.device("cpu"))
+    host = memory_capacity(torch.device("cpu")) if offload else None
+    if host and 16 * params > host:  # off-load's masters and AdamW state live in host memory
+        state, where, capacity = 16 * params, "the host's", host
     if state + per_sequence > capacity:
         raise SystemExit(f"error: a model of {config.n_layers} x {config.d_model} ({params / 1e6:,.0f}M parameters) "
                          f"needs at least {size_text(state + per_sequence)} for its weights, gradients and AdamW state "

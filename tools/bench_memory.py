@@ -32,7 +32,7 @@ CASE = """
 import resource, sys, torch
 sys.path.insert(0, {root!r})
 import runtime
-from data import mask_tokens
+from data import SPECIAL_TOKENS, mask_tokens, special_ids
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 args = dict(SHAPES[{shape!r}], seq_len={seq_len})
 rt = runtime.setup({device!r}, {dtype!r}, {compile})
@@ -40,8 +40,8 @@ config, micro = ModelConfig(**args), {micro}
 model = CrammedBert(**args).to(rt.device)
 trainer = Trainer(model, rt.optimizer(param_groups(model, 0.01), lr=1e-3), rt.grad_scaler(), rt.compile_model(model),
                   rt.autocast)
-n = config.vocab_size - 4
-batch = mask_tokens(torch.randint(0, n, (micro, config.seq_len), device=rt.device), 0.25, n + 3, n)
+n = config.vocab_size - len(SPECIAL_TOKENS)  # the regular tokens
+batch = mask_tokens(torch.randint(0, n, (micro, config.seq_len), device=rt.device), 0.25, special_ids(n)["[MASK]"], n)
 resident = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 before = 0 if rt.device.type == "cuda" else resident()
 for _ in range(2):
