@@ -204,9 +204,15 @@ def auto_dtype(device, amx=None, trained=None):
         return trained[1], "auto: the checkpoint's"
     if device.type == "cuda":
         return ("bfloat16", "auto: a GPU with bfloat16") if bfloat16 else ("float16", "auto: a GPU without bfloat16")
-    if amx is None:
-        amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    amx = cpu_has_amx() if amx is None else amx
     return ("bfloat16", "auto: this CPU has AMX") if amx else ("float32", "auto: this CPU has no AMX")
+
+
+def cpu_has_amx():
+    """Whether this CPU has AMX's tiles, by its own flag; torch 2.4 cannot ask (no
+    torch.cpu._is_amx_tile_supported), so there it is False and dtype=auto keeps float32."""
+    query = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(query and query())
 
 
 COMPILER_HINT = ("install one (Debian, Ubuntu: apt install g++; Fedora: dnf install gcc-c++; macOS: "
@@ -245,7 +251,11 @@ def prepare_inductor():
     """Under ATEN_CPU_CAPABILITY=default, inductor writes scalar C++, and in torch 2.13 that code
     does not build for smear's shifted gather (it mixes in vector masks): inductor gets the
     narrowest vector width the CPU has, while ATen's own kernels keep the capability asked for."""
-    from torch._inductor import config, cpu_vec_isa
+    from torch._inductor import config
+    try:
+        from torch._inductor import cpu_vec_isa
+    except ImportError:  # torch 2.4 keeps the vector ISAs in codecache
+        from torch._inductor import codecache as cpu_vec_isa
     if config.cpp.simdlen is None and not cpu_vec_isa.pick_vec_isa():
         widths = [isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()]
         if widths:

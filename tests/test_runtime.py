@@ -187,7 +187,7 @@ def test_auto_picks_bfloat16_on_a_cpu_with_amx_alone_and_keeps_a_checkpoint_s_pr
     cpu = torch.device("cpu")
     assert runtime.auto_dtype(cpu, amx=True) == ("bfloat16", "auto: this CPU has AMX")
     assert runtime.auto_dtype(cpu, amx=False) == ("float32", "auto: this CPU has no AMX")
-    has_amx = bool(torch.cpu._is_amx_tile_supported())  # this host's own answer, whatever ATEN_CPU_CAPABILITY says
+    has_amx = runtime.cpu_has_amx()  # this host's own answer, whatever ATEN_CPU_CAPABILITY says
     assert runtime.setup("cpu", "auto", compile=False).dtype == (torch.bfloat16 if has_amx else torch.float32)
     # a resumed run trains on in its checkpoint's precision where the device is of the same type
     for trained in ("float32", "bfloat16", "float16"):

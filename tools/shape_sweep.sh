@@ -4,10 +4,12 @@
 # at a second batch size, one after another on an otherwise idle machine; then 3 seeds of the pick at the
 # shortest. Resumable: tools/compare.py keeps every finished run, so run it again after a stop.
 # Usage: bash tools/shape_sweep.sh [budgets...]   (default: 5 15 45; minutes)
+#        VARIANTS=crammed,... bash tools/shape_sweep.sh 45   (another host's neighbours: its pick's start-up line says it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/shape_sweep}
-variants() {  # the pick, its neighbours and a second batch, as this host's rule picks them (2-core Xeon, ~300-370 GFLOP/s)
+variants() {  # $VARIANTS where given; else the pick, its neighbours and a second batch, as this host's rule picks them (2-core Xeon, ~300-370 GFLOP/s)
+  [ -n "${VARIANTS:-}" ] && { echo "$VARIANTS"; return; }
   case $1 in
     5) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=256" ;;
     15) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=128" ;;
