@@ -580,6 +580,12 @@ def memory_capacity(device):
     return total
 
 
+def least_bytes(config, rt, mask_rate, training=True):
+    """The lower estimates check_memory refuses by: (the model's weights, gradients and AdamW state at
+    16 bytes a parameter, one sequence's activations in rt's precision: ModelConfig.step_bytes)."""
+    return 16 * config.parameters_at_least(), config.step_bytes(mask_rate, 4 if rt.dtype == torch.float32 else 2, training)
+
+
 def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="", training=True, offload=False,
                  capacity=None):
     """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`,
@@ -593,14 +599,14 @@ def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="
     if not capacity:
         return
     params, where = config.parameters_at_least(), f"this {'GPU' if rt.device.type == 'cuda' else 'machine'}'s"
-    state = 16 * params * (not offload)
-    per_sequence = config.step_bytes(mask_rate, 4 if rt.dtype == torch.float32 else 2, training)
+    model_bytes, per_sequence = least_bytes(config, rt, mask_rate, training)
+    state = model_bytes * (not offload)
     ids = 12 * config.seq_len * batch
     fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" and
                                                          not offload else "")
     host = memory_capacity(torch.device("cpu")) if offload else None
-    if host and 16 * params > host:  # off-load's masters and AdamW state live in host memory
-        state, where, capacity = 16 * params, "the host's", host
+    if host and model_bytes > host:  # off-load's masters and AdamW state live in host memory
+        state, where, capacity = model_bytes, "the host's", host
     if state + per_sequence > capacity:
         raise SystemExit(f"error: a model of {config.n_layers} x {config.d_model} ({params / 1e6:,.0f}M parameters) "
                          f"needs at least {size_text(state + per_sequence)} for its weights, gradients and AdamW state "

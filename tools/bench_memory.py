@@ -1,5 +1,5 @@
 """The memory a training step takes beside the lower estimate train.py refuses a step by
-(runtime.check_memory: ModelConfig.step_bytes a sequence, 16 bytes a parameter).
+(runtime.check_memory's runtime.least_bytes: 16 bytes a parameter, ModelConfig.step_bytes a sequence).
 
     python tools/bench_memory.py                                  # the quickstart's shape on this CPU
     python tools/bench_memory.py --micro_batches=64,256 --dtypes=float32,bfloat16 --compiles=False,True
@@ -47,7 +47,8 @@ before = 0 if rt.device.type == "cuda" else resident()
 for _ in range(2):
     trainer.step([batch], 1e-3, 1.0)
 used = torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda" else resident() - before
-estimate = 16 * config.parameters_at_least() + micro * config.step_bytes(0.25, 4 if rt.dtype == torch.float32 else 2)
+model_bytes, per_sequence = runtime.least_bytes(config, rt, 0.25)  # what train.py's check refuses by
+estimate = model_bytes + micro * per_sequence
 print(used, estimate)
 """
 
