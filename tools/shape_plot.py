@@ -66,6 +66,9 @@ def rule_constants(names=("PAPER_WEIGHTS", "PAPER_COMPUTE", "SIZE_EXPONENT")):
     return [found[n] for n in names]
 
 
+COLUMN_COLORS = ("C0", "C9", "C8", "C6")
+
+
 def draw(columns, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -76,15 +79,16 @@ def draw(columns, path):
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(xs, [weights * (x / compute) ** exponent for x in xs], color="gray",
             label=f"the rule's best size: {weights / 1e6:.1f}M x (FLOPs / {compute:.1e})^{exponent}")
-    for label, column in columns.items():
-        best = min(column["shapes"], key=lambda s: s["val_loss"])
+    for k, (label, column) in enumerate(columns.items()):  # columns near one compute: a colour each; the best labelled
+        best, color = min(column["shapes"], key=lambda s: s["val_loss"]), COLUMN_COLORS[k % len(COLUMN_COLORS)]
         for s in column["shapes"]:
-            filled = s is best
             ax.scatter(column["compute"], s["weights"], marker="o", s=40, zorder=3,
-                       facecolors="C0" if filled else "none", edgecolors="C0")
-            ax.annotate(f"{s['shape'][0]}x{s['shape'][1]} {s['val_loss']:.2f}", (column["compute"], s["weights"]),
-                        fontsize=7, xytext=(4, 0), textcoords="offset points")
-    ax.scatter([], [], facecolors="C0", edgecolors="C0", label="measured: best of the shapes tried (hollow: the others)")
+                       facecolors=color if s is best else "none", edgecolors=color)
+        ax.annotate(f"{best['shape'][0]}x{best['shape'][1]}/{best['batch']} {best['val_loss']:.2f}",
+                    (column["compute"], best["weights"]), fontsize=7, color=color, textcoords="offset points",
+                    xytext=(-6, 0) if k == 0 else (6, -9 * k), ha="right" if k == 0 else "left", va="center")
+        ax.scatter([], [], facecolors=color, edgecolors=color,
+                   label=f"measured, {label}: the best filled (layers x width/batch, val loss), the others hollow")
     for i, (label, flops, weights) in enumerate(PUBLISHED):
         ax.scatter(flops, weights, marker="s", color=f"C{i + 1}", zorder=3, label=label)
     ax.set(xscale="log", yscale="log", xlabel="pretraining compute (FLOPs; a time budget's: hours x matmul speed x 0.5)",
