@@ -8,12 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/shape_sweep}
-variants() {  # $VARIANTS where given; else the pick, its neighbours and a second batch, as this host's rule picks them (2-core Xeon, ~300-370 GFLOP/s)
+variants() {  # $VARIANTS where given; else the pick, its neighbours and a second batch, as the rule (SIZE_EXPONENT 0.40) picks them on a 2-core Xeon (~300-370 GFLOP/s)
   [ -n "${VARIANTS:-}" ] && { echo "$VARIANTS"; return; }
   case $1 in
-    5) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=256" ;;
-    15) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=128" ;;
-    45) echo "crammed,n_layers=4+d_model=256,n_layers=6+d_model=384,batch_size=128" ;;  # the pick 5 x 320 at 64 (the 0.74 rule)
+    5) echo "crammed,n_layers=2+d_model=128,n_layers=4+d_model=256,batch_size=64" ;;    # the pick 3 x 192 at 32
+    15) echo "crammed,n_layers=2+d_model=128,n_layers=4+d_model=256,batch_size=128" ;;  # the pick 3 x 192 at 64
+    45) echo "crammed,n_layers=3+d_model=192,n_layers=5+d_model=320,batch_size=64" ;;   # the pick 4 x 256 at 64-128
     *) echo "crammed" ;;
   esac
 }
