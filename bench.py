@@ -2,6 +2,7 @@
 
     python bench.py                       # a GPU: the reference 16x768 shape; a CPU: the quickstart shape
     python bench.py --shape=reference --micro_batch=256 --sweep=False
+    python bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
 
 Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile,
 fused AdamW, all set up by runtime.py as in training) after warm-up, with the device
@@ -35,7 +36,8 @@ from data import benchmark_tokens, RandomBatches
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
-shape = "auto"          # {auto, reference, small}: 16x768 with 32768 tokens, 4x256 with 8192; auto: by device
+shape = "auto"          # {auto, reference, small, cpu}: 16x768 with 32768 tokens, 4x256 with 8192, config/train_cpu.py's
+                        # model with 32768; auto: reference on a GPU, small on a CPU
 micro_batch = 0         # >= 0: if 0, 128 on a GPU and 32 on a CPU
 accum_steps = 4         # >= 1: micro-batches per optimizer step (training accumulates many)
 steps = 0               # >= 0: timed optimizer steps (0: 10 on a GPU, 3 on a CPU)
@@ -54,7 +56,18 @@ profile = False         # print the crammed step's 20 costliest kernels (torch.p
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
-ORIGINAL_BERT = read_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "bert_original.py"))
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
+CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
+
+
+def shape_dims(name):
+    """The model's size fields for a named shape: model.SHAPES', or 'cpu': config/train_cpu.py's
+    model (read from the file, so the benchmark follows the recipe) on its 32768-token vocabulary."""
+    if name != "cpu":
+        return SHAPES[name]
+    recipe = read_config_file(os.path.join(CONFIG_DIR, "train_cpu.py"))
+    return dict({k: recipe[k] for k in SHAPES["small"] if k != "vocab_size"}, vocab_size=CPU_RECIPE_VOCAB)
 
 
 class HFMaskedLM(nn.Module):
@@ -197,7 +210,7 @@ def main():
         raise SystemExit(f"error: --compile_mode={compile_mode} names modes to time, but --compile=False")
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")
-    dims = SHAPES[name]
+    dims = shape_dims(name)
     micro = micro_batch or (128 if gpu else 32)
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)

@@ -5,10 +5,11 @@ from conftest import assert_one_line_error, run_script
 
 
 def test_bench_prints_the_table_with_ratios(tmp_path):
-    proc = run_script("bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=1", "--steps=1",
+    """At the CPU recipe's shape (config/train_cpu.py's model, read from the file, with 32768 tokens)."""
+    proc = run_script("bench.py", "--shape=cpu", "--micro_batch=2", "--accum_steps=1", "--steps=1",
                       "--warmup_steps=1", "--sweep=False", f"--data_dir={tmp_path}", "--compile=False")
     out = proc.stdout
-    assert "data: random tokens" in out
+    assert "data: random tokens" in out and out.startswith("# cpu shape 4x256, vocabulary 32768, seq 128 |")
     rows = re.findall(r"^\| (crammed|original BERT|HF BertForMaskedLM) \| 2 \| ([\d,]+) \|", out, re.M)
     expected = ["crammed", "original BERT"] + (["HF BertForMaskedLM"] if importlib.util.find_spec("transformers") else [])
     assert [name for name, _ in rows] == expected and all(int(v.replace(",", "")) > 0 for _, v in rows)
@@ -18,7 +19,7 @@ def test_bench_prints_the_table_with_ratios(tmp_path):
 
 def test_bench_rejects_unknown_shape():
     proc = run_script("bench.py", "--shape=huge", check=False)
-    assert proc.returncode != 0 and proc.stderr.strip() == "error: --shape=huge is not allowed: shape must be one of auto, reference, small"
+    assert proc.returncode != 0 and proc.stderr.strip() == "error: --shape=huge is not allowed: shape must be one of auto, reference, small, cpu"
 
 
 def test_bench_times_each_compile_mode(tmp_path):
