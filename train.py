@@ -377,7 +377,10 @@ def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, 
 def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):
     """settle_shape's fresh run: the budget's shape and batch into `config` (those `given` win);
     returns what it picked and why."""
-    speed = runtime.matmul_speed(rt) if master and not budget_tokens else 0.0
+    # a CPU's step keeps up with its float32 matmuls, not with AMX's bfloat16 ones (BENCHMARKS.md, "The CPU's
+    # precision"): there a float32 matmul measures what a step does, in either precision
+    timed = rt if rt.device.type == "cuda" else dataclasses.replace(rt, dtype=torch.float32)
+    speed = runtime.matmul_speed(timed) if master and not budget_tokens else 0.0
     speed = runtime.from_rank0(speed, rt.device) if ddp else speed
     compute = budget_hours * 3600 * speed * STEP_EFFICIENCY * world
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
@@ -387,7 +390,7 @@ def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):
     tokens = budget_tokens or compute / per_token
     unit = (micro_batch or 1) * world  # the batch a whole number of micro-batches on every process
     config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
-    return dict(matmul_flops=speed, compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
+    return dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
                 rung=list(rung), nearest=list(nearest), given=sorted(given))
 
 
@@ -395,7 +398,7 @@ def budget_line(pick, config, micro, seq_len):
     """The start-up line that says what the budget picked, and why."""
     if pick["matmul_flops"]:
         hours = f"{budget_hours:g} h" if budget_hours >= 1 else f"{60 * budget_hours:.3g} min"
-        budget = (f"{hours} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a 2048^3 matmul here) x "
+        budget = (f"{hours} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a {pick['matmul_dtype']} 2048^3 matmul here) x "
                   f"{STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
     else:
         budget = f"{budget_tokens:,} tokens, {pick['compute']:.2g} FLOPs"
