@@ -390,8 +390,8 @@ def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):
     tokens = budget_tokens or compute / per_token
     unit = (micro_batch or 1) * world  # the batch a whole number of micro-batches on every process
     config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
-    return dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens,
-                rung=list(rung), nearest=list(nearest), given=sorted(given))
+    return dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), compute=tokens * per_token, tokens=tokens,
+                epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest), given=sorted(given))
 
 
 def budget_line(pick, config, micro, seq_len):
