@@ -35,9 +35,20 @@ class Attention(nn.Module):
             q = F.linear(x, self.qkv.weight[:C], bias[0]).view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
             kv = F.linear(context, self.qkv.weight[C:], bias[1])  # (B, S, 2C)
             k, v = kv.view(B, context.shape[1], 2, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = attend(q, k, v, attn_mask, self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def attend(q, k, v, attn_mask, dropout_p):
+    """Scaled dot-product attention of q, k, v (B, H, T, d_head). Under a CPU's autocast it runs in
+    float32: torch's CPU flash attention tiles a bfloat16 attention into many small products
+    without packing them for the matrix units (it packs for float16 only), and on a 2-core EPYC its
+    bfloat16 forward and backward took 4x float32's (BENCHMARKS.md, the CPU's precision)."""
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
+                                                  dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
 class FeedForward(nn.Module):

@@ -61,3 +61,16 @@ def test_the_memory_estimate_stays_below_what_a_step_takes():
     measured, estimate, ratio = map(float, re.search(r"^\| float32, eager \| 64 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",
                                                       out, re.M).groups())
     assert 0 < estimate < measured and ratio < 1, out
+
+
+def test_bench_attention_times_each_way_beside_the_model_s():
+    """tools/bench_attention.py: under bfloat16 autocast model.attend equals float32 attention exactly; the
+    others round to bfloat16 (their difference is bfloat16's: under 1e-2 at unit-scale values)."""
+    out = run_script("tools/bench_attention.py", "--micro_batch=2", "--seq_len=16", "--n_heads=2", "--head_dim=8",
+                     "--compile=False", "--repeats=1", "--rounds=1").stdout
+    assert out.startswith("# attention of 2 x 2 heads x 16 positions x 8 | cpu, bfloat16")
+    rows = dict((name, (float(ms), float(error))) for name, ms, error in
+                re.findall(r"^\| ([^|]+) \| ([\d.]+) \| ([\d.e+-]+) \|$", out, re.M))
+    assert list(rows) == ["model.attend", "flash in the autocast dtype", "matmuls in the autocast dtype"], out
+    assert rows["model.attend"][1] == 0 and all(0 < error < 1e-2 for _, error in list(rows.values())[1:])
+    assert all(ms > 0 for ms, _ in rows.values())

@@ -1,8 +1,9 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from data import mask_tokens
-from model import CrammedBert, SequenceClassifier, param_groups
+from model import CrammedBert, SequenceClassifier, attend, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 
@@ -44,6 +45,21 @@ def test_sparse_prediction_equals_dense():
     loss_s.backward()
     loss_d.backward()
     torch.testing.assert_close(sparse.tok_emb.weight.grad, dense.tok_emb.weight.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_a_cpu_autocast_attends_in_float32():
+    """Under a CPU's bfloat16 autocast, attention runs in float32 (torch's CPU flash attention has no fast
+    bfloat16 path): the values of float32 attention over the bfloat16 q, k, v, compiled as eager."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 32, 16).bfloat16() for _ in range(3))
+    mask = torch.rand(2, 1, 1, 32) > 0.2  # padding's mask, as fine-tuning gives it
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = attend(q, k, v, mask, 0.0)
+        compiled = torch.compile(attend, fullgraph=True)(q, k, v, mask, 0.0)
+    assert eager.dtype == compiled.dtype == torch.float32 and torch.equal(eager, expected)
+    torch.testing.assert_close(compiled, expected)
+    assert attend(q, k, v, mask, 0.0).dtype == torch.bfloat16  # without autocast, as asked
 
 
 @pytest.mark.parametrize("smear,pooling", [(False, "mean"), (True, "mean"), (False, "first")])

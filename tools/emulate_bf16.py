@@ -10,16 +10,14 @@ learns, checked on a CPU whose bfloat16 matmuls crawl (AVX2 without bfloat16 uni
 out_json: their records say bfloat16, as the numerics are, but nothing ran on bfloat16 kernels.)
 
 Autocast hands every product bfloat16 operands. Below it, this runs those products (mm, addmm, bmm,
-baddbmm and the CPU's attention kernels, forward and backward) on the same bfloat16 values widened
-to float32, then rounds each result to the dtype the bfloat16 kernel returns: rounding as bfloat16's
-(operands and results), accumulation in float32 as AMX's and oneDNN's kernels accumulate, only the
-order of the sums differs. Everything else runs as autocast has it (element-wise ops and norms on
-bfloat16 tensors, the loss in float32). One difference towards less precision: it runs eager only
-(a dispatch mode does not reach into torch.compile's kernels), and eager code rounds every op's
-output to bfloat16 where compiled code keeps a fused kernel's intermediates in float32. One towards
-more: the CPU's flash attention rounds its probabilities to bfloat16 before multiplying the
-values; here they stay float32. So this checks the recipe's numerics, not a machine's speed: the
-real check in bfloat16 wants a CPU with AMX (or a GPU).
+baddbmm) on the same bfloat16 values widened to float32, then rounds each result to the dtype the
+bfloat16 kernel returns: rounding as bfloat16's (operands and results), accumulation in float32 as
+AMX's and oneDNN's kernels accumulate, only the order of the sums differs. Everything else runs as
+autocast has it (element-wise ops and norms on bfloat16 tensors; the loss and, on a CPU, attention in
+float32: model.attend). One difference, towards less precision: it runs eager only (a dispatch mode
+does not reach into torch.compile's kernels), and eager code rounds every op's output to bfloat16
+where compiled code keeps a fused kernel's intermediates in float32. So this checks the recipe's
+numerics, not a machine's speed: the real check in bfloat16 wants a CPU with AMX (or a GPU).
 """
 import os
 import re
@@ -31,10 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 aten = torch.ops.aten
-PRODUCTS = {getattr(aten, name).default for name in ("mm", "addmm", "bmm", "baddbmm",
-                                                    "_scaled_dot_product_flash_attention_for_cpu",
-                                                    "_scaled_dot_product_flash_attention_for_cpu_backward")
-            if hasattr(aten, name)}  # (the CPU's flash attention is newer than some torch a user may have)
+PRODUCTS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 
 
 def is_bf16(x):

@@ -1,0 +1,93 @@
+"""Attention's forward and backward at a model's shape, timed alone in each way a CPU can run it,
+beside the attention the model runs (model.attend).
+
+    python tools/bench_attention.py                     # the quickstart's shape: micro-batch 32, 4 heads of 64
+    python tools/bench_attention.py --dtype=float32
+
+Under bfloat16 autocast model.attend runs attention in float32, because torch's CPU flash attention
+tiles bfloat16 into small products it does not pack for the matrix units. The rows: that
+(`model.attend`), the flash kernel on the bfloat16 values, and attention as two batched matmuls
+around a softmax (in bfloat16 under autocast, as one large product each, which AMX may run faster
+than float32's flash kernel). Each is checked against float32 attention of the same
+values first. A row is ms per layer's attention (forward + backward), the fastest of `rounds`.
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import runtime  # noqa: E402  (the core sits one folder up)
+from configurator import configure  # noqa: E402
+from model import attend  # noqa: E402
+
+# -----------------------------------------------------------------------------
+micro_batch = 32        # >= 1
+seq_len = 128           # >= 2
+n_heads = 4             # >= 1
+head_dim = 64           # >= 1
+dtype = "bfloat16"      # {float32, bfloat16}: the autocast precision
+compile = True          # torch.compile each way (train.py compiles the model)
+repeats = 5             # >= 1: forward + backward passes a round
+rounds = 3              # >= 1
+seed = 0                # [0, 4294967295]
+# -----------------------------------------------------------------------------
+
+
+def matmuls(q, k, v, attn_mask, dropout_p):
+    """Attention as two batched products around a softmax (no dropout: pretraining has none)."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, T, T)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return scores.softmax(-1) @ v  # (B, H, T, d_head)
+
+
+def flash(q, k, v, attn_mask, dropout_p):
+    """torch's flash kernel on q, k, v as autocast gives them."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+
+
+WAYS = {"model.attend": attend, "flash in the autocast dtype": flash, "matmuls in the autocast dtype": matmuls}
+
+
+def time_way(fn, q, k, v, grad, rt):
+    """Seconds of one forward + backward, the fastest round's mean."""
+    def once():
+        with rt.autocast():
+            y = fn(q, k, v, None, 0.0)
+        y.backward(grad.to(y.dtype))
+    once()  # warm-up: compilation, the library's kernel choice
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            once()
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
+
+
+def main():
+    rt = runtime.setup("cpu", dtype, compile)
+    torch.manual_seed(seed)
+    # q, k, v as the qkv projection leaves them: in the autocast precision
+    q, k, v = (torch.randn(micro_batch, n_heads, seq_len, head_dim, dtype=rt.dtype, requires_grad=True)
+               for _ in range(3))
+    grad = torch.randn(micro_batch, n_heads, seq_len, head_dim)
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    print(f"# attention of {micro_batch} x {n_heads} heads x {seq_len} positions x {head_dim} | {rt.describe()} | "
+          f"torch {torch.__version__} | {torch.get_num_threads()} CPU threads | {time.strftime('%Y-%m-%d')}\n")
+    print("| way | ms per layer (forward + backward) | largest difference from float32 |\n|---|---|---|")
+    for name, way in WAYS.items():
+        fn = torch.compile(way, fullgraph=True) if rt.compile else way
+        with torch.no_grad(), rt.autocast():
+            error = (fn(q, k, v, None, 0.0).float() - reference).abs().max().item()
+        seconds = time_way(fn, q, k, v, grad, rt)
+        print(f"| {name} | {1e3 * seconds:.1f} | {error:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    configure(globals(), sys.argv[1:])
+    runtime.guarded(main, "nothing to keep: a benchmark only prints")
