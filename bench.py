@@ -14,7 +14,8 @@ synchronised, for:
 then reports the ratios, the share of the device's own matmul speed that the step reaches (the
 matmul shapes of the model timed alone in the same run: the practical ceiling), the cost of data
 loading and masking, and tokens/s per micro-batch size up to the largest that fits (the search
-train.py's micro_batch=0 uses).
+train.py's micro_batch=0 uses). --profile=True adds the crammed step's costliest kernels and its
+time by kind of kernel (fused element-wise, attention, matmuls, optimizer, the rest) a micro-batch.
 
 Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too:
 tools/bench_prepare.py.
@@ -23,6 +24,7 @@ import dataclasses
 import functools
 import gc
 import os
+import re
 import sys
 import time
 from contextlib import nullcontext
@@ -52,13 +54,20 @@ dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py
 compile = True          # as train.py; the crammed row is also timed eager, for the comparison
 compile_mode = "default"  # torch.compile's mode (train.py's), or several, comma-separated: the crammed row is timed
                           # in each (warm-up = compilation + autotuning), the baselines in the first
-profile = False         # print the crammed step's 20 costliest kernels (torch.profiler over the timed steps)
+profile = False         # print the crammed step's 20 costliest kernels and its time by kind of kernel (torch.profiler
+                        # over the timed steps)
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
 CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
+# the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (cpp_fused_* on a CPU, where
+# main has it record them, triton_* on a GPU; triton_tem_* are its matmul templates), then attention before matmuls
+# (some attention kernels are built from CUTLASS's); what matches none is "the rest"
+KERNEL_KINDS = [("fused element-wise", r"cpp_fused|triton_(poi|red|per)"), ("attention", r"attention|flash|fmha"),
+                ("matmuls", r"aten::(mm|addmm|bmm|baddbmm)$|gemm|nvjet|xmma|cutlass|triton_tem"),
+                ("optimizer", r"(?i)adam|optimizer|muon")]
 
 
 def shape_dims(name):
@@ -140,12 +149,27 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
         if profiled:
             key = "self_cpu_time_total" if rt.device.type == "cpu" else "self_device_time_total"
             print(profiler.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=60))
+            print(time_by_kind(profiler.key_averages(), rt.device.type, n_steps * accum_steps))
         return seconds, warmup_seconds, rt.peak_memory()
     finally:
         del model, optimizer, step_model, trainer
         torch._dynamo.reset()  # the next row (another mode) starts with no graphs, CUDA-graph pools or caches held
         gc.collect()
         torch.cuda.empty_cache()  # (nothing unless CUDA is in use)
+
+
+def time_by_kind(events, device_type, micro_batches):
+    """A profile's self time summed by KERNEL_KINDS, per micro-batch: on a GPU its kernels' time, on a
+    CPU its ops' (whose self times add up to the step's)."""
+    on_device = device_type != "cpu"
+    totals = dict.fromkeys([kind for kind, _ in KERNEL_KINDS] + ["the rest"], 0.0)
+    for e in events:
+        if (e.device_type == torch.autograd.DeviceType.CUDA) == on_device:
+            kind = next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, e.key)), "the rest")
+            totals[kind] += e.self_device_time_total if on_device else e.self_cpu_time_total
+    whole = sum(totals.values()) or 1.0
+    return "time by kind, ms per micro-batch: " + ", ".join(
+        f"{kind} {us / 1e3 / micro_batches:.1f} ({100 * us / whole:.0f}%)" for kind, us in totals.items())
 
 
 def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
@@ -203,6 +227,8 @@ def row(name, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak):
 
 def main():
     modes = [m.strip() for m in compile_mode.split(",") if m.strip()] or ["default"]
+    if profile:  # inductor's CPU kernels recorded by name, or the profile shows only the graph that calls them
+        torch._inductor.config.cpp.enable_kernel_profile = True
     rt = runtime.setup(device, dtype, compile, compile_mode=modes[0])
     for mode in modes[1:]:
         runtime.check_compile_mode(mode, rt.device)

@@ -40,14 +40,16 @@ class Attention(nn.Module):
 
 
 def attend(q, k, v, attn_mask, dropout_p):
-    """Scaled dot-product attention of q, k, v (B, H, T, d_head). Under a CPU's autocast it runs in
-    float32: torch's CPU flash attention tiles a bfloat16 attention into many small products
-    without packing them for the matrix units (it packs for float16 only), and on a 2-core EPYC its
-    bfloat16 forward and backward took 4x float32's (BENCHMARKS.md, the CPU's precision)."""
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        with torch.autocast("cpu", enabled=False):
-            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
-                                                  dropout_p=dropout_p)
+    """Scaled dot-product attention of q, k, v (B, H, T, d_head). On a CPU it computes in float32
+    whatever q's precision (bfloat16 under autocast) and returns that precision: torch's CPU flash
+    attention tiles a bfloat16 attention into many small products without packing them for the
+    matrix units (it packs for float16 only), and on a 2-core EPYC its bfloat16 forward and backward
+    took 4x float32's (BENCHMARKS.md, the CPU's precision)."""
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        with torch.autocast("cpu", enabled=False):  # autocast would hand the kernel bfloat16 again
+            y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
+                                               dropout_p=dropout_p)
+        return y.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 

@@ -4,12 +4,13 @@ beside the attention the model runs (model.attend).
     python tools/bench_attention.py                     # the quickstart's shape: micro-batch 32, 4 heads of 64
     python tools/bench_attention.py --dtype=float32
 
-Under bfloat16 autocast model.attend runs attention in float32, because torch's CPU flash attention
-tiles bfloat16 into small products it does not pack for the matrix units. The rows: that
+Under bfloat16 autocast model.attend computes attention in float32, because torch's CPU flash
+attention tiles bfloat16 into small products it does not pack for the matrix units. The rows: that
 (`model.attend`), the flash kernel on the bfloat16 values, and attention as two batched matmuls
 around a softmax (in bfloat16 under autocast, as one large product each, which AMX may run faster
-than float32's flash kernel). Each is checked against float32 attention of the same
-values first. A row is ms per layer's attention (forward + backward), the fastest of `rounds`.
+than float32's flash kernel). Each is checked against float32 attention of the same values first
+(each rounds its output to the autocast precision). A row is ms per layer's attention (forward +
+backward), the fastest of `rounds`.
 """
 import os
 import sys
