@@ -64,10 +64,11 @@ ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
 CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
 # the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (cpp_fused_* on a CPU, where
 # main has it record them, triton_* on a GPU; triton_tem_* are its matmul templates), then attention before matmuls
-# (some attention kernels are built from CUTLASS's); what matches none is "the rest"
+# (some attention kernels are built from CUTLASS's); what matches none is "the rest". Muon's Newton-Schulz
+# iterations are matmuls and count there.
 KERNEL_KINDS = [("fused element-wise", r"cpp_fused|triton_(poi|red|per)"), ("attention", r"attention|flash|fmha"),
                 ("matmuls", r"aten::(mm|addmm|bmm|baddbmm)$|gemm|nvjet|xmma|cutlass|triton_tem"),
-                ("optimizer", r"(?i)adam|optimizer|muon")]
+                ("optimizer", r"(?i)adam|optimizer")]
 
 
 def shape_dims(name):
@@ -147,9 +148,10 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
             rt.synchronize()
             seconds = (time.perf_counter() - start) / n_steps
         if profiled:
+            events = profiler.key_averages()
             key = "self_cpu_time_total" if rt.device.type == "cpu" else "self_device_time_total"
-            print(profiler.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=60))
-            print(time_by_kind(profiler.key_averages(), rt.device.type, n_steps * accum_steps))
+            print(events.table(sort_by=key, row_limit=20, max_name_column_width=60))
+            print(time_by_kind(events, rt.device.type, n_steps * accum_steps))
         return seconds, warmup_seconds, rt.peak_memory()
     finally:
         del model, optimizer, step_model, trainer
@@ -228,7 +230,8 @@ def row(name, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak):
 def main():
     modes = [m.strip() for m in compile_mode.split(",") if m.strip()] or ["default"]
     if profile:  # inductor's CPU kernels recorded by name, or the profile shows only the graph that calls them
-        torch._inductor.config.cpp.enable_kernel_profile = True
+        from torch._inductor import config as inductor_config  # (torch 2.4 does not import it with torch)
+        inductor_config.cpp.enable_kernel_profile = True
     rt = runtime.setup(device, dtype, compile, compile_mode=modes[0])
     for mode in modes[1:]:
         runtime.check_compile_mode(mode, rt.device)

@@ -40,12 +40,12 @@ class Attention(nn.Module):
 
 
 def attend(q, k, v, attn_mask, dropout_p):
-    """Scaled dot-product attention of q, k, v (B, H, T, d_head). On a CPU it computes in float32
-    whatever q's precision (bfloat16 under autocast) and returns that precision: torch's CPU flash
-    attention tiles a bfloat16 attention into many small products without packing them for the
-    matrix units (it packs for float16 only), and on a 2-core EPYC its bfloat16 forward and backward
-    took 4x float32's (BENCHMARKS.md, the CPU's precision)."""
-    if q.device.type == "cpu" and q.dtype != torch.float32:
+    """Scaled dot-product attention of q, k, v (B, H, T, d_head). A bfloat16 attention on a CPU
+    computes in float32 and returns bfloat16: torch's CPU flash attention runs a bfloat16 backward
+    (and, in torch versions that do not pack bfloat16 for AMX, its forward) as many small unpacked
+    products, and on an AVX2 EPYC took 4x float32's alone and 8x in the training step. On a CPU with
+    AMX that is expected, not yet measured (tools/bench_attention.py; BENCHMARKS.md, the CPU's precision)."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         with torch.autocast("cpu", enabled=False):  # autocast would hand the kernel bfloat16 again
             y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
                                                dropout_p=dropout_p)

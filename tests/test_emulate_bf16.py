@@ -21,8 +21,10 @@ def loss_and_grads(model, batch, dtype, emulated=False):
 def test_emulation_rounds_as_bfloat16_does():
     """A tiny model's gradients: the emulation differs from float32 as much as real bfloat16 does
     (the rounding of every product's operands and results to 8 bits of mantissa), and from real
-    bfloat16 only where a product's order of summation flips a rounding: a rare flip (1e-5 to 1e-4 of
-    the rounding measured, on AVX2 and on the default kernels; attention runs in float32 in both)."""
+    bfloat16 only where a product's order of summation flips a rounding (attention is float32 in
+    both): 1e-5 to 1e-4 of the rounding measured on AVX2 and on the default kernels, whose sums seem to
+    run in float32's order; kernels that sum in another (AVX512-bf16, AMX) flip more, by estimate up
+    to ~0.06 of it (a flip per ~1e3 roundings, each a whole step), hence the bound 0.25."""
     torch.manual_seed(0)
     model = CrammedBert(vocab_size=512, n_layers=2, d_model=64, n_heads=2, d_ffn=256, seq_len=32)
     batch = (torch.randint(5, 512, (8, 32)), torch.randint(0, 32, (8, 8)), torch.randint(5, 512, (8, 8)))
@@ -32,8 +34,8 @@ def test_emulation_rounds_as_bfloat16_does():
     rounding = (g_bf16 - g32).norm()
     assert rounding > 1e-3 * g32.norm()  # bfloat16 does round: ~3e-3 of the gradient
     assert 0.7 < (g_emu - g32).norm() / rounding < 1.3
-    assert (g_emu - g_bf16).norm() < 0.1 * rounding  # order flips ~1e-3 of roundings at most: ~0.06
-    assert abs(loss_emu - loss_bf16) < 0.1 * abs(loss_bf16 - loss32) + 1e-5
+    assert (g_emu - g_bf16).norm() < 0.25 * rounding
+    assert abs(loss_emu - loss_bf16) < 0.25 * abs(loss_bf16 - loss32) + 1e-5
 
 
 def test_emulation_leaves_float32_alone():

@@ -5,7 +5,8 @@ beside the attention the model runs (model.attend).
     python tools/bench_attention.py --dtype=float32
 
 Under bfloat16 autocast model.attend computes attention in float32, because torch's CPU flash
-attention tiles bfloat16 into small products it does not pack for the matrix units. The rows: that
+attention runs a bfloat16 backward as small products it does not pack for the matrix units (slower
+than float32's on an AVX2 CPU; on one with AMX this tool says which is faster). The rows: that
 (`model.attend`), the flash kernel on the bfloat16 values, and attention as two batched matmuls
 around a softmax (in bfloat16 under autocast, as one large product each, which AMX may run faster
 than float32's flash kernel). Each is checked against float32 attention of the same values first
@@ -38,28 +39,31 @@ seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
 
 
-def matmuls(q, k, v, attn_mask, dropout_p):
-    """Attention as two batched products around a softmax (no dropout: pretraining has none)."""
+def model_attend(q, k, v):
+    return attend(q, k, v, None, 0.0)
+
+
+def flash(q, k, v):
+    """torch's flash kernel on q, k, v as autocast gives them."""
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def matmuls(q, k, v):
+    """Attention as two batched products around a softmax."""
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, T, T)
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
     return scores.softmax(-1) @ v  # (B, H, T, d_head)
 
 
-def flash(q, k, v, attn_mask, dropout_p):
-    """torch's flash kernel on q, k, v as autocast gives them."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-
-
-WAYS = {"model.attend": attend, "flash in the autocast dtype": flash, "matmuls in the autocast dtype": matmuls}
+WAYS = {"model.attend": model_attend, "flash in the autocast dtype": flash, "matmuls in the autocast dtype": matmuls}
 
 
 def time_way(fn, q, k, v, grad, rt):
     """Seconds of one forward + backward, the fastest round's mean."""
     def once():
         with rt.autocast():
-            y = fn(q, k, v, None, 0.0)
+            y = fn(q, k, v)
         y.backward(grad.to(y.dtype))
+        q.grad = k.grad = v.grad = None  # each pass writes its gradients afresh, as training's do
     once()  # warm-up: compilation, the library's kernel choice
     best = float("inf")
     for _ in range(rounds):
@@ -77,14 +81,15 @@ def main():
     q, k, v = (torch.randn(micro_batch, n_heads, seq_len, head_dim, dtype=rt.dtype, requires_grad=True)
                for _ in range(3))
     grad = torch.randn(micro_batch, n_heads, seq_len, head_dim)
-    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    with torch.no_grad():
+        reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
     print(f"# attention of {micro_batch} x {n_heads} heads x {seq_len} positions x {head_dim} | {rt.describe()} | "
           f"torch {torch.__version__} | {torch.get_num_threads()} CPU threads | {time.strftime('%Y-%m-%d')}\n")
     print("| way | ms per layer (forward + backward) | largest difference from float32 |\n|---|---|---|")
     for name, way in WAYS.items():
         fn = torch.compile(way, fullgraph=True) if rt.compile else way
         with torch.no_grad(), rt.autocast():
-            error = (fn(q, k, v, None, 0.0).float() - reference).abs().max().item()
+            error = (fn(q, k, v).float() - reference).abs().max().item()
         seconds = time_way(fn, q, k, v, grad, rt)
         print(f"| {name} | {1e3 * seconds:.1f} | {error:.1e} |", flush=True)
 
