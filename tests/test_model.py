@@ -48,9 +48,9 @@ def test_sparse_prediction_equals_dense():
 
 
 def test_a_cpu_attends_in_float32():
-    """On a CPU attention computes in float32 whatever q's precision (torch's CPU flash attention has no fast
-    bfloat16 path): float32 attention over the bfloat16 q, k, v, rounded to bfloat16 once, under autocast or
-    not, compiled as eager."""
+    """On a CPU a bfloat16 attention computes in float32 (torch's CPU flash attention runs bfloat16's backward
+    as small unpacked products): float32 attention over the bfloat16 q, k, v, rounded to bfloat16 once, under
+    autocast or not, compiled as eager."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 32, 16).bfloat16() for _ in range(3))
     mask = torch.rand(2, 1, 1, 32) > 0.2  # padding's mask, as fine-tuning gives it

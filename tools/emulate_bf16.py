@@ -10,8 +10,8 @@ learns, checked on a CPU whose bfloat16 matmuls crawl (AVX2 without bfloat16 uni
 out_json: their records say bfloat16, as the numerics are, but nothing ran on bfloat16 kernels.)
 
 Autocast hands every product bfloat16 operands. Below it, this runs those products (mm, addmm, bmm,
-baddbmm) on the same bfloat16 values widened to float32, then rounds each result to the dtype the
-bfloat16 kernel returns: rounding as bfloat16's (operands and results), accumulation in float32 as
+baddbmm) on the same bfloat16 values widened to float32, then rounds each result to bfloat16, as the
+bfloat16 kernel returns it: rounding as bfloat16's (operands and results), accumulation in float32 as
 AMX's and oneDNN's kernels accumulate, only the order of the sums differs. Everything else runs as
 autocast has it (element-wise ops and norms on bfloat16 tensors; the loss and, on a CPU, attention in
 float32: model.attend). One difference, towards less precision: it runs eager only (a dispatch mode
@@ -26,7 +26,7 @@ import sys
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 aten = torch.ops.aten
 PRODUCTS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
@@ -41,13 +41,11 @@ class Bfloat16Products(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func not in PRODUCTS or not any(map(is_bf16, tree_flatten((args, kwargs))[0])):
-            return func(*args, **kwargs)
-        on_meta = tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, (args, kwargs))
-        dtypes = [getattr(x, "dtype", None) for x in tree_flatten(func(*on_meta[0], **on_meta[1]))[0]]
+        tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        if func not in PRODUCTS or not tensors or not all(map(is_bf16, tensors)):
+            return func(*args, **kwargs)  # float32's as it is; mixed precisions raise as they do without the mode
         wide = tree_map(lambda x: x.float() if is_bf16(x) else x, (args, kwargs))
-        results, spec = tree_flatten(func(*wide[0], **wide[1]))
-        return tree_unflatten([r.to(d) if isinstance(r, torch.Tensor) else r for r, d in zip(results, dtypes)], spec)
+        return func(*wide[0], **wide[1]).bfloat16()  # each product returns one tensor in its operands' precision
 
 
 def main(argv):
