@@ -194,11 +194,12 @@ def auto_dtype(device, amx=None, trained=None):
     dtype its checkpoint trained in), on a device of that type (bfloat16 where a GPU has it): a run
     and its resume train alike. Else on a GPU bfloat16 where it has it, else float16.
     On a CPU bfloat16 where it has AMX's bfloat16 tiles (Intel Xeons since the 4th generation), whose
-    matmuls ran at 10x float32's on a 2-core Xeon; float32 elsewhere: AVX512-bf16 without AMX (AMD
-    Zen 4 and 5, older Xeons) ran a 2048^3 bfloat16 matmul at half float32's speed on a Xeon, and AVX2
-    has no bfloat16 arithmetic (BENCHMARKS.md). A fixed rule on what the CPU has, not a timing, so a
-    run and its resume choose alike; read from the CPU itself, as oneDNN does (ATEN_CPU_CAPABILITY
-    changes ATen's kernels, not oneDNN's use of AMX). amx: the answer to use instead (tests)."""
+    matmuls ran at 10x float32's at the model's shapes on a 2-core Xeon (5.8x at 2048^3); float32
+    elsewhere: AVX512-bf16 without AMX (AMD Zen 4 and 5, older Xeons) ran a 2048^3 bfloat16 matmul at
+    half float32's speed on a Xeon, and AVX2 has no bfloat16 arithmetic (BENCHMARKS.md). A fixed rule
+    on what the CPU has, not a timing, so a run and its resume choose alike; read from the CPU itself,
+    as oneDNN does (ATEN_CPU_CAPABILITY changes ATen's kernels, not oneDNN's use of AMX). amx: the
+    answer to use instead (tests)."""
     bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
     if trained and trained[0] == device.type and trained[1] in DTYPES and (trained[1] != "bfloat16" or bfloat16):
         return trained[1], "auto: the checkpoint's"
@@ -500,11 +501,13 @@ def free_device_memory(rt):
 
 
 def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
-    """The largest power-of-two micro-batch from `smallest` up to `largest` whose peak memory
-    stays under (1 - margin) of `capacity` bytes; the margin leaves room for fragmentation and
-    for what changes between the probe and training. peak_bytes(size) runs a training step at
+    """The largest power-of-two micro-batch from `smallest` (or the largest power of two up to a
+    smaller `largest`: a batch of a few sequences) up to `largest` whose peak memory stays under
+    (1 - margin) of `capacity` bytes; the margin leaves room for fragmentation and for what changes
+    between the probe and training. peak_bytes(size) runs a training step at
     that size and returns its peak memory, raising torch.cuda.OutOfMemoryError when it does not fit.
     Returns (size, {size: peak bytes or None where out of memory})."""
+    smallest = min(smallest, 1 << (largest.bit_length() - 1))
     tried, best, size = {}, None, smallest
     while size <= largest:
         try:
@@ -625,12 +628,13 @@ def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="
 
 def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate, offload, log):
     """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
-    torchrun the smallest over the ranks) and divides the batch, on a CPU 32 or less. Either is
+    torchrun the smallest over the ranks) and divides the batch; on a CPU and in off-load mode 32 or less. Either is
     checked first against the memory it surely needs (check_memory; before the probe, with one
     sequence: the model itself)."""
     probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
     chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
-    name = f"--micro_batch={chosen}" if micro_batch else f"a micro-batch of {chosen} (micro_batch=0 on a CPU)"
+    name = f"--micro_batch={chosen}" if micro_batch else \
+        f"a micro-batch of {chosen} (micro_batch=0 {'in off-load mode' if offload else 'on a CPU'})"
     check_memory(ModelConfig(**model_args), rt, mask_rate, chosen, name, batch_size // world,
                  f"--batch_size={batch_size}", offload=offload)
     if not probe:

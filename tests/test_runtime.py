@@ -167,6 +167,7 @@ def test_largest_micro_batch_respects_the_memory_limit():
     # the margin: 256 needs 11 GiB, over 90% of a 12 GiB card, so 128 is chosen
     assert runtime.largest_micro_batch(peak_bytes, 12 * gib, largest=8192)[0] == 128
     assert runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=64)[0] == 64  # never above the batch
+    assert runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=6)[0] == 4  # a batch of a few sequences
     with pytest.raises(SystemExit, match="not even a micro-batch of 8"):
         runtime.largest_micro_batch(peak_bytes, gib, largest=8192)
 
