@@ -29,14 +29,14 @@ class Attention(nn.Module):
         context's keys and values instead (a narrowed layer: x holds only the masked positions)."""
         B, T, C = x.shape
         if context is None:
-            q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+            q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
         else:  # the same weights, split: queries from x, keys and values from the context
             bias = (None, None) if self.qkv.bias is None else self.qkv.bias.split([C, 2 * C])
             q = F.linear(x, self.qkv.weight[:C], bias[0]).view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
             kv = F.linear(context, self.qkv.weight[C:], bias[1])  # (B, S, 2C)
-            k, v = kv.view(B, context.shape[1], 2, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = attend(q, k, v, attn_mask, self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+            k, v = kv.view(B, context.shape[1], 2, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, S, hd) each
+        y = attend(q, k, v, attn_mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # heads merged: (B, T, C)
 
 
 def attend(q, k, v, attn_mask, dropout_p):
@@ -97,9 +97,9 @@ class Block(nn.Module):
 class ModelConfig:
     """Every model setting, declared once. train.py takes each as --key=value (the configurator adds
     them to its settings and --help), checkpoints store them as `model_args`, and bench.py,
-    finetune_glue.py, off-load mode and the export read them from there. Adding a switch means a
-    field here and its use below. The defaults are the reference crammed-BERT shape (~120M
-    parameters) with train.py's recipe."""
+    finetune_glue.py, off-load mode and the export read them from there (train.py declares the four
+    shape fields again, 0 meaning the budget's pick). Adding a switch means a field here and its use
+    below. The defaults are the reference crammed-BERT shape (~120M parameters) with train.py's recipe."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too
     n_layers: int = 16         # >= 1
@@ -152,11 +152,17 @@ class ModelConfig:
         at mask_rate 0: fine-tuning's classifier).
         Measured against it: 16 x 768 at micro-batch 1,024 in bfloat16 on the H100 peaked at 52.7
         GiB, this estimate and the weights' 48 GiB; attention's scores are left out (the fused
-        kernels keep none)."""
-        width = 6 * self.d_model + 1.5 * self.d_ffn if training else 3 * self.d_model + self.d_ffn
-        layers = self.n_layers if training else 1
+        kernels keep none). A narrowed layer (full_layers) keeps all that only at the masked positions
+        and its keys and values (2 widths) at the others."""
         predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
-        return int(self.seq_len * layers * (width * value_bytes + 4 * self.d_model) + predicted * self.vocab_size * 4)
+        logits = predicted * self.vocab_size * 4
+        if not training:
+            return int(self.seq_len * ((3 * self.d_model + self.d_ffn) * value_bytes + 4 * self.d_model) + logits)
+        per_position = (6 * self.d_model + 1.5 * self.d_ffn) * value_bytes + 4 * self.d_model  # a layer's
+        full = self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
+        kept = predicted if self.sparse_prediction and mask_rate > 0 else self.seq_len  # a narrowed layer's positions
+        narrowed = kept * per_position + (self.seq_len - kept) * 2 * self.d_model * value_bytes
+        return int(self.seq_len * full * per_position + (self.n_layers - full) * narrowed + logits)
 
     def flops_per_token(self, mask_rate):
         """Training FLOPs per input token (forward + backward = 3x forward): matmul weights,
@@ -323,8 +329,8 @@ class Trainer:
     """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model`
     (what the step runs: the model, or its compiled and DDP-wrapped copy), the optimizer and
     `scaler`, float16's loss scaling (a pass-through otherwise). offload.OffloadTrainer offers the
-    same step, state_dict and load_state_dict, so train.py runs both modes alike; bench.py and
-    the micro-batch search time this step."""
+    same step, state_dict and load_state_dict, so train.py runs both modes alike; bench.py times
+    this step and the micro-batch search measures its memory."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast

@@ -157,6 +157,12 @@ def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
         assert refusal(*sizes(largest)) is None and refusal(*sizes(largest + 1)).startswith(f"error: {name}=")
     # bfloat16 keeps activations in half the bytes: a larger micro-batch fits
     assert config.step_bytes(0.25, 2) < config.step_bytes(0.25, 4)
+    # a narrowed layer keeps its activations at the 8 masked positions and its keys and values at the other 24
+    # (tools/bench_memory.py --full_layers=2 measures it); fine-tuning (mask_rate 0) runs it over every position
+    narrowed = ModelConfig(**dict(config.__dict__, full_layers=1))
+    per_position = (6 * 64 + 1.5 * 256) * 4 + 4 * 64
+    assert config.step_bytes(0.25, 4) - narrowed.step_bytes(0.25, 4) == 24 * (per_position - 2 * 64 * 4)
+    assert narrowed.step_bytes(0, 4) == config.step_bytes(0, 4)
 
 
 def test_a_bad_config_file_names_its_file_and_line(tmp_path):
