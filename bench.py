@@ -34,7 +34,7 @@ import torch.nn as nn
 
 import runtime
 from configurator import read_config_file, configure
-from data import benchmark_tokens, RandomBatches
+from data import MASK_RATE, benchmark_tokens, RandomBatches
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
@@ -103,13 +103,13 @@ def recipes(dims):
     bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in ModelConfig.__dataclass_fields__}
     ours = dict(seq_len=seq_len, **dims)
     with torch.device("meta"):  # shapes only: counting FLOPs allocates nothing
-        flops_crammed = CrammedBert(**ours).flops_per_token(0.25)
+        flops_crammed = CrammedBert(**ours).flops_per_token(MASK_RATE)
         flops_bert = CrammedBert(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
-    out = {"crammed": (lambda: CrammedBert(**ours), 0.25, flops_crammed)}
+    out = {"crammed": (lambda: CrammedBert(**ours), MASK_RATE, flops_crammed)}
     for n in [int(n) for n in full_layers.split(",") if n]:
         with torch.device("meta"):
-            flops = CrammedBert(**ours, full_layers=n).flops_per_token(0.25)
-        out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), 0.25, flops)
+            flops = CrammedBert(**ours, full_layers=n).flops_per_token(MASK_RATE)
+        out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), MASK_RATE, flops)
     if baselines:
         out["original BERT"] = (lambda: CrammedBert(**ours, **bert_args), ORIGINAL_BERT["mask_rate"], flops_bert)
         if runtime.installed("transformers"):  # optional
@@ -205,7 +205,7 @@ def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
 
 def time_data(tokens, micro, rt, vocab, n=20):
     """Seconds to load and mask one micro-batch, device synchronised."""
-    batches = RandomBatches(tokens, vocab, micro, rt, 0.25, seed)
+    batches = RandomBatches(tokens, vocab, micro, rt, MASK_RATE, seed)
     rt.synchronize()
     start = time.perf_counter()
     for _ in range(n):
@@ -244,7 +244,7 @@ def main():
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
-    runtime.check_memory(ModelConfig(**dims, seq_len=seq_len), rt, 0.25, micro, f"--micro_batch={micro}")
+    runtime.check_memory(ModelConfig(**dims, seq_len=seq_len), rt, MASK_RATE, micro, f"--micro_batch={micro}")
     tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# {name} shape {dims['n_layers']}x{dims['d_model']}, vocabulary {dims['vocab_size']}, seq {seq_len} | "
           f"{rt.describe()} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads | "
@@ -280,7 +280,7 @@ def main():
         build, _, flops = recipes(dims)["crammed"]
 
         def peak_bytes(size):
-            seconds, _, memory = time_training(build, 0.25, size, tokens, eager, max(2, n_steps // 2), n_warmup)
+            seconds, _, memory = time_training(build, MASK_RATE, size, tokens, eager, max(2, n_steps // 2), n_warmup)
             print(f"| {size} | {size * accum_steps * seq_len / seconds:,.0f} | {gib(memory)} |", flush=True)
             return memory or 0
 

@@ -19,6 +19,7 @@ from files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids  # noqa: F
 # so a BPE trained there gives identical ids through tiktoken.
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
+MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
 
 
 def make_encoding(ranks, special_ids, name="cram"):
@@ -68,7 +69,7 @@ def load_tokens(data_dir, split, meta=None, check_ids=True):
 
 
 def get_batch(tokens, rows, device):
-    """Sequences at the given row indices as an int64 tensor on device."""
+    """The sequences of the given rows, in row order (sorted: a sequential read), as an int64 tensor on device."""
     batch = torch.from_numpy(tokens[np.sort(rows)].astype(np.int64))
     if device.type == "cuda":
         return batch.pin_memory().to(device, non_blocking=True)
@@ -156,7 +157,8 @@ class Batches:
     """The masked micro-batches of one process. at(consumed, micro_step, mask_rate) is micro-batch
     `micro_step` of this rank in the global batch that starts after `consumed` sequences: ranks
     take disjoint slices, and rows and masks depend only on the place in the run's sequence
-    order, so a resumed run or another rank count sees the same."""
+    order and the micro-batch size (each micro-batch draws its masks at once), so a resumed run or
+    another rank count at the same micro-batch sees the same."""
 
     def __init__(self, tokens, meta, micro, rank, world, device, seed, order="shuffled"):
         self.tokens, self.micro, self.rank, self.world, self.device = tokens, micro, rank, world, device
@@ -164,7 +166,7 @@ class Batches:
         self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
         self.generator = torch.Generator(device=device)
 
-    def at(self, consumed, micro_step, mask_rate=0.25):
+    def at(self, consumed, micro_step, mask_rate):
         start = consumed + (micro_step * self.world + self.rank) * self.micro
         idx = get_batch(self.tokens, rows_at(start, self.micro, len(self.tokens), self.seed, self.order), self.device)
         self.generator.manual_seed(int(np.random.default_rng((self.seed, start)).integers(2 ** 62)))
@@ -200,7 +202,7 @@ def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
 class RandomBatches:
     """batches(n): n masked micro-batches of random rows, as model.Trainer.step takes them."""
 
-    def __init__(self, tokens, vocab, micro, rt, mask_rate=0.25, seed=0):
+    def __init__(self, tokens, vocab, micro, rt, mask_rate, seed=0):
         self.tokens, self.vocab, self.micro, self.device, self.mask_rate = tokens, vocab, micro, rt.device, mask_rate
         self.rng = np.random.default_rng(seed)
 
@@ -219,7 +221,7 @@ def bytes_to_unicode():
 
 
 @torch.no_grad()
-def evaluate(model, tokens, meta, batch, rt, n_sequences, mask_rate=0.25):
+def evaluate(model, tokens, meta, batch, rt, n_sequences, mask_rate):
     """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks
     (mask_rate of every row: train.py's eval_mask_rate, the same whatever the training recipe)."""
     model.eval()

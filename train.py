@@ -25,7 +25,7 @@ import torch
 
 import runtime
 from configurator import configure
-from data import Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
+from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from files import (MetricsLog, all_finite, claim_folder, load_checkpoint, parse_ranks, resume_checkpoint,
                    save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, param_groups
@@ -46,10 +46,10 @@ d_ffn = 0                 # >= 0: 0: by the budget
 # every other field of model.py's ModelConfig (smear, glu, ...) is a setting here too, with its default
 # there (--help lists them); vocabulary and sequence length come from the data
 # objective
-mask_rate = 0.25          # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
-mask_levels = 4           # [1, 8]: ... in this many steps (torch.compile builds a graph for each, and keeps 8)
-eval_mask_rate = 0.25     # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
+mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout; torch.compile keeps 8 graphs)
+eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (muon.py)
 lr = 1e-3                 # (0, inf): peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size)
@@ -60,7 +60,7 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
-micro_batch = 0           # >= 0: sequences per device per forward pass; 0: on a GPU the largest that fits, 32 on a CPU
+micro_batch = 0           # >= 0: sequences per device per forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: by the budget
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from one micro-batch
 # system
@@ -76,7 +76,7 @@ log_interval = 10         # >= 1: steps
 max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged (see train.py's loop)
 eval_interval_minutes = 30.0  # >= 0
 eval_sequences = 4096     # >= 1: validation sequences per evaluation (fixed masks)
-ckpt_interval_minutes = 60.0  # >= 0: a checkpoint is saved only if no step since the last one diverged
+ckpt_interval_minutes = 60.0  # >= 0: saved only with finite weights and a validation loss not diverged
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
@@ -154,7 +154,7 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
 def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget: `end` throughout when start is 0,
     else a linear fall from `start` to `end` (Ankner et al. 2023, "Dynamic masking rate schedules")
-    in `levels` equal steps, so each rate keeps a static shape for a while."""
+    in `levels` equal steps, so each rate keeps a static shape for a while (one level: `start` throughout)."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
@@ -239,7 +239,7 @@ def save(path, model, state, val_tokens, rt, micro, last_saved, at_end=False):
     from. Returns the step the checkpoint file now holds: state's, or last_saved's when refused (said;
     at_end, the run's last save, an error)."""
     if all_finite(state["model"]):
-        loss = evaluate(model, val_tokens, state["meta"], micro, rt, micro)[0]
+        loss = evaluate(model, val_tokens, state["meta"], micro, rt, micro, eval_mask_rate)[0]
         refused = f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
     else:
         refused = "non-finite weights"

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import runtime  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
-from data import benchmark_tokens, RandomBatches  # noqa: E402
+from data import MASK_RATE, benchmark_tokens, RandomBatches  # noqa: E402
 from measure import alternate, gib, spread  # noqa: E402
 from model import SHAPES, CrammedBert, Trainer, param_groups  # noqa: E402
 from offload import OffloadTrainer  # noqa: E402
@@ -169,12 +169,12 @@ def main():
     tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# off-load mode beside normal mode | {name} shape {dims['n_layers']}x{dims['d_model']} | {rt.describe()} | "
           f"torch {torch.__version__} | {accum_steps} micro-batches per step | data: {source} | {time.strftime('%Y-%m-%d')}")
-    batches = RandomBatches(tokens, dims["vocab_size"], micro, rt, 0.25, seed)
+    batches = RandomBatches(tokens, dims["vocab_size"], micro, rt, MASK_RATE, seed)
     torch.manual_seed(seed)
     offloaded = OffloadMode(dims, rt)
     times, peaks = compare_modes([NormalMode(dims, rt), offloaded], batches, n_steps, n_warmup, rt)
     with torch.device("meta"):  # shapes only: counting FLOPs allocates nothing
-        flops = CrammedBert(seq_len=seq_len, **dims).flops_per_token(0.25)
+        flops = CrammedBert(seq_len=seq_len, **dims).flops_per_token(MASK_RATE)
     print_modes(times, peaks, micro, flops)
     time_host_adamw(offloaded.trainer, n_steps)
     if not gpu:

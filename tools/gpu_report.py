@@ -570,7 +570,7 @@ def train_offloaded(model_args, rt, batches):
 def phase_offload(deadline, logs):
     import torch
     import runtime
-    from data import benchmark_tokens, RandomBatches
+    from data import MASK_RATE, benchmark_tokens, RandomBatches
     from model import CrammedBert
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
@@ -590,13 +590,13 @@ def phase_offload(deadline, logs):
     shape = f"{model_args['n_layers']}x{model_args['d_model']} (vocabulary {vocab_size}), {n_params / 1e6:,.1f}M parameters"
     print(f"off-load shape: {shape}", flush=True)
     tokens, _ = benchmark_tokens(data_dir, vocab_size, seq_len, seed=0)  # the data's when they match, else random
-    batches = RandomBatches(tokens, vocab_size, offload_micro_batch, rt)
+    batches = RandomBatches(tokens, vocab_size, offload_micro_batch, rt, MASK_RATE)
     normal = try_normal_mode(model_args, rt, device_bytes, batches)
     print(f"normal mode: {normal}", flush=True)
     rt.reset_peak_memory()
     seconds, losses = train_offloaded(model_args, rt, batches)
     with torch.device("meta"):
-        flops = CrammedBert(**model_args).flops_per_token(0.25)
+        flops = CrammedBert(**model_args).flops_per_token(MASK_RATE)
     step = sorted(seconds)[len(seconds) // 2]
     tokens_per_s = offload_micro_batch * offload_accum * seq_len / step
     host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
