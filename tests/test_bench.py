@@ -1,7 +1,9 @@
 import importlib.util
+import os
 import re
+import subprocess
 
-from conftest import assert_one_line_error, run_script
+from conftest import ROOT, assert_one_line_error, run_script
 
 
 def test_bench_prints_the_table_with_ratios(tmp_path):
@@ -80,3 +82,21 @@ def test_bench_attention_times_each_way_beside_the_model_s():
                 re.findall(r"^\| ([^|]+) \| ([\d.]+) \| ([\d.e+-]+) \|$", out, re.M))
     assert list(rows) == ["model.attend", "flash in the autocast dtype", "matmuls in the autocast dtype"], out
     assert all(ms > 0 and error < 1e-2 for ms, error in rows.values())
+
+
+def test_the_bf16_check_refuses_what_it_cannot_finish_before_any_work(tmp_path):
+    """tools/bf16_check.sh, the measurements an AMX host owes (hours): a bad step or a later step's missing
+    input is one line before anything runs or is written (FORCE=1 passes the AMX check on any host)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GLUE_DIR", "CORPUS")}
+    env.update(OUT=str(tmp_path / "check"), FORCE="1")
+
+    def check(*steps, **extra):
+        return subprocess.run(["bash", "tools/bf16_check.sh", *steps], cwd=ROOT, env=dict(env, **extra),
+                              capture_output=True, text=True, timeout=60)
+    assert_one_line_error(check("attention", "nope"), "unknown step 'nope'")
+    assert_one_line_error(check("attention", "glue"), "the glue step needs GLUE_DIR=")
+    if not os.path.exists(os.path.join(ROOT, "data", "books32k", "meta.json")):  # else cpu20 needs no corpus
+        assert_one_line_error(check("cpu20", CORPUS=str(tmp_path / "none.txt")), "needs CORPUS=")
+    assert not (tmp_path / "check").exists()
+    # the glue step fine-tunes the quickstart step's float32 checkpoint: without it, refused as it starts
+    assert_one_line_error(check("glue", GLUE_DIR=str(tmp_path)), "quickstart step's float32 checkpoint")
