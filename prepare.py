@@ -20,6 +20,7 @@ import platform
 import sys
 import sysconfig
 import time
+import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -114,7 +115,7 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
                 lines, chars = ([line], len(line)) if line.strip() else ([], 0)
             if lines:
                 yield "".join(lines).strip()
-    except (OSError, EOFError) as e:  # unreadable or truncated (gzip) files
+    except (OSError, EOFError, zlib.error) as e:  # unreadable, truncated or damaged (gzip) files
         raise SystemExit(f"error: cannot read {path}: {e}")
 
 
@@ -394,7 +395,7 @@ def median_tokens_per_char(documents, enc, min_doc_chars=20, n=1000, max_chars=5
     not read twice)."""
     texts, chars = [], 0
     for text in documents():
-        if len(text) >= min_doc_chars:
+        if text and len(text) >= min_doc_chars:  # (an empty record: nothing to measure)
             texts.append(next(pieces(text)))
             chars += len(text)
         if len(texts) == n or chars >= max_chars:

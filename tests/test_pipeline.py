@@ -43,13 +43,14 @@ def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
     import pyarrow as pa
     import pyarrow.parquet as pq
     docs = corpus_file.read_text().split("\n\n")
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    # the .jsonl ends with an empty record, which --min_doc_chars=0 keeps as a document of no text
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": d, "id": i}) + "\n" for i, d in enumerate(docs + [""])))
     pq.write_table(pa.table({"body": docs}), tmp_path / "docs.parquet")
-    for name in ("docs.jsonl", "docs.parquet"):
+    for name, n_docs, extra in (("docs.jsonl", len(docs) + 1, ["--min_doc_chars=0"]), ("docs.parquet", len(docs), [])):
         out = tmp_path / f"out_{name}"
         run_script("prepare.py", f"--dataset={tmp_path / name}", "--text_field=body", f"--out_dir={out}",
-                   "--vocab_size=300", "--seq_len=32")
-        assert load_meta(out)["documents"] == len(docs)
+                   "--vocab_size=300", "--seq_len=32", *extra)
+        assert load_meta(out)["documents"] == n_docs
     proc = run_script("prepare.py", f"--dataset={tmp_path / 'docs.jsonl'}", f"--out_dir={tmp_path / 'x'}",
                       "--vocab_size=300", check=False)
     assert_one_line_error(proc, "no 'text' field", "--text_field")
@@ -166,6 +167,8 @@ def test_prepare_failure_leaves_no_partial_files_and_reuses_the_tokenizer(tmp_pa
     args = ["prepare.py", f"--dataset={data}", f"--out_dir={out}", "--vocab_size=300", "--seq_len=32",
             "--tokenizer_train_chars=20000"]  # the tokenizer reads only the intact start
     assert_one_line_error(run_script(*args, check=False), "cannot read", "books.txt.gz")
+    data.write_bytes(whole[:10] + b"\xff" * 64)  # a damaged deflate stream (zlib's error, not gzip's)
+    assert_one_line_error(run_script(*args, check=False), "cannot read", "invalid block type")
     # only work in progress is left: no token file or meta.json that could pass for finished
     assert not {"train.bin", "val.bin", "meta.json"} & {p.name for p in out.iterdir()}
     data.write_bytes(whole)
