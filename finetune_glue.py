@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import runtime
 from configurator import configure
-from data import make_encoding
+from data import MASK_RATE, make_encoding
 from files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, write_json
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
@@ -223,6 +223,9 @@ def check_task(name, data):
 def encode_examples(enc, texts, max_len, special_ids):
     """[CLS] a [SEP] (b [SEP]), the longer segment truncated first to fit max_len."""
     cls, sep = special_ids["[CLS]"], special_ids["[SEP]"]
+    if texts and max_len < 1 + 2 * len(texts[0]):
+        raise SystemExit(f"error: the checkpoint's sequences of {max_len} tokens cannot hold [CLS] and a token and "
+                         f"[SEP] of each of the task's {len(texts[0])} texts")
     segments = [enc.encode_ordinary_batch([t[i] for t in texts]) for i in range(len(texts[0]))] if texts else []
     encoded = []
     for parts in zip(*segments):
@@ -346,7 +349,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
 # ---------------------------------------------------------------- results: a file per run, glue.json their summary
 SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "pooling",
                   "dtype", "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
-DAMAGED = "move it away and run the same command (what it held is fine-tuned again)"
+DAMAGED = "move it away and run the same command (a run is fine-tuned again, glue.json rebuilt from the runs)"
 GROUPS = ("tasks", "no_pretraining")  # the checkpoint's runs; the --from_scratch control's: each score's floor
 RUN_KEYS = {"seed", "settings", "scores", "facts", "counts", "finished"}  # what a run's file holds (and the identity)
 
@@ -425,14 +428,14 @@ def pretraining_facts(ckpt, run_dir):
     an estimate), and its validation loss and accuracy if the run's metrics.jsonl beside it logged them at its step."""
     args = saved_model_args(ckpt["model_args"])
     with torch.device("meta"):  # the count needs the shapes, not the memory
-        per_token = CrammedBert(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", 0.25))
+        per_token = CrammedBert(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", MASK_RATE))
     metrics = os.path.join(run_dir, "metrics.jsonl")
     at_step = [r for r in read_jsonl(metrics) if r.get("kind") == "eval" and r.get("step") == ckpt.get("step")
                ] if os.path.isfile(metrics) else []
+    last = at_step[-1] if at_step else {}  # after a resume the later line counts (files.read_metrics)
     return dict(shape=f"{args['n_layers']}x{args['d_model']}", vocab_size=args["vocab_size"], tokens=ckpt.get("tokens"),
                 hours=round(ckpt.get("elapsed", 0.0) / 3600, 4), flops_per_token=per_token,
-                flops=per_token * (ckpt.get("tokens") or 0), val_loss=at_step[0]["val_loss"] if at_step else None,
-                accuracy=at_step[0]["accuracy"] if at_step else None)
+                flops=per_token * (ckpt.get("tokens") or 0), val_loss=last.get("val_loss"), accuracy=last.get("accuracy"))
 
 
 def kept_runs():
@@ -464,13 +467,21 @@ def same_checkpoint(record, identity):
     return all(record.get(k) == v for k, v in identity.items() if k != "checkpoint")
 
 
+def is_run(run):
+    """Whether a run file's record has what the summary reads, of the types it reads."""
+    return (isinstance(run, dict) and RUN_KEYS <= run.keys() and isinstance(run["seed"], int)
+            and isinstance(run["finished"], (int, float)) and isinstance(run.get("chosen", 0), (int, float))
+            and all(isinstance(run[k], dict) for k in ("settings", "scores", "facts", "counts"))
+            and {"epochs", "max_train_examples"} <= run["settings"].keys())
+
+
 def read_runs(files, identity):
     """{group: {task: [run, ...]}} from run files; a one-line error if one is damaged or holds another
     checkpoint's scores, which a rerun must not replace."""
     found = {}
     for file, _ in files:
         run, (group, name) = read_json(file, DAMAGED), file.split(os.sep)[-3:-1]
-        if not isinstance(run, dict) or not RUN_KEYS <= run.keys():
+        if not (group in GROUPS and name in TASKS and is_run(run)):
             raise SystemExit(f"error: {file} is damaged (not a fine-tuning run's record): {DAMAGED}")
         if not same_checkpoint(run, identity):
             raise SystemExit(f"error: {file} holds the scores of another checkpoint: pass --out_json= for this one's, "
@@ -480,10 +491,11 @@ def read_runs(files, identity):
 
 
 def task_entry(runs):
-    """A task's entry in glue.json: the seeds run with the settings of its latest run (a rerun with other
-    settings supersedes the older runs; their files stay), their scores and median, the seconds and counts
+    """A task's entry in glue.json: the seeds run with the settings of its latest run, or of the latest
+    command that found its runs done (`chosen`): a rerun with other settings supersedes the older runs (their
+    files stay) until a command asks for those again. Their scores and median, the seconds and counts
     (finetune's: tokens, padded_tokens, train_seconds) summed, and how they were made."""
-    settings = max(runs, key=lambda r: r["finished"])["settings"]
+    settings = max(runs, key=lambda r: r.get("chosen", r["finished"]))["settings"]
     runs = sorted((r for r in runs if r["settings"] == settings), key=lambda r: r["seed"])
     entry = dict(settings=settings, seeds=[r["seed"] for r in runs], per_seed=[r["scores"] for r in runs],
                  median=median_scores([r["scores"] for r in runs]), **runs[-1]["facts"],
@@ -523,17 +535,20 @@ def summary(name, entry):
     return f"{scores} ({how_made(entry)}, {entry['seconds']:.0f} s{speed})"
 
 
-def remaining_seeds(names, runs, settings, path):
-    """task -> the seeds it still needs, given the runs of the group this one adds to: a rerun redoes no
-    run whose file holds the same settings (it says so)."""
+def remaining_seeds(names, runs, settings, path, group):
+    """task -> the seeds it still needs, given the runs of `group` this one adds to: a rerun redoes no run
+    whose file holds the same settings (it says so, and marks them chosen: glue.json shows what was asked)."""
     wanted, todo = [seed + s for s in range(seeds)], {}
     for name in names:
         finished = [r for r in runs.get(name, []) if r["settings"] == settings]
         missing = [s for s in wanted if s not in {r["seed"] for r in finished}]
         if missing:
             todo[name] = missing
-        else:
-            print(f"{name}: done earlier, in {path}: {summary(name, task_entry(finished))}")
+            continue
+        for run in finished:
+            write_json(os.path.join(runs_folder(path), group, name, f"seed{run['seed']}.json"),
+                       dict(run, chosen=time.time()))
+        print(f"{name}: done earlier, in {path}: {summary(name, task_entry(finished))}")
     return todo
 
 
@@ -563,7 +578,7 @@ def main(config):
     rt = runtime.setup(device, dtype, compile=False)
     check_memory(ckpt, rt)
     settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
-    todo = remaining_seeds(names, read_runs(run_files(path), identity).get(group, {}), settings, path)
+    todo = remaining_seeds(names, read_runs(run_files(path), identity).get(group, {}), settings, path, group)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
           f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"

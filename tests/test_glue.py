@@ -354,6 +354,21 @@ def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_
     entry = glue.write_summary(path, identity, facts={})["tasks"]["rte"]
     assert entry["seeds"] == [1] and entry["median"] == {"rte": {"accuracy": 25.0}} and entry["settings"]["epochs"] == 2
     assert (tmp_path / "glue_runs" / "tasks" / "rte" / "seed0.json").exists()
+    # a command asking for 5 epochs again (seed 0, finetune_glue's default) finds it done: nothing to run, and
+    # the summary shows what it asked for, not the later 2 epochs
+    runs = glue.read_runs(glue.run_files(path), identity)["tasks"]
+    assert glue.remaining_seeds(["rte"], runs, dict(settings, epochs=5), path, "tasks") == {}
+    entry = glue.write_summary(path, identity, facts={})["tasks"]["rte"]
+    assert entry["seeds"] == [0, 2] and entry["settings"]["epochs"] == 5
+    # a run file of the right keys and wrong types, or in a folder that is no task, is named damaged
+    for where, change in (("rte", dict(finished=None)), ("rte", dict(settings={})), ("squad", {})):
+        file = tmp_path / "glue_runs" / "tasks" / where / "seed7.json"
+        file.parent.mkdir(exist_ok=True)
+        file.write_text(json.dumps(dict(json.loads((tmp_path / "glue_runs" / "tasks" / "rte" / "seed0.json").read_text()),
+                                        seed=7, **change)))
+        with pytest.raises(SystemExit, match=f"{file} is damaged"):
+            glue.write_summary(path, identity, facts={})
+        file.unlink()
     glue.check_earlier(path, identity)  # this checkpoint's summary: taken
     for old in ({"checkpoint_step": 60, "checkpoint_tokens": 1000, "tasks": {"rte": {}}}, dict(results, checkpoint_step=61)):
         (tmp_path / "glue.json").write_text(json.dumps(old))
