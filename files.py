@@ -328,8 +328,9 @@ def checkpoint_problem(checkpoint, path):
         why = "; ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
         return f"its weights do not fit its model_args ({why[:200]})"
     meta = checkpoint["meta"]
-    if (meta["vocab_size"], meta["seq_len"]) != (args["vocab_size"], args["seq_len"]):
-        return f"its meta (vocabulary {meta['vocab_size']}) and model_args (vocabulary {args['vocab_size']}) disagree"
+    for key, name in (("vocab_size", "vocabulary"), ("seq_len", "sequence length")):
+        if meta[key] != args[key]:
+            return f"its meta ({name} {meta[key]}) and model_args ({name} {args[key]}) disagree"
     if not isinstance(checkpoint["tokenizer"], str):
         return "its tokenizer is not text"
     n = len(parse_ranks(checkpoint["tokenizer"], f"{path}'s tokenizer"))

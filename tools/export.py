@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
+from data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
 from files import (check_writable, load_checkpoint, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
                    write_json)
 from model import saved_model_args  # noqa: E402
@@ -102,7 +102,7 @@ def training_facts(ckpt, run_dir):
     if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
         last = read_metrics(run_dir)[-1]
         lines.append(f"- Validation at step {last['step']:,}: MLM loss {last['val_loss']:.4f}, masked-token accuracy "
-                     f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', 0.25):g}% of held-out tokens masked)")
+                     f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', MASK_RATE):g}% of held-out tokens masked)")
     glue_path = os.path.join(run_dir, "glue.json")
     if os.path.isfile(glue_path):
         glue = read_json(glue_path, "move it away, or run finetune_glue.py again")
