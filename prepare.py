@@ -388,7 +388,7 @@ def progress_problem(progress, out_dir, dedup, seq_len, itemsize):
     return None
 
 
-def median_tokens_per_char(documents, enc, min_doc_chars=20, n=1000, max_chars=5_000_000):
+def median_tokens_per_char(documents, enc, min_doc_chars, n=1000, max_chars=5_000_000):
     """Tokens per character of the corpus' typical document (of at least min_doc_chars characters):
     the median over its first n documents or max_chars characters, whichever comes first
     (deterministic, so a resumed preparation finds the same; bounded, so a corpus of whole books is
@@ -545,12 +545,12 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
         bar.close()
 
 
-def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, *, workers=0, seq_len=128,
-                  val_fraction=0.01, min_doc_chars=20, dedup=True, max_tokens=0, progress_minutes=1.0):
+def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, *, workers, seq_len, val_fraction,
+                  min_doc_chars, dedup, max_tokens, progress_minutes):
     """Encode every document of `documents` (a function returning a fresh document iterator) into
     out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
     max_tokens_per_char tokens per character are dropped (0: none are); the other arguments are the
-    settings of the same names (defaults: theirs).
+    settings of the same names.
     Resumes from the last progress record of an interrupted run; the result is byte for byte an uninterrupted run's."""
     progress = read_progress(out_dir, dedup, seq_len, np.dtype(dtype).itemsize)
     files = TokenFiles(out_dir, dtype, seq_len, special_ids["[SEP]"], max_tokens_per_char, val_fraction, dedup,
