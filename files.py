@@ -368,16 +368,20 @@ def all_finite(state_dict):
     return all(v.isfinite().all() for v in state_dict.values() if v.is_floating_point())
 
 
+def refuse_overwrite(path):
+    """A fresh run never replaces a checkpoint: a one-line error if one is at `path`."""
+    if os.path.exists(path):
+        raise SystemExit(f"error: {path} exists: continue it with --resume=True (a run that has spent its budget "
+                         f"also needs a larger --budget_hours), or choose another --out_dir")
+
+
 def resume_checkpoint(path, checkpoint, model_args, tokenizer_text, optim, data_dir):
     """The checkpoint train.py resumes (`checkpoint`, loaded from `path` with resume=True), after
     checking it continues the same run: the same model, tokenizer and optimizer (the settings of
     those names), and finite weights. None for a fresh run (checkpoint None), which refuses to
     overwrite one. The autocast dtype may change (a run moved to another GPU)."""
     if checkpoint is None:
-        if os.path.exists(path):
-            raise SystemExit(f"error: {path} exists: continue it with --resume=True (a run that has spent its budget "
-                             f"also needs a larger --budget_hours), or choose another --out_dir")
-        return None
+        return refuse_overwrite(path)
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]

@@ -26,8 +26,8 @@ import torch
 import runtime
 from configurator import configure
 from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
-from files import (MetricsLog, all_finite, claim_folder, load_checkpoint, parse_ranks, resume_checkpoint,
-                   save_checkpoint)
+from files import (MetricsLog, all_finite, claim_folder, load_checkpoint, parse_ranks, refuse_overwrite,
+                   resume_checkpoint, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
@@ -265,6 +265,10 @@ def main(config):
     rank = runtime.join_process_group(rt.device) if ddp else 0
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
+    if master and os.path.isdir(out_dir):  # refused before any work (the budget's matmul timing, a GPU's micro-batch
+        claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))  # probe): a folder another run holds, or a checkpoint
+        if not checkpoint:  # a fresh run would replace; a new folder is made only once the run surely fits (start_run)
+            refuse_overwrite(ckpt_path)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     data_args = dict(vocab_size=meta["vocab_size"], seq_len=seq_len)
@@ -433,9 +437,9 @@ def make_trainer(model, rt, ddp, log):
 
 
 def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_tokens, ddp, checkpoint):
-    """out_dir made this process's alone (a lock), writable, with room for a checkpoint (weights and
-    AdamW in float32), and warnings of a run too large for a CPU or its data. Returns the checkpoint
-    to resume (`checkpoint`, checked; None for a fresh run) and rank 0's metrics log (files.MetricsLog). A run
+    """out_dir made this process's alone (a lock; main took it already where the folder was there), writable,
+    with room for a checkpoint (weights and AdamW in float32), and warnings of a run too large for a CPU or its
+    data. Returns the checkpoint to resume (`checkpoint`, checked; None for a fresh run) and rank 0's metrics log (files.MetricsLog). A run
     that has spent this budget ends here, having nothing to train (and so nothing rewritten)."""
     if master:
         with torch.device("meta"):  # the counts, without the memory
