@@ -583,10 +583,11 @@ def memory_capacity(device):
     return total
 
 
-def least_bytes(config, rt, mask_rate, training=True):
+def least_bytes(config, rt, mask_rate, training=True, offload=False):
     """The lower estimates check_memory refuses by: (the model's weights, gradients and AdamW state at
     16 bytes a parameter, one sequence's activations in rt's precision: ModelConfig.step_bytes)."""
-    return 16 * config.parameters_at_least(), config.step_bytes(mask_rate, 4 if rt.dtype == torch.float32 else 2, training)
+    value_bytes = 4 if rt.dtype == torch.float32 else 2
+    return 16 * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
 
 
 def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="", training=True, offload=False,
@@ -594,15 +595,15 @@ def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="
     """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`,
     default memory_capacity's) by lower estimates, so that what is refused surely does not fit: the
     weights, gradients and AdamW state (16 bytes a parameter; off-load mode keeps them in host
-    memory), `micro` sequences' activations (ModelConfig.step_bytes; `training` or inference) and
-    the token ids of a step's `batch` (inputs, positions, labels: 12 bytes a position, all on the
-    device before the step). Names the setting (micro_name, batch_name: '--micro_batch=32', or what
+    memory), `micro` sequences' activations (ModelConfig.step_bytes; `training` or inference, normal or
+    off-load mode) and the token ids of a step's `batch` (inputs, positions, labels: 12 bytes a
+    position, all on the device before the step). Names the setting (micro_name, batch_name: '--micro_batch=32', or what
     chose the value; or the model's shape) and the largest value that fits."""
     capacity = capacity or memory_capacity(rt.device)
     if not capacity:
         return
     params, where = config.parameters_at_least(), f"this {'GPU' if rt.device.type == 'cuda' else 'machine'}'s"
-    model_bytes, per_sequence = least_bytes(config, rt, mask_rate, training)
+    model_bytes, per_sequence = least_bytes(config, rt, mask_rate, training, offload)
     state = model_bytes * (not offload)
     ids = 12 * config.seq_len * batch
     fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" and

@@ -165,6 +165,23 @@ def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
     assert narrowed.step_bytes(0, 4) == config.step_bytes(0, 4)
 
 
+def test_the_memory_check_lets_off_load_mode_train_what_it_was_measured_training():
+    """Off-load mode keeps each block's input and recomputes one block at a time: on the H100 at the reference
+    shape and micro-batch 512 in bfloat16 it trained under a 12 GiB cap (peak 10.1 GiB), which normal mode's
+    estimate (every layer's activations, 23 GiB) would refuse; docs/offload.md's 48 x 2048 at 512 fits 80 GiB."""
+    import runtime
+    from model import SHAPES, ModelConfig
+    rt, gib = runtime.setup("cpu", "bfloat16", compile=False), 2 ** 30
+    config = ModelConfig(**SHAPES["reference"])
+    runtime.check_memory(config, rt, 0.25, 512, "--micro_batch=512", 512, "--batch_size=512", offload=True,
+                         capacity=12 * gib)
+    assert runtime.least_bytes(config, rt, 0.25, offload=True)[1] * 512 < 10.1 * gib  # below what it took
+    with pytest.raises(SystemExit, match="--micro_batch=512 needs at least"):
+        runtime.check_memory(config, rt, 0.25, 512, "--micro_batch=512", 512, "--batch_size=512", capacity=12 * gib)
+    wide = ModelConfig(**dict(SHAPES["reference"], n_layers=48, d_model=2048, n_heads=32, d_ffn=8192))
+    assert runtime.least_bytes(wide, rt, 0.25, offload=True)[1] * 512 < 80 * gib
+
+
 def test_a_bad_config_file_names_its_file_and_line(tmp_path):
     cases = {"lr = 1e-3\nn_layers = (\n": ":2: '(' was never closed", "lr = 1e-3\nx = 1 / 0\n": ":2: ZeroDivisionError",
              "lr = float('nan')\n": "lr must be in (0, inf)", "budget_hours = '1'\n": "--budget_hours expects float"}
