@@ -26,7 +26,7 @@ def test_compare_existing_runs(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
-ARGS = ["--protocol=tokens", "--seeds=1", "--budget_minutes=0.05", "--speed_steps=4", "--speed_repeats=1",
+ARGS = ["--protocol=tokens", "--seeds=1", "--budget_minutes=0.05", "--speed_steps=6", "--speed_repeats=1",
         "--train_args=--compile=False --eval_interval_minutes=0.02 " + " ".join(TINY_MODEL)]
 
 
@@ -51,6 +51,11 @@ def test_tokens_protocol_times_then_trains_equal_time_budgets_and_reuses_runs(pr
     results = json.loads((out / "results.json").read_text())
     assert [len(results["variants"][name]["val_loss"]) for name in ("crammed", "mask_rate=0.4")] == [2, 2]
     assert results["target"] == sum(results["variants"]["crammed"]["val_loss"]) / 2
+    # a command that would give the finished runs another budget is refused, not served the old runs
+    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed,mask_rate=0.4", f"--base={base}",
+                                     f"--out_dir={out}", *ARGS[:2], "--budget_minutes=0.1", *ARGS[3:], check=False),
+                          "finished with other settings")
+    assert json.loads((out / "results.json").read_text())["target"] == results["target"]
 
 
 def test_variants_name_configs_or_settings_or_combine_them():
@@ -65,6 +70,10 @@ def test_compare_errors(tmp_path):
     out = tmp_path / "compare"
     assert_one_line_error(run_script("tools/compare.py", "--variants=crammed,bert_huge", f"--out_dir={out}",
                                      check=False), "unknown variant 'bert_huge'")
+    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed", "--train_args=--budget_hours=1",
+                                     f"--out_dir={out}", check=False), "would be overridden", "--budget_minutes")
+    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed", "--budget_tokens=1000",
+                                     f"--out_dir={out}", check=False), "--protocol=tokens")
     assert not out.exists()  # a refused command creates nothing
     assert_one_line_error(run_script("tools/compare.py", "--variants=crammed", "--protocol=fast", check=False),
                           "protocol must be one of clock, tokens")

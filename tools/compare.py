@@ -39,9 +39,9 @@ variants = ""             # comma-separated variants to train (see above); the f
 base = "config/train_quickstart.py"  # the config every variant starts from (data, shape, budget); "": train.py's defaults (the budget picks each variant's shape)
 protocol = "clock"        # {clock, tokens}: equal wall-clock budgets, or timed, then equal-time token budgets
 budget_minutes = 0.0      # >= 0: each variant's budget (0: the base config's budget_hours)
-budget_tokens = 0         # >= 0: protocol=tokens: > 0 gives every variant these tokens, untimed (variants of one speed)
+budget_tokens = 0         # >= 0: protocol=tokens: > 0 gives every variant these tokens, untimed (time-to-quality: their share)
 seeds = 1                 # [1, 100000]: training runs per variant (seeds 0, 1, ...)
-speed_steps = 12          # >= 2: protocol=tokens: full-batch steps per timing run (the first log window is dropped)
+speed_steps = 12          # >= 6: protocol=tokens: full-batch steps per timing run (logged every 3; the first window is dropped)
 speed_repeats = 2         # >= 1: protocol=tokens: timing runs per variant, interleaved across variants
 train_args = ""           # more train.py settings for every run, before the variant's own, space-separated
 out_dir = "out/compare"   # the runs (<out_dir>/<variant>/seed<k>), results.json and compare.png
@@ -64,13 +64,20 @@ def variant_args(name):
 
 
 def train(name, run_dir, *args):
-    """A train.py run of variant `name` into run_dir (kept when it finished earlier)."""
-    if os.path.isfile(os.path.join(run_dir, "done")):
+    """A train.py run of variant `name` into run_dir, kept when it finished earlier with the same settings
+    (its `done` file holds them); one finished with other settings (another budget, base or train_args)
+    is refused, not reused as if it were this command's, nor replaced."""
+    command = [sys.executable, os.path.join(ROOT, "train.py"), *([base] if base else []), *train_args.split(),
+               *variant_args(name), *args, f"--out_dir={run_dir}", "--fill_in_examples=0"]
+    settings, done = "\n".join(command[2:]), os.path.join(run_dir, "done")
+    if os.path.isfile(done):
+        with open(done) as f:
+            earlier = f.read()
+        if earlier and earlier != settings:  # (empty: an older compare.py's, which kept no settings)
+            raise SystemExit(f"error: {run_dir} finished with other settings than this command gives it (they are "
+                             f"in its done file): choose another --out_dir, or remove that run to train it again")
         return
     shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished run starts again
-    command = [sys.executable, os.path.join(ROOT, "train.py"), *([base] if base else []), *train_args.split(),
-               *variant_args(name), *args,
-               f"--out_dir={run_dir}", "--fill_in_examples=0"]
     os.makedirs(run_dir)
     log_path = os.path.join(run_dir, "train.log")  # follow a long run with tail -f
     print(f"training {name} -> {log_path}", flush=True)
@@ -81,13 +88,17 @@ def train(name, run_dir, *args):
     if code != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{output[-2000:]}")
     print("\n".join(line for line in output.splitlines() if line.startswith(("final:", "torch.compile"))), flush=True)
-    open(os.path.join(run_dir, "done"), "w").close()
+    with open(done, "w") as f:
+        f.write(settings)
 
 
 def speed(run_dir):
     """Median tokens/s of a run's log windows after the first (start-up and compilation)."""
     rates = [r["tokens_per_s"] for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r.get("kind") == "train"]
-    return statistics.median(rates[1:] or rates)
+    if len(rates) < 2:
+        raise SystemExit(f"error: {run_dir} logged {len(rates)} window(s) of speed; a timing needs two or more: "
+                         f"its budget ended it early, or give a larger --speed_steps")
+    return statistics.median(rates[1:])
 
 
 def timed_speeds(names, budget):
@@ -157,8 +168,9 @@ def variants_table(curves, speeds, budget):
             statistics.median(c[-1]["tokens"] / max(c[-1]["elapsed"], 1e-9) for c in runs_of)
         if protocol == "tokens":  # the clock of a run trained by tokens is its tokens at the timed speed
             runs_of = [[dict(e, elapsed=e["tokens"] / tokens_per_s) for e in c] for c in runs_of]
+        own_budget = budget_tokens / tokens_per_s if protocol == "tokens" and budget_tokens else budget
         reached = [time_to_reach(c, target) for c in runs_of]
-        shares = [t / budget for t in reached if t is not None]
+        shares = [t / own_budget for t in reached if t is not None]
         when = spread([100 * s for s in shares], "{:.0f}%") if len(shares) == len(reached) else \
             f"not reached in {len(reached) - len(shares)} of {len(reached)}"
         losses = [c[-1]["val_loss"] for c in runs_of]
@@ -218,12 +230,18 @@ def main():
         return
     for name in names:
         variant_args(name)  # fail on a bad name before training anything
+    given = [a for a in train_args.split() if a.startswith(("--budget_hours=", "--budget_tokens="))]
+    if given:
+        raise SystemExit(f"error: --train_args={' '.join(given)} would be overridden: compare.py gives each run its "
+                         f"budget; use --budget_minutes (or --budget_tokens with --protocol=tokens)")
+    if budget_tokens and protocol != "tokens":
+        raise SystemExit("error: --budget_tokens is a budget of --protocol=tokens; give --budget_minutes for clock")
+    budget = 60 * budget_minutes or 3600 * (read_config_file(base) if base else {}).get("budget_hours", 0.0)
+    if budget <= 0 and not budget_tokens:
+        raise SystemExit(f"error: give --budget_minutes: {base or 'no base config'} sets no budget_hours")
     claim_folder(out_dir)
     if path:
         check_writable(path, "--png")
-    budget = 60 * budget_minutes or 3600 * (read_config_file(base) if base else {}).get("budget_hours", 0.0)
-    if budget <= 0:
-        raise SystemExit(f"error: give --budget_minutes: {base or 'no base config'} sets no budget_hours")
     curves, speeds, budgets = train_variants(names, budget)
     table, results = variants_table(curves, speeds, budget)
     for name, tokens in budgets.items():
