@@ -65,7 +65,6 @@ CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_
 # the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (cpp_fused_* on a CPU, where
 # main has it record them, triton_* on a GPU; triton_tem_* are its matmul templates), then attention before matmuls
 # (some attention kernels are built from CUTLASS's; cuDNN's are named *sdpa*); what matches none is "the rest".
-# Muon's Newton-Schulz iterations are matmuls and count there.
 KERNEL_KINDS = [("fused element-wise", r"cpp_fused|triton_(poi|red|per)"), ("attention", r"attention|flash|fmha|sdpa"),
                 ("matmuls", r"aten::(mm|addmm|bmm|baddbmm)$|gemm|nvjet|xmma|cutlass|triton_tem"),
                 ("optimizer", r"(?i)adam|optimizer")]
@@ -98,6 +97,16 @@ class HFMaskedLM(nn.Module):
         return loss, loss.new_zeros((), dtype=torch.long)
 
 
+def narrowed_after(text, n_layers):
+    """--full_layers' numbers of full layers, each from 1 to n_layers - 1 (else a one-line error)."""
+    values = [n.strip() for n in text.split(",") if n.strip()]
+    wrong = [n for n in values if not n.isdigit() or not 0 < int(n) < n_layers]
+    if wrong:
+        raise SystemExit(f"error: --full_layers={text}: {', '.join(wrong)} is not a number of full layers from 1 to "
+                         f"{n_layers - 1} (this shape has {n_layers})")
+    return [int(n) for n in values]
+
+
 def recipes(dims):
     """name -> (model builder, mask rate, FLOPs per token), all of one shape."""
     bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in ModelConfig.__dataclass_fields__}
@@ -106,7 +115,7 @@ def recipes(dims):
         flops_crammed = CrammedBert(**ours).flops_per_token(MASK_RATE)
         flops_bert = CrammedBert(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
     out = {"crammed": (lambda: CrammedBert(**ours), MASK_RATE, flops_crammed)}
-    for n in [int(n) for n in full_layers.split(",") if n]:
+    for n in narrowed_after(full_layers, dims["n_layers"]):
         with torch.device("meta"):
             flops = CrammedBert(**ours, full_layers=n).flops_per_token(MASK_RATE)
         out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), MASK_RATE, flops)
@@ -177,12 +186,12 @@ def time_by_kind(events, device_type, micro_batches):
 def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
     """The device's own matmul speed at the model's shapes, in the run's precision: the
     blocks' four products for micro x seq_len tokens and the output layer for the predicted
-    quarter of them, each timed alone (the fastest of `rounds`, as a ceiling should be) and
+    share of them (MASK_RATE), each timed alone (the fastest of `rounds`, as a ceiling should be) and
     weighted by how often a step does it."""
     n_tokens, d, ffn, vocab = micro * seq_len, dims["d_model"], dims["d_ffn"], dims["vocab_size"]
     shapes = [(n_tokens, d, 3 * d, dims["n_layers"]), (n_tokens, d, d, dims["n_layers"]),
               (n_tokens, d, ffn, dims["n_layers"]), (n_tokens, ffn // 2, d, dims["n_layers"]),
-              (n_tokens // 4, d, vocab, 1)]
+              (round(MASK_RATE * n_tokens), d, vocab, 1)]
     repeats = repeats or (20 if rt.device.type == "cuda" else 5)
     total_flops = total_seconds = 0.0
     for m, k, n, count in shapes:
@@ -240,6 +249,7 @@ def main():
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")
     dims = shape_dims(name)
+    narrowed_after(full_layers, dims["n_layers"])  # a bad --full_layers fails now, not after the timings
     micro = micro_batch or (128 if gpu else 32)
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)
@@ -256,15 +266,24 @@ def main():
     print("| recipe | micro-batch | tokens/s | ms per micro-batch | warm-up s | peak GiB | GFLOP/token | TFLOP/s "
           "| of measured matmul speed | MFU |\n|---|---|---|---|---|---|---|---|---|---|")
     eager = dataclasses.replace(rt, compile=False)
-    runs = [(recipe, build, mask_rate, flops, rt) for recipe, (build, mask_rate, flops) in recipes(dims).items()]
+    built = recipes(dims)
+    runs = [(recipe, build, mask_rate, flops, rt) for recipe, (build, mask_rate, flops) in built.items()]
     if rt.compile:  # the crammed recipe in the other modes and eager: what each buys on this device
         crammed = runs[0][1:4]
         runs[1:1] = [(f"crammed, {mode}", *crammed, dataclasses.replace(rt, compile_mode=mode)) for mode in modes[1:]]
         runs.insert(len(modes), ("crammed, eager", *crammed, eager))
     speeds, crammed_seconds = {}, None
     for recipe, build, mask_rate, flops, run_rt in runs:
-        seconds, warmup_seconds, memory = time_training(build, mask_rate, micro, tokens, run_rt, n_steps, n_warmup,
-                                                        profiled=profile and recipe == "crammed")
+        try:
+            seconds, warmup_seconds, memory = time_training(build, mask_rate, micro, tokens, run_rt, n_steps, n_warmup,
+                                                            profiled=profile and recipe == "crammed")
+        except torch.cuda.OutOfMemoryError:  # a baseline's dense logits can need far more than the crammed step
+            if recipe == "crammed":
+                raise SystemExit(f"error: the crammed step at --micro_batch={micro} ran out of GPU memory: give a "
+                                 f"smaller --micro_batch") from None
+            print(f"| {recipe} | {micro} | out of GPU memory |", flush=True)
+            torch.cuda.empty_cache()
+            continue
         speeds[recipe], line = row(recipe, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak)
         crammed_seconds = crammed_seconds or seconds
         print(line, flush=True)
@@ -277,7 +296,7 @@ def main():
     if sweep:
         # eager, as train.py's micro_batch=0 probe: a compilation per size would take minutes
         print("\n| crammed micro-batch (eager) | tokens/s | peak GiB |\n|---|---|---|")
-        build, _, flops = recipes(dims)["crammed"]
+        build = built["crammed"][0]
 
         def peak_bytes(size):
             seconds, _, memory = time_training(build, MASK_RATE, size, tokens, eager, max(2, n_steps // 2), n_warmup)

@@ -26,9 +26,11 @@ def test_bench_prints_the_table_with_ratios(tmp_path):
     assert ms[0] == 0 and all(ms[1:4]) and 97 <= sum(shares) <= 103 and sum(ms) <= 1.1 * step_ms, out
 
 
-def test_bench_rejects_unknown_shape():
+def test_bench_rejects_unknown_shape_and_layers_to_narrow_that_it_does_not_have():
     proc = run_script("bench.py", "--shape=huge", check=False)
     assert proc.returncode != 0 and proc.stderr.strip() == "error: --shape=huge is not allowed: shape must be one of auto, reference, small, cpu"
+    assert_one_line_error(run_script("bench.py", "--full_layers=2,4", check=False),
+                          "--full_layers=2,4: 4 is not a number of full layers from 1 to 3")
 
 
 def test_bench_times_each_compile_mode(tmp_path):
