@@ -281,6 +281,11 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     assert re.search(rf"^\| sst2 \| [\d.]+ \| {floor:.1f} \| 50.0 \|", table, re.M)
     assert re.search(rf"^\| average of 1 \| [\d.]+ \| {floor:.1f} \| 50.0 \|", table, re.M)  # sst2: the one task in common
     assert picture.read_bytes()[:4] == b"\x89PNG"
+    # another file's point under a label already there replaces it, and says so
+    (tmp_path / "copy.json").write_text(out.read_text())
+    again = run_script("tools/glue_plot.py", f"--add={tmp_path / 'copy.json'}", "--label=tiny", f"--points={points}",
+                       "--png=").stdout
+    assert f"replacing the point 'tiny' of {out}" in again and len(json.loads(points.read_text())) == 1
 
 
 def test_glue_plot_refuses_what_is_not_a_result(tmp_path):

@@ -188,8 +188,11 @@ def main():
         raise SystemExit("error: the picture needs matplotlib: pip install matplotlib (or pass --png=)")
     all_points = read_points(points)
     if files:
-        new = [point_from(f, name) for f, name in zip(files, labels)]
-        all_points = [p for p in all_points if p["label"] not in {n["label"] for n in new}] + new
+        new = {p["label"]: p for p in (point_from(f, name) for f, name in zip(files, labels))}  # a label once
+        for old in all_points:  # a point of the same label is replaced: said where it came from another file
+            if old["label"] in new and old.get("source") != new[old["label"]]["source"]:
+                print(f"replacing the point '{old['label']}' of {old.get('source')} (give --label= to keep both)")
+        all_points = [p for p in all_points if p["label"] not in new] + list(new.values())
         write_json(points, all_points)
     if not all_points:
         raise SystemExit(f"error: no points in {points}: add one with --add=<glue.json> (finetune_glue.py writes it)")
