@@ -51,7 +51,8 @@ data_dir = "data/pydocs"  # real tokens when its vocabulary matches the shape; r
 seq_len = 128           # >= 2
 device = "auto"
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py
-compile = True          # as train.py; the crammed row is also timed eager, for the comparison
+compile = True          # as train.py; the crammed row is also timed eager, for the comparison (unless eager=False)
+eager = True            # with compile: also time the crammed row eager
 compile_mode = "default"  # torch.compile's mode (train.py's), or several, comma-separated: the crammed row is timed
                           # in each (warm-up = compilation + autotuning), the baselines in the first
 profile = False         # print the crammed step's 20 costliest kernels and its time by kind of kernel (torch.profiler
@@ -265,13 +266,14 @@ def main():
 
     print("| recipe | micro-batch | tokens/s | ms per micro-batch | warm-up s | peak GiB | GFLOP/token | TFLOP/s "
           "| of measured matmul speed | MFU |\n|---|---|---|---|---|---|---|---|---|---|")
-    eager = dataclasses.replace(rt, compile=False)
+    eager_rt = dataclasses.replace(rt, compile=False)
     built = recipes(dims)
     runs = [(recipe, build, mask_rate, flops, rt) for recipe, (build, mask_rate, flops) in built.items()]
     if rt.compile:  # the crammed recipe in the other modes and eager: what each buys on this device
         crammed = runs[0][1:4]
         runs[1:1] = [(f"crammed, {mode}", *crammed, dataclasses.replace(rt, compile_mode=mode)) for mode in modes[1:]]
-        runs.insert(len(modes), ("crammed, eager", *crammed, eager))
+        if eager:
+            runs.insert(len(modes), ("crammed, eager", *crammed, eager_rt))
     speeds, crammed_seconds = {}, None
     for recipe, build, mask_rate, flops, run_rt in runs:
         try:
@@ -299,7 +301,7 @@ def main():
         build = built["crammed"][0]
 
         def peak_bytes(size):
-            seconds, _, memory = time_training(build, MASK_RATE, size, tokens, eager, max(2, n_steps // 2), n_warmup)
+            seconds, _, memory = time_training(build, MASK_RATE, size, tokens, eager_rt, max(2, n_steps // 2), n_warmup)
             print(f"| {size} | {size * accum_steps * seq_len / seconds:,.0f} | {gib(memory)} |", flush=True)
             return memory or 0
 

@@ -3,6 +3,7 @@ import json
 import os
 import re
 
+import pytest
 import torch
 
 from conftest import TINY_MODEL, assert_one_line_error, run_script
@@ -152,6 +153,43 @@ def test_a_failed_phase_is_reported_and_the_rest_go_on(corpus_file, tmp_path):
     assert "| glue | failed |" in report and "already prepared" in sections(out)["prepare"]["body"]
     assert_one_line_error(run_script("tools/gpu_report.py", "--phases=prepare", f"--data_dir={tmp_path / 'none'}",
                                      f"--out_dir={out}", check=False), "no --corpus was given")
+
+
+def test_the_off_load_shape_fits_the_host_or_a_smaller_simulated_device():
+    """The off-load phase needs a model beyond the device whose host state (18 B a parameter) the host holds:
+    an H100 (80 GiB) on a 120 GiB host has one; an H200 (139 GiB) on a 125 GiB host has none beyond the whole
+    device, so it simulates a smaller one; a host too small for any is a failed phase, before any GPU time."""
+    from gpu_report import PhaseFailed, offload_plan
+    gib = 2 ** 30
+    for device, host, capped in ((80 * gib, 120 * gib, False), (139 * gib, 125 * gib, True)):
+        args, n_params, device_bytes = offload_plan(device, host, 32768, 128)
+        assert (device_bytes < device) == capped and 16 * n_params > device_bytes and 18 * n_params <= 0.85 * host
+    with pytest.raises(PhaseFailed, match="the host is too small"):
+        offload_plan(80 * gib, 2 ** 20, 32768, 128)  # 1 MiB
+
+
+def test_a_script_past_its_deadline_and_what_it_started_are_stopped_with_sigterm_first(tmp_path):
+    """As compare.py starts train.py: at the deadline both get SIGTERM (train.py saves on it), and nothing is left
+    to hold the GPU into the next phase."""
+    import time
+    from gpu_report import PhaseFailed, run_logged
+    script = tmp_path / "starts_one.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time\\n'\n"
+        "    'signal.signal(signal.SIGTERM, lambda *a: (print(\"child saved\", flush=True), sys.exit(0)))\\n'\n"
+        "    'print(\"child up\", flush=True)\\ntime.sleep(100)'])\n"
+        "print(f'pid {child.pid}', flush=True)\n"
+        "time.sleep(100)\n")
+    start = time.time()
+    with pytest.raises(PhaseFailed, match="ran past the phase's time limit"):
+        run_logged([str(script)], tmp_path / "log", time.time() + 4, echo=False)
+    log = (tmp_path / "log").read_text()
+    assert "child up" in log and "child saved" in log and time.time() - start < 20  # not the 30 s grace
+    pid = int(log.split("pid ")[1].split()[0])
+    time.sleep(0.5)
+    state = open(f"/proc/{pid}/stat").read().split()[2] if os.path.exists(f"/proc/{pid}") else "gone"
+    assert state in ("gone", "Z"), state  # ended (a zombie until init reaps it)
 
 
 def test_bad_phase_names_are_one_line_errors(tmp_path):

@@ -44,9 +44,11 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import traceback
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -116,6 +118,38 @@ class PhaseFailed(Exception):
 
 
 # ---------------------------------------------------------------- running the scripts
+def stop_group(pid, grace=30.0):
+    """Stop the process group that `pid` leads (a script started with start_new_session, and what it started:
+    compare.py's train.py): SIGTERM first, on which train.py saves a checkpoint and finetune_glue.py keeps
+    its scored seeds, then SIGKILL to whatever is left after `grace` seconds, so nothing holds the GPU
+    into the next phase."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.time() + grace
+    while time.time() < end:
+        try:
+            os.killpg(pid, 0)  # anyone left?
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def set_aside(paths):
+    """Each of `paths` that exists moved to <path>.old (replacing an older .old): fine-tuning scores of a
+    checkpoint retrained since, which finetune_glue.py would refuse to mix with the new one's."""
+    for old in paths:
+        if os.path.isdir(old + ".old"):
+            shutil.rmtree(old + ".old")
+        if os.path.exists(old):
+            os.replace(old, old + ".old")
+
+
 def run_logged(args, log_path, deadline, echo=True):
     """Run one of the project's scripts (args[0], then its arguments), its output saved to log_path
     (and shown as it comes if echo), killed at `deadline` (time.time()). Returns the output;
@@ -124,8 +158,8 @@ def run_logged(args, log_path, deadline, echo=True):
         raise PhaseFailed(f"no time left for {args[0]}")
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
     proc = subprocess.Popen(command, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    timer = threading.Timer(deadline - time.time(), proc.kill)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # its own process group
+    timer = threading.Timer(deadline - time.time(), stop_group, (proc.pid,))
     timer.start()
     lines = []
     with open(log_path, "w") as log:
@@ -237,11 +271,7 @@ def phase_transfer(deadline, logs):
         raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
     results = os.path.join(run, "glue.json")
     if "has spent this budget" not in trained:  # the scores of the checkpoint this one replaced are kept aside
-        for old in (results, os.path.join(run, "glue_runs")):
-            if os.path.isdir(old + ".old"):
-                shutil.rmtree(old + ".old")
-            if os.path.exists(old):
-                os.replace(old, old + ".old")
+        set_aside([results, os.path.join(run, "glue_runs")])
     base = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
             f"--out_json={results}", "--seeds=1", f"--device={device}", *shape_args(transfer_glue_args)]
     jobs = [([*base, f"--tasks={t}", *(["--from_scratch=True"] * scratch), *(["--epochs=1"] if t == "sst2" else [])],
@@ -299,9 +329,10 @@ def phase_compile(deadline, logs):
     (out of memory, a compiler error) or runs out of time costs only its own row."""
     micro, how = compile_micro_batch_used(logs)
     rows, failures, commands = {}, [], []
-    for mode in [m for m in compile_modes.split(",") if m]:
+    for i, mode in enumerate(m for m in compile_modes.split(",") if m):
         args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
-                f"--compile_mode={mode}", "--baselines=False", "--sweep=False", *([f"--micro_batch={micro}"] if micro else [])]
+                f"--compile_mode={mode}", "--baselines=False", "--sweep=False", f"--eager={i == 0}",  # eager once
+                *([f"--micro_batch={micro}"] if micro else [])]
         commands.append(f"`{command_line(args)}`")
         try:
             output = run_logged(args, os.path.join(logs, f"compile_{mode}.log"), deadline)
@@ -309,7 +340,7 @@ def phase_compile(deadline, logs):
             failures.append(f"- {mode}: {failure}")
             continue
         for name, used, speed, warm, peak in BENCH_ROW.findall(output):
-            rows.setdefault(name or mode, (used, speed, warm, peak))  # eager: timed in each run, kept once
+            rows.setdefault(name or mode, (used, speed, warm, peak))
     if not rows:
         raise PhaseFailed("no mode could be timed: " + " ".join(failures))
     eager = float(rows["eager"][1].replace(",", "")) if "eager" in rows else None
@@ -347,18 +378,25 @@ def run_speed(run):
 
 def train_variants(variants, minutes, phase, folder, deadline, logs):
     """tools/compare.py's variants each trained for `minutes` on data_dir into <out_dir>/<folder>/,
-    plotted in <out_dir>/<phase>.png. Returns (the command, its output, {variant: run folder})."""
-    runs = variant_runs(folder, variants)
+    plotted in <out_dir>/<phase>.png. A rerun of the same command keeps the runs that finished (a phase
+    cut off goes on where it stopped); other settings train afresh. Returns (the command, its output,
+    {variant: run folder}, whether it trained afresh)."""
+    runs, where = variant_runs(folder, variants), os.path.join(out_dir, folder)
     base = os.path.join(out_dir, f"{phase}_base.py")
+    paper_shape = os.path.join(ROOT, "config", "shape_paper.py")  # these phases measure the paper's shape, whatever the budget
+    args = ["tools/compare.py", f"--variants={','.join(variants)}", f"--base={base}", f"--budget_minutes={minutes}",
+            f"--out_dir={where}", f"--png={os.path.join(out_dir, phase + '.png')}",
+            f"--train_args={' '.join([paper_shape, f'--device={device}', *shape_args(train_args)])}"]
+    record = os.path.join(where, "phase_args.json")
+    fresh = not os.path.isfile(record) or read_json(record, "delete it") != [*args, data_dir]
+    if fresh:
+        shutil.rmtree(where, ignore_errors=True)
+        os.makedirs(where)
+        write_json(record, [*args, data_dir])
     with open(base, "w") as f:  # what every variant shares: the data, evaluations along the way
         f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\n"
                 f"ckpt_interval_minutes = 1e9\n")
-    shutil.rmtree(os.path.join(out_dir, folder), ignore_errors=True)  # a rerun trains afresh
-    paper_shape = os.path.join(ROOT, "config", "shape_paper.py")  # these phases measure the paper's shape, whatever the budget
-    args = ["tools/compare.py", f"--variants={','.join(variants)}", f"--base={base}", f"--budget_minutes={minutes}",
-            f"--out_dir={os.path.join(out_dir, folder)}", f"--png={os.path.join(out_dir, phase + '.png')}",
-            f"--train_args={' '.join([paper_shape, f'--device={device}', *shape_args(train_args)])}"]
-    return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs
+    return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs, fresh
 
 
 def variants_section(args, output, runs, minutes, phase):
@@ -382,7 +420,9 @@ def final_losses(output, variants):
 def phase_recipes(deadline, logs):
     """Each recipe trained for recipe_minutes on data_dir (tools/compare.py --variants), then plotted."""
     variants = [v for v in recipes.split(",") if v]
-    args, output, runs = train_variants(variants, recipe_minutes, "recipes", "runs", deadline, logs)
+    args, output, runs, fresh = train_variants(variants, recipe_minutes, "recipes", "runs", deadline, logs)
+    if fresh:  # the glue phase's scores of the checkpoints these replaced are kept aside
+        set_aside([os.path.join(out_dir, f"glue_{name}{end}") for name in variants for end in (".json", "_runs")])
     headline = "validation loss " + ", ".join(f"{v} {loss}" for v, loss in final_losses(output, variants).items())
     return headline, variants_section(args, output, runs, recipe_minutes, "recipes")
 
@@ -392,7 +432,7 @@ FLOAT16_VARIANTS = ("dtype=bfloat16", "dtype=float16")
 
 def phase_float16(deadline, logs):
     """bfloat16 and float16 (loss scaling) trained for float16_minutes each at the reference shape."""
-    args, output, runs = train_variants(FLOAT16_VARIANTS, float16_minutes, "float16", "float16_runs", deadline, logs)
+    args, output, runs, _ = train_variants(FLOAT16_VARIANTS, float16_minutes, "float16", "float16_runs", deadline, logs)
     losses = final_losses(output, FLOAT16_VARIANTS)
     skipped = {v: run_speed(run)[2] for v, run in runs.items()}
     headline = ", ".join(f"{v.split('=')[1]}: val loss {losses.get(v, '-')}, {skipped[v]} updates skipped"
@@ -468,12 +508,16 @@ def glue_points(deadline, logs):
 
 # ---------------------------------------------------------------- off-load: larger than the GPU
 def host_available_bytes():
-    """MemAvailable from /proc/meminfo (Linux), else the free physical pages."""
+    """MemAvailable from /proc/meminfo (Linux), else the free physical pages; never more than the
+    container's limit (runtime.memory_capacity)."""
+    import torch
+    import runtime
     try:
         with open("/proc/meminfo") as f:
-            return int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
+            available = int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
     except (OSError, AttributeError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return min(available, runtime.memory_capacity(torch.device("cpu")) or available)
 
 
 def model_args_for(d_model, n_layers, vocab_size, seq_len):
@@ -567,26 +611,40 @@ def train_offloaded(model_args, rt, batches):
     return seconds[1:], losses
 
 
+def offload_plan(device_bytes, host_bytes, vocab_size, seq_len):
+    """offload_shape for this device, or, where the host cannot hold the state of a model beyond the
+    whole device (an H200's 139 GiB against a host of 128), for a smaller device simulated by a cap:
+    (model_args, parameters, the device bytes to use)."""
+    try:
+        return (*offload_shape(device_bytes, host_bytes, vocab_size, seq_len), device_bytes)
+    except PhaseFailed:
+        smaller = int(0.85 * host_bytes / 18 * 16 / 1.02 * 0.8)  # a device whose beyond-state the host holds
+        if smaller >= device_bytes:
+            raise
+        return (*offload_shape(smaller, host_bytes, vocab_size, seq_len), smaller)
+
+
 def phase_offload(deadline, logs):
     import torch
     import runtime
     from data import MASK_RATE, benchmark_tokens, RandomBatches
     from model import CrammedBert
-    args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
-    bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
     rt = runtime.setup(device, "auto", compile=False)
     total = torch.cuda.get_device_properties(rt.device).total_memory if rt.device.type == "cuda" else 0
     device_bytes = device_memory_gib * 2 ** 30 or total
     if not device_bytes:
         raise PhaseFailed("on a CPU give --device_memory_gib, the device memory to simulate")
-    if rt.device.type == "cuda" and device_bytes < total:  # a smaller GPU, simulated by a cap on this process
-        torch.cuda.set_per_process_memory_fraction(device_bytes / total)
     host_bytes = host_memory_gib * 2 ** 30 or host_available_bytes()
     vocab_size, seq_len = 32768, 128
     if os.path.isfile(os.path.join(data_dir, "meta.json")):
         meta = load_meta(data_dir)
         vocab_size, seq_len = meta["vocab_size"], meta["seq_len"]
-    model_args, n_params = offload_shape(device_bytes, host_bytes, vocab_size, seq_len)
+    # the shape first (no GPU time): a host too small for any is said before the benchmark's minutes
+    model_args, n_params, device_bytes = offload_plan(device_bytes, host_bytes, vocab_size, seq_len)
+    args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
+    bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
+    if rt.device.type == "cuda" and device_bytes < total:  # a smaller GPU, simulated by a cap on this process
+        torch.cuda.set_per_process_memory_fraction(device_bytes / total)
     shape = f"{model_args['n_layers']}x{model_args['d_model']} (vocabulary {vocab_size}), {n_params / 1e6:,.1f}M parameters"
     print(f"off-load shape: {shape}", flush=True)
     tokens, _ = benchmark_tokens(data_dir, vocab_size, seq_len, seed=0)  # the data's when they match, else random
@@ -604,7 +662,7 @@ def phase_offload(deadline, logs):
     rows = [("shape", shape), ("device memory it must exceed", f"{gib(device_bytes)}{' (simulated)' if device_bytes != total else ''}"),
             ("host memory available", gib(host_bytes)),
             ("normal-mode training state (16 B a parameter)", gib(16 * n_params)),
-            ("off-load host state (18 B a block parameter)", gib(18 * n_params)),
+            ("off-load host state, at most (18 B a parameter; the stem's stay on the device)", gib(18 * n_params)),
             ("normal mode", normal),
             ("off-load micro-batch x steps", f"{offload_micro_batch} x {offload_accum}, {offload_steps} timed steps"),
             ("off-load seconds per step, median (min-max)", f"{step:.2f} ({min(seconds):.2f}-{max(seconds):.2f})"),
@@ -676,6 +734,9 @@ def run_phase(name):
         status = "ok"
     except (PhaseFailed, SystemExit) as failure:  # SystemExit: a one-line error from the core
         status, headline, body = "failed", str(failure), ""
+    except Exception as error:  # a bug or a device's fault: said in the section, and the phases after go on
+        status, headline = "failed", f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+        body = f"```\n{traceback.format_exc()[-4000:]}\n```"
     save_section(name, status, headline, body, (time.time() - start) / 60, environment())
     print(f"== phase {name}: {status}: {headline}", flush=True)
 
@@ -686,9 +747,12 @@ def run_in_child(name):
         os.remove(section_path(name))
     command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--phases={name}", "--report=False"]
     start = time.time()
+    proc = subprocess.Popen(command, start_new_session=True)
     try:
-        why = f"its process ended with {subprocess.run(command, timeout=60 * phase_limit(name) + 120).returncode}"
+        why = f"its process ended with {proc.wait(timeout=60 * phase_limit(name) + 120)}"
     except subprocess.TimeoutExpired:
+        stop_group(proc.pid)
+        proc.wait()
         why = f"it ran past its limit of {phase_limit(name):.1f} minutes"
     if not os.path.exists(section_path(name)):  # killed or crashed before it could say so
         save_section(name, "failed", why, "", (time.time() - start) / 60, "")
@@ -725,6 +789,8 @@ def main():
     else:
         for name in names:
             run_in_child(name)
+            if report:  # after each phase: a command cut off later leaves a report of what finished
+                write_report()
     if report:
         print(f"wrote {write_report()}")
     failed = [read_section(n) for n in names]
