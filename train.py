@@ -265,6 +265,13 @@ def main(config):
     rank = runtime.join_process_group(rt.device) if ddp else 0
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
+    if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
+        log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens "
+            f"in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
+            f"--budget_hours (or --budget_tokens, --max_steps)")
+        if ddp:
+            runtime.leave_process_group()
+        raise SystemExit(0)  # before any work (the data, a GPU's probe), having nothing to train or rewrite
     if master and os.path.isdir(out_dir):  # refused before any work (the budget's matmul timing, a GPU's micro-batch
         claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))  # probe): a folder another run holds, or a checkpoint
         if not checkpoint:  # a fresh run would replace; a new folder is made only once the run surely fits (start_run)
@@ -439,8 +446,8 @@ def make_trainer(model, rt, ddp, log):
 def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_tokens, ddp, checkpoint):
     """out_dir made this process's alone (a lock; main took it already where the folder was there), writable,
     with room for a checkpoint (weights and AdamW in float32), and warnings of a run too large for a CPU or its
-    data. Returns the checkpoint to resume (`checkpoint`, checked; None for a fresh run) and rank 0's metrics log (files.MetricsLog). A run
-    that has spent this budget ends here, having nothing to train (and so nothing rewritten)."""
+    data. Returns the checkpoint to resume (`checkpoint`, checked; None for a fresh run) and rank 0's metrics
+    log (files.MetricsLog)."""
     if master:
         with torch.device("meta"):  # the counts, without the memory
             model = CrammedBert(**model_args)
@@ -451,14 +458,6 @@ def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_t
             if warning:
                 print(warning)
     checkpoint = resume_checkpoint(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)
-    if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
-        if master:
-            print(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M "
-                  f"tokens in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it "
-                  f"with a larger --budget_hours (or --budget_tokens, --max_steps)")
-        if ddp:
-            runtime.leave_process_group()
-        raise SystemExit(0)
     if not master:
         return checkpoint, None
     if checkpoint:
