@@ -413,7 +413,9 @@ def test_an_export_never_replaces_a_users_files(pretrained, tmp_path):
     assert_kept(proc, before, 1, "error:", "holds files this export did not write", "README.md")
     ours = tmp_path / "ours"
     run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={ours}")
+    (ours / "config.json.4321.tmp").write_text("{")  # what an export killed mid-write leaves
     run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={ours}")  # its own earlier export: replaced
+    assert not (ours / "config.json.4321.tmp").exists()
     (ours / "README.md").write_text("edited by hand")
     before = snapshot(ours)
     proc = run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={ours}", check=False)

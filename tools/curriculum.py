@@ -42,10 +42,11 @@ SENTENCE_END = re.compile(rb"[.!?](?:[\"')\]]|\xe2\x80[\x99\x9d])*$")
 
 
 def sentence_end_ids(enc):
-    """A lookup table over the vocabulary: True for the tokens that end a sentence."""
+    """A lookup table over the vocabulary: True for the tokens that end a sentence (never a special token)."""
     ends = np.zeros(enc.n_vocab, dtype=bool)
+    special = {enc.encode_single_token(name) for name in enc.special_tokens_set}  # their ids, not their names
     for token in range(enc.n_vocab):
-        ends[token] = token not in enc.special_tokens_set and bool(SENTENCE_END.search(enc.decode_single_token_bytes(token)))
+        ends[token] = token not in special and bool(SENTENCE_END.search(enc.decode_single_token_bytes(token)))
     return ends
 
 

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -151,11 +152,17 @@ def digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+TEMPORARY = re.compile(r".+\.\d+\.tmp")  # files.temporary_path's names: <file>.<pid>.tmp
+
+
 def check_folder(folder, names):
     """Refuse a folder that holds anything but an unchanged earlier export (each file as its
     manifest says this tool wrote it), so a user's own file, or one they edited, is never replaced;
     then check that each file the export writes can be written, before any is."""
     present = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    for name in [n for n in present if n.rsplit(".", 2)[0] in (*names, MANIFEST) and TEMPORARY.fullmatch(n)]:
+        os.remove(os.path.join(folder, name))  # an export killed mid-write left its own temporary file
+        present.remove(name)
     manifest = read_json(os.path.join(folder, MANIFEST), f"delete it to export into {folder}") \
         if MANIFEST in present else {}
     if not isinstance(manifest, dict):
