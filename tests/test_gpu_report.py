@@ -192,6 +192,25 @@ def test_a_script_past_its_deadline_and_what_it_started_are_stopped_with_sigterm
     assert state in ("gone", "Z"), state  # ended (a zombie until init reaps it)
 
 
+def test_a_phase_that_fails_keeps_what_it_measured_and_one_that_crashes_says_where(tmp_path, monkeypatch):
+    import gpu_report
+    monkeypatch.setattr(gpu_report, "out_dir", str(tmp_path))
+
+    def partial(deadline, logs):
+        raise gpu_report.PhaseFailed("1 fine-tuning run(s) did not finish", body="| rte | 55.0 |")
+
+    def crash(deadline, logs):
+        return {}["key"]
+    monkeypatch.setitem(gpu_report.PHASE_FUNCTIONS, "transfer", partial)
+    monkeypatch.setitem(gpu_report.PHASE_FUNCTIONS, "glue", crash)
+    for name in ("transfer", "glue"):
+        gpu_report.run_phase(name)
+    found = sections(tmp_path)
+    assert found["transfer"]["status"] == "failed" and found["transfer"]["body"] == "| rte | 55.0 |"
+    assert found["glue"]["status"] == "failed" and found["glue"]["headline"] == "KeyError: 'key'"
+    assert "in crash" in found["glue"]["body"]  # its traceback, to mend it by
+
+
 def test_bad_phase_names_are_one_line_errors(tmp_path):
     assert_one_line_error(run_script("tools/gpu_report.py", "--phases=bench,train", f"--out_dir={tmp_path}", check=False),
                           "unknown phase 'train'", "health, transfer, prepare, bench, compile, float16, recipes, glue, offload")

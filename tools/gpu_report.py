@@ -114,7 +114,11 @@ WIDTHS = (4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128, 64)  # off-load
 
 
 class PhaseFailed(Exception):
-    """A phase could not produce its figures; the message says why in one line."""
+    """A phase could not produce its figures; the message says why in one line, `body` what it did measure."""
+
+    def __init__(self, message, body=""):
+        super().__init__(message)
+        self.body = body
 
 
 # ---------------------------------------------------------------- running the scripts
@@ -279,9 +283,12 @@ def phase_transfer(deadline, logs):
             for scratch, tasks in ((False, present), (True, control))
             for t in sorted(tasks, key=lambda t: t != "sst2")]  # the longest first: parallel jobs end together
     failures = run_jobs(jobs, transfer_jobs or (8 if device_kind() == "GPU" else 1), deadline)
-    if failures:
+    if failures:  # the section keeps the scores that did finish
+        partial = read_json(results, "delete it and run the phase again").get("table", "") \
+            if os.path.isfile(results) else ""
         raise PhaseFailed(f"{len(failures)} fine-tuning run(s) did not finish (rerun the phase to continue: the checkpoint "
-                          f"and the scored seeds are kept): {failures[0]}")
+                          f"and the scored seeds are kept): {failures[0]}",
+                          body=partial and f"The runs that finished:\n\n{partial}")
     scores = read_json(results, "delete it and run the phase again")
     floor = scores.get("no_pretraining_scores", {})
     facts = scores["pretraining"]
@@ -733,7 +740,7 @@ def run_phase(name):
         headline, body = PHASE_FUNCTIONS[name](start + 60 * phase_limit(name), logs)
         status = "ok"
     except (PhaseFailed, SystemExit) as failure:  # SystemExit: a one-line error from the core
-        status, headline, body = "failed", str(failure), ""
+        status, headline, body = "failed", str(failure), getattr(failure, "body", "")
     except Exception as error:  # a bug or a device's fault: said in the section, and the phases after go on
         status, headline = "failed", f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
         body = f"```\n{traceback.format_exc()[-4000:]}\n```"
