@@ -48,8 +48,8 @@ import signal
 import subprocess
 import sys
 import threading
-import traceback
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
