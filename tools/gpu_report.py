@@ -122,24 +122,25 @@ class PhaseFailed(Exception):
 
 
 # ---------------------------------------------------------------- running the scripts
-def stop_group(pid, grace=30.0):
-    """Stop the process group that `pid` leads (a script started with start_new_session, and what it started:
-    compare.py's train.py): SIGTERM first, on which train.py saves a checkpoint and finetune_glue.py keeps
-    its scored seeds, then SIGKILL to whatever is left after `grace` seconds, so nothing holds the GPU
-    into the next phase."""
+def stop_group(proc, grace=30.0):
+    """Stop the process group that `proc` (a subprocess.Popen started with start_new_session) leads, with
+    what it started (compare.py's train.py): SIGTERM first, on which a train.py run directly saves a
+    checkpoint and finetune_glue.py keeps its scored seeds, then SIGKILL to whatever is left after `grace`
+    seconds, so nothing holds the GPU into the next phase."""
     try:
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
     end = time.time() + grace
     while time.time() < end:
+        proc.poll()  # reaps the leader once it has ended: only the living count below
         try:
-            os.killpg(pid, 0)  # anyone left?
+            os.killpg(proc.pid, 0)  # anyone left?
         except ProcessLookupError:
             return
         time.sleep(0.5)
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
@@ -163,17 +164,23 @@ def run_logged(args, log_path, deadline, echo=True):
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
     proc = subprocess.Popen(command, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # its own process group
-    timer = threading.Timer(deadline - time.time(), stop_group, (proc.pid,))
+    timer = threading.Timer(deadline - time.time(), stop_group, (proc,))
+    timer.daemon = True
     timer.start()
     lines = []
-    with open(log_path, "w") as log:
-        log.write(f"$ {' '.join(command)}\n")
-        for line in proc.stdout:
-            if echo:
-                sys.stdout.write(line)
-            log.write(line)
-            lines.append(line)
-    code = proc.wait()
+    try:
+        with open(log_path, "w") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            for line in proc.stdout:
+                if echo:
+                    sys.stdout.write(line)
+                log.write(line)
+                lines.append(line)
+        code = proc.wait()
+    except BaseException:  # Ctrl-C or a SIGTERM to this report: its own group would not reach the script's
+        timer.cancel()
+        stop_group(proc)
+        raise
     timer.cancel()
     if code != 0 and time.time() >= deadline:
         raise PhaseFailed(f"{args[0]} ran past the phase's time limit (log: {log_path})")
@@ -383,11 +390,11 @@ def run_speed(run):
             str(records[-1].get("skipped", 0)))
 
 
-def train_variants(variants, minutes, phase, folder, deadline, logs):
+def train_variants(variants, minutes, phase, folder, deadline, logs, aside=()):
     """tools/compare.py's variants each trained for `minutes` on data_dir into <out_dir>/<folder>/,
     plotted in <out_dir>/<phase>.png. A rerun of the same command keeps the runs that finished (a phase
-    cut off goes on where it stopped); other settings train afresh. Returns (the command, its output,
-    {variant: run folder}, whether it trained afresh)."""
+    cut off goes on where it stopped); other settings train afresh, first setting `aside` aside (the glue
+    phase's scores of the checkpoints they replace). Returns (the command, its output, {variant: run folder})."""
     runs, where = variant_runs(folder, variants), os.path.join(out_dir, folder)
     base = os.path.join(out_dir, f"{phase}_base.py")
     paper_shape = os.path.join(ROOT, "config", "shape_paper.py")  # these phases measure the paper's shape, whatever the budget
@@ -397,13 +404,14 @@ def train_variants(variants, minutes, phase, folder, deadline, logs):
     record = os.path.join(where, "phase_args.json")
     fresh = not os.path.isfile(record) or read_json(record, "delete it") != [*args, data_dir]
     if fresh:
+        set_aside(aside)
         shutil.rmtree(where, ignore_errors=True)
         os.makedirs(where)
         write_json(record, [*args, data_dir])
     with open(base, "w") as f:  # what every variant shares: the data, evaluations along the way
         f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\n"
                 f"ckpt_interval_minutes = 1e9\n")
-    return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs, fresh
+    return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs
 
 
 def variants_section(args, output, runs, minutes, phase):
@@ -427,9 +435,8 @@ def final_losses(output, variants):
 def phase_recipes(deadline, logs):
     """Each recipe trained for recipe_minutes on data_dir (tools/compare.py --variants), then plotted."""
     variants = [v for v in recipes.split(",") if v]
-    args, output, runs, fresh = train_variants(variants, recipe_minutes, "recipes", "runs", deadline, logs)
-    if fresh:  # the glue phase's scores of the checkpoints these replaced are kept aside
-        set_aside([os.path.join(out_dir, f"glue_{name}{end}") for name in variants for end in (".json", "_runs")])
+    glue_files = [os.path.join(out_dir, f"glue_{name}{end}") for name in variants for end in (".json", "_runs")]
+    args, output, runs = train_variants(variants, recipe_minutes, "recipes", "runs", deadline, logs, glue_files)
     headline = "validation loss " + ", ".join(f"{v} {loss}" for v, loss in final_losses(output, variants).items())
     return headline, variants_section(args, output, runs, recipe_minutes, "recipes")
 
@@ -439,7 +446,7 @@ FLOAT16_VARIANTS = ("dtype=bfloat16", "dtype=float16")
 
 def phase_float16(deadline, logs):
     """bfloat16 and float16 (loss scaling) trained for float16_minutes each at the reference shape."""
-    args, output, runs, _ = train_variants(FLOAT16_VARIANTS, float16_minutes, "float16", "float16_runs", deadline, logs)
+    args, output, runs = train_variants(FLOAT16_VARIANTS, float16_minutes, "float16", "float16_runs", deadline, logs)
     losses = final_losses(output, FLOAT16_VARIANTS)
     skipped = {v: run_speed(run)[2] for v, run in runs.items()}
     headline = ", ".join(f"{v.split('=')[1]}: val loss {losses.get(v, '-')}, {skipped[v]} updates skipped"
@@ -636,20 +643,22 @@ def phase_offload(deadline, logs):
     import runtime
     from data import MASK_RATE, benchmark_tokens, RandomBatches
     from model import CrammedBert
-    rt = runtime.setup(device, "auto", compile=False)
+    args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
+    bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
+    rt = runtime.setup(device, "auto", compile=False)  # after the benchmark: this process holds nothing on the GPU then
     total = torch.cuda.get_device_properties(rt.device).total_memory if rt.device.type == "cuda" else 0
     device_bytes = device_memory_gib * 2 ** 30 or total
-    if not device_bytes:
-        raise PhaseFailed("on a CPU give --device_memory_gib, the device memory to simulate")
     host_bytes = host_memory_gib * 2 ** 30 or host_available_bytes()
     vocab_size, seq_len = 32768, 128
     if os.path.isfile(os.path.join(data_dir, "meta.json")):
         meta = load_meta(data_dir)
         vocab_size, seq_len = meta["vocab_size"], meta["seq_len"]
-    # the shape first (no GPU time): a host too small for any is said before the benchmark's minutes
-    model_args, n_params, device_bytes = offload_plan(device_bytes, host_bytes, vocab_size, seq_len)
-    args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
-    bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
+    try:
+        if not device_bytes:
+            raise PhaseFailed("on a CPU give --device_memory_gib, the device memory to simulate")
+        model_args, n_params, device_bytes = offload_plan(device_bytes, host_bytes, vocab_size, seq_len)
+    except PhaseFailed as failure:  # the benchmark's figures stay in the section
+        raise PhaseFailed(str(failure), body=bench) from None
     if rt.device.type == "cuda" and device_bytes < total:  # a smaller GPU, simulated by a cap on this process
         torch.cuda.set_per_process_memory_fraction(device_bytes / total)
     shape = f"{model_args['n_layers']}x{model_args['d_model']} (vocabulary {vocab_size}), {n_params / 1e6:,.1f}M parameters"
@@ -758,9 +767,12 @@ def run_in_child(name):
     try:
         why = f"its process ended with {proc.wait(timeout=60 * phase_limit(name) + 120)}"
     except subprocess.TimeoutExpired:
-        stop_group(proc.pid)
+        stop_group(proc, grace=45.0)  # (the phase stops its own script first, in up to 30 s)
         proc.wait()
         why = f"it ran past its limit of {phase_limit(name):.1f} minutes"
+    except BaseException:  # Ctrl-C or a SIGTERM to this report: the phase (its own group) stops too
+        stop_group(proc, grace=45.0)
+        raise
     if not os.path.exists(section_path(name)):  # killed or crashed before it could say so
         save_section(name, "failed", why, "", (time.time() - start) / 60, "")
 
