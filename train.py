@@ -265,13 +265,6 @@ def main(config):
     rank = runtime.join_process_group(rt.device) if ddp else 0
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
-    if checkpoint and budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
-        log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens "
-            f"in {checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
-            f"--budget_hours (or --budget_tokens, --max_steps)")
-        if ddp:
-            runtime.leave_process_group()
-        raise SystemExit(0)  # before any work (the data, a GPU's probe), having nothing to train or rewrite
     if master and os.path.isdir(out_dir):  # refused before any work (the budget's matmul timing, a GPU's micro-batch
         claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))  # probe): a folder another run holds, or a checkpoint
         if not checkpoint:  # a fresh run would replace; a new folder is made only once the run surely fits (start_run)
@@ -281,11 +274,12 @@ def main(config):
     data_args = dict(vocab_size=meta["vocab_size"], seq_len=seq_len)
     pick = settle_shape(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
     batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
+    checkpoint = resume_checkpoint(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)  # the same run
+    exit_if_spent(checkpoint, ckpt_path, log, ddp)  # before a GPU's micro-batch probe
     # the micro-batch, after a check that the step can fit the device's memory (runtime.check_memory)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
-    checkpoint, metrics = start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, n_rows * seq_len, ddp,
-                                    checkpoint)
+    metrics = start_run(model_args, ckpt_path, config, master, rt, n_rows * seq_len, checkpoint)
     if pick and not checkpoint:
         log(budget_line(pick, config, micro * world, seq_len))
 
@@ -443,11 +437,23 @@ def make_trainer(model, rt, ddp, log):
     return Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
 
 
-def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_tokens, ddp, checkpoint):
+def exit_if_spent(checkpoint, ckpt_path, log, ddp):
+    """A resume whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
+    progress = checkpoint and budget_progress(checkpoint["tokens"], checkpoint["elapsed"])
+    if not checkpoint or not budget_spent(progress, checkpoint["step"]):
+        return
+    log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
+        f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
+        f"--budget_hours (or --budget_tokens, --max_steps)")
+    if ddp:
+        runtime.leave_process_group()
+    raise SystemExit(0)
+
+
+def start_run(model_args, ckpt_path, config, master, rt, train_tokens, checkpoint):
     """out_dir made this process's alone (a lock; main took it already where the folder was there), writable,
     with room for a checkpoint (weights and AdamW in float32), and warnings of a run too large for a CPU or its
-    data. Returns the checkpoint to resume (`checkpoint`, checked; None for a fresh run) and rank 0's metrics
-    log (files.MetricsLog)."""
+    data. Returns rank 0's metrics log (files.MetricsLog; None on the other ranks)."""
     if master:
         with torch.device("meta"):  # the counts, without the memory
             model = CrammedBert(**model_args)
@@ -457,14 +463,13 @@ def start_run(model_args, tokenizer_text, ckpt_path, config, master, rt, train_t
                         repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
             if warning:
                 print(warning)
-    checkpoint = resume_checkpoint(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)
     if not master:
-        return checkpoint, None
+        return None
     if checkpoint:
         print(f"resuming {ckpt_path} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
               f"{checkpoint['tokens'] / 1e6:.1f}M tokens in")
     wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
-    return checkpoint, MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
+    return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
 
 
 def log_step(metrics, rt, step, loss, step_lr, step_batch, tokens_per_s, mfu, epoch, seconds, tokens, progress,
