@@ -53,7 +53,8 @@ def raw_tiktoken(enc, texts, threads):
 
 
 def encoding_pass(documents, enc, meta, threads):
-    """prepare.py's pass with the settings the folder was prepared with (its meta.json's), into a temporary folder."""
+    """prepare.py's pass with the settings the folder was prepared with (its meta.json's; the whole corpus,
+    whatever its max_tokens), into a temporary folder."""
     out, s = tempfile.mkdtemp(), meta["settings"]
     try:
         start = time.perf_counter()

@@ -21,7 +21,7 @@ STEPS=${*:-$ALL}
 for s in $STEPS; do
   [[ " $ALL " == *" $s "* ]] || fail "unknown step '$s' (the steps: $ALL)"
 done
-lscpu | grep -q amx_bf16 || [ -n "${FORCE:-}" ] ||
+grep -q amx_bf16 /proc/cpuinfo || [ -n "${FORCE:-}" ] ||
   fail "this CPU has no AMX (lscpu lists no amx_bf16): bfloat16 would crawl here; FORCE=1 runs it anyway"
 # what a later step needs, asked now rather than after an hour of the earlier ones
 [[ " $STEPS " != *" glue "* || -d "${GLUE_DIR:-}" ]] || fail "the glue step needs GLUE_DIR=<a folder in the GLUE TSV layout>"
@@ -36,6 +36,15 @@ step() {  # step NAME COMMAND...: run it once, its output in $OUT/NAME.log
   touch "$OUT/$name.done"
 }
 pydocs() { [ -e data/pydocs/meta.json ] || python prepare.py; }  # the quickstart's data, made offline
+books32k() {  # the CPU recipe's data, from CORPUS where it is not prepared yet
+  [ -e data/books32k/meta.json ] || [ -z "${CORPUS:-}" ] ||
+    step prepare_books32k python prepare.py --dataset="$CORPUS" --out_dir=data/books32k --vocab_size=32768 \
+      --val_fraction=0.05 --tokenizer_train_chars=30000000
+}
+train() {  # train NAME OUT_DIR ARGS...: train.py once; a run stopped midway (its ckpt.pt) resumes
+  local name=$1 dir=$2; shift 2
+  step "$name" python train.py "$@" --out_dir="$dir" --resume="$([ -e "$dir/ckpt.pt" ] && echo True || echo False)"
+}
 for s in $STEPS; do
   case $s in
     attention)
@@ -43,6 +52,7 @@ for s in $STEPS; do
       step attention_float32 python tools/bench_attention.py --dtype=float32 ;;
     step)
       pydocs
+      books32k
       for d in bfloat16 float32; do
         step "step_$d" python bench.py --baselines=False --profile=True --dtype=$d
       done
@@ -54,12 +64,12 @@ for s in $STEPS; do
             --profile=True --dtype=$d
         done
       else
-        echo "step: the CPU recipe's shape skipped: no data/books32k (the cpu20 step prepares it from CORPUS)"
+        echo "step: the CPU recipe's shape skipped: no data/books32k (give CORPUS to prepare it)"
       fi ;;
     quickstart)
       pydocs
       for d in bfloat16 float32; do
-        step "quickstart_$d" python train.py config/train_quickstart.py --dtype=$d --out_dir="$OUT/quickstart_$d"
+        train "quickstart_$d" "$OUT/quickstart_$d" config/train_quickstart.py --dtype=$d
       done ;;
     parity)
       pydocs
@@ -72,13 +82,9 @@ for s in $STEPS; do
           --tasks=rte,stsb --seeds=3 --dtype=$d --out_json="$OUT/glue_$d.json"
       done ;;
     cpu20)
-      if [ ! -e data/books32k/meta.json ]; then
-        step prepare_books32k python prepare.py --dataset="$CORPUS" --out_dir=data/books32k --vocab_size=32768 \
-          --val_fraction=0.05 --tokenizer_train_chars=30000000
-      fi
+      books32k
       for d in bfloat16 float32; do
-        step "cpu20_$d" python train.py config/train_cpu.py --budget_hours=0.3333 --eval_interval_minutes=5 \
-          --dtype=$d --out_dir="$OUT/cpu20_$d"
+        train "cpu20_$d" "$OUT/cpu20_$d" config/train_cpu.py --budget_hours=0.3333 --eval_interval_minutes=5 --dtype=$d
       done ;;
   esac
 done
