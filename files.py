@@ -375,13 +375,10 @@ def refuse_overwrite(path):
                          f"also needs a larger --budget_hours), or choose another --out_dir")
 
 
-def resume_checkpoint(path, checkpoint, model_args, tokenizer_text, optim, data_dir):
-    """The checkpoint train.py resumes (`checkpoint`, loaded from `path` with resume=True), after
-    checking it continues the same run: the same model, tokenizer and optimizer (the settings of
-    those names), and finite weights. None for a fresh run (checkpoint None), which refuses to
-    overwrite one. The autocast dtype may change (a run moved to another GPU)."""
-    if checkpoint is None:
-        return refuse_overwrite(path)
+def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir):
+    """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` with
+    resume=True) continues the same run: the same model, tokenizer and optimizer (the settings of
+    those names), and finite weights. The autocast dtype may change (a run moved to another GPU)."""
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]
@@ -395,4 +392,3 @@ def resume_checkpoint(path, checkpoint, model_args, tokenizer_text, optim, data_
                          f"states do not convert)")
     if not all_finite(checkpoint["model"]):
         raise SystemExit(f"error: {path} holds non-finite weights and cannot be resumed")
-    return checkpoint

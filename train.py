@@ -26,8 +26,8 @@ import torch
 import runtime
 from configurator import configure
 from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
-from files import (MetricsLog, all_finite, claim_folder, load_checkpoint, parse_ranks, refuse_overwrite,
-                   resume_checkpoint, save_checkpoint)
+from files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
+                   refuse_overwrite, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
@@ -265,17 +265,20 @@ def main(config):
     rank = runtime.join_process_group(rt.device) if ddp else 0
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
-    if master and os.path.isdir(out_dir):  # refused before any work (the budget's matmul timing, a GPU's micro-batch
-        claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))  # probe): a folder another run holds, or a checkpoint
-        if not checkpoint:  # a fresh run would replace; a new folder is made only once the run surely fits (start_run)
-            refuse_overwrite(ckpt_path)
+    # refused before any work (the budget's matmul timing, a GPU's micro-batch probe): a folder another run holds
+    # (a new folder is made only once the run surely fits: start_run), a checkpoint a fresh run would replace
+    if master and os.path.isdir(out_dir):
+        claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
+    if not checkpoint:
+        refuse_overwrite(ckpt_path)
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     data_args = dict(vocab_size=meta["vocab_size"], seq_len=seq_len)
     pick = settle_shape(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
     batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    checkpoint = resume_checkpoint(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)  # the same run
-    exit_if_spent(checkpoint, ckpt_path, log, ddp)  # before a GPU's micro-batch probe
+    if checkpoint:  # the same run, and one with budget left, before a GPU's micro-batch probe
+        check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)
+        exit_if_spent(checkpoint, ckpt_path, log, ddp)
     # the micro-batch, after a check that the step can fit the device's memory (runtime.check_memory)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
@@ -439,8 +442,7 @@ def make_trainer(model, rt, ddp, log):
 
 def exit_if_spent(checkpoint, ckpt_path, log, ddp):
     """A resume whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
-    progress = checkpoint and budget_progress(checkpoint["tokens"], checkpoint["elapsed"])
-    if not checkpoint or not budget_spent(progress, checkpoint["step"]):
+    if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
         return
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
