@@ -108,15 +108,16 @@ def narrowed_after(text, n_layers):
     return [int(n) for n in values]
 
 
-def recipes(dims):
-    """name -> (model builder, mask rate, FLOPs per token), all of one shape."""
+def recipes(dims, narrowed):
+    """name -> (model builder, mask rate, FLOPs per token), all of one shape; `narrowed`: the numbers of
+    full layers to time the crammed model narrowed after (--full_layers)."""
     bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in ModelConfig.__dataclass_fields__}
     ours = dict(seq_len=seq_len, **dims)
     with torch.device("meta"):  # shapes only: counting FLOPs allocates nothing
         flops_crammed = CrammedBert(**ours).flops_per_token(MASK_RATE)
         flops_bert = CrammedBert(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
     out = {"crammed": (lambda: CrammedBert(**ours), MASK_RATE, flops_crammed)}
-    for n in narrowed_after(full_layers, dims["n_layers"]):
+    for n in narrowed:
         with torch.device("meta"):
             flops = CrammedBert(**ours, full_layers=n).flops_per_token(MASK_RATE)
         out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), MASK_RATE, flops)
@@ -250,7 +251,7 @@ def main():
     gpu = rt.device.type == "cuda"
     name = shape if shape != "auto" else ("reference" if gpu else "small")
     dims = shape_dims(name)
-    narrowed_after(full_layers, dims["n_layers"])  # a bad --full_layers fails now, not after the timings
+    narrowed = narrowed_after(full_layers, dims["n_layers"])  # a bad --full_layers fails now, not after the timings
     micro = micro_batch or (128 if gpu else 32)
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)
@@ -267,7 +268,7 @@ def main():
     print("| recipe | micro-batch | tokens/s | ms per micro-batch | warm-up s | peak GiB | GFLOP/token | TFLOP/s "
           "| of measured matmul speed | MFU |\n|---|---|---|---|---|---|---|---|---|---|")
     eager_rt = dataclasses.replace(rt, compile=False)
-    built = recipes(dims)
+    built = recipes(dims, narrowed)
     runs = [(recipe, build, mask_rate, flops, rt) for recipe, (build, mask_rate, flops) in built.items()]
     if rt.compile:  # the crammed recipe in the other modes and eager: what each buys on this device
         crammed = runs[0][1:4]
