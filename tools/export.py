@@ -100,10 +100,9 @@ def training_facts(ckpt, run_dir):
              f"{ckpt['elapsed'] / 60:,.1f} minutes" + ("" if ckpt.get("final") else " (an intermediate checkpoint)"),
              f"- Objective: masked language modelling, {100 * config.get('mask_rate', float('nan')):g}% of the tokens "
              f"masked (80% [MASK], 10% random, 10% kept)"]
-    at_step = [r for r in read_metrics(run_dir) if r.get("step") == ckpt["step"] and "val_loss" in r] \
-        if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) else []  # these weights' (not a later, unsaved step's)
-    if at_step:
-        last = at_step[-1]
+    evals = read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) else []  # one a step
+    last = next((r for r in evals if r["step"] == ckpt["step"]), None)  # these weights' (not a later, unsaved step's)
+    if last:
         lines.append(f"- Validation at step {last['step']:,}: MLM loss {last['val_loss']:.4f}, masked-token accuracy "
                      f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', MASK_RATE):g}% of held-out tokens masked)")
     glue_path = os.path.join(run_dir, "glue.json")
