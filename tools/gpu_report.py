@@ -540,23 +540,27 @@ def model_args_for(d_model, n_layers, vocab_size, seq_len):
                 n_heads=max(1, d_model // (128 if d_model >= 2048 else 64)), d_ffn=4 * d_model, smear=True)
 
 
+# the off-load shape's bounds: its normal-mode training state (float32 weights, gradients and two AdamW moments)
+# over the device by a margin, its off-load host state (offload.py) within a share of the host
+STATE_BYTES, OVER_DEVICE, HOST_BYTES, HOST_SHARE = 16, 1.02, 18, 0.85  # bytes a parameter, x, bytes a block parameter, x
+
+
 def offload_shape(device_bytes, host_bytes, vocab_size, seq_len):
-    """The widest shape of at least 16 blocks whose normal-mode training state (float32 weights,
-    gradients and two AdamW moments: 16 bytes a parameter) exceeds device_bytes by 2% and whose
-    off-load host state (18 bytes a block parameter, offload.py) stays under 85% of host_bytes:
-    (model_args, parameters), or PhaseFailed when no width fits between the two."""
+    """The widest shape of at least 16 blocks whose normal-mode training state (STATE_BYTES a parameter)
+    exceeds device_bytes by OVER_DEVICE and whose off-load host state (HOST_BYTES a block parameter)
+    stays within HOST_SHARE of host_bytes: (model_args, parameters), or PhaseFailed when no width fits."""
     import torch
     from model import CrammedBert
     for d in WIDTHS:
         with torch.device("meta"):  # shapes only
             one, two = (CrammedBert(**model_args_for(d, n, vocab_size, seq_len)).num_params() for n in (1, 2))
         block, stem = two - one, 2 * one - two
-        n_layers = int((1.02 * device_bytes / 16 - stem) // block) + 1  # the fewest blocks over the device
-        if n_layers >= 16 and 18 * n_layers * block <= 0.85 * host_bytes:
+        n_layers = int((OVER_DEVICE * device_bytes / STATE_BYTES - stem) // block) + 1  # the fewest over the device
+        if n_layers >= 16 and HOST_BYTES * n_layers * block <= HOST_SHARE * host_bytes:
             return model_args_for(d, n_layers, vocab_size, seq_len), stem + n_layers * block
-    raise PhaseFailed(f"no shape between the device ({device_bytes / 2 ** 30:.1f} GiB at 16 bytes a parameter) and "
-                      f"85% of the host ({host_bytes / 2 ** 30:.1f} GiB at 18): the host is too small for off-load mode "
-                      f"to go beyond this GPU")
+    raise PhaseFailed(f"no shape between the device ({device_bytes / 2 ** 30:.1f} GiB at {STATE_BYTES} bytes a parameter) "
+                      f"and {HOST_SHARE:.0%} of the host ({host_bytes / 2 ** 30:.1f} GiB at {HOST_BYTES}): the host is too "
+                      f"small for off-load mode to go beyond this GPU")
 
 
 def state_bytes(model, optimizer):
@@ -632,7 +636,8 @@ def offload_plan(device_bytes, host_bytes, vocab_size, seq_len):
     try:
         return (*offload_shape(device_bytes, host_bytes, vocab_size, seq_len), device_bytes)
     except PhaseFailed:
-        smaller = int(0.85 * host_bytes / 18 * 16 / 1.02 * 0.8)  # a device whose beyond-state the host holds
+        # a device whose beyond-state the host holds (with a fifth to spare for the stem and whole blocks)
+        smaller = int(HOST_SHARE * host_bytes / HOST_BYTES * STATE_BYTES / OVER_DEVICE * 0.8)
         if smaller >= device_bytes:
             raise
         return (*offload_shape(smaller, host_bytes, vocab_size, seq_len), smaller)
