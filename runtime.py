@@ -504,8 +504,8 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
     """The largest power-of-two micro-batch from `smallest` (or the largest power of two up to a
     smaller `largest`: a batch of a few sequences) up to `largest` whose peak memory stays under
     (1 - margin) of `capacity` bytes; the margin leaves room for fragmentation and for what changes
-    between the probe and training. peak_bytes(size) runs a training step at
-    that size and returns its peak memory, raising torch.cuda.OutOfMemoryError when it does not fit.
+    between the probe and training. peak_bytes(size) runs a training step at that size and returns
+    its peak memory, raising torch.cuda.OutOfMemoryError when it does not fit.
     Returns (size, {size: peak bytes or None where out of memory})."""
     smallest = min(smallest, 1 << (largest.bit_length() - 1))
     tried, best, size = {}, None, smallest
@@ -597,8 +597,8 @@ def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="
     weights, gradients and AdamW state (16 bytes a parameter; off-load mode keeps them in host
     memory), `micro` sequences' activations (ModelConfig.step_bytes; `training` or inference, normal or
     off-load mode) and the token ids of a step's `batch` (inputs, positions, labels: 12 bytes a
-    position, all on the device before the step). Names the setting (micro_name, batch_name: '--micro_batch=32', or what
-    chose the value; or the model's shape) and the largest value that fits."""
+    position, all on the device before the step). Names the setting (micro_name, batch_name:
+    '--micro_batch=32', or what chose the value; or the model's shape) and the largest value that fits."""
     capacity = capacity or memory_capacity(rt.device)
     if not capacity:
         return
@@ -629,9 +629,9 @@ def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="
 
 def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate, offload, log):
     """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
-    torchrun the smallest over the ranks) and divides the batch; on a CPU and in off-load mode 32 or less. Either is
-    checked first against the memory it surely needs (check_memory; before the probe, with one
-    sequence: the model itself)."""
+    torchrun the smallest over the ranks) and divides the batch; on a CPU and in off-load mode 32 or
+    less. Either is checked first against the memory it surely needs (check_memory; before the probe,
+    with one sequence: the model itself)."""
     probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
     chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
     name = f"--micro_batch={chosen}" if micro_batch else \
