@@ -65,9 +65,11 @@ ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
 CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
 # the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (cpp_fused_* on a CPU, where
 # main has it record them, triton_* on a GPU; triton_tem_* are its matmul templates), then attention before matmuls
-# (some attention kernels are built from CUTLASS's; cuDNN's are named *sdpa*); what matches none is "the rest".
-KERNEL_KINDS = [("fused element-wise", r"cpp_fused|triton_(poi|red|per)"), ("attention", r"attention|flash|fmha|sdpa"),
-                ("matmuls", r"aten::(mm|addmm|bmm|baddbmm)$|gemm|nvjet|xmma|cutlass|triton_tem"),
+# (some attention kernels are built from CUTLASS's; cuDNN's are named *sdpa*; batched products are only attention's,
+# model.attend's on a CPU in bfloat16); what matches none is "the rest".
+KERNEL_KINDS = [("fused element-wise", r"cpp_fused|triton_(poi|red|per)"),
+                ("attention", r"attention|flash|fmha|sdpa|aten::(bmm|baddbmm)$"),
+                ("matmuls", r"aten::(mm|addmm)$|gemm|nvjet|xmma|cutlass|triton_tem"),
                 ("optimizer", r"(?i)adam|optimizer")]
 
 

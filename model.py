@@ -40,16 +40,16 @@ class Attention(nn.Module):
 
 
 def attend(q, k, v, attn_mask, dropout_p):
-    """Scaled dot-product attention of q, k, v (B, H, T, d_head). A bfloat16 attention on a CPU
-    computes in float32 and returns bfloat16: torch's CPU flash attention runs a bfloat16 backward
-    (and, in torch versions that do not pack bfloat16 for AMX, its forward) as many small unpacked
-    products, and on an AVX2 EPYC took 4x float32's alone and 8x in the training step. On a CPU with
-    AMX that is expected, not yet measured (tools/bench_attention.py; BENCHMARKS.md, the CPU's precision)."""
+    """Scaled dot-product attention of q, k, v (B, H, T, d_head); attn_mask as
+    F.scaled_dot_product_attention's (a boolean one: True takes part). A bfloat16 attention on a
+    CPU runs as two bfloat16 products around a float32 softmax: torch's CPU flash kernel runs a
+    bfloat16 backward as many small unpacked products, slower than float32's (BENCHMARKS.md, the
+    CPU's precision); a GPU runs the fused kernel."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        with torch.autocast("cpu", enabled=False):  # autocast would hand the kernel bfloat16 again
-            y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
-                                               dropout_p=dropout_p)
-        return y.to(q.dtype)
+        scores = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5  # (B, H, T, S)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        return F.dropout(scores.softmax(-1), dropout_p).to(v.dtype) @ v  # (B, H, T, d_head)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 

@@ -6,6 +6,7 @@ Every call here runs on a CPU too: inductor compiles for it, autocast takes bflo
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
 the tests run the GPU's code path on any machine, with only the device differing.
 """
+import dataclasses
 import errno
 import functools
 import importlib
@@ -97,6 +98,7 @@ class Runtime:
     compile: bool
     compile_mode: str = "default"  # one of COMPILE_MODES (checked by setup)
     why: str = ""  # why this dtype: auto's reason (auto_dtype), or "" where the setting named it
+    bf16_speedup: float = 0.0  # a CPU's bfloat16 matmul speed over float32's where dtype=auto timed it, else 0
 
     def autocast(self):
         if self.dtype == torch.float32:
@@ -174,9 +176,9 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", tra
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls outside autocast on tensor cores
         torch.backends.cudnn.allow_tf32 = True
-    why = ""
+    why, speedup = "", 0.0
     if dtype == "auto":
-        dtype, why = auto_dtype(dev, trained=trained)
+        dtype, why, speedup = auto_dtype(dev, trained=trained)
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
     check_compile_mode(compile_mode, dev)  # with compile off too: a mode that cannot run here is a mistake to report
@@ -186,34 +188,59 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", tra
             print(f"warning: torch.compile cannot build here: {problem}; this run goes on eager (the same results, "
                   f"somewhat slower), and --compile=False skips this check", flush=True)
         compile = False
-    return Runtime(dev, DTYPES[dtype], compile, compile_mode, why)
+    return Runtime(dev, DTYPES[dtype], compile, compile_mode, why, speedup)
 
 
-def auto_dtype(device, amx=None, trained=None):
-    """dtype='auto': (the autocast precision, why). A resumed run's, `trained` (the device type and
-    dtype its checkpoint trained in), on a device of that type (bfloat16 where a GPU has it): a run
-    and its resume train alike. Else on a GPU bfloat16 where it has it, else float16.
-    On a CPU bfloat16 where it has AMX's bfloat16 tiles (Intel Xeons since the 4th generation), whose
-    matmuls ran at 10x float32's at the model's shapes on a 2-core Xeon (5.8x at 2048^3); float32
-    elsewhere: AVX512-bf16 without AMX (AMD Zen 4 and 5, older Xeons) ran a 2048^3 bfloat16 matmul at
-    half float32's speed on a Xeon, and AVX2 has no bfloat16 arithmetic (BENCHMARKS.md). A fixed rule
-    on what the CPU has, not a timing, so a run and its resume choose alike; read from the CPU itself,
-    as oneDNN does (ATEN_CPU_CAPABILITY changes ATen's kernels, not oneDNN's use of AMX). amx: the
-    answer to use instead (tests)."""
+# dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's. The hosts measured
+# sit far from it on either side (BENCHMARKS.md, "The CPU's precision"): AVX2 1/100, a Xeon's avx512_bf16 0.5x,
+# an EPYC's avx512_bf16 2.0-2.5x, AMX ~10x; below ~1.5x the step's other work (at float32's pace) eats the gain
+BF16_PICK_RATIO = 1.5
+
+
+def auto_dtype(device, trained=None, speedup=None):
+    """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed).
+    A resumed run's, `trained` (the device type and dtype its checkpoint trained in), on a device of
+    that type (bfloat16 where a GPU has it): a run and its resume train alike. Else on a GPU bfloat16
+    where it has it, else float16. On a CPU bfloat16 where its matmuls run at least BF16_PICK_RATIO
+    times float32's (bf16_speedup: what the CPU lists does not tell, the same flag is 0.5x on one
+    vendor and 2x on another); float32 elsewhere. speedup: the measurement to use instead (tests)."""
     bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
     if trained and trained[0] == device.type and trained[1] in DTYPES and (trained[1] != "bfloat16" or bfloat16):
-        return trained[1], "auto: the checkpoint's"
+        return trained[1], "auto: the checkpoint's", 0.0
     if device.type == "cuda":
-        return ("bfloat16", "auto: a GPU with bfloat16") if bfloat16 else ("float16", "auto: a GPU without bfloat16")
-    amx = cpu_has_amx() if amx is None else amx
-    return ("bfloat16", "auto: this CPU has AMX") if amx else ("float32", "auto: this CPU has no AMX")
+        return ("bfloat16", "auto: a GPU with bfloat16", 0.0) if bfloat16 else ("float16", "auto: a GPU without bfloat16", 0.0)
+    speedup = bf16_speedup() if speedup is None else speedup
+    if speedup >= BF16_PICK_RATIO:
+        return "bfloat16", f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, at least {BF16_PICK_RATIO}x", speedup
+    return "float32", f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, under {BF16_PICK_RATIO}x", speedup
 
 
-def cpu_has_amx():
-    """Whether this CPU has AMX's tiles, by its own flag; torch 2.4 cannot ask (no
-    torch.cpu._is_amx_tile_supported), so there it is False and dtype=auto keeps float32."""
-    query = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(query and query())
+def bf16_speedup(size=512, rounds=3, seconds=0.05):
+    """How many times float32's speed a size^3 matmul runs at under bfloat16 autocast on this CPU,
+    each the best of `rounds` rounds timed in turns (a load on the machine slows both alike), a
+    round as many products as fit `seconds` but at least one: about a third of a second where
+    bfloat16 is fast, about a second and a half on an AVX2 host, where one product takes ~0.3 s."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    with torch.no_grad():
+        for dtype in [*best] * (rounds + 1):  # the first round of each: warm-up, then kept only if it is the best
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                start, count = time.perf_counter(), 0
+                while count == 0 or time.perf_counter() - start < seconds:
+                    a @ b
+                    count += 1
+                best[dtype] = max(best[dtype], count / (time.perf_counter() - start))
+    return best[torch.bfloat16] / best[torch.float32]
+
+
+def rank0_precision(rt):
+    """Under DDP: rank 0's autocast precision and bfloat16 speed-up on every rank (dtype=auto times
+    the CPU in each process, and near the threshold two processes could pick differently)."""
+    names = list(DTYPES)
+    name = names[round(from_rank0(names.index(rt.dtype_name()), rt.device))]
+    speedup = from_rank0(rt.bf16_speedup, rt.device)
+    return dataclasses.replace(rt, dtype=DTYPES[name], bf16_speedup=speedup,
+                               why=rt.why if name == rt.dtype_name() else "auto: rank 0's")
 
 
 COMPILER_HINT = ("install one (Debian, Ubuntu: apt install g++; Fedora: dnf install gcc-c++; macOS: "

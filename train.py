@@ -95,6 +95,8 @@ MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epoch
 PAPER_BATCH = 8192       # the paper's final batch, at the 54M sequences its day trained (6.9B tokens of 128)
 PAPER_SEQUENCES = 54e6
 BATCH_EXPONENT = 0.74    # the final batch grows as the sequences ** 0.74: through the paper's point and the CPU's (32 at 29k)
+CPU_MATMUL_SHARE = 0.75  # of a CPU's float32 step; in bfloat16 its matmuls run bf16_speedup times faster and the rest
+CPU_BF16_REST = 1.08     # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision"): the step's gain by Amdahl's law
 
 
 def shape_of(rung, given):
@@ -260,9 +262,10 @@ def main(config):
     saved = checkpoint.get("config", {}) if checkpoint else {}
     trained = (saved.get("device"), saved.get("dtype"))
     rt = runtime.setup(device, dtype, compile and not offload, compile_mode, trained)  # off-load: eager blocks
+    rank = runtime.join_process_group(rt.device) if ddp else 0
+    rt = runtime.rank0_precision(rt) if ddp else rt  # dtype=auto's timing: rank 0's pick is every rank's
     config.update(device=rt.device.type, dtype=rt.dtype_name())  # as resolved: the checkpoint keeps them
     check_settings(world, config, rt)
-    rank = runtime.join_process_group(rt.device) if ddp else 0
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     # refused before any work (the budget's matmul timing, a GPU's micro-batch probe): a folder another run holds
@@ -385,12 +388,13 @@ def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, 
 def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):
     """settle_shape's fresh run: the budget's shape and batch into `config` (those `given` win);
     returns what it picked and why."""
-    # a CPU's step keeps up with its float32 matmuls, not with AMX's bfloat16 ones (BENCHMARKS.md, "The CPU's
-    # precision"): there a float32 matmul measures what a step does, in either precision
+    # a CPU's step keeps up with its float32 matmuls, not with its bfloat16 ones (BENCHMARKS.md, "The CPU's
+    # precision"): there a float32 matmul measures the step, and bfloat16's gain is the step's (cpu_bf16_gain)
     timed = rt if rt.device.type == "cuda" else dataclasses.replace(rt, dtype=torch.float32)
-    speed = runtime.matmul_speed(timed) if master and not budget_tokens else 0.0
-    speed = runtime.from_rank0(speed, rt.device) if ddp else speed
-    compute = budget_hours * 3600 * speed * STEP_EFFICIENCY * world
+    speed, gain = (runtime.matmul_speed(timed), cpu_bf16_gain(rt)) if master and not budget_tokens else (0.0, 1.0)
+    if ddp:
+        speed, gain = runtime.from_rank0(speed, rt.device), runtime.from_rank0(gain, rt.device)
+    compute = budget_hours * 3600 * speed * gain * STEP_EFFICIENCY * world
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
     rung, nearest, _ = shape_for_budget(compute, budget_tokens, data_tokens, model_args, mask_rate)
     config.update(shape_of(rung, given))
@@ -398,16 +402,27 @@ def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):
     tokens = budget_tokens or compute / per_token
     unit = (micro_batch or 1) * world  # the batch a whole number of micro-batches on every process
     config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
-    return dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), compute=tokens * per_token, tokens=tokens,
+    return dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), bf16_gain=gain, compute=tokens * per_token, tokens=tokens,
                 epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest), given=sorted(given))
+
+
+def cpu_bf16_gain(rt):
+    """How many times float32's step a CPU's bfloat16 step trains (1 elsewhere): its matmuls at the
+    measured bfloat16 speed-up (dtype=auto's, else timed now), the rest a little slower than float32's."""
+    if rt.device.type != "cpu" or rt.dtype != torch.bfloat16:
+        return 1.0
+    speedup = rt.bf16_speedup or runtime.bf16_speedup()
+    return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
 
 
 def budget_line(pick, config, micro, seq_len):
     """The start-up line that says what the budget picked, and why."""
     if pick["matmul_flops"]:
         hours = f"{budget_hours:g} h" if budget_hours >= 1 else f"{60 * budget_hours:.3g} min"
-        budget = (f"{hours} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a {pick['matmul_dtype']} 2048^3 matmul here) x "
-                  f"{STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
+        gain = pick.get("bf16_gain", 1.0)
+        gain = f" x {gain:.2g} (bfloat16's step over float32's here)" if gain != 1.0 else ""
+        budget = (f"{hours} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a {pick['matmul_dtype']} 2048^3 matmul here)"
+                  f"{gain} x {STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
     else:
         budget = f"{budget_tokens:,} tokens, {pick['compute']:.2g} FLOPs"
     rung, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])

@@ -9,8 +9,9 @@ import torch
 
 from conftest import TINY_MODEL, run_script
 from model import ModelConfig
-from train import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, batch_size_at, expected_steps, shape_for_budget,
-                   shape_of)
+from runtime import Runtime
+from train import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, batch_size_at, cpu_bf16_gain, expected_steps,
+                   shape_for_budget, shape_of)
 
 BOOKS = dataclasses.asdict(ModelConfig(vocab_size=32768, seq_len=128))  # train.py's recipe on a 32k vocabulary
 DAY, FINEWEB = 24 * 3600, 10e9  # seconds; the tokens of FineWeb-Edu's 10BT sample
@@ -30,6 +31,16 @@ def test_the_paper_shape_and_batch_at_24_hours_on_its_gpu():
     # an H100 (a 2048^3 bfloat16 matmul at about 650 TFLOP/s): 6.5x the compute, so a larger shape, BERT-Large's
     rung, _, tokens, batch = pick(DAY, 650e12, FINEWEB)
     assert rung == (24, 1024) and tokens > 1.5e10 and batch == 16384
+
+
+def test_a_cpu_budget_in_bfloat16_buys_the_step_s_gain_not_the_matmul_s():
+    """A CPU's bfloat16 step gains on float32's where its matmuls do, less: the rest of the step (a
+    quarter of float32's) does not speed up. A GPU's budget is timed in its own precision: no gain."""
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    epyc, amx = (cpu_bf16_gain(Runtime(cpu, bf16, False, bf16_speedup=s)) for s in (2.2, 10.0))
+    assert 1.5 < epyc < 1.7 and 2.7 < amx < 3.0 and epyc < 2.2 and amx < 10
+    assert cpu_bf16_gain(Runtime(cpu, torch.float32, False, bf16_speedup=2.2)) == 1.0
+    assert cpu_bf16_gain(Runtime(torch.device("cuda"), bf16, False)) == 1.0
 
 
 def test_about_1e17_flops_picks_a_small_model_and_many_steps():
@@ -114,11 +125,12 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     assert "budget:" not in resumed and max(map(int, re.findall(r"\| batch (\d+) \|", resumed))) <= 32
     again = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
     assert again["model_args"] == ckpt["model_args"] and again["config"]["batch_size"] == 32 and again["step"] == 20
-    # in bfloat16 too, a CPU's budget is timed in float32: its bfloat16 step does not keep up with AMX's matmuls
+    # in bfloat16 too, a CPU's budget is timed in float32, times bfloat16's gain in the step (train.cpu_bf16_gain)
     timed = run_script(*common, f"--out_dir={tmp_path / 'b'}", "--budget_hours=0.0005", "--d_model=96",
                        "--dtype=bfloat16").stdout
-    assert re.search(r"^budget: 0.03 min x [\d.]+ TFLOP/s \(a float32 2048\^3 matmul here\) x 0.5 = [\d.e+]+ FLOPs -> "
-                     r"2 x 96 \(the ladder's 2 x 128, [^;]+; given: d_model\)", timed, re.M), timed
+    assert re.search(r"^budget: 0.03 min x [\d.]+ TFLOP/s \(a float32 2048\^3 matmul here\) x [\d.e+-]+ \(bfloat16's "
+                     r"step over float32's here\) x 0.5 = [\d.e+]+ FLOPs -> 2 x 96 \(the ladder's 2 x 128, [^;]+; given: "
+                     r"d_model\)", timed, re.M), timed
     assert "device: cpu, bfloat16" in timed
     args = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model_args"]
     assert (args["d_model"], args["n_heads"], args["d_ffn"]) == (96, 1, 384)

@@ -254,8 +254,8 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     assert results["scores"] == {"sst2": ours} and results["no_pretraining_scores"] == {"sst2": floor}
     assert results["average"] == ours and results["no_pretraining_average"] == floor
     # the precision that ran, not "auto": seeds fine-tuned in two precisions are never merged as one
-    precision = runtime.auto_dtype(torch.device("cpu"))[0]
-    assert [results[g]["sst2"]["settings"]["dtype"] for g in ("tasks", "no_pretraining")] == [precision] * 2
+    precisions = [results[g]["sst2"]["settings"]["dtype"] for g in ("tasks", "no_pretraining")]
+    assert precisions[0] == precisions[1] in ("float32", "bfloat16")  # decided once for the command
     assert f"| average (1 of 9) | | {ours:.1f} | {floor:.1f} | 50.0 | 92.0 |" in proc.stdout
     row = rf"^\| sst2 \| accuracy \(median of 2 seeds, 1 epoch, first 96 train examples\) \| {ours:.1f} \| {floor:.1f} \| 50.0 \| 92.0 \|$"
     assert re.search(row, proc.stdout, re.M) and re.search(row, results["table"], re.M)

@@ -47,19 +47,25 @@ def test_sparse_prediction_equals_dense():
     torch.testing.assert_close(sparse.tok_emb.weight.grad, dense.tok_emb.weight.grad, rtol=1e-4, atol=1e-7)
 
 
-def test_a_cpu_attends_in_float32():
-    """On a CPU a bfloat16 attention computes in float32 (torch's CPU flash attention runs bfloat16's backward
-    as small unpacked products): float32 attention over the bfloat16 q, k, v, rounded to bfloat16 once, under
-    autocast or not, compiled as eager."""
+def test_a_cpu_attends_in_bfloat16_products_around_a_float32_softmax():
+    """On a CPU a bfloat16 attention runs as two bfloat16 products around a float32 softmax (torch's CPU
+    flash kernel runs bfloat16's backward as small unpacked products): float32 attention within
+    bfloat16's rounding, bfloat16 out, a padded key ignored, under autocast or not, compiled as eager."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 32, 16).bfloat16() for _ in range(3))
     mask = torch.rand(2, 1, 1, 32) > 0.2  # padding's mask, as fine-tuning gives it
-    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).bfloat16()
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         eager = attend(q, k, v, mask, 0.0)
         compiled = torch.compile(attend, fullgraph=True)(q, k, v, mask, 0.0)
-    assert torch.equal(eager, expected) and torch.equal(attend(q, k, v, mask, 0.0), expected)
-    torch.testing.assert_close(compiled, expected)  # within bfloat16's rounding of float32's last bits
+    plain = attend(q, k, v, mask, 0.0)
+    assert eager.dtype == compiled.dtype == plain.dtype == torch.bfloat16 and torch.equal(eager, plain)
+    for got in (eager, compiled):  # bfloat16's rounding of the scores, the probabilities and the output
+        torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+    changed = torch.where(mask[:, :, 0, :, None], v, v + 100)  # (2, 4, 32, 16): the padded keys' values moved
+    assert torch.equal(attend(q, k, changed, mask, 0.0), plain)
+    additive = torch.zeros(2, 1, 1, 32).masked_fill(~mask, float("-inf"))  # SDPA's other kind of mask
+    assert torch.equal(attend(q, k, v, additive, 0.0), plain)
 
 
 @pytest.mark.parametrize("smear,pooling", [(False, "mean"), (True, "mean"), (False, "first")])

@@ -181,26 +181,70 @@ def test_setup_errors():
         with pytest.raises(SystemExit, match="torch sees no CUDA GPU"):
             runtime.setup("cuda")
     rt = runtime.setup("auto", "auto")
-    assert rt.dtype_name() == runtime.auto_dtype(rt.device)[0]
+    assert rt.dtype_name() == runtime.auto_dtype(rt.device, speedup=rt.bf16_speedup)[0]
 
 
-def test_auto_picks_bfloat16_on_a_cpu_with_amx_alone_and_keeps_a_checkpoint_s_precision():
+def test_auto_picks_bfloat16_on_a_cpu_where_its_matmuls_are_faster_and_keeps_a_checkpoint_s_precision(monkeypatch):
     cpu = torch.device("cpu")
-    assert runtime.auto_dtype(cpu, amx=True) == ("bfloat16", "auto: this CPU has AMX")
-    assert runtime.auto_dtype(cpu, amx=False) == ("float32", "auto: this CPU has no AMX")
-    has_amx = runtime.cpu_has_amx()  # this host's own answer, whatever ATEN_CPU_CAPABILITY says
-    assert runtime.setup("cpu", "auto", compile=False).dtype == (torch.bfloat16 if has_amx else torch.float32)
-    # a resumed run trains on in its checkpoint's precision where the device is of the same type
+    assert runtime.auto_dtype(cpu, speedup=2.2) == ("bfloat16", "auto: bfloat16 matmuls 2.2x float32's here, at least "
+                                                                "1.5x", 2.2)
+    assert runtime.auto_dtype(cpu, speedup=1.5)[0] == "bfloat16"
+    assert runtime.auto_dtype(cpu, speedup=1.49)[0] == "float32"  # a Xeon's avx512_bf16 (0.5x), AVX2's (0.01x)
+    assert runtime.auto_dtype(cpu, speedup=0.0037) == ("float32", "auto: bfloat16 matmuls 0.0037x float32's here, "
+                                                                 "under 1.5x", 0.0037)
+    # setup times this CPU once, and says the ratio and the pick
+    for measured, picked in ((9.8, torch.bfloat16), (0.5, torch.float32)):
+        monkeypatch.setattr(runtime, "bf16_speedup", lambda measured=measured: measured)
+        rt = runtime.setup("cpu", "auto", compile=False)
+        assert (rt.dtype, rt.bf16_speedup) == (picked, measured) and f"{measured:.2g}x float32's here" in rt.describe()
+
+    def untimed():
+        raise AssertionError("timed where the precision was already decided")
+    monkeypatch.setattr(runtime, "bf16_speedup", untimed)
+    # a resumed run trains on in its checkpoint's precision where the device is of the same type, untimed
     for trained in ("float32", "bfloat16", "float16"):
-        assert runtime.auto_dtype(cpu, amx=not has_amx, trained=("cpu", trained)) == (trained, "auto: the checkpoint's")
+        assert runtime.auto_dtype(cpu, trained=("cpu", trained)) == (trained, "auto: the checkpoint's", 0.0)
         assert runtime.setup("cpu", "auto", compile=False, trained=("cpu", trained)).dtype_name() == trained
+    # a setting that names a precision wins over both, untimed
+    assert runtime.setup("cpu", "float32", compile=False, trained=("cpu", "bfloat16")).dtype == torch.float32
+    assert runtime.setup("cpu", "bfloat16", compile=False).bf16_speedup == 0.0
     # another device's precision, an older checkpoint's "auto" or none: this device's own rule
     for trained in (("cuda", "bfloat16"), ("cpu", "auto"), (None, None), None):
-        assert runtime.auto_dtype(cpu, amx=False, trained=trained) == ("float32", "auto: this CPU has no AMX")
-    # a setting that names a precision wins over both
-    assert runtime.setup("cpu", "float32", compile=False, trained=("cpu", "bfloat16")).dtype == torch.float32
-    said = runtime.Runtime(cpu, torch.float32, False, why="auto: this CPU has no AMX").describe()
-    assert said == "cpu, float32 (auto: this CPU has no AMX)"
+        assert runtime.auto_dtype(cpu, trained=trained, speedup=0.5)[0] == "float32"
+    said = runtime.Runtime(cpu, torch.float32, False, why="auto: bfloat16 matmuls 0.5x float32's here, under 1.5x")
+    assert said.describe() == "cpu, float32 (auto: bfloat16 matmuls 0.5x float32's here, under 1.5x)"
+
+
+def test_the_bf16_timing_measures_this_cpu():
+    """bf16_speedup's contract on any host: a ratio of two real timings (0.01x on AVX2 hosts, up to
+    ~10x with AMX), which setup's pick follows."""
+    speedup = runtime.bf16_speedup(size=64, rounds=1, seconds=0.01)
+    assert 1e-4 < speedup < 100
+    assert runtime.auto_dtype(torch.device("cpu"), speedup=speedup)[0] == ("bfloat16" if speedup >= 1.5 else "float32")
+
+
+def _rank_precision(rank, port, dtypes, results):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    mine = runtime.Runtime(torch.device("cpu"), dtypes[rank], False, why=f"auto: rank {rank}'s timing",
+                           bf16_speedup=2.0 - rank)
+    agreed = runtime.rank0_precision(mine)
+    results[rank] = (agreed.dtype_name(), agreed.bf16_speedup, agreed.why)
+    dist.destroy_process_group()
+
+
+def test_under_ddp_rank0_s_precision_is_every_rank_s():
+    """dtype=auto times the CPU in each process: two that time either side of the threshold train in
+    rank 0's precision."""
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_rank_precision, args=(port, (torch.bfloat16, torch.float32), results), nprocs=2)
+    assert results[0] == ("bfloat16", 2.0, "auto: rank 0's timing")
+    assert results[1] == ("bfloat16", 2.0, "auto: rank 0's")
 
 
 def test_cpu_warning_for_a_gpu_sized_run():

@@ -4,13 +4,12 @@ beside the attention the model runs (model.attend).
     python tools/bench_attention.py                     # the quickstart's shape: micro-batch 32, 4 heads of 64
     python tools/bench_attention.py --dtype=float32
 
-Under bfloat16 autocast model.attend computes attention in float32, because torch's CPU flash
-attention runs a bfloat16 backward as small products it does not pack for the matrix units (slower
-than float32's on an AVX2 CPU; on one with AMX this tool says which is faster). The rows: that
-(`model.attend`), the flash kernel on the bfloat16 values, and attention as two batched matmuls
-around a softmax (in bfloat16 under autocast, as one large product each, which AMX may run faster
-than float32's flash kernel). Each is checked against float32 attention of the same values first
-(each rounds its output to the autocast precision). A row is ms per layer's attention (forward +
+Under bfloat16 autocast model.attend runs two bfloat16 products around a float32 softmax, because
+torch's CPU flash attention runs a bfloat16 backward as small products it does not pack for the
+matrix units. The rows: that (`model.attend`), the flash kernel on the values widened to float32
+(model.attend's way before), the flash kernel on the bfloat16 values, and two batched products
+around a softmax all in the autocast precision. Each is checked against float32 attention of the
+same values first (each rounds its output to the autocast precision). A row is ms per layer's attention (forward +
 backward), the fastest of `rounds`.
 """
 import os
@@ -43,6 +42,13 @@ def model_attend(q, k, v):
     return attend(q, k, v, None, 0.0)
 
 
+def flash_float32(q, k, v):
+    """torch's flash kernel on q, k, v widened to float32, rounded back once (model.attend's way on a
+    CPU before 2026-11-26)."""
+    with torch.autocast("cpu", enabled=False):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)
+
+
 def flash(q, k, v):
     """torch's flash kernel on q, k, v as autocast gives them."""
     return F.scaled_dot_product_attention(q, k, v)
@@ -54,7 +60,8 @@ def matmuls(q, k, v):
     return scores.softmax(-1) @ v  # (B, H, T, d_head)
 
 
-WAYS = {"model.attend": model_attend, "flash in the autocast dtype": flash, "matmuls in the autocast dtype": matmuls}
+WAYS = {"model.attend": model_attend, "flash in float32": flash_float32, "flash in the autocast dtype": flash,
+        "matmuls in the autocast dtype": matmuls}
 
 
 def time_way(fn, q, k, v, grad, rt):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# bfloat16 beside float32 on a CPU with AMX (`lscpu | grep amx_bf16`): every figure BENCHMARKS.md's "The
-# CPU's precision" asks of such a host, one step after another on an otherwise idle machine, most
-# decisive first (about 2 hours in all on a 2-core Xeon):
+# bfloat16 beside float32 on a CPU where dtype=auto picks bfloat16 (its matmuls at least 1.5x float32's: AMX
+# Xeons, AMD's avx512_bf16): every figure BENCHMARKS.md's "The CPU's precision" asks of such a host, one step
+# after another on an otherwise idle machine, most decisive first (about 2 hours in all on 2 cores):
 #   attention   tools/bench_attention.py in both precisions: which attention model.attend should run there
 #   step        bench.py --profile=True in both precisions, the quickstart's shape, then the CPU recipe's
 #               (tokens/s, the share of the matmul speed, the time by kind of kernel), and the compile modes
@@ -21,8 +21,10 @@ STEPS=${*:-$ALL}
 for s in $STEPS; do
   [[ " $ALL " == *" $s "* ]] || fail "unknown step '$s' (the steps: $ALL)"
 done
-grep -q amx_bf16 /proc/cpuinfo || [ -n "${FORCE:-}" ] ||
-  fail "this CPU has no AMX (lscpu lists no amx_bf16): bfloat16 would crawl here; FORCE=1 runs it anyway"
+if [ -z "${FORCE:-}" ]; then  # dtype=auto's own timing decides (runtime.auto_dtype), not what the CPU lists
+  pick=$(python -c "import runtime, torch; print(*runtime.auto_dtype(torch.device('cpu'))[:2], sep=': ')")
+  [[ $pick == bfloat16* ]] || fail "dtype=auto keeps float32 on this CPU ($pick): bfloat16 would crawl here; FORCE=1 runs it anyway"
+fi
 # what a later step needs, asked now rather than after an hour of the earlier ones
 [[ " $STEPS " != *" glue "* || -d "${GLUE_DIR:-}" ]] || fail "the glue step needs GLUE_DIR=<a folder in the GLUE TSV layout>"
 [[ " $STEPS " != *" cpu20 "* || -e data/books32k/meta.json || -e "${CORPUS:-}" ]] ||

@@ -13,8 +13,8 @@ Autocast hands every product bfloat16 operands. Below it, this runs those produc
 baddbmm) on the same bfloat16 values widened to float32, then rounds each result to bfloat16, as the
 bfloat16 kernel returns it: rounding as bfloat16's (operands and results), accumulation in float32 as
 AMX's and oneDNN's kernels accumulate, only the order of the sums differs. Everything else runs as
-autocast has it (element-wise ops and norms on bfloat16 tensors; the loss and, on a CPU, attention in
-float32: model.attend). One difference, towards less precision: it runs eager only (a dispatch mode
+autocast has it (element-wise ops and norms on bfloat16 tensors; the loss and, on a CPU, attention's
+softmax in float32: model.attend). One difference, towards less precision: it runs eager only (a dispatch mode
 does not reach into torch.compile's kernels), and eager code rounds every op's output to bfloat16
 where compiled code keeps a fused kernel's intermediates in float32. So this checks the recipe's
 numerics, not a machine's speed: the real check in bfloat16 wants a CPU with AMX (or a GPU).
