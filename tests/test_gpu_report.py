@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import time
 
 import pytest
 import torch
@@ -44,49 +45,84 @@ def run_phases(corpus_file, tmp_path, phases, *extra):
 
 # two transfer tasks (sst2 has its own epochs) and one from scratch: each fine-tuning is a process of its own
 TRANSFER_TASKS = ["--transfer_tasks=rte,sst2", "--transfer_control=sst2"]
+COPIES = ["glue.json", "logs_tail.txt", "report.md", "transfer.md", "transfer_train.log"]
 
 
-def test_the_first_phases_health_and_transfer_and_their_continuation(corpus_file, tmp_path):
-    out, data, report, found = run_phases(corpus_file, tmp_path, "health,transfer,prepare", *TRANSFER_TASKS)
-    # health: the device and a matmul's speed, in seconds
+def one_call(corpus_file, tmp_path, phases, deadline_s, *extra):
+    """The first GPU session's call on a CPU with tiny settings (docs/gpu.md): its own deadline, its copies in
+    tmp_path/OUT. Returns the seconds it took."""
+    start = time.time()
+    run_script("tools/gpu_report.py", f"--phases={phases}", f"--corpus={corpus_file}", f"--data_dir={tmp_path / 'data'}",
+               f"--glue_dir={GLUE_FIXTURES}", f"--out_dir={tmp_path / 'report'}", *TINY, *TRANSFER_TASKS,
+               f"--deadline_minutes={deadline_s / 60!r}", "--stop_grace_s=2", f"--copy_to={tmp_path / 'OUT'}", *extra,
+               check=False)
+    return time.time() - start
+
+
+def running_under(path):
+    """The processes whose command line names `path`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
+        try:
+            if str(path).encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_call_continues(corpus_file, tmp_path):
+    """docs/gpu.md's one call, on a CPU: its deadline falls while rte fine-tunes (for ever: 10^5 epochs), after
+    pretraining and sst2 finished. The command has ended everything by its deadline, and its copies hold every
+    finished piece; the same call again (rte's epochs as meant) continues to the whole table, inside its deadline."""
+    out, copies = tmp_path / "report", tmp_path / "OUT"
+    took = one_call(corpus_file, tmp_path, "health,transfer", 50, "--transfer_glue_args=--epochs=100000 --max_train_examples=8")
+    assert took < 50 + 3, took  # (the fork server's start and exit)
+    assert not running_under(tmp_path)  # fine-tuning runs in sessions of its own, stopped all the same
+    assert sorted(os.listdir(copies)) == COPIES  # flat, whole files: no temporary ones
+    report = (copies / "report.md").read_text()
     assert re.search(r"\| health \| ok \| [\d.]+ \| cpu, \w+( \([^)]*\))?; 1024x1024 \w+ matmul [\d.]+ TFLOP/s \|", report)
-    # transfer, first: the data prepared, train.py's recipe pretrained for its budget, then the tasks fine-tuned
-    # (sst2 for one epoch) and the control from scratch, beside each other in one table and on the picture
-    assert (data / "meta.json").is_file() and "already prepared" in found["prepare"]["body"]
-    assert re.search(r"\| prepare \| ok \| [\d.]+ \| [\d,]+ train tokens, vocabulary 384", report)
-    transfer = json.load(open(out / "transfer" / "glue.json"))
+    assert re.search(r"\| transfer \| failed \| [\d.]+ \| 2 fine-tuning run\(s\) did not finish", report)  # rte, the floor
+    # the pieces that finished: pretraining (no shape given: 3 s of this CPU buy the ladder's smallest rung), sst2
+    answer = (copies / "transfer.md").read_text()
+    assert re.search(r"^    budget: 0.05 min x [\d.]+ TFLOP/s .* -> 2 x 128 ", answer, re.M)
+    assert re.search(r"^    final: step \d+ \| val loss ", answer, re.M)
+    assert re.search(r"^\| sst2 \| accuracy \(1 seed, 1 epoch, .*\| [\d.]+ \|", answer, re.M) and "| rte |" not in answer
+    assert re.search(r"began, as each piece ended: pretraining [\d.]+, sst2 [\d.]+\.$", answer, re.M)
+    assert (copies / "transfer_train.log").read_text() == (out / "logs" / "transfer_train.log").read_text()
+    assert sorted(json.load(open(copies / "glue.json"))["tasks"]) == ["sst2"]
+    assert "==> transfer_rte.log <==" in (copies / "logs_tail.txt").read_text()
+    ckpt_before = (out / "transfer" / "ckpt.pt").stat().st_mtime_ns
+
+    # the same call again: pretraining is found spent and kept, sst2 too, rte and the floor are done
+    took = one_call(corpus_file, tmp_path, "transfer", 60)
+    assert took < 60 and not running_under(tmp_path)
+    assert sorted(os.listdir(copies)) == COPIES
+    logs = out / "logs"
+    assert "has spent this budget" in (logs / "transfer_train.log").read_text()
+    assert (out / "transfer" / "ckpt.pt").stat().st_mtime_ns == ckpt_before
+    assert "sst2: done earlier" in (logs / "transfer_sst2.log").read_text()
+    found = sections(out)
+    assert {name: s["status"] for name, s in found.items()} == dict(health="ok", transfer="ok")
+    assert re.search(r"^Data: [\d,]+ train tokens, vocabulary 384\.$", found["transfer"]["body"], re.M)  # (prepared by call 1)
+    transfer = json.load(open(copies / "glue.json"))
     assert sorted(transfer["tasks"]) == ["rte", "sst2"] and list(transfer["no_pretraining"]) == ["sst2"]
     # sst2 for 1 epoch, the others as transfer_glue_args says
     assert {t: e["settings"]["epochs"] for t, e in transfer["tasks"].items()} == dict(rte=2, sst2=1)
     assert transfer["no_pretraining"]["sst2"]["settings"]["epochs"] == 1
-    evals = [r for r in map(json.loads, (out / "transfer" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-    # no shape given: 3 s of this CPU buy the ladder's smallest rung, said in the log and kept in the checkpoint
-    assert re.search(r"^budget: 0.05 min x [\d.]+ TFLOP/s .* -> 2 x 128 ", (out / "logs" / "transfer_train.log").read_text(), re.M)
     assert torch.load(out / "transfer" / "ckpt.pt", weights_only=True)["budget"]["rung"] == [2, 128]
+    evals = [r for r in map(json.loads, (out / "transfer" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
     assert 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
     assert re.fullmatch(r"rte [\d.]+, sst2 [\d.]+ \(no pretraining [\d.]+\) after [\d.]+M tokens, [\d.]+e\+\d+ FLOPs",
                         found["transfer"]["headline"]), found["transfer"]["headline"]
-    assert "| task | metric | ours | no pretraining | majority class | reference |" in found["transfer"]["body"]
-    assert re.search(r"^\| average \(2 of 9\) \| \| -?[\d.]+ \| ", found["transfer"]["body"], re.M)
+    answer = (copies / "transfer.md").read_text()  # the whole table, beside the floor
+    assert "| task | metric | ours | no pretraining | majority class | reference |" in answer
+    assert re.search(r"^\| average \(2 of 9\) \| \| -?[\d.]+ \| ", answer, re.M)
     assert "--tasks=sst2 --epochs=1" in found["transfer"]["body"]
     assert "--tasks=sst2 --from_scratch=True --epochs=1`" in found["transfer"]["body"]
     # its point joined the project's GLUE-against-compute picture (tools/glue_plot.py)
     assert [p["label"] for p in json.load(open(out / "glue_points.json"))][-1] == "CPU transfer 0.05 min"
     assert "![GLUE average against pretraining" in found["transfer"]["body"]
-    # the transfer phase continues where a stop left it (as a second call does): pretraining is found spent and
-    # kept, finished fine-tuning is kept, and what was missing (here sst2's seed, as if stopped during it) is done
-    ckpt_before = (out / "transfer" / "ckpt.pt").stat().st_mtime_ns
-    (out / "transfer" / "glue_runs" / "tasks" / "sst2" / "seed0.json").unlink()  # a run's file is its being done
-    run_script("tools/gpu_report.py", "--phases=transfer", f"--data_dir={data}", f"--glue_dir={GLUE_FIXTURES}",
-               f"--out_dir={out}", *TINY, *TRANSFER_TASKS)
-    logs = out / "logs"
-    assert "has spent this budget" in (logs / "transfer_train.log").read_text()
-    assert (out / "transfer" / "ckpt.pt").stat().st_mtime_ns == ckpt_before
-    assert "sst2: done earlier" not in (logs / "transfer_sst2.log").read_text()
-    assert all("done earlier" in (logs / f"transfer_{t}.log").read_text() for t in ("rte", "sst2_scratch"))
-    again = json.load(open(out / "transfer" / "glue.json"))
-    assert sorted(again["tasks"]) == ["rte", "sst2"] and again["no_pretraining"] == transfer["no_pretraining"]
-    assert sections(out)["transfer"]["status"] == "ok"
 
 
 def test_the_speed_phases_bench_compile_and_offload(corpus_file, tmp_path):
@@ -214,3 +250,55 @@ def test_a_phase_that_fails_keeps_what_it_measured_and_one_that_crashes_says_whe
 def test_bad_phase_names_are_one_line_errors(tmp_path):
     assert_one_line_error(run_script("tools/gpu_report.py", "--phases=bench,train", f"--out_dir={tmp_path}", check=False),
                           "unknown phase 'train'", "health, transfer, prepare, bench, compile, float16, recipes, glue, offload")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="the sweep reads Linux's /proc")
+def test_the_sweep_stops_what_a_command_started_in_sessions_of_its_own(monkeypatch):
+    """The one call's last act: a script that started its own session (as every script here does) outlives a kill
+    of the command, so the command kills, by the mark in their environment, every process it started."""
+    import subprocess
+    import sys
+    from conftest import spawn
+    from gpu_report import CALL_ENV, sweep
+    monkeypatch.setenv(CALL_ENV, f"{time.time():.3f} 0 {os.getpid()}")  # what begin_call marks a command with
+    child = spawn([sys.executable, "-c", "import subprocess, sys, time\n"
+                   "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)'], "
+                   "start_new_session=True)\nprint(grandchild.pid, flush=True)\ntime.sleep(100)"],
+                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+    grandchild = int(child.stdout.readline())
+    assert set(sweep()) >= {child.pid, grandchild}
+    assert child.wait(timeout=10) == -9
+    for _ in range(50):  # the grandchild's new parent reaps it
+        state = open(f"/proc/{grandchild}/stat").read().split()[2] if os.path.exists(f"/proc/{grandchild}") else "gone"
+        if state in ("gone", "Z"):
+            break
+        time.sleep(0.1)
+    assert state in ("gone", "Z"), state
+
+
+def test_gpu_call_builds_the_carry_folder_checks_it_and_prints_the_call(corpus_file):
+    """tools/gpu_call.py, the one command to get ready, at a tiny vocabulary: the prepared corpus and GLUE's four
+    folders in a git-ignored folder of the repository, checked, and the device call to paste."""
+    import shutil
+    from conftest import ROOT
+    carry = os.path.join("data", f"test_gpu_call_{os.getpid()}")  # a call carries folders of the repository
+    ready = ["tools/gpu_call.py", f"--corpus={corpus_file}", f"--glue_dir={GLUE_FIXTURES}", f"--carry_dir={carry}",
+             "--seq_len=32", "--max_tokens=20000", "--tokenizer_train_chars=100000"]
+    try:
+        # what the call could not use is refused before any preparation: too little room, a timeout under the deadline's
+        assert_one_line_error(run_script(*ready, "--limit_mib=2", check=False), "no room for the corpus's 20,000")
+        assert_one_line_error(run_script(*ready, "--timeout_s=500", check=False), "must be at least a minute above")
+        proc = run_script(*ready, "--vocab_size=384")
+        call = json.loads(proc.stdout.splitlines()[-1])
+        assert call == dict(command="PYTHONUNBUFFERED=1 python3 tools/gpu_report.py --phases=health,transfer --device=cuda "
+                            f"--data_dir={carry}/corpus --glue_dir={carry}/glue --transfer_minutes=3.5 --deadline_minutes=8 "
+                            "--stop_grace_s=15 --copy_to=$OUT", carry=[carry], timeout_s=540)
+        assert re.search(rf"^ready: {carry} with the working tree is [\d.]+ MiB of 64: 0.0M train tokens \(vocabulary 384, "
+                         r"sequences of 32\)", proc.stdout, re.M)
+        meta = json.load(open(os.path.join(ROOT, carry, "corpus", "meta.json")))
+        assert (meta["vocab_size"], meta["seq_len"]) == (384, 32) and meta["train_sequences"] > 0
+        assert sorted(os.listdir(os.path.join(ROOT, carry, "glue"))) == ["MRPC", "RTE", "SST-2", "STS-B"]
+        # a rerun checks what it finds: another vocabulary than the one there is refused, not carried
+        assert_one_line_error(run_script(*ready, check=False), "vocab_size 384 (not 32768)")
+    finally:
+        shutil.rmtree(os.path.join(ROOT, carry), ignore_errors=True)

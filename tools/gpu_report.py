@@ -1,7 +1,8 @@
 """The GPU evidence in one command: is this setup healthy, and how good is each recipe here?
 
     python tools/gpu_report.py --corpus=books.txt.gz --glue_dir=glue      # every phase, ~40 minutes on an H100
-    python tools/gpu_report.py --corpus=books.txt.gz --glue_dir=glue --phases=health,transfer  # first: ~10 minutes
+    python tools/gpu_report.py --phases=health,transfer --data_dir=data/gpu_call/corpus --glue_dir=data/gpu_call/glue \
+        --device=cuda --transfer_minutes=3.5 --deadline_minutes=8 --stop_grace_s=15 --copy_to=$OUT  # the first GPU call
     python tools/gpu_report.py --phases=bench,offload                     # some phases; the report keeps the rest
 
 On one GPU, offline, from a text corpus and a local GLUE folder (tens of MB in all), in phases
@@ -33,6 +34,12 @@ Writes <out_dir>/report.md (and its pictures): a summary table, then each phase'
 the commands, device, versions and date. A phase that fails or runs out of time is reported
 and the rest go on. Each phase runs in its own process (a crash or an out-of-memory stays
 there) and saves its section, so phases run in separate sessions end up in one report.
+
+With deadline_minutes, everything the command starts has ended that many minutes after it began, on
+a machine lent by the call (docs/gpu.md, "The first GPU session": tools/gpu_call.py prepares its data and
+prints it); with copy_to, a small fixed set of files (COPIED: the report, the transfer table, the
+pretraining log, ...) is copied there as each piece finishes, so a call cut short returns every piece
+finished by then.
 
 On a CPU the same command runs end to end with tiny settings (tests/test_gpu_report.py):
 device_memory_gib then simulates the GPU's memory for the off-load phase.
@@ -72,7 +79,7 @@ transfer_tasks = "stsb,mrpc,rte,sst2"  # fine-tuned with 1 seed, those present i
 transfer_control = "stsb,mrpc,rte,sst2"  # also fine-tuned from scratch (finetune_glue.py --from_scratch=True): the floor
 transfer_jobs = 0          # >= 0: fine-tuning processes at once; 0: 8 on a GPU (batches of 16 leave it mostly idle), 1 on a CPU
 transfer_glue_args = ""    # more finetune_glue.py settings for its fine-tuning
-transfer_limit_minutes = 15.0  # > 0: the phase's time limit; 9 fits a 10-minute call with health, and a rerun continues
+transfer_limit_minutes = 15.0  # > 0: the phase's time limit (deadline_minutes may end it sooner); a rerun continues
 # prepare
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
 prepare_minutes = 3.0      # > 0: the phase's time limit
@@ -103,6 +110,11 @@ offload_micro_batch = 64   # >= 1
 offload_accum = 2          # >= 1: micro-batches per optimizer step
 offload_steps = 3          # >= 1: timed optimizer steps, after one untimed
 offload_minutes = 8.0      # > 0
+# one call on a lent machine (docs/gpu.md, "The first GPU session")
+deadline_minutes = 0.0     # >= 0: if above 0, everything this command starts has ended this many minutes after it began,
+                           # SIGKILL graces included (set a device call's timeout_s a minute or more above it)
+copy_to = ""               # a folder (a device call's $OUT) that gets COPIED's files, flat, as each piece finishes
+stop_grace_s = 30.0        # > 0: seconds from SIGTERM (train.py saves on it) to SIGKILL for a script stopped at its limit
 device = "auto"
 report = True              # write report.md after the phases (a phase run by the full command leaves it to it)
 # -----------------------------------------------------------------------------
@@ -110,6 +122,16 @@ report = True              # write report.md after the phases (a phase run by th
 PHASES = ("health", "transfer", "prepare", "bench", "compile", "float16", "recipes", "glue", "offload")
 GLUE_FOLDERS = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI",
                 "qqp": "QQP", "mnli": "MNLI", "wnli": "WNLI"}
+# the one call: CALL_ENV marks every process a command starts ("<start> <end> <pid>", end 0 without a deadline);
+# a deadline's margins, after its scripts' SIGKILL: a phase saving its section and copies (its environment line may
+# start CUDA: a second or two), then the command's sweep, report and copies (milliseconds)
+CALL_ENV = "CRAM_GPU_REPORT_CALL"
+SETTLE_S, CLOSE_S = 5.0, 3.0
+# what copy_to gets (flat, under their own names), each piece as it finishes; logs_tail.txt is written there besides:
+# 7 files, within a device call's 8. The GLUE-against-compute picture is not among them: glue_plot.py redraws it
+# from glue.json on any machine
+COPIED = ("report.md", "transfer.md", "logs/transfer_train.log", "transfer/glue.json", "recipes.png", "float16.png")
+TAIL_FILE, TAIL_LINES = "logs_tail.txt", 12
 WIDTHS = (4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128, 64)  # off-load shapes to try, widest first
 
 
@@ -122,11 +144,12 @@ class PhaseFailed(Exception):
 
 
 # ---------------------------------------------------------------- running the scripts
-def stop_group(proc, grace=30.0):
+def stop_group(proc, grace=None):
     """Stop the process group that `proc` (a subprocess.Popen started with start_new_session) leads, with
     what it started (compare.py's train.py): SIGTERM first, on which a train.py run directly saves a
     checkpoint and finetune_glue.py keeps its scored seeds, then SIGKILL to whatever is left after `grace`
-    seconds, so nothing holds the GPU into the next phase."""
+    seconds (stop_grace_s unless given), so nothing holds the GPU into the next phase."""
+    grace = stop_grace_s if grace is None else grace
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -143,6 +166,76 @@ def stop_group(proc, grace=30.0):
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def begin_call():
+    """Mark this command's processes with CALL_ENV (everything it starts inherits it) unless a command
+    above this one did: returns whether this is that command, the one that sweeps at its end."""
+    if CALL_ENV in os.environ:
+        return False
+    start = time.time()
+    os.environ[CALL_ENV] = f"{start:.3f} {start + 60 * deadline_minutes if deadline_minutes else 0:.3f} {os.getpid()}"
+    return True
+
+
+def call_times():
+    """(start, end) of the command under way, as time.time(); end is 0 without a deadline. Outside a
+    command (a test calling a phase), now and no deadline."""
+    start, end, _ = os.environ.get(CALL_ENV, f"{time.time()} 0 0").split()
+    return float(start), float(end)
+
+
+def phase_deadline(start, name):
+    """When phase `name`, begun at `start`, stops its scripts: at its limit, or early enough that they
+    (stop_grace_s), the phase's section (SETTLE_S) and the command's sweep and copies (CLOSE_S) are
+    done by the command's deadline."""
+    end = call_times()[1]
+    limit = start + 60 * phase_limit(name)
+    return min(limit, end - CLOSE_S - SETTLE_S - stop_grace_s) if end else limit
+
+
+def sweep():
+    """SIGKILL to every process this command started that is still running, wherever it is: each
+    script runs in a session of its own, which a kill of the command (a device call's timeout) would
+    not reach. They are found by CALL_ENV in their environment (Linux's /proc; elsewhere the
+    deadlines alone stop them). Returns their pids."""
+    marker = f"{CALL_ENV}={os.environ.get(CALL_ENV)}".encode()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+PUBLISHING = threading.RLock()  # fine-tuning jobs finish on the threads of run_jobs
+
+
+def publish():
+    """COPIED's files that exist, and the last lines of every log (TAIL_FILE), into copy_to, flat,
+    each replaced whole: a device call's $OUT, which a call cut short still returns. At most 8 files
+    there (a device call returns no more), none in a folder."""
+    if not copy_to:
+        return
+    with PUBLISHING:
+        os.makedirs(copy_to, exist_ok=True)
+        for stale in (f for f in os.listdir(copy_to) if f.endswith(".tmp")):  # a writer killed mid-copy left it
+            os.remove(os.path.join(copy_to, stale))
+        for name in COPIED:
+            source = os.path.join(out_dir, name)
+            if os.path.isfile(source):
+                write_atomically(os.path.join(copy_to, os.path.basename(name)),
+                                 functools.partial(shutil.copyfile, source))
+        logs = os.path.join(out_dir, "logs")
+        tails = [f"==> {name} <==\n" + "".join(Path(logs, name).read_text(errors="replace").splitlines(True)[-TAIL_LINES:])
+                 for name in sorted(os.listdir(logs))] if os.path.isdir(logs) else []
+        write_atomically(os.path.join(copy_to, TAIL_FILE), lambda tmp: Path(tmp).write_text("\n".join(tails)))
 
 
 def set_aside(paths):
@@ -244,22 +337,64 @@ def glue_present(names):
     return [t for t in names.split(",") if t and os.path.isdir(os.path.join(glue_dir, GLUE_FOLDERS.get(t, t)))]
 
 
-def run_jobs(jobs, limit, deadline):
+def run_jobs(jobs, limit, deadline, done=lambda job: None):
     """Run the project's scripts, each (args, log_path), up to `limit` at a time, each killed at
-    `deadline`: fine-tuning at batch 16 leaves a GPU mostly idle, so several share it. Returns the
-    failures, one line each."""
+    `deadline`, done(job) called as each one ends well: fine-tuning at batch 16 leaves a GPU mostly
+    idle, so several share it. Returns the failures, one line each."""
     with ThreadPoolExecutor(limit) as pool:
-        outcomes = pool.map(functools.partial(failure_of, deadline=deadline), jobs)
+        outcomes = pool.map(functools.partial(failure_of, deadline=deadline, done=done), jobs)
         return [failure for failure in outcomes if failure]
 
 
-def failure_of(job, deadline):
-    """None if the job (args, log_path) ran to its end, else why not in one line."""
+def failure_of(job, deadline, done):
+    """None if the job (args, log_path) ran to its end (then done(job)), else why not in one line."""
     args, log_path = job
     try:
         run_logged(args, log_path, deadline, echo=False)
     except PhaseFailed as failure:
         return f"{' '.join(a for a in args if a.startswith('--tasks') or a.startswith('--from'))}: {failure}"
+    done(job)
+
+
+PIECES = []  # (what, minutes since the command began) of the transfer phase's pieces, as they finished
+TRAIN_LINES = re.compile(r"^(?:budget: |model: |micro_batch=0: |torch\.compile built |final: |stopped by |.* has spent this budget).*$",
+                         re.M)
+
+
+def piece_done(what):
+    """Say when a piece of the transfer phase finished, rewrite transfer.md and copy what is done."""
+    with PUBLISHING:
+        PIECES.append((what, (time.time() - call_times()[0]) / 60))
+        print(f"== {what}: done at {PIECES[-1][1]:.1f} min", flush=True)
+        write_transfer_summary()
+        publish()
+
+
+def write_transfer_summary():
+    """<out_dir>/transfer.md, the transfer phase's answer so far in one file: the pretraining's start-up
+    and final lines (the budget's pick, the validation loss), the fine-tuning table beside the floor
+    with the runs finished so far, and the minutes since the command began at which each piece ended."""
+    log = os.path.join(out_dir, "logs", "transfer_train.log")
+    trained = TRAIN_LINES.findall(Path(log).read_text(errors="replace")) if os.path.isfile(log) else []
+    results = os.path.join(out_dir, "transfer", "glue.json")
+    table = read_json(results, "delete it and run the phase again").get("table", "") \
+        if PIECES and os.path.isfile(results) else ""  # (before this command's pretraining ends, an older model's)
+    lines = ["# cram transfer: pretraining, then GLUE beside the no-pretraining floor", "",
+             "Pretraining (logs/transfer_train.log):", "", *(f"    {line}" for line in trained or ["(no line yet)"]), "",
+             table or "(no fine-tuning run has finished)", "", timeline()]
+    write_atomically(os.path.join(out_dir, "transfer.md"), lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+
+
+def timeline():
+    return "Minutes since the command began, as each piece ended: " + (
+        ", ".join(f"{what} {minutes:.1f}" for what, minutes in PIECES) or "none yet") + "."
+
+
+def job_name(job):
+    """A fine-tuning job's task, and whether it is the floor: 'rte', 'rte (no pretraining)'."""
+    args = job[0]
+    task = next(a.split("=", 1)[1] for a in args if a.startswith("--tasks="))
+    return task + " (no pretraining)" * ("--from_scratch=True" in args)
 
 
 def phase_transfer(deadline, logs):
@@ -279,7 +414,9 @@ def phase_transfer(deadline, logs):
     try:
         trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline)
     except PhaseFailed as failure:
+        write_transfer_summary()  # its start-up lines, for the copies
         raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
+    piece_done("pretraining")
     results = os.path.join(run, "glue.json")
     if "has spent this budget" not in trained:  # the scores of the checkpoint this one replaced are kept aside
         set_aside([results, os.path.join(run, "glue_runs")])
@@ -289,13 +426,14 @@ def phase_transfer(deadline, logs):
              os.path.join(logs, f"transfer_{t}{'_scratch' * scratch}.log"))
             for scratch, tasks in ((False, present), (True, control))
             for t in sorted(tasks, key=lambda t: t != "sst2")]  # the longest first: parallel jobs end together
-    failures = run_jobs(jobs, transfer_jobs or (8 if device_kind() == "GPU" else 1), deadline)
+    failures = run_jobs(jobs, transfer_jobs or (8 if device_kind() == "GPU" else 1), deadline,
+                        lambda job: piece_done(job_name(job)))
     if failures:  # the section keeps the scores that did finish
         partial = read_json(results, "delete it and run the phase again").get("table", "") \
             if os.path.isfile(results) else ""
         raise PhaseFailed(f"{len(failures)} fine-tuning run(s) did not finish (rerun the phase to continue: the checkpoint "
                           f"and the scored seeds are kept): {failures[0]}",
-                          body=partial and f"The runs that finished:\n\n{partial}")
+                          body=f"{timeline()}\n\nThe runs that finished:\n\n{partial}" if partial else timeline())
     scores = read_json(results, "delete it and run the phase again")
     floor = scores.get("no_pretraining_scores", {})
     facts = scores["pretraining"]
@@ -305,7 +443,7 @@ def phase_transfer(deadline, logs):
     mlm = f", val loss {facts['val_loss']:.4f} (masked-token accuracy {facts['accuracy']:.3f})" if facts["val_loss"] else ""
     pretrained = (f"Pretrained {facts['shape']}: {facts['tokens'] / 1e6:,.1f}M tokens in {60 * facts['hours']:.1f} min, "
                   f"{facts['flops']:.2e} FLOPs{mlm}.")
-    body = "\n\n".join([f"Data: {prepared}.", f"`{command_line(train)}`", pretrained,
+    body = "\n\n".join([f"Data: {prepared}.", f"`{command_line(train)}`", pretrained, timeline(),
                          "\n".join(f"`{command_line(args)}`" for args, _ in jobs), scores["table"],
                          glue_points(deadline, logs)])
     return headline, body
@@ -749,9 +887,10 @@ def run_phase(name):
     logs = os.path.join(out_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     start = time.time()
-    print(f"== phase {name} (limit {phase_limit(name):.1f} min)", flush=True)
+    deadline = phase_deadline(start, name)
+    print(f"== phase {name} (limit {(deadline - start) / 60:.1f} min)", flush=True)
     try:
-        headline, body = PHASE_FUNCTIONS[name](start + 60 * phase_limit(name), logs)
+        headline, body = PHASE_FUNCTIONS[name](deadline, logs)
         status = "ok"
     except (PhaseFailed, SystemExit) as failure:  # SystemExit: a one-line error from the core
         status, headline, body = "failed", str(failure), getattr(failure, "body", "")
@@ -760,6 +899,7 @@ def run_phase(name):
         body = f"```\n{traceback.format_exc()[-4000:]}\n```"
     save_section(name, status, headline, body, (time.time() - start) / 60, environment())
     print(f"== phase {name}: {status}: {headline}", flush=True)
+    publish()
 
 
 def run_in_child(name):
@@ -767,16 +907,22 @@ def run_in_child(name):
     if os.path.exists(section_path(name)):
         os.remove(section_path(name))
     command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--phases={name}", "--report=False"]
-    start = time.time()
+    start, end = time.time(), call_times()[1]
+    if end and phase_deadline(start, name) <= start:
+        return save_section(name, "failed", "no time left before --deadline_minutes", "", 0.0, "")
+    wait = min(60 * phase_limit(name) + 120, end - CLOSE_S - start) if end else 60 * phase_limit(name) + 120
     proc = subprocess.Popen(command, start_new_session=True)
     try:
-        why = f"its process ended with {proc.wait(timeout=60 * phase_limit(name) + 120)}"
+        why = f"its process ended with {proc.wait(timeout=wait)}"
     except subprocess.TimeoutExpired:
-        stop_group(proc, grace=45.0)  # (the phase stops its own script first, in up to 30 s)
+        if end:  # the phase had its graceful stop at its own deadline: now nothing may outlive the command's
+            sweep()
+        else:  # (the phase stops its own script first, in up to stop_grace_s)
+            stop_group(proc, grace=stop_grace_s + 15)
         proc.wait()
-        why = f"it ran past its limit of {phase_limit(name):.1f} minutes"
+        why = "it ran past --deadline_minutes" if end else f"it ran past its limit of {phase_limit(name):.1f} minutes"
     except BaseException:  # Ctrl-C or a SIGTERM to this report: the phase (its own group) stops too
-        stop_group(proc, grace=45.0)
+        stop_group(proc, grace=stop_grace_s + 15)
         raise
     if not os.path.exists(section_path(name)):  # killed or crashed before it could say so
         save_section(name, "failed", why, "", (time.time() - start) / 60, "")
@@ -808,15 +954,25 @@ def main():
         raise SystemExit(f"error: unknown phase {', '.join(map(repr, unknown)) or '(none given)'} "
                          f"(phases: {', '.join(PHASES)})")
     check_writable(os.path.join(out_dir, "report.md"), "--out_dir")
-    if len(names) == 1:
-        run_phase(names[0])
-    else:
-        for name in names:
-            run_in_child(name)
-            if report:  # after each phase: a command cut off later leaves a report of what finished
-                write_report()
+    if copy_to:
+        check_writable(os.path.join(copy_to, "report.md"), "--copy_to")
+    top = begin_call()
+    try:
+        if len(names) == 1:
+            run_phase(names[0])
+        else:
+            for name in names:
+                run_in_child(name)
+                if report:  # after each phase: a command cut off later leaves a report of what finished
+                    write_report()
+                    publish()
+    finally:
+        left = sweep() if top else []  # nothing this command started outlives it
+        if left:
+            print(f"stopped {len(left)} process(es) left running at the end (SIGKILL)", flush=True)
     if report:
         print(f"wrote {write_report()}")
+        publish()
     failed = [read_section(n) for n in names]
     failed = [s for s in failed if s["status"] != "ok"]
     if len(failed) == 1:

@@ -1,0 +1,179 @@
+"""Get ready for the first GPU call: its carry folder built here, checked, and the call printed to paste.
+
+    python tools/gpu_call.py --corpus=books.txt.gz --glue_dir=glue_data
+
+A lent GPU gives a session 15 device-minutes, starts bare, and receives only the working tree (tracked
+and untracked files that git does not ignore) plus the ignored paths a call names in `carry`, 64 MiB in
+all. So everything the call needs that costs CPU time is made here, on any CPU, before a GPU is lent:
+  - <carry_dir>/corpus: the corpus prepared by prepare.py (a 32k vocabulary, sequences of 128), as many
+    train tokens as fit beside the tree and GLUE (uint16: 2 bytes a token), unless max_tokens says
+  - <carry_dir>/glue: GLUE's RTE, MRPC, STS-B and SST-2 (train.tsv and dev.tsv), copied from glue_dir
+Then it checks what the call will find: the prepared data as train.py reads it (meta.json, the token
+files' sizes, every id below the vocabulary, the tokenizer) at the vocabulary and sequence length asked
+for, and the tree plus the carry folder within limit_mib; and prints the device call (command, carry,
+timeout_s): tools/gpu_report.py's health check and transfer phase, ended by its own deadline a minute
+or more before timeout_s, its files copied into $OUT as each piece finishes (docs/gpu.md, "The first
+GPU session"). A rerun keeps a prepared corpus that passes the checks; delete the folder to remake it.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configurator import configure  # noqa: E402  (the core sits one folder up)
+from data import load_run_data  # noqa: E402
+from runtime import guarded  # noqa: E402
+
+# -----------------------------------------------------------------------------
+corpus = ""                # the text to prepare (prepare.py's local formats: .txt.gz, .jsonl, ...); its start is used
+glue_dir = ""              # a GLUE folder in the original layout: its RTE, MRPC, STS-B and SST-2 folders are carried
+carry_dir = "data/gpu_call"  # a git-ignored folder of this repository (data/ is): the call's one carried path
+max_tokens = 0             # >= 0: train tokens to prepare; 0: as many as fit limit_mib beside the tree and GLUE
+vocab_size = 32768         # >= 260: the carried data's vocabulary (docs/gpu.md's plan assumes 32768)
+seq_len = 128              # >= 2: its sequence length
+tokenizer_train_chars = 120_000_000  # >= 1: text the tokenizer trains on: about the text 28M tokens come from
+limit_mib = 64.0           # > 0: what a device call sends at most: the working tree and the carried paths
+transfer_minutes = 3.5     # > 0: the call's pretraining budget (train.py's budget rule picks the shape and batch)
+deadline_minutes = 8.0     # > 0: the call's own deadline: everything it started has ended by then
+stop_grace_s = 15.0        # > 0: SIGTERM to SIGKILL for a script stopped at the deadline (train.py saves on it)
+timeout_s = 540            # [1, 600]: the device call's limit, at least a minute above the deadline
+# -----------------------------------------------------------------------------
+GLUE_FOLDERS = ("RTE", "MRPC", "STS-B", "SST-2")  # what the transfer phase fine-tunes (stsb, mrpc, rte, sst2)
+GLUE_FILES = ("train.tsv", "dev.tsv")
+MIB = 2 ** 20
+SPARE_BYTES = 2 * MIB      # kept free: the tree grows with the commits made before the call
+OTHER_BYTES = 1 * MIB      # beside the token files: the tokenizer (about 0.4 MiB at 32k) and meta.json
+VAL_SHARE = 0.02           # validation tokens per train token, at most (prepare.py holds out 1% of documents)
+OVERSHOOT = 1_000_000      # train tokens prepare.py may write past max_tokens: it stops after a whole batch of
+                           # documents, up to 4M characters
+BESIDE_PRETRAINING = 4.5   # minutes the call needs besides pretraining (docs/gpu.md's estimates): health, start-up,
+                           # fine-tuning, the margins
+
+
+def git_files():
+    """Paths (relative to the repository) of the files that travel: tracked, and untracked but not ignored."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit(f"error: {ROOT} is not a git checkout (git ls-files failed): a device call sends a checkout")
+    return sorted({p for p in listed.decode().split("\0") if p})
+
+
+def bytes_under(paths, base):
+    """Bytes of the files among `paths` (relative to base; a folder counts all it holds), links as links."""
+    total = 0
+    for path in paths:
+        full = os.path.join(base, path)
+        if os.path.isdir(full) and not os.path.islink(full):
+            total += sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(full) for f in files)
+        elif os.path.lexists(full):
+            total += os.lstat(full).st_size
+    return total
+
+
+def tree_bytes():
+    """What every call sends besides its carried paths: the files git lists, and shared/ if the checkout has one."""
+    return bytes_under(git_files(), ROOT) + bytes_under(["shared"], ROOT)
+
+
+def check_inputs(carry):
+    """One-line errors for what the call could not use, before any work."""
+    if deadline_minutes * 60 + 60 > timeout_s or timeout_s > 600:
+        raise SystemExit(f"error: --timeout_s={timeout_s} must be at least a minute above --deadline_minutes="
+                         f"{deadline_minutes:g} ({deadline_minutes * 60 + 60:.0f} s) and at most 600 (a call's limit)")
+    relative = os.path.relpath(carry, ROOT)
+    if relative.startswith(".."):
+        raise SystemExit(f"error: --carry_dir={carry_dir} is outside the repository {ROOT}: a call carries its paths")
+    if subprocess.run(["git", "check-ignore", "-q", relative], cwd=ROOT).returncode != 0:
+        raise SystemExit(f"error: --carry_dir={carry_dir} is not ignored by git: name a folder under data/ (ignored), "
+                         f"or it would travel twice")
+    missing = [os.path.join(f, n) for f in GLUE_FOLDERS for n in GLUE_FILES
+               if not os.path.isfile(os.path.join(glue_dir, f, n))]
+    if not glue_dir or missing:
+        raise SystemExit(f"error: --glue_dir={glue_dir!r} lacks {', '.join(missing) or 'everything'}: give a GLUE "
+                         f"folder in the original layout")
+    if not os.path.isfile(os.path.join(carry, "corpus", "meta.json")) and not (corpus and os.path.exists(corpus)):
+        raise SystemExit(f"error: --corpus={corpus!r} is not there: give the text to prepare")
+    if transfer_minutes + BESIDE_PRETRAINING > deadline_minutes:
+        print(f"warning: --transfer_minutes={transfer_minutes:g} leaves under {BESIDE_PRETRAINING:g} minutes of "
+              f"--deadline_minutes={deadline_minutes:g} for the rest (docs/gpu.md): fine-tuning may be cut")
+
+
+def copy_glue(carry):
+    """GLUE_FOLDERS' GLUE_FILES into <carry>/glue; returns their bytes."""
+    for folder in GLUE_FOLDERS:
+        os.makedirs(os.path.join(carry, "glue", folder), exist_ok=True)
+        for name in GLUE_FILES:
+            shutil.copyfile(os.path.join(glue_dir, folder, name), os.path.join(carry, "glue", folder, name))
+    return bytes_under(["glue"], carry)
+
+
+def tokens_to_prepare(fixed_bytes):
+    """max_tokens, or if 0 the most train tokens whose files (2 bytes a token, with validation and the
+    tokenizer) fit limit_mib beside fixed_bytes; a one-line error where they do not fit."""
+    room = limit_mib * MIB - fixed_bytes - SPARE_BYTES - OTHER_BYTES
+    fit = int(room / (2 * (1 + VAL_SHARE))) - OVERSHOOT
+    if fit < (max_tokens or 1_000_000):
+        raise SystemExit(f"error: the working tree and GLUE take {fixed_bytes / MIB:.1f} MiB of {limit_mib:g}: no room "
+                         f"for the corpus's {max_tokens or 1_000_000:,} train tokens (room for {max(fit, 0):,}; remove "
+                         f"untracked files, or ask for fewer)")
+    return max_tokens or fit
+
+
+def prepare(data, tokens):
+    """prepare.py's corpus into `data` (max tokens), unless it is prepared already."""
+    if os.path.isfile(os.path.join(data, "meta.json")):
+        print(f"{data} is prepared already: checking it")
+        return
+    args = [sys.executable, os.path.join(ROOT, "prepare.py"), f"--dataset={corpus}", f"--out_dir={data}",
+            f"--vocab_size={vocab_size}", f"--seq_len={seq_len}", f"--max_tokens={tokens}",
+            f"--tokenizer_train_chars={tokenizer_train_chars}"]
+    print("$ " + " ".join(args[1:]), flush=True)
+    if subprocess.run(args, cwd=ROOT).returncode != 0:
+        raise SystemExit(f"error: prepare.py failed (above); fix it and run this again (delete {data} to start over)")
+
+
+def check_data(data):
+    """The prepared data as train.py will read it, at the vocabulary and sequence length asked for: its train tokens."""
+    meta, train, _, _ = load_run_data(data)  # meta.json, the token files' sizes and ids, the tokenizer: one-line errors
+    wrong = [f"{k} {meta[k]} (not {want})" for k, want in (("vocab_size", vocab_size), ("seq_len", seq_len))
+             if meta[k] != want]
+    if wrong:
+        raise SystemExit(f"error: {data} has {', '.join(wrong)}: delete it and run this again")
+    return train.size
+
+
+def the_call(carry):
+    """The device call: its command, carry and timeout_s."""
+    where = os.path.relpath(carry, ROOT)
+    command = (f"PYTHONUNBUFFERED=1 python3 tools/gpu_report.py --phases=health,transfer --device=cuda "
+               f"--data_dir={where}/corpus --glue_dir={where}/glue --transfer_minutes={transfer_minutes:g} "
+               f"--deadline_minutes={deadline_minutes:g} --stop_grace_s={stop_grace_s:g} --copy_to=$OUT")
+    return dict(command=command, carry=[where], timeout_s=timeout_s)
+
+
+def main():
+    carry = os.path.abspath(carry_dir)
+    check_inputs(carry)
+    tree = tree_bytes()
+    glue = copy_glue(carry)
+    prepare(os.path.join(carry, "corpus"), tokens_to_prepare(tree + glue))
+    tokens = check_data(os.path.join(carry, "corpus"))
+    total = tree + bytes_under([""], carry)
+    if total > limit_mib * MIB:
+        raise SystemExit(f"error: the working tree ({tree / MIB:.1f} MiB) and {carry_dir} ({(total - tree) / MIB:.1f} "
+                         f"MiB) are {total / MIB:.1f} MiB, over a call's {limit_mib:g}: delete {carry_dir}/corpus and "
+                         f"run this with a smaller --max_tokens")
+    print(f"ready: {carry_dir} with the working tree is {total / MIB:.1f} MiB of {limit_mib:g}: {tokens / 1e6:.1f}M train "
+          f"tokens (vocabulary {vocab_size}, sequences of {seq_len}), GLUE's {', '.join(GLUE_FOLDERS)}")
+    print("the device call (the session's first; then give the machine back; docs/gpu.md, \"The first GPU session\"):")
+    print(json.dumps(the_call(carry)))
+
+
+if __name__ == "__main__":
+    configure(globals(), sys.argv[1:])
+    guarded(main, "a rerun keeps the prepared corpus that passes the checks")
