@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from model import ABSENT, CrammedBert, ModelConfig, saved_model_args
+from model import ABSENT, CrammedBert, ModelConfig, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -126,6 +126,23 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     HELD[os.path.realpath(path)] = lock
+
+
+def lock_holder(path):
+    """The pid (as its lock file says it) of a live process holding the folder `path` (claim_folder),
+    or None: before a tool removes a run's folder, whose train.py may outlive the tool that started it."""
+    try:
+        import fcntl
+        with open(os.path.join(path, LOCK_FILE), "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock.seek(0)
+                return lock.read().strip() or "?"
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    except (ImportError, OSError):  # no flock (Windows), or no folder: nobody holds it
+        pass
+    return None
 
 
 def write_json(path, obj):
@@ -272,8 +289,11 @@ def save_checkpoint(path, state):
     write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
 
 
-def load_checkpoint(path):
-    """A checkpoint written by train.py, checked (check_checkpoint), or a one-line error."""
+def load_checkpoint(path, use="weights"):
+    """A checkpoint written by train.py, checked for what its reader uses, or a one-line error saying
+    what is missing or damaged and how to go on: `use` 'settings' (a tool reading its config and
+    model_args), 'weights' (fine-tuning, the export: finite weights too), 'resume' (train.py: also the
+    optimizer state and the run's counters; check_resume then checks them against the run)."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: checkpoint not found: {path}")
     try:
@@ -286,6 +306,13 @@ def load_checkpoint(path):
     problem = checkpoint_problem(checkpoint, path)
     if problem:
         raise SystemExit(f"error: {path} is not a usable checkpoint written by train.py: {problem}")
+    if use != "settings" and not all_finite(checkpoint["model"]):
+        raise SystemExit(f"error: {path} holds non-finite weights (a run that diverged?): it cannot be "
+                         f"{'resumed' if use == 'resume' else 'fine-tuned or exported'}; use an earlier checkpoint")
+    missing = [k for k in ("optimizer", "step", "tokens", "elapsed") if k not in checkpoint]
+    if use == "resume" and missing:
+        raise SystemExit(f"error: {path} has no {', '.join(missing)} (weights shared without the training state?): it "
+                         f"cannot be resumed; fine-tune it (finetune_glue.py) or export it (tools/export.py) as it is")
     return checkpoint
 
 
@@ -390,5 +417,34 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir):
     if trained_with != optim:
         raise SystemExit(f"error: {path} trained with --optim={trained_with}: resume it with that optimizer (their "
                          f"states do not convert)")
-    if not all_finite(checkpoint["model"]):
-        raise SystemExit(f"error: {path} holds non-finite weights and cannot be resumed")
+    problem = optimizer_problem(checkpoint, optim)
+    if problem:
+        raise SystemExit(f"error: {path}'s optimizer state {problem}: it cannot be resumed; fine-tune it "
+                         f"(finetune_glue.py) or export it (tools/export.py) as it is")
+
+
+def optimizer_problem(checkpoint, optim):
+    """How a checkpoint's optimizer state fails to fit its model's optimizer (`optim`'s parameter
+    groups, each parameter's state of its shape), or None."""
+    saved = checkpoint["optimizer"]
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) or \
+            not isinstance(saved.get("state"), dict):
+        return "is not an optimizer's state dict"
+    with torch.device("meta"):
+        model = CrammedBert(**saved_model_args(checkpoint["model_args"]))
+    if optim == "muon":
+        from muon import muon_groups
+        groups = [g["params"] for g in muon_groups(model, 0.0)]
+    else:
+        groups = [g["params"] for g in param_groups(model, 0.0)]
+    counts = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in saved["param_groups"]]
+    if counts != [len(g) for g in groups]:
+        return f"has parameter groups of {counts} parameters where the model's optimizer has {[len(g) for g in groups]}"
+    params = [p for g in groups for p in g]
+    for index, state in saved["state"].items():
+        shapes = [v.shape for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0] \
+            if isinstance(state, dict) else None
+        if not isinstance(index, int) or not 0 <= index < len(params) or shapes is None or \
+                any(shape != params[index].shape for shape in shapes):
+            return f"does not fit the model's parameters (entry {index})"
+    return None

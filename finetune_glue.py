@@ -458,7 +458,7 @@ def runs_folder(path):
 
 def run_files(path):
     """The files of glue.json's runs, each with its time of change: what a summary was made from."""
-    return [(f, os.stat(f).st_mtime_ns) for f in sorted(glob.glob(os.path.join(runs_folder(path), "*", "*", "*.json")))]
+    return [(f, os.stat(f).st_mtime_ns) for f in sorted(glob.glob(os.path.join(glob.escape(runs_folder(path)), "*", "*", "*.json")))]
 
 
 def same_checkpoint(record, identity):

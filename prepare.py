@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import sysconfig
+import threading
 import time
 import zlib
 from collections import deque
@@ -522,7 +523,7 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
     encode = functools.partial(encode_document, enc, files.seen is not None)
     texts = unread_documents(documents, progress, files.read)
     bar = runtime.progress(desc="encoding", unit=" docs", initial=files.read)
-    pool = ThreadPoolExecutor(workers or os.cpu_count() or 1)
+    pool = start_pool(workers or runtime.usable_cpus())
     jobs, last_record = deque(), time.time()
     try:
         for batch, end, short, last in batches(texts, files.read, min_doc_chars):
@@ -543,6 +544,34 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
     finally:
         pool.shutdown(cancel_futures=True)
         bar.close()
+
+
+def start_pool(workers):
+    """A pool of `workers` threads, or of as many as could start now (a container's process limit,
+    Docker's --pids-limit, counts threads), said in a line; with none, one that encodes in this
+    thread. Probed by starting them all at once, each waiting until the last has started."""
+    probe, ready, started = ThreadPoolExecutor(workers), threading.Event(), 0
+    try:
+        for started in range(workers):  # a waiting thread is busy: each submit starts a new one
+            probe.submit(ready.wait)
+        started = workers
+    except RuntimeError:  # "can't start new thread"
+        print(f"note: {started} of {workers} encoding threads could start here (a process limit?): encoding with "
+              f"{started or 'this one'}")
+    finally:
+        ready.set()
+        probe.shutdown(wait=True, cancel_futures=True)  # their slots free again for the pool below
+    return ThreadPoolExecutor(started) if started else InThisThread()
+
+
+class InThisThread:
+    """ThreadPoolExecutor's map and shutdown, run in the calling thread."""
+
+    def map(self, fn, items):
+        return [fn(item) for item in items]
+
+    def shutdown(self, **kwargs):
+        pass
 
 
 def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, *, workers, seq_len, val_fraction,
@@ -593,6 +622,9 @@ def check_folder(out_dir, settings, source):
         raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
                          f"use another --out_dir or delete it")
     unfinished = not os.path.exists(os.path.join(out_dir, "meta.json"))
+    if not unfinished and previous.get("source", source) != source:
+        raise SystemExit(f"error: {out_dir} was prepared from another version of this corpus (its files changed "
+                         f"since): delete {out_dir} to prepare it again, or choose another --out_dir")
     if unfinished and previous.get("source", source) != source:
         print(f"note: the corpus changed since the unfinished preparation in {out_dir}: its encoding starts over")
         for name in STALE:
@@ -609,7 +641,8 @@ def main():
     claim_folder(out)
     # what the prepared data depends on: every setting but where it goes and how fast it is made
     settings = {k: v for k, v in config_keys(globals()).items() if k not in ("out_dir", "workers", "progress_minutes")}
-    check_folder(out, settings, f"{source} {fingerprint(dataset) or ''}".strip())
+    version = fingerprint(dataset)
+    check_folder(out, settings, f"{source} {version or ''}".strip())
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
         for split in SPLITS:  # its token files against its meta.json: a one-line error if they disagree
@@ -632,6 +665,9 @@ def main():
     stats = encode_corpus(documents, enc, specials, dtype, max_compression * median, out, workers=workers,
                           seq_len=seq_len, val_fraction=val_fraction, min_doc_chars=min_doc_chars, dedup=dedup,
                           max_tokens=max_tokens, progress_minutes=progress_minutes)
+    if fingerprint(dataset) != version:  # a download or `zcat >` still writing it: what was read is a prefix
+        raise SystemExit(f"error: {dataset} changed while it was read (is it still being written?): nothing was "
+                         f"finished; run the same command once it is complete (the encoding then starts over)")
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
     meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=specials,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,

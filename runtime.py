@@ -157,6 +157,7 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", tra
     auto_dtype's rule; or 'float32', 'bfloat16', 'float16'), compile and compile_mode
     (COMPILE_MODES). Under torchrun, 'cuda' is this process's GPU (LOCAL_RANK). trained: a resumed
     run's (device type, dtype), which auto keeps (auto_dtype)."""
+    fit_threads()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -217,19 +218,24 @@ def auto_dtype(device, trained=None, speedup=None):
 
 def bf16_speedup(size=512, rounds=3, seconds=0.05):
     """How many times float32's speed a size^3 matmul runs at under bfloat16 autocast on this CPU,
-    each the best of `rounds` rounds timed in turns (a load on the machine slows both alike), a
-    round as many products as fit `seconds` but at least one: about a third of a second where
-    bfloat16 is fast, about a second and a half on an AVX2 host, where one product takes ~0.3 s."""
+    on one thread (threads waiting on a core that another process holds swung the ratio from 0.4x
+    to 4x; one thread's was steady), each the best of `rounds` rounds timed in turns, a round as
+    many products as fit `seconds` but at least one: about half a second where bfloat16 is fast,
+    a few seconds on an AVX2 host, where one product takes ~0.3-0.6 s."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    best = {torch.float32: 0.0, torch.bfloat16: 0.0}
-    with torch.no_grad():
-        for dtype in [*best] * (rounds + 1):  # the first round of each: warm-up, then kept only if it is the best
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-                start, count = time.perf_counter(), 0
-                while count == 0 or time.perf_counter() - start < seconds:
-                    a @ b
-                    count += 1
-                best[dtype] = max(best[dtype], count / (time.perf_counter() - start))
+    best, threads = {torch.float32: 0.0, torch.bfloat16: 0.0}, torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            for dtype in [*best] * (rounds + 1):  # the first round of each: warm-up, kept only if it is the best
+                with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                    start, count = time.perf_counter(), 0
+                    while count == 0 or time.perf_counter() - start < seconds:
+                        a @ b
+                        count += 1
+                    best[dtype] = max(best[dtype], count / (time.perf_counter() - start))
+    finally:
+        torch.set_num_threads(threads)
     return best[torch.bfloat16] / best[torch.float32]
 
 
@@ -359,6 +365,21 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
                                                         "SIGBREAK") if hasattr(signal, name))
 
 
+def die_with_parent():
+    """A child's preexec_fn: SIGTERM when the process that started it ends, however it ends (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing): a train.py a tool started stops (and saves) when the tool is
+    killed, instead of training on into its rerun. Then the parent's death before this call is
+    caught too."""
+    parent = os.getppid()
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no prctl
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def take_signals(handler):
     """`handler` for each of STOP_SIGNALS, except those the parent set to be ignored: a run under
     nohup keeps ignoring SIGHUP, a shell script's background job SIGINT, as they ask."""
@@ -421,7 +442,7 @@ def guarded(main, kept, *args):
     gone (a closed terminal or pipe) is dropped, not an error (Unbroken)."""
     take_signals(interrupt)
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
-        sys.stdout.reconfigure(line_buffering=True)
+        sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = Unbroken(sys.stdout), Unbroken(sys.stderr)
     try:
@@ -445,15 +466,78 @@ def guarded(main, kept, *args):
 
 class StopRequest:
     """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its
-    step, save and exit; a second signal kills at once."""
+    step, save and exit; a second signal kills at once. SIGCONT says the process was stopped and
+    has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the loop once."""
 
     def __init__(self):
-        self.signum = None
+        self.signum, self.continued = None, False
         take_signals(self.handle)
+        if hasattr(signal, "SIGCONT"):
+            signal.signal(signal.SIGCONT, self.handle_continue)
 
     def handle(self, signum, frame):
         self.signum = signum
         signal.signal(signum, signal.SIG_DFL)
+
+    def handle_continue(self, signum, frame):
+        self.continued = True
+
+    def resumed(self):
+        """Whether the process was stopped and continued since the last call."""
+        was, self.continued = self.continued, False
+        return was
+
+
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets in each process
+
+
+def launcher(env=os.environ):
+    """(whether this process is one of torchrun's, how many processes there are): torchrun's
+    environment whole, or none of it. Part of it (a job wrapper's RANK=0, a LOCAL_RANK left by
+    another launcher) is a one-line error naming what is missing, not a guess at either mode."""
+    present = [k for k in TORCHRUN if k in env]
+    if not present:
+        return False, 1
+    missing = [k for k in TORCHRUN if k not in env]
+    if missing:
+        raise SystemExit(f"error: {', '.join(present)} set but not {', '.join(missing)}: not torchrun's environment; "
+                         f"launch with torchrun for several processes, or unset {', '.join(present)} for one")
+    try:
+        rank, world, local = (int(env[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    except ValueError:
+        raise SystemExit(f"error: RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (they are "
+                         f"{env['RANK']!r}, {env['WORLD_SIZE']!r}, {env['LOCAL_RANK']!r})")
+    if not (0 <= rank < world and 0 <= local <= rank):
+        raise SystemExit(f"error: RANK={rank}, LOCAL_RANK={local} do not fit WORLD_SIZE={world}")
+    return True, world
+
+
+def usable_cpus(cgroup="/sys/fs/cgroup"):
+    """The CPUs this process may really use: those it may run on (its affinity, as taskset and a
+    container's cpuset give it), capped by a CPU quota (cgroup v2's cpu.max, v1's cfs quota: what
+    Docker's --cpus sets), at least 1. os.cpu_count() is the host's, however few the container gets."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(cgroup, quota_file)) as f:
+                fields = f.read().split()
+            if period_file:
+                with open(os.path.join(cgroup, period_file)) as f:
+                    fields.append(f.read().strip())
+            quota, period = int(fields[0]), int(fields[1])  # v2 'max 100000' (no quota) raises, as v1's -1 is skipped
+        except (OSError, ValueError, IndexError):
+            continue
+        if quota > 0 and period > 0:
+            cpus = min(cpus, max(1, quota // period))
+    return max(1, cpus)
+
+
+def fit_threads():
+    """torch's intra-op threads to usable_cpus() where it would start more (it counts the host's
+    cores), unless OMP_NUM_THREADS says how many: threads beyond a container's CPUs wait on each
+    other at every operation."""
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > usable_cpus():
+        torch.set_num_threads(usable_cpus())
 
 
 def join_process_group(device):

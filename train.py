@@ -256,9 +256,9 @@ def save(path, model, state, val_tokens, rt, micro, last_saved, at_end=False):
 
 
 def main(config):
-    ddp, world = "RANK" in os.environ, int(os.environ.get("WORLD_SIZE", 1))  # under torchrun
+    ddp, world = runtime.launcher()  # under torchrun, or one process
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    checkpoint = load_checkpoint(ckpt_path) if resume else None  # first: dtype=auto keeps its precision
+    checkpoint = load_checkpoint(ckpt_path, "resume") if resume else None  # first: dtype=auto keeps its precision
     saved = checkpoint.get("config", {}) if checkpoint else {}
     trained = (saved.get("device"), saved.get("dtype"))
     rt = runtime.setup(device, dtype, compile and not offload, compile_mode, trained)  # off-load: eager blocks
@@ -315,6 +315,7 @@ def main(config):
     # iteration to the end of its step; logging, evaluation and saving are not charged
     last_eval = last_ckpt = seconds
     window, in_a_row, warned = (seconds, tokens), 0, budget_tokens > 0  # speed window, diverged in a row, repeat warned
+    last_took = float("inf")  # the last step's seconds
     while True:
         started = time.perf_counter()
         stop = stop_request.signum is not None
@@ -332,7 +333,10 @@ def main(config):
         loss, applied = trainer.step(micro_batches, step_lr, grad_clip)
         loss = (runtime.mean_over_ranks(loss) if ddp else loss).item()  # DDP: all ranks' (the step synced already)
         step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
-        seconds += time.perf_counter() - started
+        took = time.perf_counter() - started
+        if stop_request.resumed():  # stopped and continued meanwhile (Ctrl-Z, a suspend): charged as the step before
+            took = min(took, last_took)
+        seconds, last_took = seconds + took, took
         in_a_row = in_a_row + 1 if diverged(loss, meta["vocab_size"], applied, trainer.scaler) else 0
         if in_a_row >= max_skipped_steps:
             raise divergence_stop(in_a_row, step, last_saved, ckpt_path, meta["vocab_size"])

@@ -30,8 +30,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
-from files import check_writable, claim_folder, load_checkpoint, read_jsonl, read_metrics, write_json  # noqa: E402
-from runtime import guarded, installed  # noqa: E402
+from files import (check_writable, claim_folder, load_checkpoint, lock_holder, read_jsonl, read_metrics,  # noqa: E402
+                   write_json)
+from runtime import die_with_parent, guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)
@@ -77,12 +78,16 @@ def train(name, run_dir, *args):
             raise SystemExit(f"error: {run_dir} finished with other settings than this command gives it (they are "
                              f"in its done file): choose another --out_dir, or remove that run to train it again")
         return
+    holder = lock_holder(run_dir)
+    if holder:  # the train.py of a compare.py that was killed, say: never remove a live run's folder
+        raise SystemExit(f"error: {run_dir} is in use by another process (pid {holder}): wait for it to end or stop "
+                         f"it, then run the same command again")
     shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished run starts again
     os.makedirs(run_dir)
     log_path = os.path.join(run_dir, "train.log")  # follow a long run with tail -f
     print(f"training {name} -> {log_path}", flush=True)
-    with open(log_path, "w") as log:
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+    with open(log_path, "w") as log:  # the run stops (and saves) if this tool is killed: die_with_parent
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent).returncode
     with open(log_path) as log:
         output = log.read()
     if code != 0:
@@ -118,7 +123,7 @@ def timed_speeds(names, budget):
 def timed_shape(name):
     """The shape and final batch of a variant's first timing run, as settings: its token-budget runs
     train what was timed (a token budget alone could pick another shape)."""
-    ckpt = load_checkpoint(os.path.join(out_dir, "speed", f"{name}-0", "ckpt.pt"))
+    ckpt = load_checkpoint(os.path.join(out_dir, "speed", f"{name}-0", "ckpt.pt"), "settings")
     shape = [f"--{k}={ckpt['model_args'][k]}" for k in ("n_layers", "d_model", "n_heads", "d_ffn")]
     return shape + [f"--batch_size={ckpt['config']['batch_size']}"]
 

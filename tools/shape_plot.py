@@ -47,7 +47,7 @@ def sweep_columns(folder):
             continue
         shapes = []
         for name, found in read_json(results, "run the sweep again")["variants"].items():
-            ckpt = load_checkpoint(os.path.join(folder, minutes, name, "seed0", "ckpt.pt"))
+            ckpt = load_checkpoint(os.path.join(folder, minutes, name, "seed0", "ckpt.pt"), "settings")
             config = ModelConfig(**saved_model_args(ckpt["model_args"]))
             shapes.append(dict(variant=name, shape=[config.n_layers, config.d_model], batch=ckpt["config"]["batch_size"],
                                weights=config.n_layers * config.layer_weights(), val_loss=sum(found["val_loss"]) / len(found["val_loss"]),

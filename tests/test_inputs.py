@@ -1,0 +1,242 @@
+"""What users bring besides bad settings, class by class: checkpoints of every shape, names and
+encodings, containers, launchers' environments, process trees, inputs that change, time that stops.
+Each class has one mechanism; each test here takes at least two cases of its class. Nothing that
+existed before a refusal changes."""
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import runtime
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, spawn
+from test_reliability import error_of
+
+
+# ------------------------------------------------------------------ checkpoints of every shape
+def test_a_checkpoint_without_what_its_reader_needs_is_one_line_and_left_as_it_was(pretrained, prepared, tmp_path):
+    """Resume needs the optimizer state that fits the model and the run's counters; fine-tuning and
+    the export need finite weights. Each reader says what is missing and how to go on."""
+    good = torch.load(pretrained, weights_only=True)
+
+    def variant(name, change):
+        ckpt = torch.load(pretrained, weights_only=True)
+        change(ckpt)
+        folder = tmp_path / name
+        folder.mkdir()
+        torch.save(ckpt, folder / "ckpt.pt")
+        return folder
+    stripped = variant("stripped", lambda c: c.pop("optimizer"))  # shared without its optimizer state
+    groups = variant("groups", lambda c: c["optimizer"]["param_groups"].pop())  # another number of groups
+    counters = variant("counters", lambda c: c.pop("elapsed"))  # an older or hand-made file
+    shapes = variant("shapes", lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)))
+    nan = variant("nan", lambda c: c["model"]["blocks.0.ffn.up.weight"].view(-1)[0].fill_(float("nan")))
+    resume = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--resume=True"]
+    for folder, fragment in ((stripped, "has no optimizer (weights shared without the training state?)"),
+                             (groups, "parameter groups of [" + str(len(good["optimizer"]["param_groups"][0]["params"]))),
+                             (counters, "has no elapsed"), (shapes, "does not fit the model's parameters (entry 0)"),
+                             (nan, "holds non-finite weights")):
+        before = (folder / "ckpt.pt").read_bytes()
+        message = error_of(*resume, f"--out_dir={folder}")
+        assert fragment in message and "cannot be resumed" in message, message
+        assert (folder / "ckpt.pt").read_bytes() == before  # and nothing else written there but the lock
+        assert sorted(p.name for p in folder.iterdir()) in (["ckpt.pt"], [".lock", "ckpt.pt"])
+    assert "fine-tune it (finetune_glue.py) or export it" in error_of(*resume, f"--out_dir={stripped}")
+    # the readers of weights refuse non-finite ones; a stripped checkpoint is theirs to use
+    export = tmp_path / "export"
+    for script, args in (("finetune_glue.py", [f"--out_json={tmp_path / 'glue.json'}"]),
+                         ("tools/export.py", [f"--out_dir={export}"])):
+        assert "cannot be fine-tuned or exported" in error_of(script, f"--checkpoint={nan / 'ckpt.pt'}", *args)
+    assert not export.exists() and not (tmp_path / "glue.json").exists()
+    run_script("tools/export.py", f"--checkpoint={stripped / 'ckpt.pt'}", f"--out_dir={export}")
+    assert (export / "config.json").exists()
+
+
+# ------------------------------------------------------------------ names and encodings
+def test_output_survives_any_stdout_encoding(tmp_path, prepared):
+    """A character stdout cannot encode is replaced, never a traceback: in this process under cp1252
+    (Windows' `> log.txt`), and a whole run under ASCII into a folder whose name it cannot write."""
+    raw = io.BytesIO()
+    stdout, sys.stdout = sys.stdout, io.TextIOWrapper(raw, encoding="cp1252")
+    wrapper = sys.stdout  # kept: a dropped wrapper closes `raw`
+    try:
+        runtime.guarded(print, "nothing to keep", "fill in: -> ' x' \u2192 \u2713 \u4e2d")
+        sys.stdout.flush()
+    finally:
+        sys.stdout = stdout
+    assert raw.getvalue().decode("cp1252") == "fill in: -> ' x' ? ? ?\n" and not wrapper.closed
+    out = tmp_path / "r\u00e9sum\u00e9 \u2713"
+    proc = subprocess.run([sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL,
+                           "--max_steps=5", "--fill_in_examples=1"], cwd=ROOT, capture_output=True, timeout=300,
+                          env=dict(os.environ, PYTHONIOENCODING="ascii", OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert b"saved " in proc.stdout and b"r?sum? ?" in proc.stdout and (out / "ckpt.pt").exists()
+
+
+def test_a_folder_name_is_a_path_not_a_pattern(tmp_path):
+    """Fine-tuning finds its run files in folders named as sweeps name them (brackets, an asterisk)."""
+    import finetune_glue
+    for name in ("sweep[lr=2e-3]", "best*run"):
+        runs = tmp_path / name / "glue_runs" / "tasks" / "rte"
+        runs.mkdir(parents=True)
+        (runs / "seed0.json").write_text("{}")
+        found = finetune_glue.run_files(str(tmp_path / name / "glue.json"))
+        assert [path for path, _ in found] == [str(runs / "seed0.json")]
+
+
+# ------------------------------------------------------------------ the machine a process is really given
+def test_threads_and_workers_follow_the_cpus_the_process_may_use(tmp_path, monkeypatch):
+    """A container's CPU quota (cgroup v2 or v1) caps what the affinity allows; threads that cannot
+    start (a process limit) leave fewer workers, or the calling thread, and the same results."""
+    mine = runtime.usable_cpus(str(tmp_path / "none"))
+    assert mine == len(os.sched_getaffinity(0))
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cpu.max").write_text("150000 100000\n")  # docker --cpus=1.5
+    assert runtime.usable_cpus(str(tmp_path / "v2")) == 1
+    (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")  # no quota
+    assert runtime.usable_cpus(str(tmp_path / "v2")) == mine
+    (tmp_path / "v1" / "cpu").mkdir(parents=True)
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert runtime.usable_cpus(str(tmp_path / "v1")) == 1
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: 1)
+    torch.set_num_threads(2)
+    try:
+        runtime.fit_threads()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+    import prepare
+    start, started = threading.Thread.start, []
+
+    def limited(thread):  # a process limit: only `room` more live threads
+        if sum(t.is_alive() for t in started) >= room:
+            raise RuntimeError("can't start new thread")
+        started.append(thread)
+        start(thread)
+    monkeypatch.setattr(threading.Thread, "start", limited)
+    for room, expected in ((2, 2), (0, None)):
+        started.clear()
+        pool = prepare.start_pool(4)
+        assert (pool._max_workers if expected else None) == expected
+        assert list(pool.map(str.upper, ["a", "b", "c"])) == ["A", "B", "C"]
+        pool.shutdown()
+
+
+# ------------------------------------------------------------------ the environment a launcher leaves
+def test_a_partial_distributed_environment_is_one_line_naming_what_is_missing(prepared, tmp_path, monkeypatch):
+    full = dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    assert runtime.launcher({}) == (False, 1) and runtime.launcher(full) == (True, 2)
+    for env, fragment in ((dict(RANK="0"), "RANK set but not WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"),
+                          (dict(LOCAL_RANK="0"), "unset LOCAL_RANK for one"),
+                          (dict(full, RANK="2"), "RANK=2, LOCAL_RANK=1 do not fit WORLD_SIZE=2"),
+                          (dict(full, WORLD_SIZE="two"), "must be whole numbers")):
+        with pytest.raises(SystemExit, match=fragment.replace("(", r"\(").replace("[", r"\[")):
+            runtime.launcher(env)
+    monkeypatch.setenv("RANK", "0")  # a job wrapper's, without torchrun: refused before any work
+    assert "not torchrun's environment" in error_of("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}",
+                                                    *TINY_MODEL)
+    assert not tmp_path.joinpath("ckpt.pt").exists()
+
+
+# ------------------------------------------------------------------ process trees
+PARENT = """import subprocess, sys, time
+sys.path.insert(0, {root!r})
+from runtime import die_with_parent
+child = subprocess.Popen([sys.executable, "-c", "import time; print('child', flush=True); time.sleep(120)"],
+                         preexec_fn=die_with_parent)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+HOLD = "import sys, time; sys.path.insert(0, {root!r}); from files import claim_folder; claim_folder({out!r}); " \
+       "print('held', flush=True); time.sleep(120)"
+
+
+def test_a_tool_s_child_ends_with_it_and_a_rerun_never_removes_a_live_run(tmp_path):
+    """A child started with die_with_parent gets SIGTERM when its parent is killed with SIGKILL (the
+    OOM killer); compare.py refuses to restart a run whose folder a live process still holds."""
+    parent = spawn([sys.executable, "-c", PARENT.format(root=ROOT)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and os.path.exists(f"/proc/{child}") and \
+            open(f"/proc/{child}/stat").read().split()[2] != "Z":
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"
+    out = tmp_path / "compare"
+    run = out / "crammed" / "seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')  # an unfinished run's, still training
+    holder = spawn([sys.executable, "-c", HOLD.format(root=ROOT, out=str(run))], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"}
+    proc = run_script("tools/compare.py", "--variants=crammed", "--budget_minutes=0.05", f"--out_dir={out}",
+                      check=False)
+    assert_one_line_error(proc, f"{run} is in use by another process (pid {holder.pid})")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"} == before
+
+
+# ------------------------------------------------------------------ inputs that change under the reader
+def test_a_corpus_that_changed_since_or_while_it_was_read_is_said(tmp_path, corpus_file, monkeypatch):
+    text = corpus_file.read_text()
+    args = ["--vocab_size=300", "--seq_len=32", "--tokenizer_train_chars=20000"]
+    single = tmp_path / "books.txt"
+    single.write_text(text[: len(text) // 2])
+    folder = tmp_path / "shelf"
+    folder.mkdir()
+    (folder / "a.txt").write_text(text[: len(text) // 2])
+    for source, grow in ((single, lambda: single.write_text(text)),  # a download that went on
+                         (folder, lambda: (folder / "b.txt").write_text(text[len(text) // 2:]))):  # a book added
+        out = tmp_path / f"out_{source.name}"
+        run_script("prepare.py", f"--dataset={source}", f"--out_dir={out}", *args)
+        grow()
+        before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
+        assert "prepared from another version of this corpus" in error_of("prepare.py", f"--dataset={source}",
+                                                                          f"--out_dir={out}", *args)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before
+    # one still being written while it is read: refused, nothing finished, and the next run starts over
+    import prepare
+    versions = iter(["before", "after"])
+    monkeypatch.setattr(prepare, "fingerprint", lambda dataset: next(versions, "after"))
+    out = tmp_path / "growing"
+    settings = dict(dataset=str(single), out_dir=str(out), vocab_size=300, seq_len=32, tokenizer_train_chars=20000)
+    for name, value in settings.items():
+        monkeypatch.setattr(prepare, name, value)
+    with pytest.raises(SystemExit, match="changed while it was read"):
+        prepare.main()
+    assert not (out / "meta.json").exists()
+
+
+# ------------------------------------------------------------------ time that stops
+def test_stopped_time_is_not_training_time(prepared, tmp_path):
+    """Ctrl-Z (SIGTSTP) or a batch system's SIGSTOP, then SIGCONT: the steps the stops fell in are
+    charged as the step before, so the clock, the schedules and the budget see no jump."""
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = spawn([sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL,
+                  "--budget_hours=0.002", "--log_interval=1", "--fill_in_examples=0", "--eval_interval_minutes=10"],
+                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 20 "):
+            break
+    for stop in (signal.SIGSTOP, signal.SIGTSTP):
+        proc.send_signal(stop)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.5)
+    proc.stdout.read()
+    assert proc.wait(timeout=120) == 0
+    seconds = [r["elapsed"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+               if r.get("kind") == "train"]
+    jumps = [b - a for a, b in zip(seconds, seconds[1:])]
+    assert len(seconds) > 30 and max(jumps) < 1.0, jumps
