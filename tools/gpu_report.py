@@ -970,6 +970,9 @@ def main():
         left = sweep() if top else []  # nothing this command started outlives it
         if left:
             print(f"stopped {len(left)} process(es) left running at the end (SIGKILL)", flush=True)
+        if top and deadline_minutes:  # what a device call's plan is checked against
+            print(f"== ended {(time.time() - call_times()[0]) / 60:.1f} min after it began (deadline "
+                  f"{deadline_minutes:g})", flush=True)
     if report:
         print(f"wrote {write_report()}")
         publish()
