@@ -6,8 +6,8 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget picks the model's shape and the final batch unless they are given (shape_for_budget,
-batch_for_budget). The learning rate and the batch size follow the fraction of the budget spent,
+The budget picks the model's shape, the final batch and the peak learning rate unless they are
+given (budget.py: the rule in one place). The learning rate and the batch size follow the fraction of the budget spent,
 not the step count (the reference's choice: the run ends on time, whatever the hardware). The budget counts
 training time, compilation included; evaluation and checkpointing are not counted. Ctrl-C,
 SIGTERM, a closed terminal (SIGHUP) and the other runtime.STOP_SIGNALS finish the step, save and
@@ -23,7 +23,9 @@ import time
 
 import torch
 
+import budget
 import runtime
+from budget import LADDER, shape_of
 from configurator import configure
 from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
@@ -37,7 +39,7 @@ budget_hours = 24.0       # > 0: training time, compilation included; the schedu
 budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock (reproducible runs)
 max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
-# model: the budget picks the shape and the final batch (shape_for_budget, batch_for_budget) unless they
+# model: the budget picks the shape and the final batch (budget.shape_for_budget, batch_for_budget) unless they
 # are given here, in a config or on the command line; a resumed run keeps its checkpoint's
 n_layers = 0              # >= 0: 0: by the budget
 d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
@@ -52,7 +54,8 @@ mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout;
 eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (muon.py)
-lr = 1e-3                 # (0, inf): peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size)
+lr = 0.0                  # >= 0: peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size); 0: by
+                          # the width (budget.lr_for_width; a resumed run keeps its checkpoint's)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -83,61 +86,6 @@ wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that train.py declares itself
-# The budget's choice of shape (shape_for_budget): a ladder of (layers, width), each with heads of 64
-# and a feed-forward 4x the width; ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768,
-# the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
-LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
-STEP_EFFICIENCY = 0.5    # a training step's FLOP/s over a 2048^3 matmul's (the H100 at 16 x 768 0.5, the CPU 0.8)
-PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100 TFLOP/s, x STEP_EFFICIENCY), in
-PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
-SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
-MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)
-PAPER_BATCH = 8192       # the paper's final batch, at the 54M sequences its day trained (6.9B tokens of 128)
-PAPER_SEQUENCES = 54e6
-BATCH_EXPONENT = 0.74    # the final batch grows as the sequences ** 0.74: through the paper's point and the CPU's (32 at 29k)
-CPU_MATMUL_SHARE = 0.75  # of a CPU's float32 step; in bfloat16 its matmuls run bf16_speedup times faster and the rest
-CPU_BF16_REST = 1.08     # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision"): the step's gain by Amdahl's law
-
-
-def shape_of(rung, given):
-    """A LADDER rung (layers, width) as ModelConfig's shape fields, those `given` (non-zero) in their
-    place: heads of 64 (of the given width: the most heads up to width / 64 that divide it) and a
-    feed-forward 4x the width; given heads alone take the multiple of them nearest the rung's width."""
-    heads = given.get("n_heads")
-    width = given.get("d_model") or (heads * max(1, round(rung[1] / heads)) if heads else rung[1])
-    heads = heads or max(h for h in range(1, max(1, width // 64) + 1) if width % h == 0)
-    return dict(n_layers=given.get("n_layers") or rung[0], d_model=width, n_heads=heads, d_ffn=given.get("d_ffn") or 4 * width)
-
-
-def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
-    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time
-    budget's estimate), or `tokens` when above 0 (each rung then costs its own FLOPs per token).
-    The rung whose blocks' matmul weights are nearest (by ratio) the compute's best size,
-    PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT; where it would repeat the data
-    (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens in the time,
-    up to 4x the best size. model_args: the other ModelConfig fields (vocabulary, sequence length,
-    switches), which the FLOPs per token depend on."""
-    rungs = []  # (weights, best size, tokens) of each rung
-    for rung in LADDER:
-        config = ModelConfig(**{**model_args, **shape_of(rung, {})})
-        per_token = config.flops_per_token(mask_rate)
-        trained = tokens or compute / per_token
-        best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
-        rungs.append((config.n_layers * config.layer_weights(), best, trained))
-    i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j][0] / rungs[j][1])))
-    while (not tokens and rungs[i][2] > MAX_EPOCHS * data_tokens and i + 1 < len(rungs)
-           and rungs[i + 1][0] <= 4 * rungs[nearest][1]):
-        i += 1
-    return LADDER[i], LADDER[nearest], rungs[i][2]
-
-
-def batch_for_budget(tokens, seq_len):
-    """The final batch for a run of `tokens`: the power of two nearest PAPER_BATCH x (its sequences /
-    PAPER_SEQUENCES) ** BATCH_EXPONENT, 32 at least (the smallest measured, and a CPU's micro-batch):
-    the paper's 8,192 at 24 hours on its GPU, 32 for 15 CPU minutes (29k sequences), 2,048 for 6 H100
-    minutes. Small runs take many small steps: the steps grow as the sequences ** 0.26, from about
-    900 at 29k to 6,600 at the paper's 54M (the square root's rule gave 128 at 29k: 0.17 worse)."""
-    return max(32, 2 ** round(math.log2(PAPER_BATCH * (tokens / seq_len / PAPER_SEQUENCES) ** BATCH_EXPONENT)))
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
@@ -170,16 +118,11 @@ def batch_size_at(progress, micro, final, ramp):
     return max(micro, int(target) // micro * micro)
 
 
-def expected_steps(sequences, micro, final, ramp):
-    """About how many optimizer steps a run of `sequences` takes, spread evenly over its budget, with
-    batch_size_at's batches: while it grows, a batch of k micro-batches lasts a share
-    ramp * micro / (final - micro) of the budget; the widest lasts the rest."""
-    levels = max(1, final // micro)
-    if ramp <= 0 or levels == 1:
-        return sequences / (levels * micro)
-    share = ramp * micro / (final - micro)
-    growing = sum(share * sequences / (k * micro) for k in range(1, levels))
-    return growing + (1 - share * (levels - 1)) * sequences / (levels * micro)
+def budget_text():
+    """The budget as given: '5 min', '24 h' or '600,000 tokens'."""
+    if budget_tokens:
+        return f"{budget_tokens:,} tokens"
+    return f"{budget_hours:g} h" if budget_hours >= 1 else f"{60 * budget_hours:.3g} min"
 
 
 def budget_progress(tokens, seconds):
@@ -287,7 +230,10 @@ def main(config):
                                                                world, max(mask_rate, mask_rate_start), offload, log)
     metrics = start_run(model_args, ckpt_path, config, master, rt, n_rows * seq_len, checkpoint)
     if pick and not checkpoint:
-        log(budget_line(pick, config, micro * world, seq_len))
+        steps = budget.expected_steps(pick["tokens"] / seq_len, micro * world, batch, batch_ramp)
+        log(budget.budget_line(pick, config, budget_text(), steps))
+    if not lr and not checkpoint:
+        log(budget.lr_line(config["lr"], config["d_model"]))
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
@@ -295,7 +241,7 @@ def main(config):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
-    trainer = make_trainer(model, rt, ddp, log)
+    trainer = make_trainer(model, rt, ddp, log, config["lr"])
     model = trainer.model  # on the device: what evaluation and fill-in call
     step, tokens, seconds, skipped, init_loss, last_saved = 0, 0, 0.0, 0, None, None
     if checkpoint:  # either mode resumes the other's checkpoints: they share the format
@@ -325,7 +271,7 @@ def main(config):
         if budget_spent(progress, step) or stop:
             break
         step_batch = batch_size_at(progress, micro * world, batch, batch_ramp)  # schedules: pure functions
-        step_lr = lr_at(progress, lr, lr_schedule, warmup)
+        step_lr = lr_at(progress, config["lr"], lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
         # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
         micro_batches = [batches.at(tokens // seq_len, i, step_mask) for i in range(step_batch // (micro * world))]
@@ -371,11 +317,10 @@ def main(config):
 
 
 def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
-    """The shape and the final batch, written into `config`: each given (non-zero) as given; a
-    resumed run's others from its `checkpoint` (None for a fresh run); a fresh run's from its
-    budget: its tokens, or its hours' FLOPs, this device's measured matmul speed (rank 0's under
-    torchrun) x STEP_EFFICIENCY x the processes. Returns what the budget picked (or None), for the
-    checkpoint to keep and budget_line to say."""
+    """The shape, the final batch and the peak learning rate, written into `config`: each given
+    (non-zero) as given; a resumed run's others from its `checkpoint` (None for a fresh run); a fresh
+    run's from its budget (pick_shape) and the rate from the width (budget.lr_for_width). Returns
+    what the budget picked (or None), for the checkpoint to keep and budget_line to say."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     pick = None
     if checkpoint:  # the batch of a checkpoint from before the budget picked: train.py's default then
@@ -385,73 +330,52 @@ def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, 
         pick = checkpoint.get("budget")
     elif len(given) < len(SHAPE_FIELDS) + 1:
         pick = pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp)
+    saved_lr = checkpoint.get("config", {}).get("lr") if checkpoint else None
+    config["lr"] = config["lr"] or saved_lr or budget.lr_for_width(config["d_model"])
     check_settings(world, config, rt)  # with the shape and batch settled
     return pick
 
 
 def pick_shape(config, given, data_args, data_tokens, rt, world, master, ddp):
     """settle_shape's fresh run: the budget's shape and batch into `config` (those `given` win);
-    returns what it picked and why."""
+    returns what it picked and why. A budget of hours buys its FLOPs: this device's measured matmul
+    speed (rank 0's under torchrun) x budget.STEP_EFFICIENCY x the processes."""
     # a CPU's step keeps up with its float32 matmuls, not with its bfloat16 ones (BENCHMARKS.md, "The CPU's
-    # precision"): there a float32 matmul measures the step, and bfloat16's gain is the step's (cpu_bf16_gain)
-    timed = rt if rt.device.type == "cuda" else dataclasses.replace(rt, dtype=torch.float32)
-    speed, gain = (runtime.matmul_speed(timed), cpu_bf16_gain(rt)) if master and not budget_tokens else (0.0, 1.0)
+    # precision"): there a float32 matmul measures the step, and bfloat16's gain is the step's (budget.cpu_bf16_gain)
+    cpu_bf16 = rt.device.type == "cpu" and rt.dtype == torch.bfloat16
+    timed = dataclasses.replace(rt, dtype=torch.float32) if rt.device.type == "cpu" else rt
+    speed, gain = 0.0, 1.0
+    if master and not budget_tokens:
+        speed = runtime.matmul_speed(timed)
+        gain = budget.cpu_bf16_gain(rt.bf16_speedup or runtime.bf16_speedup()) if cpu_bf16 else 1.0
     if ddp:
         speed, gain = runtime.from_rank0(speed, rt.device), runtime.from_rank0(gain, rt.device)
-    compute = budget_hours * 3600 * speed * gain * STEP_EFFICIENCY * world
+    compute = budget_hours * 3600 * speed * gain * budget.STEP_EFFICIENCY * world
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
-    rung, nearest, _ = shape_for_budget(compute, budget_tokens, data_tokens, model_args, mask_rate)
+    rung, nearest, _ = budget.shape_for_budget(compute, budget_tokens, data_tokens, model_args, mask_rate)
     config.update(shape_of(rung, given))
     per_token = ModelConfig.from_settings(config, **data_args).flops_per_token(mask_rate)
     tokens = budget_tokens or compute / per_token
     unit = (micro_batch or 1) * world  # the batch a whole number of micro-batches on every process
-    config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
+    final = budget.batch_for_budget(tokens, data_args["seq_len"])
+    config["batch_size"] = given.get("batch_size") or max(1, round(final / unit)) * unit
     return dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), bf16_gain=gain, compute=tokens * per_token, tokens=tokens,
                 epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest), given=sorted(given))
 
 
-def cpu_bf16_gain(rt):
-    """How many times float32's step a CPU's bfloat16 step trains (1 elsewhere): its matmuls at the
-    measured bfloat16 speed-up (dtype=auto's, else timed now), the rest a little slower than float32's."""
-    if rt.device.type != "cpu" or rt.dtype != torch.bfloat16:
-        return 1.0
-    speedup = rt.bf16_speedup or runtime.bf16_speedup()
-    return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
-
-
-def budget_line(pick, config, micro, seq_len):
-    """The start-up line that says what the budget picked, and why."""
-    if pick["matmul_flops"]:
-        hours = f"{budget_hours:g} h" if budget_hours >= 1 else f"{60 * budget_hours:.3g} min"
-        gain = pick.get("bf16_gain", 1.0)
-        gain = f" x {gain:.2g} (bfloat16's step over float32's here)" if gain != 1.0 else ""
-        budget = (f"{hours} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a {pick['matmul_dtype']} 2048^3 matmul here)"
-                  f"{gain} x {STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
-    else:
-        budget = f"{budget_tokens:,} tokens, {pick['compute']:.2g} FLOPs"
-    rung, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])
-    why = (f"the ladder's {rung}, nearest that compute" if rung == nearest else
-           f"the ladder's {rung}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
-    given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""
-    steps = expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], batch_ramp)
-    return (f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
-            f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
-            f"sequences, about {steps:,.0f} optimizer steps")
-
-
-def make_trainer(model, rt, ddp, log):
+def make_trainer(model, rt, ddp, log, peak_lr):
     """The model on the device, its compiled (and under torchrun DDP-wrapped) copy that the step
     runs, the optimizer and float16's grad scaler, as a model.Trainer; or off-load mode's trainer,
     which keeps the blocks in host memory and streams them through the device (the same interface)."""
     if offload:
         from offload import OffloadTrainer
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
-        return OffloadTrainer(model, rt, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        return OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     model = model.to(rt.device)
     if optim == "muon":
         from muon import muon_groups  # imported only when asked for
     groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
-    optimizer = rt.optimizer(groups, optim, lr=lr, betas=(beta1, beta2), eps=eps)
+    optimizer = rt.optimizer(groups, optim, lr=peak_lr, betas=(beta1, beta2), eps=eps)
     step_model = rt.compile_model(model)
     if ddp:
         device_ids = [rt.device.index] if rt.device.type == "cuda" else None

@@ -1,5 +1,5 @@
 """The best shape against compute: the sweeps' measured points, the published configurations and
-train.py's rule (shape_for_budget) on one picture.
+the budget's rule (budget.shape_for_budget) on one picture.
 
     python tools/shape_plot.py --sweep_dir=out/shape_sweep    # add the sweeps' points, then draw
     python tools/shape_plot.py                                 # draw the points kept in docs/shape_points.json
@@ -11,14 +11,14 @@ matmul weights in its blocks, the best by validation loss filled. They are merge
 docs/shape_points.json (a budget measured again replaces its column), so the picture can be drawn
 again without the runs.
 """
-import ast
 import math
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from configurator import configure  # noqa: E402  (the core sits one folder up)
+from budget import PAPER_COMPUTE, PAPER_WEIGHTS, SIZE_EXPONENT  # noqa: E402  (the core sits one folder up)
+from configurator import configure  # noqa: E402
 from files import check_writable, load_checkpoint, read_json, write_json  # noqa: E402
 from runtime import guarded  # noqa: E402
 
@@ -58,14 +58,6 @@ def sweep_columns(folder):
     return columns
 
 
-def rule_constants(names=("PAPER_WEIGHTS", "PAPER_COMPUTE", "SIZE_EXPONENT")):
-    """train.py's constants of the rule's line, read from its source (a script is not imported)."""
-    with open(os.path.join(ROOT, "train.py")) as f:
-        found = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(f.read()).body
-                 if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id in names}
-    return [found[n] for n in names]
-
-
 COLUMN_COLORS = ("C0", "C9", "C8", "C6")
 
 
@@ -73,7 +65,7 @@ def draw(columns, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    weights, compute, exponent = rule_constants()
+    weights, compute, exponent = PAPER_WEIGHTS, PAPER_COMPUTE, SIZE_EXPONENT
     fig, ax = plt.subplots(figsize=(8, 5))
     lo, hi = 1e13, 1e20
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]

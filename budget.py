@@ -1,0 +1,126 @@
+"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final
+batch and the peak learning rate, as pure functions beside their constants and sources. train.py
+calls them for a fresh run (settle_shape, pick_shape) and prints budget_line; the matmul timing
+that measures a device stays in runtime.py. docs/training.md has the published points and how
+their compute was estimated; BENCHMARKS.md the CPU sweeps.
+"""
+import math
+
+from model import ModelConfig
+
+# The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
+# ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
+LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
+STEP_EFFICIENCY = 0.5    # a training step's FLOP/s over a 2048^3 matmul's (the H100 at 16 x 768 0.5, the CPU 0.8)
+PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100 TFLOP/s, x STEP_EFFICIENCY), in
+PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
+SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
+MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)
+# The final batch: a power law through the CPU's measured point (32 sequences at 29k) and the published ~4k at the
+# paper's day (54M sequences of 128: the Cramming paper's best batch for GLUE, Izsak et al. 2021's pick over 8k and
+# 16k at about an H100-day), levelled off at MAX_BATCH, past which no published recipe gained (Izsak; RoBERTa's 2k
+# at 125k steps beat 8k at 31k). Its exponent, 0.64 of the sequences, is about compute ** 0.37: near the critical
+# batch's 0.28-0.34 (McCandlish et al. 2018; DeepSeek LLM 2024; Bergsma et al. 2025).
+PAPER_BATCH = 4096
+PAPER_SEQUENCES = 54e6
+BATCH_EXPONENT = 0.64
+MIN_BATCH, MAX_BATCH = 32, 8192  # 32: the smallest measured, and a CPU's micro-batch
+# The peak learning rate: 1e-3 at width 768 (the paper's 16 x 768; BERT-Base's recipes), scaled as width ** -0.5
+# (nanochat's AdamW rule): 2e-3 at 192, 1.7e-3 at 256 (the quickstart's hand-tuned 2e-3), 8.7e-4 at 1024
+# (published large-over-base ratios 0.63-0.75: RoBERTa, ModernBERT, Ettin; pre-LN 24 x 1024 trained at 1e-3-2e-3)
+LR_AT_768 = 1e-3
+LR_WIDTH_EXPONENT = -0.5
+# A CPU's bfloat16 step (cpu_bf16_gain): its matmuls (this share of a float32 step) at the measured speed-up, the rest
+# at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision")
+CPU_MATMUL_SHARE = 0.75
+CPU_BF16_REST = 1.08
+
+
+def shape_of(rung, given):
+    """A LADDER rung (layers, width) as ModelConfig's shape fields, those `given` (non-zero) in their
+    place: heads of 64 (of the given width: the most heads up to width / 64 that divide it) and a
+    feed-forward 4x the width; given heads alone take the multiple of them nearest the rung's width."""
+    heads = given.get("n_heads")
+    width = given.get("d_model") or (heads * max(1, round(rung[1] / heads)) if heads else rung[1])
+    heads = heads or max(h for h in range(1, max(1, width // 64) + 1) if width % h == 0)
+    return dict(n_layers=given.get("n_layers") or rung[0], d_model=width, n_heads=heads, d_ffn=given.get("d_ffn") or 4 * width)
+
+
+def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
+    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time
+    budget's estimate), or `tokens` when above 0 (each rung then costs its own FLOPs per token).
+    The rung whose blocks' matmul weights are nearest (by ratio) the compute's best size,
+    PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT; where it would repeat the data
+    (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens in the time,
+    up to 4x the best size. model_args: the other ModelConfig fields (vocabulary, sequence length,
+    switches), which the FLOPs per token depend on."""
+    rungs = []  # (weights, best size, tokens) of each rung
+    for rung in LADDER:
+        config = ModelConfig(**{**model_args, **shape_of(rung, {})})
+        per_token = config.flops_per_token(mask_rate)
+        trained = tokens or compute / per_token
+        best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
+        rungs.append((config.n_layers * config.layer_weights(), best, trained))
+    i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j][0] / rungs[j][1])))
+    while (not tokens and rungs[i][2] > MAX_EPOCHS * data_tokens and i + 1 < len(rungs)
+           and rungs[i + 1][0] <= 4 * rungs[nearest][1]):
+        i += 1
+    return LADDER[i], LADDER[nearest], rungs[i][2]
+
+
+def batch_for_budget(tokens, seq_len):
+    """The final batch for a run of `tokens`: the power of two nearest PAPER_BATCH x (its sequences /
+    PAPER_SEQUENCES) ** BATCH_EXPONENT, from MIN_BATCH to MAX_BATCH: 32 for 15 CPU minutes, 1,024
+    for 6 H100 minutes, 4,096 at the paper's day, 8,192 from about twice that. It never shrinks as
+    the budget grows, and small runs take many small steps."""
+    batch = 2 ** round(math.log2(PAPER_BATCH * (tokens / seq_len / PAPER_SEQUENCES) ** BATCH_EXPONENT))
+    return min(MAX_BATCH, max(MIN_BATCH, batch))
+
+
+def lr_for_width(d_model):
+    """The peak learning rate of a model of width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT."""
+    return LR_AT_768 * (d_model / 768) ** LR_WIDTH_EXPONENT
+
+
+def expected_steps(sequences, micro, final, ramp):
+    """About how many optimizer steps a run of `sequences` takes, spread evenly over its budget, with
+    train.batch_size_at's batches: while it grows, a batch of k micro-batches lasts a share
+    ramp * micro / (final - micro) of the budget; the widest lasts the rest."""
+    levels = max(1, final // micro)
+    if ramp <= 0 or levels == 1:
+        return sequences / (levels * micro)
+    share = ramp * micro / (final - micro)
+    growing = sum(share * sequences / (k * micro) for k in range(1, levels))
+    return growing + (1 - share * (levels - 1)) * sequences / (levels * micro)
+
+
+def cpu_bf16_gain(speedup):
+    """How many times float32's step a CPU's bfloat16 step trains, its matmuls `speedup` times
+    faster (runtime.bf16_speedup) and the rest a little slower, by Amdahl's law."""
+    return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
+
+
+def budget_line(pick, config, budget, steps):
+    """The start-up line that says what the budget picked, and why: `budget` is train.py's
+    budget_hours or budget_tokens as given ('5 min', '600,000 tokens'), `steps` the optimizer steps
+    expected."""
+    if pick["matmul_flops"]:
+        gain = pick.get("bf16_gain", 1.0)
+        gain = f" x {gain:.2g} (bfloat16's step over float32's here)" if gain != 1.0 else ""
+        budget = (f"{budget} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a {pick['matmul_dtype']} 2048^3 matmul here)"
+                  f"{gain} x {STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
+    else:
+        budget = f"{budget}, {pick['compute']:.2g} FLOPs"
+    rung, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])
+    why = (f"the ladder's {rung}, nearest that compute" if rung == nearest else
+           f"the ladder's {rung}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
+    given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""
+    return (f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
+            f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
+            f"sequences, about {steps:,.0f} optimizer steps")
+
+
+def lr_line(lr, d_model):
+    """The start-up line that says the learning rate the rule set."""
+    return (f"lr: {lr:.3g} by the width ({LR_AT_768:g} x ({d_model} / 768) ** {LR_WIDTH_EXPONENT}, budget.lr_for_width; "
+            f"--lr sets it)")
