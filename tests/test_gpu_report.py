@@ -115,7 +115,8 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
     assert 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
     assert re.fullmatch(r"rte [\d.]+, sst2 [\d.]+ \(no pretraining [\d.]+\) after [\d.]+M tokens, [\d.]+e\+\d+ FLOPs",
                         found["transfer"]["headline"]), found["transfer"]["headline"]
-    answer = (copies / "transfer.md").read_text()  # the whole table, beside the floor
+    answer = (copies / "transfer.md").read_text()  # the whole table, beside the floor, and still the first run's lines
+    assert re.search(r"^    budget: 0.05 min x .*\n    lr: .*\n    model: ", answer, re.M) and "has spent this budget" in answer
     assert "| task | metric | ours | no pretraining | majority class | reference |" in answer
     assert re.search(r"^\| average \(2 of 9\) \| \| -?[\d.]+ \| ", answer, re.M)
     assert "--tasks=sst2 --epochs=1" in found["transfer"]["body"]
@@ -265,7 +266,7 @@ def test_the_sweep_stops_what_a_command_started_in_sessions_of_its_own(monkeypat
                    "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)'], "
                    "start_new_session=True)\nprint(grandchild.pid, flush=True)\ntime.sleep(100)"],
                   stdout=subprocess.PIPE, text=True, start_new_session=True)
-    grandchild = int(child.stdout.readline())
+    grandchild = int(child.stdout.readline())  # just started: its environment may read empty for a moment
     assert set(sweep()) >= {child.pid, grandchild}
     assert child.wait(timeout=10) == -9
     for _ in range(50):  # the grandchild's new parent reaps it

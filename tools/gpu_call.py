@@ -168,8 +168,8 @@ def main():
         raise SystemExit(f"error: the working tree ({tree / MIB:.1f} MiB) and {carry_dir} ({(total - tree) / MIB:.1f} "
                          f"MiB) are {total / MIB:.1f} MiB, over a call's {limit_mib:g}: delete {carry_dir}/corpus and "
                          f"run this with a smaller --max_tokens")
-    print(f"ready: {carry_dir} with the working tree is {total / MIB:.1f} MiB of {limit_mib:g}: {tokens / 1e6:.1f}M train "
-          f"tokens (vocabulary {vocab_size}, sequences of {seq_len}), GLUE's {', '.join(GLUE_FOLDERS)}")
+    print(f"ready: {carry_dir} with the working tree is {total / MIB:.1f} MiB of {limit_mib:g}: {tokens / 1e6:.1f}M "
+          f"train tokens (vocabulary {vocab_size}, sequences of {seq_len}), GLUE's {', '.join(GLUE_FOLDERS)}")
     print("the device call (the session's first; then give the machine back; docs/gpu.md, \"The first GPU session\"):")
     print(json.dumps(the_call(carry)))
 

@@ -198,9 +198,23 @@ def sweep():
     """SIGKILL to every process this command started that is still running, wherever it is: each
     script runs in a session of its own, which a kill of the command (a device call's timeout) would
     not reach. They are found by CALL_ENV in their environment (Linux's /proc; elsewhere the
-    deadlines alone stop them). Returns their pids."""
+    deadlines alone stop them), in passes until one finds none: a process that has just started
+    shows no environment for a moment. Returns their pids."""
+    found, quiet = [], 0
+    for _ in range(10):  # until two passes in a row, 0.2 s apart, find none
+        killed = sweep_once()
+        found += killed
+        quiet = 0 if killed else quiet + 1
+        if quiet == 2:
+            break
+        time.sleep(0.2)
+    return found
+
+
+def sweep_once():
+    """One pass of sweep: the pids it killed."""
     marker = f"{CALL_ENV}={os.environ.get(CALL_ENV)}".encode()
-    found = []
+    killed = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -208,10 +222,10 @@ def sweep():
             with open(f"/proc/{entry}/environ", "rb") as f:
                 if marker in f.read().split(b"\0"):
                     os.kill(int(entry), signal.SIGKILL)
-                    found.append(int(entry))
+                    killed.append(int(entry))
         except OSError:  # gone meanwhile, or not ours to read
             continue
-    return found
+    return killed
 
 
 PUBLISHING = threading.RLock()  # fine-tuning jobs finish on the threads of run_jobs
@@ -233,9 +247,15 @@ def publish():
                 write_atomically(os.path.join(copy_to, os.path.basename(name)),
                                  functools.partial(shutil.copyfile, source))
         logs = os.path.join(out_dir, "logs")
-        tails = [f"==> {name} <==\n" + "".join(Path(logs, name).read_text(errors="replace").splitlines(True)[-TAIL_LINES:])
-                 for name in sorted(os.listdir(logs))] if os.path.isdir(logs) else []
+        tails = [f"==> {name} <==\n{log_tail(os.path.join(logs, name))}" for name in sorted(os.listdir(logs))
+                 ] if os.path.isdir(logs) else []
         write_atomically(os.path.join(copy_to, TAIL_FILE), lambda tmp: Path(tmp).write_text("\n".join(tails)))
+
+
+def log_tail(path):
+    """A log's last TAIL_LINES lines as a terminal showed them: of a progress bar's updates (\\r), the last."""
+    lines = [line.rsplit("\r", 1)[-1] for line in Path(path).read_bytes().decode(errors="replace").split("\n")]
+    return "\n".join([line for line in lines if line.strip()][-TAIL_LINES:]) + "\n"
 
 
 def set_aside(paths):
@@ -248,10 +268,10 @@ def set_aside(paths):
             os.replace(old, old + ".old")
 
 
-def run_logged(args, log_path, deadline, echo=True):
+def run_logged(args, log_path, deadline, echo=True, append=False):
     """Run one of the project's scripts (args[0], then its arguments), its output saved to log_path
-    (and shown as it comes if echo), killed at `deadline` (time.time()). Returns the output;
-    PhaseFailed if the script failed or ran out of time."""
+    (after what it holds if append; and shown as it comes if echo), killed at `deadline` (time.time()).
+    Returns the output; PhaseFailed if the script failed or ran out of time."""
     if deadline - time.time() <= 0:
         raise PhaseFailed(f"no time left for {args[0]}")
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
@@ -262,7 +282,7 @@ def run_logged(args, log_path, deadline, echo=True):
     timer.start()
     lines = []
     try:
-        with open(log_path, "w") as log:
+        with open(log_path, "a" if append else "w") as log:
             log.write(f"$ {' '.join(command)}\n")
             for line in proc.stdout:
                 if echo:
@@ -357,8 +377,8 @@ def failure_of(job, deadline, done):
 
 
 PIECES = []  # (what, minutes since the command began) of the transfer phase's pieces, as they finished
-TRAIN_LINES = re.compile(r"^(?:budget: |model: |micro_batch=0: |torch\.compile built |final: |stopped by |.* has spent this budget).*$",
-                         re.M)
+TRAIN_LINES = re.compile(r"^(?:budget: |lr: |model: |micro_batch=0: |torch\.compile built |final: |stopped by "
+                         r"|.* has spent this budget).*$", re.M)  # train.py's start-up and final lines
 
 
 def piece_done(what):
@@ -408,11 +428,12 @@ def phase_transfer(deadline, logs):
     prepared = phase_prepare(deadline, logs)[0]
     run = os.path.join(out_dir, "transfer")
     os.makedirs(run, exist_ok=True)
+    resume = os.path.isfile(os.path.join(run, "ckpt.pt"))
     train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={run}", f"--budget_hours={transfer_minutes / 60!r}",
-             "--eval_interval_minutes=1", "--ckpt_interval_minutes=2", f"--device={device}",
-             f"--resume={os.path.isfile(os.path.join(run, 'ckpt.pt'))}", *shape_args(transfer_train_args)]
-    try:
-        trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline)
+             "--eval_interval_minutes=1", "--ckpt_interval_minutes=2", f"--device={device}", f"--resume={resume}",
+             *shape_args(transfer_train_args)]
+    try:  # a resume's log follows the earlier runs': the start-up lines of the checkpoint's first run stay in it
+        trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline, append=resume)
     except PhaseFailed as failure:
         write_transfer_summary()  # its start-up lines, for the copies
         raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
