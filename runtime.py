@@ -365,18 +365,29 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
                                                         "SIGBREAK") if hasattr(signal, name))
 
 
-def die_with_parent():
-    """A child's preexec_fn: SIGTERM when the process that started it ends, however it ends (Linux's
-    PR_SET_PDEATHSIG; elsewhere nothing): a train.py a tool started stops (and saves) when the tool is
-    killed, instead of training on into its rerun. Then the parent's death before this call is
-    caught too."""
-    parent = os.getppid()
+PARENT_VAR = "CRAM_PARENT_PID"  # set by child_env for a cram script a tool starts; read by its runtime.guarded
+
+
+def child_env(env=None):
+    """The environment (os.environ's, or `env`) for a cram script this process starts: with this
+    process's pid, which the child follows (follow_parent)."""
+    return dict(os.environ if env is None else env, **{PARENT_VAR: str(os.getpid())})
+
+
+def follow_parent():
+    """In a cram script a tool started (child_env): SIGTERM when that tool ends, however it ends
+    (Linux's PR_SET_PDEATHSIG; elsewhere nothing), at once if it has ended already, so a train.py
+    stops and saves instead of training on into the tool's rerun. The variable is removed here: a
+    process this one starts follows this one only if it is given child_env too."""
+    parent = os.environ.pop(PARENT_VAR, None)
+    if not parent or not sys.platform.startswith("linux"):
+        return
     try:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: no prctl
+    except (OSError, AttributeError):
         return
-    if os.getppid() != parent:
+    if str(os.getppid()) != parent:  # it ended before the line above
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -441,6 +452,7 @@ def guarded(main, kept, *args):
     OSError from the machine, such as a full disk ('error: ...', status 1). Output whose reader is
     gone (a closed terminal or pipe) is dropped, not an error (Unbroken)."""
     take_signals(interrupt)
+    follow_parent()
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
         sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
     streams = sys.stdout, sys.stderr

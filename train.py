@@ -205,10 +205,10 @@ def main(config):
     saved = checkpoint.get("config", {}) if checkpoint else {}
     trained = (saved.get("device"), saved.get("dtype"))
     rt = runtime.setup(device, dtype, compile and not offload, compile_mode, trained)  # off-load: eager blocks
+    check_settings(world, config, rt)  # before joining the others: a refusal leaves no rank waiting
     rank = runtime.join_process_group(rt.device) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt  # dtype=auto's timing: rank 0's pick is every rank's
     config.update(device=rt.device.type, dtype=rt.dtype_name())  # as resolved: the checkpoint keeps them
-    check_settings(world, config, rt)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     # refused before any work (the budget's matmul timing, a GPU's micro-batch probe): a folder another run holds

@@ -151,20 +151,24 @@ def test_a_partial_distributed_environment_is_one_line_naming_what_is_missing(pr
 # ------------------------------------------------------------------ process trees
 PARENT = """import subprocess, sys, time
 sys.path.insert(0, {root!r})
-from runtime import die_with_parent
-child = subprocess.Popen([sys.executable, "-c", "import time; print('child', flush=True); time.sleep(120)"],
-                         preexec_fn=die_with_parent)
+from runtime import child_env
+child = subprocess.Popen([sys.executable, "-c", {child!r}], env=child_env(), stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline() == "up\\n"  # past runtime.follow_parent
 print(child.pid, flush=True)
 time.sleep(120)
 """
+CHILD = "import sys, time; sys.path.insert(0, {root!r}); import runtime; " \
+        "runtime.guarded(lambda: (print('up', flush=True), time.sleep(120)), 'nothing')"
 HOLD = "import sys, time; sys.path.insert(0, {root!r}); from files import claim_folder; claim_folder({out!r}); " \
        "print('held', flush=True); time.sleep(120)"
 
 
 def test_a_tool_s_child_ends_with_it_and_a_rerun_never_removes_a_live_run(tmp_path):
-    """A child started with die_with_parent gets SIGTERM when its parent is killed with SIGKILL (the
-    OOM killer); compare.py refuses to restart a run whose folder a live process still holds."""
-    parent = spawn([sys.executable, "-c", PARENT.format(root=ROOT)], stdout=subprocess.PIPE, text=True)
+    """A cram script a tool started (runtime.child_env) gets SIGTERM when the tool is killed with
+    SIGKILL (the OOM killer); compare.py and the GPU report refuse to restart a run whose folder a live process
+    still holds."""
+    parent = spawn([sys.executable, "-c", PARENT.format(root=ROOT, child=CHILD.format(root=ROOT))], stdout=subprocess.PIPE,
+                   text=True)
     child = int(parent.stdout.readline())
     parent.kill()
     parent.wait()
@@ -184,6 +188,10 @@ def test_a_tool_s_child_ends_with_it_and_a_rerun_never_removes_a_live_run(tmp_pa
                       check=False)
     assert_one_line_error(proc, f"{run} is in use by another process (pid {holder.pid})")
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"} == before
+    sys.path.insert(0, os.path.join(ROOT, "tools"))  # the GPU report's phases check the same before a fresh start
+    import gpu_report
+    with pytest.raises(gpu_report.PhaseFailed, match=f"pid {holder.pid}"):
+        gpu_report.refuse_live_runs(str(out))
 
 
 # ------------------------------------------------------------------ inputs that change under the reader

@@ -63,8 +63,9 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from files import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
-from runtime import guarded  # noqa: E402
+from files import (LOCK_FILE, check_writable, load_meta, lock_holder, read_json, read_jsonl, write_atomically,  # noqa: E402
+                   write_json)
+from runtime import child_env, guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""                # text for the prepare phase (prepare.py's formats); empty: data_dir must be prepared
@@ -275,8 +276,9 @@ def run_logged(args, log_path, deadline, echo=True, append=False):
     if deadline - time.time() <= 0:
         raise PhaseFailed(f"no time left for {args[0]}")
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
-    proc = subprocess.Popen(command, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # its own process group
+    proc = subprocess.Popen(command, env=child_env(dict(os.environ, PYTHONUNBUFFERED="1")), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # its own process group,
+    # which ends with this process, however it ends (child_env: runtime.follow_parent)
     timer = threading.Timer(deadline - time.time(), stop_group, (proc,))
     timer.daemon = True
     timer.start()
@@ -563,6 +565,7 @@ def train_variants(variants, minutes, phase, folder, deadline, logs, aside=()):
     record = os.path.join(where, "phase_args.json")
     fresh = not os.path.isfile(record) or read_json(record, "delete it") != [*args, data_dir]
     if fresh:
+        refuse_live_runs(where)
         set_aside(aside)
         shutil.rmtree(where, ignore_errors=True)
         os.makedirs(where)
@@ -923,6 +926,15 @@ def run_phase(name):
     publish()
 
 
+def refuse_live_runs(folder):
+    """A one-line error if a live process holds a run folder below `folder` (a train.py of a report
+    that was killed): a fresh phase never removes it."""
+    for path, _, names in os.walk(folder):
+        holder = LOCK_FILE in names and lock_holder(path)
+        if holder:
+            raise PhaseFailed(f"{path} is in use by another process (pid {holder}): wait for it to end or stop it")
+
+
 def run_in_child(name):
     """Run one phase in its own process (an out-of-memory or a crash stays there), within its limit."""
     if os.path.exists(section_path(name)):
@@ -932,7 +944,7 @@ def run_in_child(name):
     if end and phase_deadline(start, name) <= start:
         return save_section(name, "failed", "no time left before --deadline_minutes", "", 0.0, "")
     wait = min(60 * phase_limit(name) + 120, end - CLOSE_S - start) if end else 60 * phase_limit(name) + 120
-    proc = subprocess.Popen(command, start_new_session=True)
+    proc = subprocess.Popen(command, start_new_session=True, env=child_env())
     try:
         why = f"its process ended with {proc.wait(timeout=wait)}"
     except subprocess.TimeoutExpired:
