@@ -54,7 +54,7 @@ mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout;
 eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (muon.py)
-lr = 0.0                  # >= 0: peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size); 0: by
+lr = 0.0                  # [0, inf): peak learning rate (both optimizers: Muon's updates are scaled to AdamW's size); 0: by
                           # the width (budget.lr_for_width; a resumed run keeps its checkpoint's)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
@@ -202,13 +202,7 @@ def main(config):
     ddp, world = runtime.launcher()  # under torchrun, or one process
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     checkpoint = load_checkpoint(ckpt_path, "resume") if resume else None  # first: dtype=auto keeps its precision
-    saved = checkpoint.get("config", {}) if checkpoint else {}
-    trained = (saved.get("device"), saved.get("dtype"))
-    rt = runtime.setup(device, dtype, compile and not offload, compile_mode, trained)  # off-load: eager blocks
-    check_settings(world, config, rt)  # before joining the others: a refusal leaves no rank waiting
-    rank = runtime.join_process_group(rt.device) if ddp else 0
-    rt = runtime.rank0_precision(rt) if ddp else rt  # dtype=auto's timing: rank 0's pick is every rank's
-    config.update(device=rt.device.type, dtype=rt.dtype_name())  # as resolved: the checkpoint keeps them
+    rt, rank = setup_device(config, checkpoint, world, ddp)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     # refused before any work (the budget's matmul timing, a GPU's micro-batch probe): a folder another run holds
@@ -229,11 +223,8 @@ def main(config):
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
     metrics = start_run(model_args, ckpt_path, config, master, rt, n_rows * seq_len, checkpoint)
-    if pick and not checkpoint:
-        steps = budget.expected_steps(pick["tokens"] / seq_len, micro * world, batch, batch_ramp)
-        log(budget.budget_line(pick, config, budget_text(), steps))
-    if not lr and not checkpoint:
-        log(budget.lr_line(config["lr"], config["d_model"]))
+    if not checkpoint:
+        say_picks(log, pick, config, seq_len, micro * world)
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
@@ -314,6 +305,30 @@ def main(config):
         runtime.leave_process_group()
     if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM, ...): the run is not finished
         sys.exit(128 + (stop_request.signum or signal.SIGTERM))
+
+
+def setup_device(config, checkpoint, world, ddp):
+    """(the Runtime, this process's rank): a resumed run's precision where dtype=auto (a run and its
+    resume train alike), the settings checked before torchrun's processes join (a refusal leaves no
+    rank waiting), then rank 0's precision on every rank; `config` keeps device and dtype as resolved."""
+    saved = checkpoint.get("config", {}) if checkpoint else {}
+    rt = runtime.setup(device, dtype, compile and not offload, compile_mode,  # off-load: eager blocks
+                       (saved.get("device"), saved.get("dtype")))
+    check_settings(world, config, rt)
+    rank = runtime.join_process_group(rt.device) if ddp else 0
+    rt = runtime.rank0_precision(rt) if ddp else rt
+    config.update(device=rt.device.type, dtype=rt.dtype_name())
+    return rt, rank
+
+
+def say_picks(log, pick, config, seq_len, micro):
+    """A fresh run's start-up lines for what the rule picked: the budget's shape and batch (`pick`,
+    when it picked them), the rate (when --lr was not given)."""
+    if pick:
+        steps = budget.expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], batch_ramp)
+        log(budget.budget_line(pick, config, budget_text(), steps))
+    if not lr:
+        log(budget.lr_line(config["lr"], config["d_model"]))
 
 
 def settle_shape(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):

@@ -51,8 +51,8 @@ def test_every_number_setting_declares_its_range(script):
 SETTINGS = [  # (script, arguments, what the error says)
     ("train.py", ["--grad_clip=-1"], "--grad_clip=-1.0 is not allowed: grad_clip must be >= 0"),
     ("train.py", ["--max_skipped_steps=0"], "max_skipped_steps must be >= 1"),
-    ("train.py", ["--lr=-1"], "lr must be in (0, inf)"),
-    ("train.py", ["--lr=1e999"], "lr must be in (0, inf)"),
+    ("train.py", ["--lr=-1"], "lr must be in [0, inf)"),
+    ("train.py", ["--lr=1e999"], "lr must be in [0, inf)"),
     ("train.py", ["--n_heads=3", "--d_model=64"], "d_model=64 must be a multiple of n_heads=3"),
     ("train.py", ["--d_ffn=255"], "d_ffn=255 must be even with glu"),
     ("train.py", ["--mask_rate=1.5"], "mask_rate must be in (0, 1)"),
@@ -184,7 +184,7 @@ def test_the_memory_check_lets_off_load_mode_train_what_it_was_measured_training
 
 def test_a_bad_config_file_names_its_file_and_line(tmp_path):
     cases = {"lr = 1e-3\nn_layers = (\n": ":2: '(' was never closed", "lr = 1e-3\nx = 1 / 0\n": ":2: ZeroDivisionError",
-             "lr = float('nan')\n": "lr must be in (0, inf)", "budget_hours = '1'\n": "--budget_hours expects float"}
+             "lr = float('nan')\n": "lr must be in [0, inf)", "budget_hours = '1'\n": "--budget_hours expects float"}
     for i, (text, fragment) in enumerate(cases.items()):
         path = tmp_path / f"config{i}.py"
         path.write_text(text)
