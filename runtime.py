@@ -220,20 +220,23 @@ def bf16_speedup(size=512, rounds=3, seconds=0.05):
     """How many times float32's speed a size^3 matmul runs at under bfloat16 autocast on this CPU,
     on one thread (threads waiting on a core that another process holds swung the ratio from 0.4x
     to 4x; one thread's was steady), each the best of `rounds` rounds timed in turns, a round as
-    many products as fit `seconds` but at least one: about half a second where bfloat16 is fast,
-    a few seconds on an AVX2 host, where one product takes ~0.3-0.6 s."""
+    many products as fit `seconds` but at least one: about half a second where bfloat16 is fast.
+    A first round far below the threshold ends it (an AVX2 host, where one product takes ~0.6 s)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     best, threads = {torch.float32: 0.0, torch.bfloat16: 0.0}, torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            for dtype in [*best] * (rounds + 1):  # the first round of each: warm-up, kept only if it is the best
-                with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-                    start, count = time.perf_counter(), 0
-                    while count == 0 or time.perf_counter() - start < seconds:
-                        a @ b
-                        count += 1
-                    best[dtype] = max(best[dtype], count / (time.perf_counter() - start))
+            for _ in range(rounds + 1):  # the first: warm-up, kept only where it is the best
+                for dtype in best:
+                    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                        start, count = time.perf_counter(), 0
+                        while count == 0 or time.perf_counter() - start < seconds:
+                            a @ b
+                            count += 1
+                        best[dtype] = max(best[dtype], count / (time.perf_counter() - start))
+                if best[torch.bfloat16] < best[torch.float32] * BF16_PICK_RATIO / 4:
+                    break  # far below: more rounds would not change the pick
     finally:
         torch.set_num_threads(threads)
     return best[torch.bfloat16] / best[torch.float32]
