@@ -128,20 +128,25 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     HELD[os.path.realpath(path)] = lock
 
 
-def lock_holder(path):
-    """The pid (as its lock file says it) of a live process holding the folder `path` (claim_folder),
-    or None: before a tool removes a run's folder, whose train.py may outlive the tool that started it."""
+def held_below(folder):
+    """(a folder, the pid its lock file names) of a live process holding a folder at or below `folder`
+    (claim_folder), or None: checked before a tool removes a run's folder, whose train.py may outlive
+    the tool that started it."""
     try:
         import fcntl
-        with open(os.path.join(path, LOCK_FILE), "a+") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                lock.seek(0)
-                return lock.read().strip() or "?"
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    except (ImportError, OSError):  # no flock (Windows), or no folder: nobody holds it
-        pass
+    except ImportError:  # no flock (Windows): no locks to find
+        return None
+    for path, _, names in os.walk(folder):
+        if LOCK_FILE not in names:
+            continue
+        try:
+            with open(os.path.join(path, LOCK_FILE)) as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while claim_folder's LOCK_EX is held
+                except OSError:
+                    return path, lock.read().strip() or "?"
+        except OSError:  # gone meanwhile
+            continue
     return None
 
 
@@ -309,8 +314,8 @@ def load_checkpoint(path, use="weights"):
     if use != "settings" and not all_finite(checkpoint["model"]):
         raise SystemExit(f"error: {path} holds non-finite weights (a run that diverged?): it cannot be "
                          f"{'resumed' if use == 'resume' else 'fine-tuned or exported'}; use an earlier checkpoint")
-    missing = [k for k in ("optimizer", "step", "tokens", "elapsed") if k not in checkpoint]
-    if use == "resume" and missing:
+    missing = [k for k in ("optimizer", "step", "tokens", "elapsed") if k not in checkpoint] if use == "resume" else []
+    if missing:
         raise SystemExit(f"error: {path} has no {', '.join(missing)} (weights shared without the training state?): it "
                          f"cannot be resumed; fine-tune it (finetune_glue.py) or export it (tools/export.py) as it is")
     return checkpoint

@@ -610,7 +610,8 @@ def fingerprint(dataset):
 
 
 def check_folder(out_dir, settings, source):
-    """Refuse a folder prepared with other settings. An unfinished encoding there of another version
+    """Refuse a folder prepared with other settings, or finished from another version of the corpus
+    (`source` holds its fingerprint). An unfinished encoding there of another version
     of the corpus (its progress record and partial files) is stale and removed (a tokenizer has its
     own check); unfinished work records these settings and this source."""
     path = os.path.join(out_dir, "settings.json")
@@ -622,10 +623,11 @@ def check_folder(out_dir, settings, source):
         raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
                          f"use another --out_dir or delete it")
     unfinished = not os.path.exists(os.path.join(out_dir, "meta.json"))
-    if not unfinished and previous.get("source", source) != source:
+    moved = previous.get("source", source) != source
+    if moved and not unfinished:
         raise SystemExit(f"error: {out_dir} was prepared from another version of this corpus (its files changed "
                          f"since): delete {out_dir} to prepare it again, or choose another --out_dir")
-    if unfinished and previous.get("source", source) != source:
+    if moved:
         print(f"note: the corpus changed since the unfinished preparation in {out_dir}: its encoding starts over")
         for name in STALE:
             if os.path.exists(os.path.join(out_dir, name)):

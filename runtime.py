@@ -551,8 +551,9 @@ def fit_threads():
     """torch's intra-op threads to usable_cpus() where it would start more (it counts the host's
     cores), unless OMP_NUM_THREADS says how many: threads beyond a container's CPUs wait on each
     other at every operation."""
-    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > usable_cpus():
-        torch.set_num_threads(usable_cpus())
+    cpus = usable_cpus()
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > cpus:
+        torch.set_num_threads(cpus)
 
 
 def join_process_group(device):

@@ -30,7 +30,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
-from files import (check_writable, claim_folder, load_checkpoint, lock_holder, read_jsonl, read_metrics,  # noqa: E402
+from files import (check_writable, claim_folder, held_below, load_checkpoint, read_jsonl, read_metrics,  # noqa: E402
                    write_json)
 from runtime import child_env, guarded, installed  # noqa: E402
 
@@ -78,9 +78,9 @@ def train(name, run_dir, *args):
             raise SystemExit(f"error: {run_dir} finished with other settings than this command gives it (they are "
                              f"in its done file): choose another --out_dir, or remove that run to train it again")
         return
-    holder = lock_holder(run_dir)
-    if holder:  # the train.py of a compare.py that was killed, say: never remove a live run's folder
-        raise SystemExit(f"error: {run_dir} is in use by another process (pid {holder}): wait for it to end or stop "
+    held = held_below(run_dir)
+    if held:  # the train.py of a compare.py that was killed, say: never remove a live run's folder
+        raise SystemExit(f"error: {held[0]} is in use by another process (pid {held[1]}): wait for it to end or stop "
                          f"it, then run the same command again")
     shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished run starts again
     os.makedirs(run_dir)

@@ -63,8 +63,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from files import (LOCK_FILE, check_writable, load_meta, lock_holder, read_json, read_jsonl, write_atomically,  # noqa: E402
-                   write_json)
+from files import check_writable, held_below, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
 from runtime import child_env, guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -565,7 +564,9 @@ def train_variants(variants, minutes, phase, folder, deadline, logs, aside=()):
     record = os.path.join(where, "phase_args.json")
     fresh = not os.path.isfile(record) or read_json(record, "delete it") != [*args, data_dir]
     if fresh:
-        refuse_live_runs(where)
+        held = held_below(where)
+        if held:  # a train.py of a report that was killed: a fresh phase never removes it
+            raise PhaseFailed(f"{held[0]} is in use by another process (pid {held[1]}): wait for it to end or stop it")
         set_aside(aside)
         shutil.rmtree(where, ignore_errors=True)
         os.makedirs(where)
@@ -924,15 +925,6 @@ def run_phase(name):
     save_section(name, status, headline, body, (time.time() - start) / 60, environment())
     print(f"== phase {name}: {status}: {headline}", flush=True)
     publish()
-
-
-def refuse_live_runs(folder):
-    """A one-line error if a live process holds a run folder below `folder` (a train.py of a report
-    that was killed): a fresh phase never removes it."""
-    for path, _, names in os.walk(folder):
-        holder = LOCK_FILE in names and lock_holder(path)
-        if holder:
-            raise PhaseFailed(f"{path} is in use by another process (pid {holder}): wait for it to end or stop it")
 
 
 def run_in_child(name):
