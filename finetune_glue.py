@@ -552,6 +552,15 @@ def remaining_seeds(names, runs, settings, path, group):
     return todo
 
 
+def earlier_precision(runs):
+    """(device type, dtype) of the latest finished run in {group: {task: [run]}}, or None: dtype=auto goes on
+    in it on a device of that type, so a rerun's timing (which a busy host swings) cannot change the precision
+    and redo every finished run, nor put a task's floor in another precision than its scores."""
+    done = [r for tasks in runs.values() for task in tasks.values() for r in task if "device" in r]
+    latest = max(done, key=lambda r: r["finished"], default=None)
+    return latest and (latest["device"], latest["settings"].get("dtype"))
+
+
 def check_earlier(path, identity):
     """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, or
     of an older cram (which kept the scores in glue.json alone), is not replaced."""
@@ -575,10 +584,11 @@ def main(config):
                     checkpoint_tokens=ckpt.get("tokens"))
     check_earlier(path, identity)
     facts = pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint)))
-    rt = runtime.setup(device, dtype, compile=False)
+    earlier = read_runs(run_files(path), identity)
+    rt = runtime.setup(device, dtype, compile=False, trained=earlier_precision(earlier))
     check_memory(ckpt, rt)
     settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
-    todo = remaining_seeds(names, read_runs(run_files(path), identity).get(group, {}), settings, path, group)
+    todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
           f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
@@ -597,7 +607,7 @@ def main(config):
         for run_seed in missing:  # each seed has its file, and is in glue.json, as soon as it is scored
             t0 = time.time()
             scores, counts = finetune(name, encoded, ckpt, run_seed, rt, pretrained=not from_scratch)
-            run = dict(identity, seed=run_seed, settings=settings, scores=scores, facts=task_facts,
+            run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=scores, facts=task_facts,
                        counts=dict(counts, seconds=time.time() - t0), finished=time.time())
             file = os.path.join(runs_folder(path), group, name, f"seed{run_seed}.json")
             os.makedirs(os.path.dirname(file), exist_ok=True)

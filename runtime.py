@@ -200,14 +200,15 @@ BF16_PICK_RATIO = 1.5
 
 def auto_dtype(device, trained=None, speedup=None):
     """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed).
-    A resumed run's, `trained` (the device type and dtype its checkpoint trained in), on a device of
-    that type (bfloat16 where a GPU has it): a run and its resume train alike. Else on a GPU bfloat16
+    The run it continues, `trained` (the device type and dtype its checkpoint trained in, or earlier
+    fine-tuning runs'), on a device of that type (bfloat16 where a GPU has it): a run and its resume
+    train alike. Else on a GPU bfloat16
     where it has it, else float16. On a CPU bfloat16 where its matmuls run at least BF16_PICK_RATIO
     times float32's (bf16_speedup: what the CPU lists does not tell, the same flag is 0.5x on one
     vendor and 2x on another); float32 elsewhere. speedup: the measurement to use instead (tests)."""
     bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
     if trained and trained[0] == device.type and trained[1] in DTYPES and (trained[1] != "bfloat16" or bfloat16):
-        return trained[1], "auto: the checkpoint's", 0.0
+        return trained[1], "auto: as the run it continues", 0.0
     if device.type == "cuda":
         return ("bfloat16", "auto: a GPU with bfloat16", 0.0) if bfloat16 else ("float16", "auto: a GPU without bfloat16", 0.0)
     speedup = bf16_speedup() if speedup is None else speedup
@@ -221,13 +222,14 @@ def bf16_speedup(size=512, rounds=3, seconds=0.05):
     on one thread (threads waiting on a core that another process holds swung the ratio from 0.4x
     to 4x; one thread's was steady), each the best of `rounds` rounds timed in turns, a round as
     many products as fit `seconds` but at least one: about half a second where bfloat16 is fast.
-    A first round far below the threshold ends it (an AVX2 host, where one product takes ~0.6 s)."""
+    A first timed round far below the threshold ends it (an AVX2 host, where one product takes ~0.6 s);
+    the warm-up round never does (a process's first bfloat16 product once measured 0.04x)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     best, threads = {torch.float32: 0.0, torch.bfloat16: 0.0}, torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            for _ in range(rounds + 1):  # the first: warm-up, kept only where it is the best
+            for i in range(rounds + 1):  # the first: warm-up, kept only where it is the best
                 for dtype in best:
                     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
                         start, count = time.perf_counter(), 0
@@ -235,7 +237,7 @@ def bf16_speedup(size=512, rounds=3, seconds=0.05):
                             a @ b
                             count += 1
                         best[dtype] = max(best[dtype], count / (time.perf_counter() - start))
-                if best[torch.bfloat16] < best[torch.float32] * BF16_PICK_RATIO / 4:
+                if i and best[torch.bfloat16] < best[torch.float32] * BF16_PICK_RATIO / 4:
                     break  # far below: more rounds would not change the pick
     finally:
         torch.set_num_threads(threads)

@@ -248,6 +248,7 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     run_script(*args)
     proc = run_script(*args, "--from_scratch=True")
     assert "fine-tuning a never-pretrained encoder of the shape of" in proc.stdout
+    assert "(auto: as the run it continues)" in proc.stdout  # the scores' precision, not a new timing's
     results = json.loads(out.read_text())
     ours, floor = (results[group]["sst2"]["median"]["sst2"]["accuracy"] for group in ("tasks", "no_pretraining"))
     assert results["tasks"]["sst2"]["seeds"] == results["no_pretraining"]["sst2"]["seeds"] == [0, 1]
@@ -363,6 +364,11 @@ def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_
     # the summary shows what it asked for, not the later 2 epochs
     runs = glue.read_runs(glue.run_files(path), identity)["tasks"]
     assert glue.remaining_seeds(["rte"], runs, dict(settings, epochs=5), path, "tasks") == {}
+    # dtype=auto goes on in the latest run's precision; an older cram's files, without the device, leave it open
+    assert glue.earlier_precision({"tasks": runs}) is None
+    later = dict(runs["rte"][0], device="cpu", settings=dict(settings, dtype="bfloat16"), finished=20)
+    older = dict(later, settings=dict(settings, dtype="float32"), finished=15)
+    assert glue.earlier_precision({"tasks": runs, "no_pretraining": {"sst2": [later, older]}}) == ("cpu", "bfloat16")
     entry = glue.write_summary(path, identity, facts={})["tasks"]["rte"]
     assert entry["seeds"] == [0, 2] and entry["settings"]["epochs"] == 5
     # a run file of the right keys and wrong types, or in a folder that is no task, is named damaged

@@ -203,7 +203,7 @@ def test_auto_picks_bfloat16_on_a_cpu_where_its_matmuls_are_faster_and_keeps_a_c
     monkeypatch.setattr(runtime, "bf16_speedup", untimed)
     # a resumed run trains on in its checkpoint's precision where the device is of the same type, untimed
     for trained in ("float32", "bfloat16", "float16"):
-        assert runtime.auto_dtype(cpu, trained=("cpu", trained)) == (trained, "auto: the checkpoint's", 0.0)
+        assert runtime.auto_dtype(cpu, trained=("cpu", trained)) == (trained, "auto: as the run it continues", 0.0)
         assert runtime.setup("cpu", "auto", compile=False, trained=("cpu", trained)).dtype_name() == trained
     # a setting that names a precision wins over both, untimed
     assert runtime.setup("cpu", "float32", compile=False, trained=("cpu", "bfloat16")).dtype == torch.float32
