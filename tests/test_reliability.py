@@ -265,7 +265,7 @@ def test_a_resume_refuses_what_would_change_the_run_and_carries_a_dtype_over(pre
     # dtype and device are in its config), whatever this CPU's own rule would pick
     assert torch.load(out / "ckpt.pt")["config"]["dtype"] == "float16"
     proc = run_script(*train, "--dtype=auto", "--max_steps=67")
-    assert "device: cpu, float16 (auto: the checkpoint's)" in proc.stdout
+    assert "device: cpu, float16 (auto: as the run it continues)" in proc.stdout
     assert {k: torch.load(out / "ckpt.pt")["config"][k] for k in ("device", "dtype")} == dict(device="cpu", dtype="float16")
     run_script(*train, "--dtype=float32", "--max_steps=70")
     assert torch.load(out / "ckpt.pt")["step"] == 70
