@@ -1,11 +1,16 @@
 """The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final
-batch and the peak learning rate, as pure functions beside their constants and sources. train.py
-calls them for a fresh run (settle_shape, pick_shape) and prints budget_line; the matmul timing
-that measures a device stays in runtime.py. docs/training.md has the published points and how
+batch and the peak learning rate, as pure functions beside their constants and sources; then
+`settle`, train.py's one call, which applies them to a run's settings (given ones win, a resumed run
+keeps its checkpoint's) and start_lines, which say what it picked. The matmul timing that measures
+a device stays in runtime.py. docs/training.md has the published points and how
 their compute was estimated; BENCHMARKS.md the CPU sweeps.
 """
+import dataclasses
 import math
 
+import torch
+
+import runtime
 from model import ModelConfig
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
@@ -34,6 +39,7 @@ LR_WIDTH_EXPONENT = -0.5
 # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision")
 CPU_MATMUL_SHARE = 0.75
 CPU_BF16_REST = 1.08
+SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
 
 
 def shape_of(rung, given):
@@ -98,6 +104,76 @@ def cpu_bf16_gain(speedup):
     """How many times float32's step a CPU's bfloat16 step trains, its matmuls `speedup` times
     faster (runtime.bf16_speedup) and the rest a little slower, by Amdahl's law."""
     return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
+
+
+def settle(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
+    """The shape, the final batch and the peak learning rate, written into `config` (train.py's settings):
+    each given (non-zero) as given; a resumed run's others from its `checkpoint` (None for a fresh run); a
+    fresh run's by the rule (pick) and the rate from the width (lr_for_width). Returns what the rule
+    picked (or None), for the checkpoint to keep and start_lines to say."""
+    given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
+    pick = None
+    if checkpoint:  # the batch of a checkpoint from before the budget picked: train.py's default then
+        saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS},
+                     batch_size=checkpoint.get("config", {}).get("batch_size", 8192))
+        config.update(saved, **given)
+        pick = checkpoint.get("budget")
+    elif len(given) < len(SHAPE_FIELDS) + 1:
+        compute, timing = budget_compute(config, rt, world, master, ddp)
+        pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world))
+    saved_lr = checkpoint.get("config", {}).get("lr") if checkpoint else None
+    config["lr"] = config["lr"] or saved_lr or lr_for_width(config["d_model"])
+    return pick
+
+
+def budget_compute(config, rt, world, master, ddp):
+    """(the FLOPs a budget of hours buys, how they were measured): this device's matmul speed (rank 0's
+    under torchrun) x STEP_EFFICIENCY x the processes; 0 for a budget of tokens, which times nothing.
+    A CPU's step keeps up with its float32 matmuls, not its bfloat16 ones (BENCHMARKS.md, "The CPU's
+    precision"): there a float32 matmul measures the step, and bfloat16's gain is cpu_bf16_gain."""
+    cpu_bf16 = rt.device.type == "cpu" and rt.dtype == torch.bfloat16
+    timed = dataclasses.replace(rt, dtype=torch.float32) if rt.device.type == "cpu" else rt
+    speed, gain = 0.0, 1.0
+    if master and not config["budget_tokens"]:
+        speed = runtime.matmul_speed(timed)
+        gain = cpu_bf16_gain(rt.bf16_speedup or runtime.bf16_speedup()) if cpu_bf16 else 1.0
+    if ddp:
+        speed, gain = runtime.from_rank0(speed, rt.device), runtime.from_rank0(gain, rt.device)
+    compute = config["budget_hours"] * 3600 * speed * gain * STEP_EFFICIENCY * world
+    return compute, dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), bf16_gain=gain)
+
+
+def pick_for(compute, config, given, data_args, data_tokens, world):
+    """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for `compute`
+    FLOPs or config's budget_tokens; the batch a whole number of micro-batches on every process.
+    Returns what it picked and why."""
+    tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
+    model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
+    rung, nearest, _ = shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate)
+    config.update(shape_of(rung, given))
+    per_token = ModelConfig.from_settings(config, **data_args).flops_per_token(mask_rate)
+    tokens = tokens or compute / per_token
+    unit = (config["micro_batch"] or 1) * world
+    final = batch_for_budget(tokens, data_args["seq_len"])
+    config["batch_size"] = given.get("batch_size") or max(1, round(final / unit)) * unit
+    return dict(compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens, rung=list(rung),
+                nearest=list(nearest), given=sorted(given))
+
+
+def budget_text(config):
+    """The budget as given: '5 min', '24 h' or '600,000 tokens'."""
+    if config["budget_tokens"]:
+        return f"{config['budget_tokens']:,} tokens"
+    hours = config["budget_hours"]
+    return f"{hours:g} h" if hours >= 1 else f"{60 * hours:.3g} min"
+
+
+def start_lines(pick, config, seq_len, micro, lr_given):
+    """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`, when it
+    picked them), the rate (unless `lr_given`); micro: the sequences of a micro-batch on all processes."""
+    steps = pick and expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], config["batch_ramp"])
+    return ([budget_line(pick, config, budget_text(config), steps)] if pick else []) + \
+        ([] if lr_given else [lr_line(config["lr"], config["d_model"])])
 
 
 def budget_line(pick, config, budget, steps):
