@@ -168,13 +168,14 @@ def test_the_picture_of_the_best_shape_against_compute(prepared, tmp_path):
         results = json.loads((sweep / "results.json").read_text()) if (sweep / "results.json").exists() else {"variants": {}}
         results["variants"][variant] = {"val_loss": [loss]}
         (sweep / "results.json").write_text(json.dumps(results))
-    points, png = tmp_path / "points.json", tmp_path / "shape.png"
+    points, png, batch_png = tmp_path / "points.json", tmp_path / "shape.png", tmp_path / "batch.png"
     out = run_script("tools/shape_plot.py", f"--sweep_dir={tmp_path / 'sweep'}", f"--points={points}", f"--png={png}",
-                     "--machine=test CPU").stdout
+                     "--machine=test CPU", f"--batch_png={batch_png}").stdout
     assert f"wrote {points}: 0.05 min, test CPU" in out and png.read_bytes()[:4] == b"\x89PNG"
+    assert batch_png.read_bytes()[:4] == b"\x89PNG"  # the batch law beside its measured and published points
     column = json.loads(points.read_text())["0.05 min, test CPU"]
     assert column["compute"] > 0 and [s["shape"] for s in column["shapes"]] == [[2, 128], [3, 128]]
     assert column["shapes"][0]["weights"] == 2 * 10 * 128 ** 2 and column["shapes"][1]["val_loss"] == 6.3
     png.unlink()
-    run_script("tools/shape_plot.py", f"--points={points}", f"--png={png}")  # from the kept points alone
+    run_script("tools/shape_plot.py", f"--points={points}", f"--png={png}", "--batch_png=")  # from the kept points alone
     assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,5 +1,6 @@
-"""The best shape against compute: the sweeps' measured points, the published configurations and
-the budget's rule (budget.shape_for_budget) on one picture.
+"""The budget's rule against its evidence, two pictures: the best shape against compute (the sweeps'
+measured points, the published configurations and budget.shape_for_budget), and the final batch against
+the tokens trained (the measured and published batch comparisons and budget.batch_for_budget).
 
     python tools/shape_plot.py --sweep_dir=out/shape_sweep    # add the sweeps' points, then draw
     python tools/shape_plot.py                                 # draw the points kept in docs/shape_points.json
@@ -17,7 +18,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from budget import PAPER_COMPUTE, PAPER_WEIGHTS, SIZE_EXPONENT  # noqa: E402  (the core sits one folder up)
+from budget import (BATCH_EXPONENT, MAX_BATCH, MIN_BATCH, PAPER_BATCH, PAPER_COMPUTE, PAPER_SEQUENCES,  # noqa: E402
+                    PAPER_WEIGHTS, SIZE_EXPONENT, batch_for_budget)  # (the core sits one folder up)
 from configurator import configure  # noqa: E402
 from files import check_writable, load_checkpoint, read_json, write_json  # noqa: E402
 from runtime import guarded  # noqa: E402
@@ -27,6 +29,7 @@ sweep_dir = ""             # a folder of sweeps to add (tools/shape_sweep.sh's O
 points = "docs/shape_points.json"  # the measured columns, kept between drawings
 machine = "2-core CPU"     # the label of the sweeps' machine
 png = "docs/shape_compute.png"
+batch_png = "docs/batch_tokens.png"  # the batch's picture ("": not drawn)
 # -----------------------------------------------------------------------------
 # Published configurations beside the rule (blocks' matmul weights at 10 x width^2 a layer; FLOPs as trained):
 PUBLISHED = [
@@ -34,6 +37,49 @@ PUBLISHED = [
     ("BERT-Small, 4 x 512, fully trained (GLUE 75.1)", 1.4e18, 4 * 10 * 512 ** 2),
     ("crammed BERT, 16 x 768: the paper's 24 h on an A6000", 4.3e18, 16 * 10 * 768 ** 2),
 ]
+
+# Batch comparisons at one budget each: (label, tokens trained, [(final batch in tokens, its result)], the best's index).
+# Tokens as trained; a batch in tokens (sequences x their length) so that 128- and 512-token sequences compare.
+BATCH_POINTS = [
+    ("measured: 15 CPU min, 3 x 192 (val loss)", 29e3 * 128,
+     [(32 * 128, "best"), (64 * 128, "+0.04"), (128 * 128, "+0.17")], 0),
+    ("measured: 45 CPU min, 4 x 256", 50e3 * 128, [(32 * 128, "best"), (64 * 128, "+0.01")], 0),
+    ("Cramming 2022: ~4k best for GLUE, 1,536 for MLM loss", 54e6 * 128,
+     [(1536 * 128, "MLM"), (4096 * 128, "GLUE")], 1),
+    ("Izsak et al. 2021, 24 x 1024: 4k over 8k and 16k", 2.2e10,
+     [(4096 * 128, "best"), (8192 * 128, ""), (16384 * 128, "")], 0),
+    ("RoBERTa 2019 (512 tokens a sequence): 2K beat 256 and 8K", 1.31e11,
+     [(256 * 512, ""), (2048 * 512, "best"), (8192 * 512, "")], 1),
+]
+
+
+def draw_batch(path):
+    """The final batch (in tokens) against the tokens trained: the law for 128-token sequences and each
+    comparison's batches, the best filled."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lo, hi = 1e6, 3e11
+    xs = [lo * (hi / lo) ** (i / 300) for i in range(301)]
+    ax.plot(xs, [batch_for_budget(x, 128) * 128 for x in xs], color="gray",
+            label=f"the rule: {PAPER_BATCH} x (sequences / {PAPER_SEQUENCES / 1e6:.0f}M)^{BATCH_EXPONENT},\n"
+                  f"a power of two from {MIN_BATCH} to {MAX_BATCH} (sequences of 128)")
+    for i, (label, tokens, batches, best) in enumerate(BATCH_POINTS):
+        for k, (batch, note) in enumerate(batches):
+            ax.scatter(tokens, batch, marker="o" if label.startswith("measured") else "s", s=40, zorder=3,
+                       facecolors=f"C{i}" if k == best else "none", edgecolors=f"C{i}")
+            if note:
+                ax.annotate(note, (tokens, batch), fontsize=7, color=f"C{i}", textcoords="offset points",
+                            xytext=(-6, -3) if i == 0 else (6, -3), ha="right" if i == 0 else "left")
+        ax.scatter([], [], marker="o" if label.startswith("measured") else "s", color=f"C{i}", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="tokens trained", ylabel="final batch (tokens)",
+           title="The final batch against the budget: the best filled, the others hollow")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def sweep_columns(folder):
@@ -104,10 +150,14 @@ def main():
         write_json(points, kept)
         print(f"wrote {points}: {', '.join(added)}")
     if not kept:
-        raise SystemExit(f"error: no points: give --sweep_dir= (tools/shape_sweep.sh's folder)")
+        raise SystemExit("error: no points: give --sweep_dir= (tools/shape_sweep.sh's folder)")
     check_writable(png, "--png")
     draw(kept, png)
     print(f"wrote {png}")
+    if batch_png:
+        check_writable(batch_png, "--batch_png")
+        draw_batch(batch_png)
+        print(f"wrote {batch_png}")
 
 
 if __name__ == "__main__":
