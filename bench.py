@@ -115,13 +115,11 @@ def recipes(dims, narrowed):
     full layers to time the crammed model narrowed after (--full_layers)."""
     bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in ModelConfig.__dataclass_fields__}
     ours = dict(seq_len=seq_len, **dims)
-    with torch.device("meta"):  # shapes only: counting FLOPs allocates nothing
-        flops_crammed = CrammedBert(**ours).flops_per_token(MASK_RATE)
-        flops_bert = CrammedBert(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
+    flops_crammed = ModelConfig(**ours).flops_per_token(MASK_RATE)
+    flops_bert = ModelConfig(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
     out = {"crammed": (lambda: CrammedBert(**ours), MASK_RATE, flops_crammed)}
     for n in narrowed:
-        with torch.device("meta"):
-            flops = CrammedBert(**ours, full_layers=n).flops_per_token(MASK_RATE)
+        flops = ModelConfig(**ours, full_layers=n).flops_per_token(MASK_RATE)
         out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), MASK_RATE, flops)
     if baselines:
         out["original BERT"] = (lambda: CrammedBert(**ours, **bert_args), ORIGINAL_BERT["mask_rate"], flops_bert)
@@ -203,15 +201,7 @@ def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
         b = torch.randn(k, n, device=rt.device, dtype=rt.dtype)
         out = torch.empty(m, n, device=rt.device, dtype=rt.dtype)
         torch.mm(a, b, out=out)  # warm-up: library handles, kernel choice, first touch of the memory
-        best = float("inf")
-        for _ in range(rounds):
-            rt.synchronize()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                torch.mm(a, b, out=out)
-            rt.synchronize()
-            best = min(best, (time.perf_counter() - start) / repeats)
-        total_seconds += count * best
+        total_seconds += count * runtime.best_seconds(functools.partial(torch.mm, a, b, out=out), rt, repeats, rounds)
         total_flops += count * 2 * m * k * n
     return total_flops / total_seconds
 

@@ -427,8 +427,7 @@ def pretraining_facts(ckpt, run_dir):
     hours and FLOPs (model.py's flops_per_token at its final masking rate x tokens; under a masking-rate schedule,
     an estimate), and its validation loss and accuracy if the run's metrics.jsonl beside it logged them at its step."""
     args = saved_model_args(ckpt["model_args"])
-    with torch.device("meta"):  # the count needs the shapes, not the memory
-        per_token = CrammedBert(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", MASK_RATE))
+    per_token = ModelConfig(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", MASK_RATE))
     metrics = os.path.join(run_dir, "metrics.jsonl")
     at_step = [r for r in read_jsonl(metrics) if r.get("kind") == "eval" and r.get("step") == ckpt.get("step")
                ] if os.path.isfile(metrics) else []

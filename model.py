@@ -139,6 +139,10 @@ class ModelConfig:
         """One layer's matmul weights: qkv and out, the feed-forward's up and down."""
         return 4 * self.d_model ** 2 + self.d_model * self.d_ffn + (self.d_ffn // 2 if self.glu else self.d_ffn) * self.d_model
 
+    def full_layer_count(self):
+        """How many layers see every position: full_layers where it narrows the later ones, else all."""
+        return self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
+
     def parameters_at_least(self):
         """About the parameters (a little under: the norms' and positions' few are left out):
         the embedding, shared with the output layer, the layers' matmuls and smear's."""
@@ -163,7 +167,7 @@ class ModelConfig:
         per_position = (6 * self.d_model + 1.5 * self.d_ffn) * value_bytes + 4 * self.d_model  # a layer's
         if offload:
             return int(self.seq_len * (self.n_layers * self.d_model * value_bytes + per_position) + logits)
-        full = self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
+        full = self.full_layer_count()
         kept = predicted if self.sparse_prediction and mask_rate > 0 else self.seq_len  # a narrowed layer's positions
         narrowed = kept * per_position + (self.seq_len - kept) * 2 * self.d_model * value_bytes
         return int(self.seq_len * full * per_position + (self.n_layers - full) * narrowed + logits)
@@ -173,7 +177,7 @@ class ModelConfig:
         attention scores and values, and the tied output layer on the predicted positions. A
         narrowed layer computes keys and values at every position, the rest at the masked ones."""
         predicted = mask_rate if self.sparse_prediction else 1.0
-        full = self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
+        full = self.full_layer_count()
         layers = full + (self.n_layers - full) * predicted  # full layers' worth of queries
         attention = 2 * 2 * layers * self.seq_len * self.d_model
         output_layer = 2 * self.vocab_size * self.d_model * predicted
@@ -275,7 +279,7 @@ class CrammedBert(nn.Module):
         and the export run the same layers over every position and get the same values there."""
         x = self.embed(idx, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
-        full = self.config.full_layers if 0 < self.config.full_layers < len(self.blocks) else len(self.blocks)
+        full = self.config.full_layer_count()
         for block in self.blocks[:full]:
             x = block(x, attn_mask)
         context = x

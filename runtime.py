@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from data import SPECIAL_TOKENS, mask_tokens, special_ids
+from data import SPECIAL_TOKENS, RandomBatches
 from files import size_text
 from model import CrammedBert, ModelConfig, Trainer, param_groups
 
@@ -601,19 +601,25 @@ def matmul_speed(rt, size=2048):
     three rounds after a tenth of a second's warm-up (a GPU raises its clocks): about a second on a
     CPU, a fifth on a GPU."""
     a, b = (torch.randn(size, size, device=rt.device) for _ in range(2))
-    repeats, best = 20 if rt.device.type == "cuda" else 1, 0.0
     with torch.no_grad(), rt.autocast():
         start = time.perf_counter()
         while time.perf_counter() - start < 0.1:
             a @ b
             rt.synchronize()
-        for _ in range(3):
-            rt.synchronize()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                a @ b
-            rt.synchronize()
-            best = max(best, 2 * size ** 3 * repeats / (time.perf_counter() - start))
+        return 2 * size ** 3 / best_seconds(functools.partial(torch.mm, a, b), rt, 20 if rt.device.type == "cuda" else 1)
+
+
+def best_seconds(work, rt, repeats, rounds=3):
+    """Seconds a call of work() takes: the fastest of `rounds` timings of `repeats` calls in a row,
+    the device synchronised around each (the fastest, as a ceiling should be)."""
+    best = float("inf")
+    for _ in range(rounds):
+        rt.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            work()
+        rt.synchronize()
+        best = min(best, (time.perf_counter() - start) / repeats)
     return best
 
 
@@ -656,11 +662,10 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
 def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
     """Peak device bytes of one eager training step at micro-batch `size` (random tokens)."""
     vocab, seq = model.config.vocab_size, model.config.seq_len
-    n_regular = vocab - len(SPECIAL_TOKENS)
-    batch = mask_tokens(torch.randint(0, n_regular, (size, seq), device=rt.device), mask_rate,
-                        special_ids(n_regular)["[MASK]"], n_regular)
+    rows = torch.randint(0, vocab - len(SPECIAL_TOKENS), (size, seq), dtype=torch.int32).numpy()
+    batches = RandomBatches(rows, vocab, size, rt, mask_rate)(1)
     rt.reset_peak_memory()
-    Trainer(model, optimizer, scaler, autocast=rt.autocast).step([batch], 0.0, 1.0)
+    Trainer(model, optimizer, scaler, autocast=rt.autocast).step(batches, 0.0, 1.0)
     rt.synchronize()
     return rt.peak_memory()
 

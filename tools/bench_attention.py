@@ -72,13 +72,7 @@ def time_way(fn, q, k, v, grad, rt):
         y.backward(grad.to(y.dtype))
         q.grad = k.grad = v.grad = None  # each pass writes its gradients afresh, as training's do
     once()  # warm-up: compilation, the library's kernel choice
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            once()
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+    return runtime.best_seconds(once, rt, repeats, rounds)
 
 
 def main():
