@@ -248,7 +248,7 @@ def main():
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
-    runtime.check_memory(ModelConfig(**dims, seq_len=seq_len), rt, MASK_RATE, micro, f"--micro_batch={micro}")
+    runtime.check_memory(ModelConfig(**dims, seq_len=seq_len), rt, MASK_RATE, (micro, f"--micro_batch={micro}"))
     tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# {name} shape {dims['n_layers']}x{dims['d_model']}, vocabulary {dims['vocab_size']}, seq {seq_len} | "
           f"{rt.describe()} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads | "

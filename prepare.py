@@ -574,20 +574,21 @@ class InThisThread:
         pass
 
 
-def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, *, workers, seq_len, val_fraction,
-                  min_doc_chars, dedup, max_tokens, progress_minutes):
+def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, settings):
     """Encode every document of `documents` (a function returning a fresh document iterator) into
     out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
-    max_tokens_per_char tokens per character are dropped (0: none are); the other arguments are the
-    settings of the same names.
+    max_tokens_per_char tokens per character are dropped (0: none are); `settings`: prepare.py's of
+    these names: workers, seq_len, val_fraction, min_doc_chars, dedup, max_tokens, progress_minutes.
     Resumes from the last progress record of an interrupted run; the result is byte for byte an uninterrupted run's."""
-    progress = read_progress(out_dir, dedup, seq_len, np.dtype(dtype).itemsize)
-    files = TokenFiles(out_dir, dtype, seq_len, special_ids["[SEP]"], max_tokens_per_char, val_fraction, dedup,
-                       progress)
+    s = settings
+    progress = read_progress(out_dir, s["dedup"], s["seq_len"], np.dtype(dtype).itemsize)
+    files = TokenFiles(out_dir, dtype, s["seq_len"], special_ids["[SEP]"], max_tokens_per_char, s["val_fraction"],
+                       s["dedup"], progress)
     if progress:
         print(f"resuming an interrupted preparation after {files.read:,} documents "
               f"({files.stats['train_tokens']:,} train tokens)")
-    encode_documents(files, documents, progress, enc, workers, min_doc_chars, max_tokens, progress_minutes)
+    encode_documents(files, documents, progress, enc, s["workers"], s["min_doc_chars"], s["max_tokens"],
+                     s["progress_minutes"])
     files.check_enough_text()
     return files.finish()
 
@@ -664,9 +665,8 @@ def main():
     dtype = "uint16" if enc.n_vocab <= 2 ** 16 else "uint32"
     # the reference's compression filter, relative to this corpus' median (why not its absolute 0.25: docs/data.md)
     median = median_tokens_per_char(documents, enc, min_doc_chars) if max_compression else 0.0
-    stats = encode_corpus(documents, enc, specials, dtype, max_compression * median, out, workers=workers,
-                          seq_len=seq_len, val_fraction=val_fraction, min_doc_chars=min_doc_chars, dedup=dedup,
-                          max_tokens=max_tokens, progress_minutes=progress_minutes)
+    stats = encode_corpus(documents, enc, specials, dtype, max_compression * median, out,
+                          dict(settings, workers=workers, progress_minutes=progress_minutes))
     if fingerprint(dataset) != version:  # a download or `zcat >` still writing it: what was read is a prefix
         raise SystemExit(f"error: {dataset} changed while it was read (is it still being written?): nothing was "
                          f"finished; run the same command once it is complete (the encoding then starts over)")

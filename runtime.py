@@ -724,15 +724,16 @@ def least_bytes(config, rt, mask_rate, training=True, offload=False):
     return 16 * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
 
 
-def check_memory(config, rt, mask_rate, micro, micro_name, batch=0, batch_name="", training=True, offload=False,
-                 capacity=None):
+def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, offload=False, capacity=None):
     """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`,
     default memory_capacity's) by lower estimates, so that what is refused surely does not fit: the
     weights, gradients and AdamW state (16 bytes a parameter; off-load mode keeps them in host
-    memory), `micro` sequences' activations (ModelConfig.step_bytes; `training` or inference, normal or
-    off-load mode) and the token ids of a step's `batch` (inputs, positions, labels: 12 bytes a
-    position, all on the device before the step). Names the setting (micro_name, batch_name:
-    '--micro_batch=32', or what chose the value; or the model's shape) and the largest value that fits."""
+    memory), a micro-batch's activations (ModelConfig.step_bytes; `training` or inference, normal or
+    off-load mode) and the token ids of a step's batch (inputs, positions, labels: 12 bytes a
+    position, all on the device before the step). micro and batch: (sequences, the setting that
+    chose them: '--micro_batch=32', or what chose the value); an error names it (or the model's
+    shape) and the largest value that fits."""
+    (micro, micro_name), (batch, batch_name) = micro, batch
     capacity = capacity or memory_capacity(rt.device)
     if not capacity:
         return
@@ -770,8 +771,8 @@ def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate
     chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
     name = f"--micro_batch={chosen}" if micro_batch else \
         f"a micro-batch of {chosen} (micro_batch=0 {'in off-load mode' if offload else 'on a CPU'})"
-    check_memory(ModelConfig(**model_args), rt, mask_rate, chosen, name, batch_size // world,
-                 f"--batch_size={batch_size}", offload=offload)
+    check_memory(ModelConfig(**model_args), rt, mask_rate, (chosen, name), (batch_size // world, f"--batch_size={batch_size}"),
+                 offload=offload)
     if not probe:
         return chosen
     chosen, tried = probe_micro_batch(model_args, rt, batch_size // world, mask_rate)

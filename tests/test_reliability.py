@@ -145,7 +145,7 @@ def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
 
     def refusal(micro, batch):  # None where it fits in 1 GB
         try:
-            runtime.check_memory(config, rt, 0.25, micro, f"--micro_batch={micro}", batch, f"--batch_size={batch}",
+            runtime.check_memory(config, rt, 0.25, (micro, f"--micro_batch={micro}"), (batch, f"--batch_size={batch}"),
                                  capacity=10 ** 9)
         except SystemExit as e:
             return str(e)
@@ -173,11 +173,11 @@ def test_the_memory_check_lets_off_load_mode_train_what_it_was_measured_training
     from model import SHAPES, ModelConfig
     rt, gib = runtime.setup("cpu", "bfloat16", compile=False), 2 ** 30
     config = ModelConfig(**SHAPES["reference"])
-    runtime.check_memory(config, rt, 0.25, 512, "--micro_batch=512", 512, "--batch_size=512", offload=True,
+    runtime.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), offload=True,
                          capacity=12 * gib)
     assert runtime.least_bytes(config, rt, 0.25, offload=True)[1] * 512 < 10.1 * gib  # below what it took
     with pytest.raises(SystemExit, match="--micro_batch=512 needs at least"):
-        runtime.check_memory(config, rt, 0.25, 512, "--micro_batch=512", 512, "--batch_size=512", capacity=12 * gib)
+        runtime.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), capacity=12 * gib)
     wide = ModelConfig(**dict(SHAPES["reference"], n_layers=48, d_model=2048, n_heads=32, d_ffn=8192))
     assert runtime.least_bytes(wide, rt, 0.25, offload=True)[1] * 512 < 80 * gib
 

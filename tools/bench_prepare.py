@@ -60,8 +60,7 @@ def encoding_pass(documents, enc, meta, threads):
         start = time.perf_counter()
         median = prepare.median_tokens_per_char(documents, enc, s["min_doc_chars"]) if s["max_compression"] else 0.0
         prepare.encode_corpus(documents, enc, meta["special_ids"], meta["dtype"], s["max_compression"] * median, out,
-                              workers=threads, seq_len=meta["seq_len"], val_fraction=s["val_fraction"],
-                              min_doc_chars=s["min_doc_chars"], dedup=s["dedup"], max_tokens=0, progress_minutes=1.0)
+                              dict(s, workers=threads, seq_len=meta["seq_len"], max_tokens=0, progress_minutes=1.0))
         return time.perf_counter() - start
     finally:
         shutil.rmtree(out)
