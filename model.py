@@ -42,9 +42,8 @@ class Attention(nn.Module):
 def attend(q, k, v, attn_mask, dropout_p):
     """Scaled dot-product attention of q, k, v (B, H, T, d_head); attn_mask as
     F.scaled_dot_product_attention's (a boolean one: True takes part). A bfloat16 attention on a
-    CPU runs as two bfloat16 products around a float32 softmax: torch's CPU flash kernel runs a
-    bfloat16 backward as many small unpacked products, slower than float32's (BENCHMARKS.md, the
-    CPU's precision); a GPU runs the fused kernel."""
+    CPU runs as two bfloat16 products around a float32 softmax, faster there than torch's CPU flash
+    kernel in bfloat16 (BENCHMARKS.md, "The CPU's precision by a timing"); a GPU runs the fused kernel."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         scores = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5  # (B, H, T, S)
         if attn_mask is not None:
@@ -153,13 +152,11 @@ class ModelConfig:
         position, each matmul's input and q, k, v for the backward (6 widths and the feed-forward's
         1.5 in the autocast precision, `value_bytes`) and the float32 residual; inference holds one
         layer's widest tensors at a time. Both hold the float32 logits of the predicted positions (none
-        at mask_rate 0: fine-tuning's classifier).
-        Measured against it: 16 x 768 at micro-batch 1,024 in bfloat16 on the H100 peaked at 52.7
-        GiB, this estimate and the weights' 48 GiB; attention's scores are left out (the fused
-        kernels keep none). A narrowed layer (full_layers) keeps all that only at the masked positions
-        and its keys and values (2 widths) at the others. Off-load mode (offload.py) keeps only each
-        block's input between blocks and recomputes one block at a time in the backward: on the H100
-        at 16 x 768, micro-batch 512, in bfloat16 it peaked at 11.4 GiB, this estimate 4.8 GiB."""
+        at mask_rate 0: fine-tuning's classifier). Attention's scores are left out (the fused kernels
+        keep none). A narrowed layer (full_layers) keeps all that only at the masked positions and its
+        keys and values (2 widths) at the others. Off-load mode (offload.py) keeps only each block's
+        input between blocks and recomputes one block at a time in the backward. BENCHMARKS.md, "The
+        memory a step takes", sets the measured peaks beside it."""
         predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
         logits = predicted * self.vocab_size * 4
         if not training:
@@ -387,7 +384,7 @@ class ClassificationHead(nn.Module):
     as original BERT and the reference's GLUE evaluation do (its model config says 'avg', but its
     GLUE config overrides the pooler to 'zero_index'); 'mean' averages the real tokens' states.
     Pretraining here never shows a [CLS] token, so the first position holds no summary until
-    fine-tuning makes one; on the 2-hour CPU model's STS-B the two gave the same score (BENCHMARKS.md)."""
+    fine-tuning makes one (BENCHMARKS.md compares the two poolings)."""
 
     def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first"):
         super().__init__()

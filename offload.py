@@ -1,30 +1,11 @@
 """Off-load mode (train.py --offload=True): train an encoder whose training state is larger than
 the GPU. The blocks' float32 masters, AdamW moments and float32 gradient accumulators live in host
 memory; the device holds the stem (embeddings, final norm, MLM head, with a normal AdamW) and two
-template blocks that each block's weights stream through.
-
-One micro-step. Forward: the embeddings with grad, then block by block under no_grad, keeping only
-each block's input and the device RNG state it started from; the head and loss with grad.
-Backward, from the last block: copy its weights in, restore its RNG state (the same dropout masks),
-recompute it with grad and backward from the boundary gradient; its weight gradients go to the
-host and are added to the accumulators. Weights cross the bus twice per micro-step in the autocast
-dtype (the block just finished stays in its template, so each pass starts with no copy); block
-i+1's copy runs on a side stream while block i computes, gradients go back on a third. On a CPU
-the streams are HostStream, which does nothing, so the same code runs (and is tested) there.
-
-Precision: the templates hold matrices in the autocast dtype (bfloat16 matmuls, as autocast does
-in normal mode) and vectors in float32; accumulation, clipping and the update are float32. With
-float32 the mode is exact (the tests match normal mode). float16 is not supported.
-
-The step is held until the global gradient norm is known (exact clipping and the non-finite skip,
-as normal mode); then the blocks step with one fused CPU AdamW each, in forward order on one host
-thread, and the next forward waits only for the update of the block it sends. The cost: about one
-block's update per optimizer step (~3 ms at the reference shape on an H100 host).
-
-Host bytes per block parameter: master 4 + moments 8 + accumulator 4 + pinned bfloat16 copy for
-the bus 2 = 18 (16 under float32, where the master itself is sent). Only what crosses the bus is
-pinned. Checkpoints interchange with normal mode: the plain CrammedBert state_dict and AdamW's
-state_dict over param_groups(model, weight_decay). docs/offload.md has the arithmetic of speed.
+template blocks that each block's weights stream through: forward block by block keeping only each
+block's input, backward by recomputing each block with its forward's RNG state. float32 trains
+exactly as normal mode does; checkpoints interchange with it. docs/offload.md has the mechanism, its
+precision and its arithmetic. On a CPU the streams are HostStream, which does nothing, so the same
+code runs (and is tested) there.
 
 The parts, one job each:
   HostBlocks      the host side: masters, accumulators, the pinned copies that cross the bus, a

@@ -202,10 +202,9 @@ def auto_dtype(device, trained=None, speedup=None):
     """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed).
     The run it continues, `trained` (the device type and dtype its checkpoint trained in, or earlier
     fine-tuning runs'), on a device of that type (bfloat16 where a GPU has it): a run and its resume
-    train alike. Else on a GPU bfloat16
-    where it has it, else float16. On a CPU bfloat16 where its matmuls run at least BF16_PICK_RATIO
-    times float32's (bf16_speedup: what the CPU lists does not tell, the same flag is 0.5x on one
-    vendor and 2x on another); float32 elsewhere. speedup: the measurement to use instead (tests)."""
+    train alike. Else on a GPU bfloat16 where it has it, else float16; on a CPU bfloat16 where its
+    matmuls run at least BF16_PICK_RATIO times float32's (bf16_speedup: the CPU's flags do not tell),
+    float32 elsewhere. speedup: the measurement to use instead (tests)."""
     bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
     if trained and trained[0] == device.type and trained[1] in DTYPES and (trained[1] != "bfloat16" or bfloat16):
         return trained[1], "auto: as the run it continues", 0.0
