@@ -32,6 +32,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
+import process
 import runtime
 from configurator import read_config_file, configure
 from data import MASK_RATE, benchmark_tokens, RandomBatches
@@ -123,7 +124,7 @@ def recipes(dims, narrowed):
         out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), MASK_RATE, flops)
     if baselines:
         out["original BERT"] = (lambda: CrammedBert(**ours, **bert_args), ORIGINAL_BERT["mask_rate"], flops_bert)
-        if runtime.installed("transformers"):  # optional
+        if process.installed("transformers"):  # optional
             out["HF BertForMaskedLM"] = (lambda: HFMaskedLM(**dims), ORIGINAL_BERT["mask_rate"], flops_bert)
         else:
             print("transformers is not installed: skipping the BertForMaskedLM baseline")
@@ -308,4 +309,4 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    runtime.guarded(main, "nothing to keep: a benchmark only prints")
+    process.guarded(main, "nothing to keep: a benchmark only prints")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from model import ABSENT, CrammedBert, ModelConfig, param_groups, saved_model_args
+from model import ABSENT, CrammedBert, ModelConfig, muon_groups, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -438,7 +438,6 @@ def optimizer_problem(checkpoint, optim):
     with torch.device("meta"):
         model = CrammedBert(**saved_model_args(checkpoint["model_args"]))
     if optim == "muon":
-        from muon import muon_groups
         groups = [g["params"] for g in muon_groups(model, 0.0)]
     else:
         groups = [g["params"] for g in param_groups(model, 0.0)]

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import process
 import runtime
 from configurator import configure
 from data import MASK_RATE, make_encoding
@@ -200,7 +201,7 @@ def load_task(name):
         if not os.path.isdir(folder):
             raise SystemExit(f"error: no folder {folder} for task {name} (expected <glue_dir>/{spec['folder']}/train.tsv)")
         return {split: read_glue_tsv(os.path.join(folder, file), spec) for split, (file, _) in splits.items()}
-    if not runtime.hub_reachable():
+    if not process.hub_reachable():
         raise SystemExit("error: the Hugging Face hub cannot be reached; offline, pass --glue_dir= with the GLUE "
                          "tasks in their original layout (<dir>/CoLA/train.tsv, ...)")
     import datasets
@@ -322,7 +323,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
     lengths = [len(ids) for ids in train_ids]
     counts = dict(tokens=0, padded_tokens=0)
     start_time = time.perf_counter()
-    bar = runtime.progress(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
+    bar = process.progress(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
     for _ in range(epochs):
         for rows in train_batches(lengths, batch_size, generator, group_by_length):
             ids, mask = collate([train_ids[i] for i in rows], pad_id, rt.device)
@@ -625,4 +626,4 @@ def main(config):
 
 if __name__ == "__main__":
     settings = configure(globals(), sys.argv[1:])
-    runtime.guarded(main, kept_runs, settings)
+    process.guarded(main, kept_runs, settings)

@@ -330,6 +330,17 @@ def param_groups(module, weight_decay):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def muon_groups(model, weight_decay):
+    """--optim=muon's param groups (runtime.Muon): the 2-D weights inside model.blocks get Muon; the
+    rest AdamW, with decay on matrices and embeddings and none on biases, norms and scalars (as param_groups)."""
+    hidden = {id(p) for p in model.blocks.parameters() if p.requires_grad and p.dim() == 2}
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if id(p) in hidden], "weight_decay": weight_decay, "muon": True},
+            {"params": [p for p in params if id(p) not in hidden and p.dim() >= 2], "weight_decay": weight_decay,
+             "muon": False},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "muon": False}]
+
+
 class Trainer:
     """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model`
     (what the step runs: the model, or its compiled and DDP-wrapped copy), the optimizer and

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+import process
 import runtime
 from configurator import config_keys, configure
 from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding
@@ -195,7 +196,7 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
         return os.path.abspath(name), functools.partial(local_documents, files, text_field)
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
         raise SystemExit(f"error: file or folder not found: {name}")
-    if not runtime.hub_reachable():
+    if not process.hub_reachable():
         raise SystemExit(f"error: '{name}' is not a local path and the Hugging Face hub cannot be reached; "
                          f"offline, use --dataset=pydocs (embedded) or a local .txt/.jsonl/.json/.parquet file or folder")
     return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), hub_dataset(name, hf_config, hf_split, text_field)
@@ -522,7 +523,7 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
     the documents written; a record first writes every batch in flight, so it is exact."""
     encode = functools.partial(encode_document, enc, files.seen is not None)
     texts = unread_documents(documents, progress, files.read)
-    bar = runtime.progress(desc="encoding", unit=" docs", initial=files.read)
+    bar = process.progress(desc="encoding", unit=" docs", initial=files.read)
     pool = start_pool(workers or runtime.usable_cpus())
     jobs, last_record = deque(), time.time()
     try:
@@ -684,5 +685,5 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    runtime.guarded(main, "what was finished is kept (the tokenizer once trained, the encoding up to its last progress "
+    process.guarded(main, "what was finished is kept (the tokenizer once trained, the encoding up to its last progress "
                     "record, written every --progress_minutes); run the same command to continue")

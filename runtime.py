@@ -1,19 +1,16 @@
 """Where and how the arithmetic runs: device, precision, TF32, compilation (CUDA graphs' care
-included), the optimizer and the micro-batch search, decided here once for train.py, bench.py
-and finetune_glue.py; progress lines; and the signals that ask a run to stop.
+included), the optimizer, DDP and the micro-batch search with its memory estimate, decided here
+once for train.py, bench.py and finetune_glue.py. (The process around them, its signals, faults
+and progress lines, is process.py.)
 
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
 the tests run the GPU's code path on any machine, with only the device differing.
 """
 import dataclasses
-import errno
 import functools
-import importlib
+import math
 import os
-import signal
-import socket
-import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -111,9 +108,8 @@ class Runtime:
 
     def optimizer(self, params, kind="adamw", **kwargs):
         """AdamW with its fused kernel: one launch for all parameters on a GPU, vectorised on a CPU;
-        kind='muon': muon.Muon (give it muon.muon_groups)."""
+        kind='muon': Muon, below (give it model.muon_groups)."""
         if kind == "muon":
-            from muon import Muon
             return Muon(params, **kwargs)
         return torch.optim.AdamW(params, fused=True, **kwargs)
 
@@ -298,210 +294,6 @@ def prepare_inductor():
         widths = [isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()]
         if widths:
             config.cpp.simdlen = min(widths)
-
-
-def progress(total=None, desc="", unit="it", initial=0, leave=True, every=60.0):
-    """A progress bar with its ETA on a terminal (tqdm); elsewhere (a log file: `nohup ... > log`),
-    where tqdm's carriage returns pile up into one endless line, a plain line every `every` seconds."""
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit=unit, initial=initial, leave=leave)
-    return LogProgress(total, desc, unit, initial, every)
-
-
-class LogProgress:
-    """tqdm's n, update(), set_postfix() and close() as a line on stderr every `every` seconds:
-    'encoding: 1,024/4,096 docs (25%), 12.3/s, about 4.2 min left, train_tokens=...'."""
-
-    def __init__(self, total, desc, unit, initial, every):
-        self.total, self.desc, self.unit, self.n, self.every = total, desc, unit.strip(), initial, every
-        self.start_n, self.start = initial, time.time()
-        self.last, self.postfix = self.start, ""
-
-    def update(self, n=1):
-        self.n += n
-        if time.time() - self.last >= self.every:
-            self.write()
-
-    def set_postfix(self, **values):
-        self.postfix = "".join(f", {k}={v}" for k, v in values.items())
-
-    def write(self):
-        self.last = time.time()
-        rate = (self.n - self.start_n) / max(self.last - self.start, 1e-9)
-        done = f"{self.n:,}/{self.total:,} {self.unit} ({100 * self.n / self.total:.0f}%)" if self.total else \
-            f"{self.n:,} {self.unit}"
-        left = f", about {(self.total - self.n) / rate / 60:.1f} min left" if self.total and rate > 0 else ""
-        print(f"{self.desc}: {done}, {rate:,.1f}/s{left}{self.postfix}", file=sys.stderr, flush=True)
-
-    def close(self):
-        pass
-
-
-def hub_reachable(timeout=3.0):
-    """Whether the Hugging Face hub answers; False at once when the offline switches are set."""
-    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return False
-    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def installed(module):
-    """Whether an optional dependency can be imported: asked before the work that needs it."""
-    try:
-        importlib.import_module(module)
-        return True
-    except ImportError:
-        return False
-
-
-# The signals that end a run from outside, each taken as Ctrl-C is (train.py finishes the step, saves
-# and exits 128 + n): SIGINT (Ctrl-C); SIGTERM (schedulers, pre-emption; PBS and SLURM at the time
-# limit); SIGHUP (a closed terminal, a dropped ssh session); SIGUSR1 and SIGUSR2 (sent ahead of the kill
-# by SLURM's --signal, SGE's -notify and LSF); SIGXCPU (a CPU-time limit: ulimit -t, a batch system's).
-# SIGKILL and SIGSTOP cannot be caught (a checkpoint every ckpt_interval_minutes covers a kill). Those a
-# platform lacks are left out (Windows has SIGINT and SIGTERM of them, and SIGBREAK: Ctrl-Break).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU",
-                                                        "SIGBREAK") if hasattr(signal, name))
-
-
-PARENT_VAR = "CRAM_PARENT_PID"  # set by child_env for a cram script a tool starts; read by its runtime.guarded
-
-
-def child_env(env=None):
-    """The environment (os.environ's, or `env`) for a cram script this process starts: with this
-    process's pid, which the child follows (follow_parent)."""
-    return dict(os.environ if env is None else env, **{PARENT_VAR: str(os.getpid())})
-
-
-def follow_parent():
-    """In a cram script a tool started (child_env): SIGTERM when that tool ends, however it ends
-    (Linux's PR_SET_PDEATHSIG; elsewhere nothing), at once if it has ended already, so a train.py
-    stops and saves instead of training on into the tool's rerun. The variable is removed here: a
-    process this one starts follows this one only if it is given child_env too."""
-    parent = os.environ.pop(PARENT_VAR, None)
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != parent:  # it ended before the line above
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def take_signals(handler):
-    """`handler` for each of STOP_SIGNALS, except those the parent set to be ignored: a run under
-    nohup keeps ignoring SIGHUP, a shell script's background job SIGINT, as they ask."""
-    for signum in STOP_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, handler)
-
-
-def interrupt(signum, frame):
-    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks); a second one
-    kills at once."""
-    signal.signal(signum, signal.SIG_DFL)
-    raise KeyboardInterrupt(signum)
-
-
-class Unbroken:
-    """A text stream (stdout, stderr) whose writes stop, silently, once its reader is gone: after a
-    hang-up the terminal answers EIO, a closed pipe EPIPE. The file descriptor then points at the
-    null device, so what is still buffered is dropped at the exit too; a run saves its work whether
-    anyone reads its lines or not."""
-
-    def __init__(self, stream):
-        self.stream, self.gone = stream, False
-
-    def write(self, text):
-        if not self.gone:
-            try:
-                return self.stream.write(text)
-            except OSError:
-                self.lost()
-        return len(text)
-
-    def flush(self):
-        if not self.gone:
-            try:
-                self.stream.flush()
-            except OSError:
-                self.lost()
-
-    def lost(self):
-        self.gone = True
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self.stream.fileno())
-            os.close(null)
-        except (OSError, ValueError, AttributeError):
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
-
-def guarded(main, kept, *args):
-    """A script's main(*args), with the faults that can come at any moment made one line on stderr
-    that says what was kept and how to continue (`kept`, or kept() when what was kept is known only
-    then): Ctrl-C or another of STOP_SIGNALS
-    ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
-    train.py's loop installs StopRequest over this, which finishes its step and saves), and an
-    OSError from the machine, such as a full disk ('error: ...', status 1). Output whose reader is
-    gone (a closed terminal or pipe) is dropped, not an error (Unbroken)."""
-    take_signals(interrupt)
-    follow_parent()
-    if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
-        sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = Unbroken(sys.stdout), Unbroken(sys.stderr)
-    try:
-        return main(*args)
-    except KeyboardInterrupt as e:
-        signum = e.args[0] if e.args and e.args[0] in STOP_SIGNALS else signal.SIGINT
-        e.__traceback__ = None  # frees the stopped frames: their progress bars close before the line below
-        sys.stdout.flush()
-        print(f"stopped by {signal.Signals(signum).name}: {kept() if callable(kept) else kept}", file=sys.stderr,
-              flush=True)
-        sys.exit(128 + signum)
-    except OSError as e:
-        full = " (free space on that disk)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-        where = f" on {e.filename}" if e.filename else ""
-        sys.stdout.flush()
-        raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; "
-                         f"{kept() if callable(kept) else kept}")
-    finally:  # the streams the script was given (a test runs several scripts in one process)
-        sys.stdout, sys.stderr = streams
-
-
-class StopRequest:
-    """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its
-    step, save and exit; a second signal kills at once. SIGCONT says the process was stopped and
-    has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the loop once."""
-
-    def __init__(self):
-        self.signum, self.continued = None, False
-        take_signals(self.handle)
-        if hasattr(signal, "SIGCONT"):
-            signal.signal(signal.SIGCONT, self.handle_continue)
-
-    def handle(self, signum, frame):
-        self.signum = signum
-        signal.signal(signum, signal.SIG_DFL)
-
-    def handle_continue(self, signum, frame):
-        self.continued = True
-
-    def resumed(self):
-        """Whether the process was stopped and continued since the last call."""
-        was, self.continued = self.continued, False
-        return was
 
 
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets in each process
@@ -785,3 +577,73 @@ def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate
     log(f"micro_batch=0: chose {chosen}, the largest power of two within 90% of the GPU's free memory "
         f"(peak GiB by size: {peaks})")
     return chosen
+
+
+# ---------------------------------------------------------------- Muon (--optim=muon)
+# Muon on the blocks' weight matrices and AdamW on everything else, as one torch optimizer.
+#
+# Muon (Keller Jordan, 2024; the optimizer of the modded-nanogpt speedruns) keeps SGD momentum per
+# matrix and replaces each update by the nearest semi-orthogonal matrix, found with five
+# Newton-Schulz iterations, so the update moves every direction of the matrix alike instead of
+# following its few dominant ones. Embeddings, norms, scalars and the tied output layer are not
+# hidden matrices and keep AdamW. The orthogonal update is scaled by 0.2 * sqrt(max(rows, cols)),
+# which gives it AdamW's typical update RMS (Moonshot AI, "Muon is Scalable for LLM Training",
+# 2025): one learning rate, schedule and weight decay then serve both kinds of parameter.
+# Written here (not torch.optim.Muon, which newer torch has) so that torch >= 2.4 works.
+
+
+def orthogonalize(g, steps=5):
+    """The semi-orthogonal matrix nearest to g (U V^T of its SVD), approximately: a quintic
+    Newton-Schulz iteration whose coefficients (Jordan's) push every singular value into about
+    [0.7, 1.2] in five steps, which serves an update as well as the exact polar factor."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.bfloat16() if g.is_cuda else g.float()  # bfloat16 is fast on a GPU and slow on a CPU
+    x = x / (x.norm() + 1e-7)  # singular values into [0, 1]
+    tall = x.shape[0] > x.shape[1]
+    if tall:  # iterate on the smaller Gram matrix
+        x = x.T
+    for _ in range(steps):
+        gram = x @ x.T                             # (r, r), r = min(rows, cols)
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Groups with muon=True: Nesterov momentum, orthogonalized, RMS-matched to AdamW, decoupled
+    weight decay. Other groups: AdamW with the same lr, betas, eps and weight decay settings."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01, momentum=0.95,
+                 ns_steps=5):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      ns_steps=ns_steps, muon=False))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = torch.enable_grad()(closure)() if closure else None
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if group["muon"]:
+                    if not state:
+                        state["momentum"] = torch.zeros_like(p)
+                    buf = state["momentum"]
+                    buf.lerp_(p.grad, 1 - group["momentum"])
+                    update = p.grad.lerp(buf, group["momentum"])  # Nesterov: look ahead along the momentum
+                    update = orthogonalize(update, group["ns_steps"]) * (0.2 * math.sqrt(max(p.shape)))
+                    p.mul_(1 - lr * wd).add_(update, alpha=-lr)
+                else:
+                    beta1, beta2 = group["betas"]
+                    if not state:
+                        state["step"] = torch.tensor(0.0)
+                        state["exp_avg"] = torch.zeros_like(p)
+                        state["exp_avg_sq"] = torch.zeros_like(p)
+                    state["step"] += 1
+                    t = state["step"].item()
+                    state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                    state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+                    p.mul_(1 - lr * wd).addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
+        return loss

@@ -9,7 +9,7 @@
 The budget (hours of training, compilation included; or tokens) picks the shape, the final batch and
 the peak learning rate unless they are given (budget.py); the schedules follow the share of it spent,
 not the step count, so the run ends on time on any hardware. Ctrl-C, SIGTERM, SIGHUP and the other
-runtime.STOP_SIGNALS finish the step, save and exit 128 + the signal; --resume=True continues there.
+process.STOP_SIGNALS finish the step, save and exit 128 + the signal; --resume=True continues there.
 """
 import dataclasses
 import math
@@ -22,13 +22,14 @@ from collections import namedtuple
 import torch
 
 import budget
+import process
 import runtime
 from budget import LADDER, SHAPE_FIELDS, shape_of
 from configurator import configure
 from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
                    refuse_overwrite, save_checkpoint)
-from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, param_groups
+from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, muon_groups, param_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -50,7 +51,7 @@ mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mas
 mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout; torch.compile keeps 8 graphs)
 eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
-optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (muon.py)
+optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (runtime.Muon)
 lr = 0.0                  # [0, inf): peak learning rate (Muon's updates are scaled to AdamW's); 0: by the width (budget.py)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
@@ -128,7 +129,7 @@ def check_settings(world, config, rt):
     range is declared beside it and checked by the configurator); again once the shape and batch
     are settled (budget.settle), with those. Until then a shape field not given is any rung's."""
     ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})
-    if wandb_log and not runtime.installed("wandb"):
+    if wandb_log and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     batch, unit = config["batch_size"], f"--micro_batch={micro_batch} times " if micro_batch else ""
     if batch and batch % ((micro_batch or 1) * world):
@@ -228,7 +229,7 @@ def main(config):
     if master and init_loss is None:  # the loss at initialisation, which the final line compares with
         init_loss = run_eval(ev, step, tokens, seconds)[0]
     batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
-    stop_request = runtime.StopRequest()
+    stop_request = process.StopRequest()
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
@@ -307,8 +308,6 @@ def make_trainer(model, rt, ddp, log, peak_lr):
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
         return OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     model = model.to(rt.device)
-    if optim == "muon":
-        from muon import muon_groups  # imported only when asked for
     groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
     optimizer = rt.optimizer(groups, optim, lr=peak_lr, betas=(beta1, beta2), eps=eps)
     step_model = rt.compile_model(model)
@@ -416,5 +415,5 @@ def finish(ev, state, signum, last_saved, ckpt_path):
 if __name__ == "__main__":
     # signals before the loop (StopRequest takes them from there on), a machine's fault anywhere
     settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS)
-    runtime.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
+    process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings)

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))  # the tools import the core; te
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 import runtime  # noqa: E402,F401  first: names inductor's cache folder for this CPU capability before any test compiles
+import process  # noqa: E402
 
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird", "the king", "our neighbour"]
 VERBS = ["saw", "liked", "followed", "painted", "found", "called", "helped", "watched"]
@@ -35,7 +36,7 @@ def default_signals():
     where the suite itself runs under nohup (SIGHUP ignored) or as a shell script's background job
     (SIGINT ignored), which a child would keep, as it should."""
     import signal
-    for signum in runtime.STOP_SIGNALS:
+    for signum in process.STOP_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
 
 

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+import process
 import runtime
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, spawn
 from test_reliability import error_of
@@ -66,7 +67,7 @@ def test_output_survives_any_stdout_encoding(tmp_path, prepared):
     stdout, sys.stdout = sys.stdout, io.TextIOWrapper(raw, encoding="cp1252")
     wrapper = sys.stdout  # kept: a dropped wrapper closes `raw`
     try:
-        runtime.guarded(print, "nothing to keep", "fill in: -> ' x' \u2192 \u2713 \u4e2d")
+        process.guarded(print, "nothing to keep", "fill in: -> ' x' \u2192 \u2713 \u4e2d")
         sys.stdout.flush()
     finally:
         sys.stdout = stdout
@@ -151,20 +152,20 @@ def test_a_partial_distributed_environment_is_one_line_naming_what_is_missing(pr
 # ------------------------------------------------------------------ process trees
 PARENT = """import subprocess, sys, time
 sys.path.insert(0, {root!r})
-from runtime import child_env
+from process import child_env
 child = subprocess.Popen([sys.executable, "-c", {child!r}], env=child_env(), stdout=subprocess.PIPE, text=True)
-assert child.stdout.readline() == "up\\n"  # past runtime.follow_parent
+assert child.stdout.readline() == "up\\n"  # past process.follow_parent
 print(child.pid, flush=True)
 time.sleep(120)
 """
-CHILD = "import sys, time; sys.path.insert(0, {root!r}); import runtime; " \
-        "runtime.guarded(lambda: (print('up', flush=True), time.sleep(120)), 'nothing')"
+CHILD = "import sys, time; sys.path.insert(0, {root!r}); import process; " \
+        "process.guarded(lambda: (print('up', flush=True), time.sleep(120)), 'nothing')"
 HOLD = "import sys, time; sys.path.insert(0, {root!r}); from files import claim_folder; claim_folder({out!r}); " \
        "print('held', flush=True); time.sleep(120)"
 
 
 def test_a_tool_s_child_ends_with_it_and_a_rerun_never_removes_a_live_run(tmp_path):
-    """A cram script a tool started (runtime.child_env) gets SIGTERM when the tool is killed with
+    """A cram script a tool started (process.child_env) gets SIGTERM when the tool is killed with
     SIGKILL (the OOM killer); compare.py and the GPU report refuse to restart a run whose folder a live process
     still holds."""
     parent = spawn([sys.executable, "-c", PARENT.format(root=ROOT, child=CHILD.format(root=ROOT))], stdout=subprocess.PIPE,

@@ -1,12 +1,12 @@
-"""muon.py: the update rules against small reference computations, and a run that learns with it."""
+"""Muon (runtime.py): the update rules against small reference computations, and a run that learns with it."""
 import json
 import math
 
 import torch
 
 from conftest import TINY_MODEL, run_script
-from model import CrammedBert
-from muon import Muon, muon_groups, orthogonalize
+from model import CrammedBert, muon_groups
+from runtime import Muon, orthogonalize
 
 TINY = dict(vocab_size=64, seq_len=16, n_layers=2, d_model=32, n_heads=2, d_ffn=64)
 

@@ -360,7 +360,7 @@ def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):
 def test_progress_in_a_log_file_is_plain_lines(corpus_file, pretrained, tmp_path, capsys):
     """Output that is not a terminal (nohup ... > log) gets plain progress lines, never tqdm's
     carriage returns, which pile up there as one endless line."""
-    import runtime
+    import process
     fixtures = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
     for args in (["prepare.py", f"--dataset={corpus_file}", f"--out_dir={tmp_path / 'data'}", "--vocab_size=300",
                   "--seq_len=32"],
@@ -368,7 +368,7 @@ def test_progress_in_a_log_file_is_plain_lines(corpus_file, pretrained, tmp_path
                   "--epochs=1", f"--out_json={tmp_path / 'glue.json'}"]):
         proc = run_script(*args)
         assert "\r" not in proc.stdout + proc.stderr
-    bar = runtime.LogProgress(total=4, desc="rte seed 0", unit=" steps", initial=0, every=0)
+    bar = process.LogProgress(total=4, desc="rte seed 0", unit=" steps", initial=0, every=0)
     bar.set_postfix(loss="0.693")
     bar.update()
     line = capsys.readouterr().err

@@ -87,7 +87,7 @@ def test_a_corpus_without_blank_lines_prepares_in_flat_memory(tmp_path):
     assert peaks[12_000_000] < peaks[1_200_000] + 150, peaks
 
 
-# ------------------------------------------------------------------ 2. Ctrl-C and SIGTERM anywhere: runtime.guarded
+# ------------------------------------------------------------------ 2. Ctrl-C and SIGTERM anywhere: process.guarded
 def start(*args):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return spawn([sys.executable, *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -445,7 +445,7 @@ def test_a_refused_checkpoint_is_one_line_saying_why(case, pretrained, tmp_path)
     assert "weights_only` set to `False`" not in proc.stderr and "this ran" not in proc.stdout
 
 
-# ------------------------------------------------------------------ 7. optional dependencies, checked first: runtime.installed
+# ------------------------------------------------------------------ 7. optional dependencies, checked first: process.installed
 WITHOUT = "import runpy, sys; sys.modules[{module!r}] = None; sys.argv = sys.argv[1:]; " \
           "runpy.run_path(sys.argv[0], run_name='__main__')"
 

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import runtime  # noqa: E402  (the core sits one folder up)
+import process  # noqa: E402  (the core sits one folder up)
+import runtime  # noqa: E402
 from configurator import configure  # noqa: E402
 from model import attend  # noqa: E402
 
@@ -97,4 +98,4 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    runtime.guarded(main, "nothing to keep: a benchmark only prints")
+    process.guarded(main, "nothing to keep: a benchmark only prints")

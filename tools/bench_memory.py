@@ -18,7 +18,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from runtime import guarded  # noqa: E402
+from process import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 shape = "small"           # {small, reference}: model.SHAPES' 4x256 with 8192 tokens, or 16x768 with 32768

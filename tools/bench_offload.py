@@ -19,7 +19,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import runtime  # noqa: E402  (the core sits one folder up)
+import process  # noqa: E402  (the core sits one folder up)
+import runtime  # noqa: E402
 from configurator import configure  # noqa: E402
 from data import MASK_RATE, benchmark_tokens, RandomBatches  # noqa: E402
 from measure import alternate, gib, spread  # noqa: E402
@@ -193,4 +194,4 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    runtime.guarded(main, "nothing to keep: a benchmark only prints")
+    process.guarded(main, "nothing to keep: a benchmark only prints")

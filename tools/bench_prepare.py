@@ -19,7 +19,7 @@ import prepare  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
 from data import load_tokenizer  # noqa: E402
 from files import load_meta  # noqa: E402
-from runtime import guarded  # noqa: E402
+from process import guarded  # noqa: E402
 from measure import alternate, spread  # noqa: E402
 
 # -----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
 from files import (check_writable, claim_folder, held_below, load_checkpoint, read_jsonl, read_metrics,  # noqa: E402
                    write_json)
-from runtime import child_env, guarded, installed  # noqa: E402
+from process import child_env, guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)
@@ -86,7 +86,7 @@ def train(name, run_dir, *args):
     os.makedirs(run_dir)
     log_path = os.path.join(run_dir, "train.log")  # follow a long run with tail -f
     print(f"training {name} -> {log_path}", flush=True)
-    with open(log_path, "w") as log:  # the run stops (and saves) if this tool is killed: runtime.follow_parent
+    with open(log_path, "w") as log:  # the run stops (and saves) if this tool is killed: process.follow_parent
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=child_env()).returncode
     with open(log_path) as log:
         output = log.read()

@@ -64,7 +64,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from files import check_writable, held_below, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
-from runtime import child_env, guarded  # noqa: E402
+from process import child_env, guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""                # text for the prepare phase (prepare.py's formats); empty: data_dir must be prepared
@@ -277,7 +277,7 @@ def run_logged(args, log_path, deadline, echo=True, append=False):
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
     proc = subprocess.Popen(command, env=child_env(dict(os.environ, PYTHONUNBUFFERED="1")), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # its own process group,
-    # which ends with this process, however it ends (child_env: runtime.follow_parent)
+    # which ends with this process, however it ends (child_env: process.follow_parent)
     timer = threading.Timer(deadline - time.time(), stop_group, (proc,))
     timer.daemon = True
     timer.start()

@@ -22,7 +22,7 @@ from budget import (BATCH_EXPONENT, MAX_BATCH, MIN_BATCH, PAPER_BATCH, PAPER_COM
                     PAPER_WEIGHTS, SIZE_EXPONENT, batch_for_budget)  # (the core sits one folder up)
 from configurator import configure  # noqa: E402
 from files import check_writable, load_checkpoint, read_json, write_json  # noqa: E402
-from runtime import guarded  # noqa: E402
+from process import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 sweep_dir = ""             # a folder of sweeps to add (tools/shape_sweep.sh's OUT); empty: draw the kept points

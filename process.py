@@ -1,0 +1,216 @@
+"""The process around a script's work: the signals that ask it to stop, its faults made one line,
+output streams that outlive their reader, the scripts a tool starts (they end with it), progress
+lines, and what the machine has (an optional module, the hub). Every script's main runs inside
+guarded(); train.py's loop takes the signals over with StopRequest.
+"""
+import errno
+import importlib
+import os
+import signal
+import socket
+import sys
+import time
+
+
+def progress(total=None, desc="", unit="it", initial=0, leave=True, every=60.0):
+    """A progress bar with its ETA on a terminal (tqdm); elsewhere (a log file: `nohup ... > log`),
+    where tqdm's carriage returns pile up into one endless line, a plain line every `every` seconds."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit=unit, initial=initial, leave=leave)
+    return LogProgress(total, desc, unit, initial, every)
+
+
+class LogProgress:
+    """tqdm's n, update(), set_postfix() and close() as a line on stderr every `every` seconds:
+    'encoding: 1,024/4,096 docs (25%), 12.3/s, about 4.2 min left, train_tokens=...'."""
+
+    def __init__(self, total, desc, unit, initial, every):
+        self.total, self.desc, self.unit, self.n, self.every = total, desc, unit.strip(), initial, every
+        self.start_n, self.start = initial, time.time()
+        self.last, self.postfix = self.start, ""
+
+    def update(self, n=1):
+        self.n += n
+        if time.time() - self.last >= self.every:
+            self.write()
+
+    def set_postfix(self, **values):
+        self.postfix = "".join(f", {k}={v}" for k, v in values.items())
+
+    def write(self):
+        self.last = time.time()
+        rate = (self.n - self.start_n) / max(self.last - self.start, 1e-9)
+        done = f"{self.n:,}/{self.total:,} {self.unit} ({100 * self.n / self.total:.0f}%)" if self.total else \
+            f"{self.n:,} {self.unit}"
+        left = f", about {(self.total - self.n) / rate / 60:.1f} min left" if self.total and rate > 0 else ""
+        print(f"{self.desc}: {done}, {rate:,.1f}/s{left}{self.postfix}", file=sys.stderr, flush=True)
+
+    def close(self):
+        pass
+
+
+def hub_reachable(timeout=3.0):
+    """Whether the Hugging Face hub answers; False at once when the offline switches are set."""
+    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def installed(module):
+    """Whether an optional dependency can be imported: asked before the work that needs it."""
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        return False
+
+
+# The signals that end a run from outside, each taken as Ctrl-C is (train.py finishes the step, saves
+# and exits 128 + n): SIGINT (Ctrl-C); SIGTERM (schedulers, pre-emption; PBS and SLURM at the time
+# limit); SIGHUP (a closed terminal, a dropped ssh session); SIGUSR1 and SIGUSR2 (sent ahead of the kill
+# by SLURM's --signal, SGE's -notify and LSF); SIGXCPU (a CPU-time limit: ulimit -t, a batch system's).
+# SIGKILL and SIGSTOP cannot be caught (a checkpoint every ckpt_interval_minutes covers a kill). Those a
+# platform lacks are left out (Windows has SIGINT and SIGTERM of them, and SIGBREAK: Ctrl-Break).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU",
+                                                        "SIGBREAK") if hasattr(signal, name))
+
+
+PARENT_VAR = "CRAM_PARENT_PID"  # set by child_env for a cram script a tool starts; read by its guarded()
+
+
+def child_env(env=None):
+    """The environment (os.environ's, or `env`) for a cram script this process starts: with this
+    process's pid, which the child follows (follow_parent)."""
+    return dict(os.environ if env is None else env, **{PARENT_VAR: str(os.getpid())})
+
+
+def follow_parent():
+    """In a cram script a tool started (child_env): SIGTERM when that tool ends, however it ends
+    (Linux's PR_SET_PDEATHSIG; elsewhere nothing), at once if it has ended already, so a train.py
+    stops and saves instead of training on into the tool's rerun. The variable is removed here: a
+    process this one starts follows this one only if it is given child_env too."""
+    parent = os.environ.pop(PARENT_VAR, None)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != parent:  # it ended before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def take_signals(handler):
+    """`handler` for each of STOP_SIGNALS, except those the parent set to be ignored: a run under
+    nohup keeps ignoring SIGHUP, a shell script's background job SIGINT, as they ask."""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
+def interrupt(signum, frame):
+    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks); a second one
+    kills at once."""
+    signal.signal(signum, signal.SIG_DFL)
+    raise KeyboardInterrupt(signum)
+
+
+class Unbroken:
+    """A text stream (stdout, stderr) whose writes stop, silently, once its reader is gone: after a
+    hang-up the terminal answers EIO, a closed pipe EPIPE. The file descriptor then points at the
+    null device, so what is still buffered is dropped at the exit too; a run saves its work whether
+    anyone reads its lines or not."""
+
+    def __init__(self, stream):
+        self.stream, self.gone = stream, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except OSError:
+                self.lost()
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except OSError:
+                self.lost()
+
+    def lost(self):
+        self.gone = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def guarded(main, kept, *args):
+    """A script's main(*args), with the faults that can come at any moment made one line on stderr
+    that says what was kept and how to continue (`kept`, or kept() when what was kept is known only
+    then): Ctrl-C or another of STOP_SIGNALS
+    ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
+    train.py's loop installs StopRequest over this, which finishes its step and saves), and an
+    OSError from the machine, such as a full disk ('error: ...', status 1). Output whose reader is
+    gone (a closed terminal or pipe) is dropped, not an error (Unbroken)."""
+    take_signals(interrupt)
+    follow_parent()
+    if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
+        sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Unbroken(sys.stdout), Unbroken(sys.stderr)
+    try:
+        return main(*args)
+    except KeyboardInterrupt as e:
+        signum = e.args[0] if e.args and e.args[0] in STOP_SIGNALS else signal.SIGINT
+        e.__traceback__ = None  # frees the stopped frames: their progress bars close before the line below
+        sys.stdout.flush()
+        print(f"stopped by {signal.Signals(signum).name}: {kept() if callable(kept) else kept}", file=sys.stderr,
+              flush=True)
+        sys.exit(128 + signum)
+    except OSError as e:
+        full = " (free space on that disk)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        where = f" on {e.filename}" if e.filename else ""
+        sys.stdout.flush()
+        raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; "
+                         f"{kept() if callable(kept) else kept}")
+    finally:  # the streams the script was given (a test runs several scripts in one process)
+        sys.stdout, sys.stderr = streams
+
+
+class StopRequest:
+    """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its
+    step, save and exit; a second signal kills at once. SIGCONT says the process was stopped and
+    has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the loop once."""
+
+    def __init__(self):
+        self.signum, self.continued = None, False
+        take_signals(self.handle)
+        if hasattr(signal, "SIGCONT"):
+            signal.signal(signal.SIGCONT, self.handle_continue)
+
+    def handle(self, signum, frame):
+        self.signum = signum
+        signal.signal(signum, signal.SIG_DFL)
+
+    def handle_continue(self, signum, frame):
+        self.continued = True
+
+    def resumed(self):
+        """Whether the process was stopped and continued since the last call."""
+        was, self.continued = self.continued, False
+        return was
