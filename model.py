@@ -341,6 +341,14 @@ def muon_groups(model, weight_decay):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "muon": False}]
 
 
+def diverged(loss, vocab_size, applied=True, scaler=None):
+    """Whether a step (its loss, whether its update was applied) says the run diverged: a loss not finite or a
+    nat above guessing uniformly over the vocabulary (an untrained model's), or a skipped update; float16's
+    scaler skips overflows by design while it halves its scale: only skips at a scale below 1 count."""
+    skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
+    return skipped or not loss <= math.log(vocab_size) + 1.0
+
+
 class Trainer:
     """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model`
     (what the step runs: the model, or its compiled and DDP-wrapped copy), the optimizer and

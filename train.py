@@ -29,7 +29,7 @@ from configurator import configure
 from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
                    refuse_overwrite, save_checkpoint)
-from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, muon_groups, param_groups
+from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, muon_groups, param_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -139,14 +139,6 @@ def check_settings(world, config, rt):
         check_offload(world, config, rt.dtype)
 
 
-def diverged(loss, vocab_size, applied=True, scaler=None):
-    """Whether a step (its loss, whether its update was applied) says the run diverged: a loss not finite or a
-    nat above guessing uniformly over the vocabulary (an untrained model's), or a skipped update; float16's
-    scaler skips overflows by design while it halves its scale: only skips at a scale below 1 count."""
-    skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
-    return skipped or not loss <= math.log(vocab_size) + 1.0
-
-
 # what evaluation and saving read: the model on the device, validation rows, meta, micro-batch, Runtime, metrics log
 Evaluation = namedtuple("Evaluation", "model val_tokens meta micro rt metrics")
 
@@ -201,9 +193,7 @@ def main(config):
     pick = budget.settle(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
     check_settings(world, config, rt)  # with the shape and batch settled
     batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    if checkpoint:  # the same run, and one with budget left, before a GPU's micro-batch probe
-        check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)
-        exit_if_spent(checkpoint, ckpt_path, log, ddp)
+    check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)  # before a GPU's probe
     # the micro-batch, after a check that the step can fit the device's memory (runtime.check_memory)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
@@ -229,13 +219,12 @@ def main(config):
     if master and init_loss is None:  # the loss at initialisation, which the final line compares with
         init_loss = run_eval(ev, step, tokens, seconds)[0]
     batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
-    stop_request = process.StopRequest()
-    peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
+    stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
-    # the clock (`seconds`) runs from the top of an iteration to the end of its step: logging, evaluation, saving free
+    # the clock (`seconds`) runs from the top of an iteration to the end of its step: logging, evaluation, saving free.
+    # Then the speed's window, steps diverged in a row, whether the repeats were warned of, the last step's seconds
     last_eval = last_ckpt = seconds
-    # the speed's window, steps diverged in a row, whether the repeats were warned of, the last step's seconds
     window, in_a_row, warned, last_took = (seconds, tokens), 0, budget_tokens > 0, float("inf")
     while True:
         started = time.perf_counter()
@@ -326,8 +315,12 @@ def refuse_taken(ckpt_path, checkpoint, master):
         refuse_overwrite(ckpt_path)
 
 
-def exit_if_spent(checkpoint, ckpt_path, log, ddp):
-    """A resume whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
+def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp):
+    """A resume (`checkpoint`; None: a fresh run) of the same run (files.check_resume), with budget left:
+    one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
+    if not checkpoint:
+        return
+    check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)
     if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
         return
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
