@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from model import ABSENT, CrammedBert, ModelConfig, muon_groups, param_groups, saved_model_args
+from model import MISSING_FIELD_DEFAULTS, CrammedBert, ModelConfig, muon_groups, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -389,7 +389,7 @@ def model_args_problem(args):
         if rule and not rule[0](value):
             return f"model_args {name}={value!r}: {name} must be {rule[1]}"
     try:
-        ModelConfig(**{**ABSENT, **args})
+        ModelConfig(**{**MISSING_FIELD_DEFAULTS, **args})
     except (TypeError, ValueError) as e:
         return f"model_args: {e}"
     return None

@@ -188,12 +188,12 @@ class ModelConfig:
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
 # what a field missing from a checkpoint's model_args meant: the switch did not exist yet (off)
-ABSENT = {"smear": False}
+MISSING_FIELD_DEFAULTS = {"smear": False}
 
 
 def saved_model_args(model_args):
     """A checkpoint's model_args completed: a switch added after it was saved is off, as it trained."""
-    return dataclasses.asdict(ModelConfig(**{**ABSENT, **model_args}))
+    return dataclasses.asdict(ModelConfig(**{**MISSING_FIELD_DEFAULTS, **model_args}))
 
 
 # named shapes for the benchmarks: the reference crammed BERT and the CPU quickstart's

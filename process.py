@@ -122,7 +122,7 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
-class Unbroken:
+class HangupSafeStream:
     """A text stream (stdout, stderr) whose writes stop, silently, once its reader is gone: after a
     hang-up the terminal answers EIO, a closed pipe EPIPE. The file descriptor then points at the
     null device, so what is still buffered is dropped at the exit too; a run saves its work whether
@@ -166,13 +166,13 @@ def guarded(main, kept, *args):
     ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
     train.py's loop installs StopRequest over this, which finishes its step and saves), and an
     OSError from the machine, such as a full disk ('error: ...', status 1). Output whose reader is
-    gone (a closed terminal or pipe) is dropped, not an error (Unbroken)."""
+    gone (a closed terminal or pipe) is dropped, not an error (HangupSafeStream)."""
     take_signals(interrupt)
     follow_parent()
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
         sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
     streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = Unbroken(sys.stdout), Unbroken(sys.stderr)
+    sys.stdout, sys.stderr = HangupSafeStream(sys.stdout), HangupSafeStream(sys.stderr)
     try:
         return main(*args)
     except KeyboardInterrupt as e:

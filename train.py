@@ -160,7 +160,7 @@ def checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final)
                 final=final)
 
 
-def save(ev, path, state, last_saved, at_end=False):
+def save_if_sound(ev, path, state, last_saved, at_end=False):
     """`state` (checkpoint_state) saved if its weights are finite and their loss on a validation micro-batch
     has not diverged: the checkpoint a divergence stop names is one a lower rate recovers from. Returns the
     step the file now holds: state's, or last_saved's when refused (said; at_end, the last save, an error)."""
@@ -197,7 +197,7 @@ def main(config):
     # the micro-batch, after a check that the step can fit the device's memory (runtime.check_memory)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
-    metrics = start_run(model_args, ckpt_path, config, master, rt, n_rows * seq_len, checkpoint)
+    metrics = open_out_dir(model_args, ckpt_path, config, master, rt, n_rows * seq_len, checkpoint)
     for line in budget.start_lines(pick, config, seq_len, micro * world, lr) if not checkpoint else ():
         log(line)
 
@@ -262,8 +262,8 @@ def main(config):
             run_eval(ev, step, tokens, seconds)
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60:
             last_ckpt = seconds
-            last_saved = save(ev, ckpt_path, checkpoint_state(trainer, identity, step, seconds, tokens, init_loss,
-                                                              final=False), last_saved)
+            state = checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=False)
+            last_saved = save_if_sound(ev, ckpt_path, state, last_saved)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
@@ -308,7 +308,7 @@ def make_trainer(model, rt, ddp, log, peak_lr):
 
 def refuse_taken(ckpt_path, checkpoint, master):
     """A one-line error before any work for a folder another run holds (a new folder is made only once
-    the run surely fits: start_run) or, for a fresh run, a checkpoint it would replace."""
+    the run surely fits: open_out_dir) or, for a fresh run, a checkpoint it would replace."""
     if master and os.path.isdir(out_dir):
         claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
     if not checkpoint:
@@ -331,7 +331,7 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)
     raise SystemExit(0)
 
 
-def start_run(model_args, ckpt_path, config, master, rt, train_tokens, checkpoint):
+def open_out_dir(model_args, ckpt_path, config, master, rt, train_tokens, checkpoint):
     """out_dir locked, writable, with room for a checkpoint (weights and AdamW in float32); warnings of a run too
     large for a CPU or its data. Returns rank 0's metrics log (files.MetricsLog; None on the other ranks)."""
     if not master:
@@ -389,7 +389,7 @@ def finish(ev, state, signum, last_saved, ckpt_path):
     (signum; None: another rank's); else the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     final = run_eval(ev, step, tokens, seconds) if state["final"] else None
-    save(ev, ckpt_path, state, last_saved, at_end=True)
+    save_if_sound(ev, ckpt_path, state, last_saved, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {ckpt_path}; "
