@@ -144,7 +144,7 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=5000000", "--max_steps=22", "--resume=True",
                "--lr=1e-3")
     assert torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)["config"]["lr"] == 1e-3
-    # in bfloat16 too, a CPU's budget is timed in float32, times bfloat16's gain in the step (train.cpu_bf16_gain)
+    # in bfloat16 too, a CPU's budget is timed in float32, times bfloat16's gain in the step (budget.cpu_bf16_gain)
     timed = run_script(*common, f"--out_dir={tmp_path / 'b'}", "--budget_hours=0.0005", "--d_model=96",
                        "--dtype=bfloat16").stdout
     assert re.search(r"^budget: 0.03 min x [\d.]+ TFLOP/s \(a float32 2048\^3 matmul here\) x [\d.e+-]+ \(bfloat16's "

@@ -10,7 +10,7 @@ that each have their own time limit and settings and can run alone:
   health    seconds: the device, its free memory, and a matmul's speed at the training precision
   transfer  does pretraining lift GLUE above the floor here? train.py's recipe pretrained for
             transfer_minutes (about 1e17 FLOPs on an H100, where MLM starts to transfer) at the
-            shape and batch that budget picks (train.py's shape_for_budget), then
+            shape and batch that budget picks (budget.py's shape_for_budget), then
             STS-B, MRPC, RTE and SST-2 fine-tuned once each, and each also from scratch (the
             no-pretraining floor), beside the published rows; its point on the picture of GLUE
             against compute. Resumable: rerun it and the checkpoint and scored seeds are kept

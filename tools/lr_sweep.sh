@@ -30,6 +30,7 @@ mkdir -p "$OUT"
 for m in ${@:-15 45}; do
   [ -e "$OUT/$m.shape" ] || pick "$m" > "$OUT/$m.shape"  # kept: a rerun trains the same shape and tokens
   read -r layers width rate tokens < "$OUT/$m.shape"
+  [ -n "$tokens" ] || { echo "error: $OUT/$m.shape is an older sweep's pick, without tokens: move it and $OUT/$m away to sweep again" >&2; exit 2; }
   shape="n_layers=$layers+d_model=$width"
   half=$(python -c "print(f'{$rate / 2:.3g}')"); double=$(python -c "print(f'{$rate * 2:.3g}')")
   echo "$m min: $layers x $width, $tokens tokens, the rule's rate $rate (half $half, twice $double)"
