@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The learning-rate law's CPU evidence (issue 61; BENCHMARKS.md, "The budget's learning rate"): at each budget
-# the rule's pick at the rule's rate (budget.lr_for_width), at half and at twice it, in float32 (so the CPU's
+# the rule's pick at the rule's rate (budget.lr_for_width), at twice and at half it, in float32 (so the CPU's
 # precision rule does not move it); then 3 seeds of the rule's rate at the shortest, for the spread. A budget of
 # minutes is turned once into what the rule makes of it here (this machine's float32 matmul speed x
 # budget.STEP_EFFICIENCY buys the FLOPs; the rule's shape and rate for them; the tokens those FLOPs train
@@ -36,7 +36,7 @@ for m in ${@:-15 45}; do
   echo "$m min: $layers x $width, $tokens tokens, the rule's rate $rate (half $half, twice $double)"
   sweep=(python tools/compare.py --base=config/shape_sweep.py --protocol=tokens --budget_tokens="$tokens"
          --out_dir="$OUT/$m" --train_args="--dtype=float32 --eval_interval_minutes=$(python -c "print($m / 5)")")
-  "${sweep[@]}" --variants="$shape+lr=$rate,$shape+lr=$half,$shape+lr=$double" | tee "$OUT/$m.log"
+  "${sweep[@]}" --variants="$shape+lr=$rate,$shape+lr=$double,$shape+lr=$half" | tee "$OUT/$m.log"
   if [ "$m" = "${1:-15}" ]; then  # the spread of seeds, once, at the first budget (seed 0 is the run above)
     "${sweep[@]}" --seeds=3 --variants="$shape+lr=$rate" | tee "$OUT/${m}_seeds.log"
   fi
