@@ -336,8 +336,9 @@ def open_out_dir(model_args, ckpt_path, config, master, rt, train_tokens, checkp
     large for a CPU or its data. Returns rank 0's metrics log (files.MetricsLog; None on the other ranks)."""
     if not master:
         return None
-    model = ModelConfig(**model_args)  # the counts, without the memory
-    claim_folder(out_dir, need_bytes=12 * model.parameters_at_least(), files=("ckpt.pt", "metrics.jsonl"))
+    with torch.device("meta"):  # the exact counts, without the memory
+        model = CrammedBert(**model_args)
+    claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
     step_flops = model.flops_per_token(mask_rate) * config["batch_size"] * model_args["seq_len"]
     for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                     repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
