@@ -95,7 +95,7 @@ class Block(nn.Module):
 @dataclasses.dataclass
 class ModelConfig:
     """Every model setting, declared once. train.py takes each as --key=value (the configurator adds
-    them to its settings and --help), checkpoints store them as `model_args`, and bench.py,
+    them to its settings and --help), checkpoints store them as `model_args`, and tools/bench.py,
     finetune_glue.py, off-load mode and the export read them from there (train.py declares the four
     shape fields again, 0 meaning the budget's pick). Adding a switch means a field here and its use
     below. The defaults are the reference crammed-BERT shape (~120M parameters) with train.py's recipe."""
@@ -353,7 +353,7 @@ class Trainer:
     """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model`
     (what the step runs: the model, or its compiled and DDP-wrapped copy), the optimizer and
     `scaler`, float16's loss scaling (a pass-through otherwise). offload.OffloadTrainer offers the
-    same step, state_dict and load_state_dict, so train.py runs both modes alike; bench.py times
+    same step, state_dict and load_state_dict, so train.py runs both modes alike; tools/bench.py times
     this step and the micro-batch search measures its memory."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):

@@ -1,6 +1,6 @@
 """Where and how the arithmetic runs: device, precision, TF32, compilation (CUDA graphs' care
 included), the optimizer, DDP and the micro-batch search with its memory estimate, decided here
-once for train.py, bench.py and finetune_glue.py. (The process around them, its signals, faults
+once for train.py, tools/bench.py and finetune_glue.py. (The process around them, its signals, faults
 and progress lines, is process.py.)
 
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
@@ -57,7 +57,7 @@ def peak_flops(device, override=0.0):
 # torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates)
 # kernels; and CUDA graphs (one launch for a whole recorded step), with or without the autotuning.
 # The cramming reference trains with max-autotune; cram's default stays inductor's until a GPU
-# report shows a mode is faster (bench.py --compile_mode=default,max-autotune times them).
+# report shows a mode is faster (tools/bench.py --compile_mode=default,max-autotune times them).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 

@@ -15,7 +15,7 @@ from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from configurator import allowed, config_keys, declarations
 from files import claim_folder, load_meta, read_metrics, write_atomically
 
-SCRIPTS = ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
+SCRIPTS = ["train.py", "prepare.py", "tools/bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
            "tools/gpu_report.py", "tools/bench_offload.py", "tools/bench_prepare.py", "tools/curriculum.py",
            "tools/bench_memory.py"]
 
@@ -81,8 +81,8 @@ SETTINGS = [  # (script, arguments, what the error says)
     ("finetune_glue.py", ["--seeds=0"], "seeds must be in [1, 100000]"),
     ("finetune_glue.py", ["--dropout=1"], "dropout must be in [0, 1)"),
     ("finetune_glue.py", ["--epochs=0"], "epochs must be >= 1"),
-    ("bench.py", ["--steps=-1"], "steps must be >= 0"),
-    ("bench.py", ["--shape=huge"], "shape must be one of"),
+    ("tools/bench.py", ["--steps=-1"], "steps must be >= 0"),
+    ("tools/bench.py", ["--shape=huge"], "shape must be one of"),
     ("tools/compare.py", ["--seeds=0"], "seeds must be in [1, 100000]"),
     ("tools/compare.py", ["--protocol=steps"], "protocol must be one of clock, tokens"),
     ("tools/curriculum.py", ["--block=0"], "block must be >= 1"),
@@ -115,7 +115,7 @@ MEMORY = [  # (script, arguments, what the error says)
     ("train.py", ["--n_layers=100000", "--d_model=16384"], "a model of 100000 x 16384"),
     ("train.py", ["--micro_batch=0", "--batch_size=16", "--n_layers=20000", "--d_model=16384"],
      "a model of 20000 x 16384"),
-    ("bench.py", ["--shape=reference", "--micro_batch=1073741824"], "--micro_batch=1073741824 needs at least"),
+    ("tools/bench.py", ["--shape=reference", "--micro_batch=1073741824"], "--micro_batch=1073741824 needs at least"),
 ]
 
 

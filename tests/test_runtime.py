@@ -298,6 +298,6 @@ def test_without_a_cpp_compiler_a_run_says_so_once_and_trains_eager(prepared, tm
     assert "compiled" not in re.search(r"^model: .*$", hidden.stdout, re.M).group(0)  # the device line: eager
     a, b = (torch.load(tmp_path / run / "ckpt.pt", weights_only=True)["model"] for run in ("eager", "hidden"))
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=weights_atol(3e-3, 6)) for k in a)
-    bench = run_script("bench.py", "--steps=1", "--warmup_steps=1", "--sweep=False", "--baselines=False",
+    bench = run_script("tools/bench.py", "--steps=1", "--warmup_steps=1", "--sweep=False", "--baselines=False",
                        "--micro_batch=2", "--accum_steps=1", "--device=cpu")
     assert bench.stdout.count("torch.compile cannot build") == 1 and "Traceback" not in bench.stderr

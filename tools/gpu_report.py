@@ -15,9 +15,9 @@ that each have their own time limit and settings and can run alone:
             no-pretraining floor), beside the published rows; its point on the picture of GLUE
             against compute. Resumable: rerun it and the checkpoint and scored seeds are kept
   prepare   the corpus with a 32k vocabulary into data_dir, unless it is prepared already
-  bench     bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
+  bench     tools/bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
             the original-BERT and HF ratios, and the micro-batch probe
-  compile   bench.py's step in each torch.compile mode (default, max-autotune-no-cudagraphs,
+  compile   tools/bench.py's step in each torch.compile mode (default, max-autotune-no-cudagraphs,
             max-autotune) and eager, at the micro-batch the probe chose: tokens/s and warm-up
   float16   the consumer-GPU path: bfloat16 and float16 (loss scaling) trained a few minutes each,
             their validation loss curves, tokens/s and skipped updates side by side
@@ -84,11 +84,11 @@ transfer_limit_minutes = 15.0  # > 0: the phase's time limit (deadline_minutes m
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
 prepare_minutes = 3.0      # > 0: the phase's time limit
 # bench
-bench_args = "--shape=reference"  # more bench.py settings
+bench_args = "--shape=reference"  # more tools/bench.py settings
 bench_minutes = 8.0        # > 0
-# compile: bench.py's crammed row in each torch.compile mode (and eager), at compile_micro_batch
-compile_modes = "default,max-autotune-no-cudagraphs,max-autotune"  # bench.py --compile_mode
-compile_micro_batch = 0    # >= 0: 0: the largest the bench phase found (its log), else bench.py's default
+# compile: tools/bench.py's crammed row in each torch.compile mode (and eager), at compile_micro_batch
+compile_modes = "default,max-autotune-no-cudagraphs,max-autotune"  # tools/bench.py --compile_mode
+compile_micro_batch = 0    # >= 0: 0: the largest the bench phase found (its log), else tools/bench.py's default
 compile_minutes = 9.0      # > 0
 # float16: the consumer-GPU path (no bfloat16 before Ampere) trained beside bfloat16, at the reference shape
 float16_minutes = 1.5      # > 0: training budget of each precision
@@ -472,7 +472,7 @@ def phase_transfer(deadline, logs):
 
 
 def phase_bench(deadline, logs):
-    args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args)]
+    args = ["tools/bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args)]
     output = run_logged(args, os.path.join(logs, "bench.log"), deadline)
     crammed = re.search(r"^\| crammed \| (\d+) \| ([\d,]+) \|.*\| (\d+)% \| ([\d.]+%|-) \|$", output, re.M)
     headline = (f"crammed: {crammed.group(2)} tokens/s at micro-batch {crammed.group(1)}, MFU {crammed.group(4)}, "
@@ -483,7 +483,7 @@ def phase_bench(deadline, logs):
 
 def compile_micro_batch_used(logs):
     """(micro-batch, how it was chosen) for the compile phase: compile_micro_batch, else the bench
-    phase's largest (its log), else bench.py's own (0)."""
+    phase's largest (its log), else tools/bench.py's own (0)."""
     bench_log = os.path.join(logs, "bench.log")
     found = re.search(r"largest micro-batch within 90% of the free GPU memory: (\d+)",
                       Path(bench_log).read_text()) if os.path.isfile(bench_log) else None
@@ -491,20 +491,20 @@ def compile_micro_batch_used(logs):
         return compile_micro_batch, "--compile_micro_batch"
     if found:
         return int(found.group(1)), "the bench phase's largest micro-batch"
-    return 0, "bench_args' or bench.py's default micro-batch"
+    return 0, "bench_args' or tools/bench.py's default micro-batch"
 
 
 BENCH_ROW = re.compile(r"^\| crammed(?:, ([\w-]+))? \| (\d+) \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \| ([\d.-]+) \|.*$", re.M)
 
 
 def phase_compile(deadline, logs):
-    """bench.py's crammed step in each of compile_modes (warm-up: compilation and autotuning) and
-    eager, at the micro-batch training uses; one bench.py run per mode, so that a mode that fails
+    """tools/bench.py's crammed step in each of compile_modes (warm-up: compilation and autotuning) and
+    eager, at the micro-batch training uses; one tools/bench.py run per mode, so that a mode that fails
     (out of memory, a compiler error) or runs out of time costs only its own row."""
     micro, how = compile_micro_batch_used(logs)
     rows, failures, commands = {}, [], []
     for i, mode in enumerate(m for m in compile_modes.split(",") if m):
-        args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
+        args = ["tools/bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
                 f"--compile_mode={mode}", "--baselines=False", "--sweep=False", f"--eager={i == 0}",  # eager once
                 *([f"--micro_batch={micro}"] if micro else [])]
         commands.append(f"`{command_line(args)}`")

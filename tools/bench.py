@@ -1,8 +1,8 @@
 """Throughput, MFU and memory of the training step, beside baselines timed in the same run.
 
-    python bench.py                       # a GPU: the reference 16x768 shape; a CPU: the quickstart shape
-    python bench.py --shape=reference --micro_batch=256 --sweep=False
-    python bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
+    python tools/bench.py                       # a GPU: the reference 16x768 shape; a CPU: the quickstart shape
+    python tools/bench.py --shape=reference --micro_batch=256 --sweep=False
+    python tools/bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
 
 Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile,
 fused AdamW, all set up by runtime.py as in training) after warm-up, with the device
@@ -32,11 +32,13 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-import process
-import runtime
-from configurator import read_config_file, configure
-from data import MASK_RATE, benchmark_tokens, RandomBatches
-from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import process  # noqa: E402  (the core sits one folder up)
+import runtime  # noqa: E402
+from configurator import read_config_file, configure  # noqa: E402
+from data import MASK_RATE, benchmark_tokens, RandomBatches  # noqa: E402
+from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups  # noqa: E402
 
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small, cpu}: 16x768 with 32768 tokens, 4x256 with 8192, config/train_cpu.py's
@@ -61,7 +63,7 @@ profile = False         # print the crammed step's 20 costliest kernels and its 
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+CONFIG_DIR = os.path.join(ROOT, "config")
 ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
 CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
 # the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (cpp_fused_* on a CPU, where
