@@ -11,6 +11,7 @@ import math
 import torch
 
 import runtime
+from data import repeat_warning
 from model import ModelConfig
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
@@ -200,3 +201,16 @@ def lr_line(lr, d_model):
     """The start-up line that says the learning rate the rule set."""
     return (f"lr: {lr:.3g} by the width ({LR_AT_768:g} x ({d_model} / 768) ** {LR_WIDTH_EXPONENT}, budget.lr_for_width; "
             f"--lr sets it)")
+
+
+def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):
+    """Once the speed is known (2 minutes in, or 5% of the budget), a warning where the budget at that speed
+    repeats the data too often (data.repeat_warning); returns whether it was known."""
+    budget_seconds = 3600 * budget_hours
+    if seconds < min(120.0, 0.05 * budget_seconds):
+        return False
+    warning = repeat_warning(tokens + tokens_per_s * max(0.0, budget_seconds - seconds), data_tokens,
+                             f"at {tokens_per_s:,.0f} tokens/s")
+    if warning:
+        print(warning)
+    return True

@@ -139,8 +139,7 @@ def check_settings(world, config, rt):
         check_offload(world, config, rt.dtype)
 
 
-# what evaluation and saving read: the model on the device, validation rows, meta, micro-batch, Runtime, metrics log
-Evaluation = namedtuple("Evaluation", "model val_tokens meta micro rt metrics")
+Evaluation = namedtuple("Evaluation", "model val_tokens meta micro rt metrics")  # what evaluation and saving read
 
 
 def run_eval(ev, step, tokens, seconds):
@@ -184,8 +183,7 @@ def main(config):
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     checkpoint = load_checkpoint(ckpt_path, "resume") if resume else None  # first: dtype=auto keeps its precision
     rt, rank = setup_device(config, checkpoint, world, ddp)
-    master = rank == 0
-    log = print if master else (lambda *a, **k: None)
+    master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     refuse_taken(ckpt_path, checkpoint, master)  # before any work: the budget's timing, a GPU's probe
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
@@ -197,9 +195,8 @@ def main(config):
     # the micro-batch, after a check that the step can fit the device's memory (runtime.check_memory)
     micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
-    metrics = open_out_dir(model_args, ckpt_path, config, master, rt, n_rows * seq_len, checkpoint)
-    for line in budget.start_lines(pick, config, seq_len, micro * world, lr) if not checkpoint else ():
-        log(line)
+    opening = () if checkpoint else budget.start_lines(pick, config, seq_len, micro * world, lr)  # what it picked
+    metrics = open_out_dir(model_args, ckpt_path, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
@@ -207,13 +204,10 @@ def main(config):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
-    trainer = make_trainer(model, rt, ddp, log, config["lr"])
+    trainer = make_trainer(model, rt, ddp, log, config["lr"], checkpoint)
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
-    step, tokens, seconds, skipped, init_loss, last_saved = 0, 0, 0.0, 0, None, None
-    if checkpoint:  # either mode resumes the other's checkpoints: they share the format
-        trainer.load_state_dict(checkpoint)
-        step, tokens, seconds = checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]
-        init_loss, last_saved = checkpoint.get("init_val_loss"), step
+    step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
+    init_loss, last_saved = (checkpoint.get("init_val_loss"), step) if checkpoint else (None, None)
     identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
                     tokenizer=tokenizer_text, budget=pick)  # all a checkpoint needs besides the training state to resume or fine-tune
     if master and init_loss is None:  # the loss at initialisation, which the final line compares with
@@ -223,9 +217,9 @@ def main(config):
 
     # -------------------------------------------------------------------- the loop
     # the clock (`seconds`) runs from the top of an iteration to the end of its step: logging, evaluation, saving free.
-    # Then the speed's window, steps diverged in a row, whether the repeats were warned of, the last step's seconds
+    # Then: the speed's window, steps diverged in a row and skipped, the repeats warned of, the last step's seconds
     last_eval = last_ckpt = seconds
-    window, in_a_row, warned, last_took = (seconds, tokens), 0, budget_tokens > 0, float("inf")
+    window, in_a_row, skipped, warned, last_took = (seconds, tokens), 0, 0, budget_tokens > 0, float("inf")
     while True:
         started = time.perf_counter()
         stop = stop_request.signum is not None
@@ -255,7 +249,7 @@ def main(config):
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=skipped), tokens / (n_rows * seq_len), progress)
-            warned = warned or warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len)
+            warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval = seconds
@@ -289,21 +283,26 @@ def setup_device(config, checkpoint, world, ddp):
     return rt, rank
 
 
-def make_trainer(model, rt, ddp, log, peak_lr):
-    """A model.Trainer: the model on the device, its compiled (DDP-wrapped under torchrun) copy that the step runs,
-    the optimizer and float16's grad scaler; or off-load mode's, its blocks streamed from host memory."""
+def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
+    """A model.Trainer, with the training state of `checkpoint` if one is resumed (either mode resumes the other's:
+    they share the format): the model on the device, its compiled (DDP-wrapped under torchrun) copy that the step
+    runs, the optimizer and float16's grad scaler; or off-load mode's, its blocks streamed from host memory."""
     if offload:
         from offload import OffloadTrainer
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
-        return OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
-    model = model.to(rt.device)
-    groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
-    optimizer = rt.optimizer(groups, optim, lr=peak_lr, betas=(beta1, beta2), eps=eps)
-    step_model = rt.compile_model(model)
-    if ddp:
-        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
-        step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
-    return Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
+        trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    else:
+        model = model.to(rt.device)
+        groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
+        optimizer = rt.optimizer(groups, optim, lr=peak_lr, betas=(beta1, beta2), eps=eps)
+        step_model = rt.compile_model(model)
+        if ddp:
+            device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+            step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
+        trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
+    if checkpoint:
+        trainer.load_state_dict(checkpoint)
+    return trainer
 
 
 def refuse_taken(ckpt_path, checkpoint, master):
@@ -331,11 +330,10 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)
     raise SystemExit(0)
 
 
-def open_out_dir(model_args, ckpt_path, config, master, rt, train_tokens, checkpoint):
-    """out_dir locked, writable, with room for a checkpoint (weights and AdamW in float32); warnings of a run too
-    large for a CPU or its data. Returns rank 0's metrics log (files.MetricsLog; None on the other ranks)."""
-    if not master:
-        return None
+def open_out_dir(model_args, ckpt_path, config, rt, train_tokens, checkpoint, opening):
+    """Rank 0's: out_dir locked, writable, with room for a checkpoint (weights and AdamW in float32); warnings of a
+    run too large for a CPU or its data; the run's opening lines (`opening`, or where a resume starts). Returns the
+    metrics log (files.MetricsLog)."""
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
     claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
@@ -347,6 +345,8 @@ def open_out_dir(model_args, ckpt_path, config, master, rt, train_tokens, checkp
     if checkpoint:
         print(f"resuming {ckpt_path} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
               f"{checkpoint['tokens'] / 1e6:.1f}M tokens in")
+    for line in opening:
+        print(line)
     wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
     return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
 
@@ -364,25 +364,12 @@ def log_step(metrics, rt, record, epoch, progress):
     metrics.write(record)
 
 
-def warn_repeats(tokens, seconds, tokens_per_s, data_tokens):
-    """Once the speed is known (2 minutes in, or 5% of the budget), a warning where the budget at that speed
-    repeats the data too often (data.repeat_warning); returns whether it was known."""
-    if seconds < min(120.0, 0.05 * budget_hours * 3600):
-        return False
-    expected = tokens + tokens_per_s * max(0.0, budget_hours * 3600 - seconds)
-    warning = repeat_warning(expected, data_tokens, f"at {tokens_per_s:,.0f} tokens/s")
-    if warning:
-        print(warning)
-    return True
-
-
 def divergence_stop(in_a_row, step, last_saved, ckpt_path, vocab_size):
     """The one-line stop after max_skipped_steps diverged steps, naming the checkpoint to resume."""
-    saved = last_saved is not None
-    where = f"the last checkpoint is {ckpt_path} at step {last_saved}" if saved else "no checkpoint was saved"
+    where = (f"the last checkpoint is {ckpt_path} at step {last_saved}: lower --lr and resume it" if last_saved is not None
+             else "no checkpoint was saved: lower --lr and start again")
     return SystemExit(f"error: {in_a_row} steps in a row diverged (a non-finite gradient, or a loss above "
-                      f"{math.log(vocab_size) + 1:.2f}) up to step {step}; {where}: lower --lr and "
-                      f"{'resume it' if saved else 'start again'}")
+                      f"{math.log(vocab_size) + 1:.2f}) up to step {step}; {where}")
 
 
 def finish(ev, state, signum, last_saved, ckpt_path):
