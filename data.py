@@ -195,8 +195,12 @@ def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
             return load_tokens(data_dir, "train", meta), data_dir
     except SystemExit:
         pass
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, vocab_size - len(SPECIAL_TOKENS), (4096, seq_len)).astype(np.uint16), "random tokens"
+    return random_tokens(vocab_size, seq_len, seed), "random tokens"
+
+
+def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
+    """`rows` sequences of random regular tokens (no special ones), for a step whose values do not matter."""
+    return np.random.default_rng(seed).integers(0, vocab_size - len(SPECIAL_TOKENS), (rows, seq_len)).astype(np.uint32)
 
 
 class RandomBatches:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import process
+import memory
 import runtime
 from configurator import configure
 from data import MASK_RATE, make_encoding
@@ -273,11 +274,11 @@ def eval_size(rt):
 
 
 def check_memory(ckpt, rt):
-    """One-line errors, before any work, for a batch that surely cannot fit (runtime.check_memory)."""
+    """One-line errors, before any work, for a batch that surely cannot fit (memory.check_memory)."""
     config = ModelConfig(**saved_model_args(ckpt["model_args"]))
-    runtime.check_memory(config, rt, 0.0, (batch_size, f"--batch_size={batch_size}"))
+    memory.check_memory(config, rt, 0.0, (batch_size, f"--batch_size={batch_size}"))
     size = eval_size(rt)
-    runtime.check_memory(config, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
+    memory.check_memory(config, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ import torch
 
 import budget
 import process
+import memory
 import runtime
 from budget import LADDER, SHAPE_FIELDS, shape_of
 from configurator import configure
@@ -192,8 +193,8 @@ def main(config):
     check_settings(world, config, rt)  # with the shape and batch settled
     batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
     check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)  # before a GPU's probe
-    # the micro-batch, after a check that the step can fit the device's memory (runtime.check_memory)
-    micro = config["micro_batch"] = runtime.choose_micro_batch(micro_batch, batch, model_args, rt,
+    # the micro-batch, after a check that the step can fit the device's memory (memory.check_memory)
+    micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                                world, max(mask_rate, mask_rate_start), offload, log)
     opening = () if checkpoint else budget.start_lines(pick, config, seq_len, micro * world, lr)  # what it picked
     metrics = open_out_dir(model_args, ckpt_path, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
@@ -354,11 +355,11 @@ def open_out_dir(model_args, ckpt_path, config, rt, train_tokens, checkpoint, op
 def log_step(metrics, rt, record, epoch, progress):
     """A training log line: `record` (metrics.jsonl's fields) printed with the epoch and the budget's
     share left, and recorded; on a GPU with the peak memory since the last one."""
-    memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
+    held = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped = record["mfu"], record["skipped"]
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
-          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{memory} | epoch {epoch:.2f} | "
+          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{held} | epoch {epoch:.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * (1 - progress):.0f}% of the budget left"
           f"{f' | {skipped} updates skipped (non-finite)' if skipped else ''}")
     metrics.write(record)

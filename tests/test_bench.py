@@ -66,7 +66,7 @@ def test_bench_times_the_encoding_pass_against_raw_tiktoken(prepared, corpus_fil
 
 
 def test_the_memory_estimate_stays_below_what_a_step_takes():
-    """train.py refuses a step by a lower estimate of its memory (runtime.check_memory): measured, a
+    """train.py refuses a step by a lower estimate of its memory (memory.check_memory): measured, a
     training step of the quickstart's shape takes more than it, so a refused step surely does not fit."""
     out = run_script("tools/bench_memory.py", "--micro_batches=64").stdout
     measured, estimate, ratio = map(float, re.search(r"^\| float32, eager \| 64 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",

@@ -104,7 +104,7 @@ def test_a_setting_of_any_size_is_a_one_line_error_that_quotes_it_short():
 
 
 # ------------------------------------------------------------------ 3b. a step that cannot fit is refused before the work
-# The memory a step surely needs (runtime.check_memory: lower estimates from the shape), against the
+# The memory a step surely needs (memory.check_memory: lower estimates from the shape), against the
 # machine's: values past any machine's memory, chosen so that the ordering of the checks (the model,
 # the batch's token ids, a micro-batch's activations) names the setting at fault on any machine
 # from 8 GB to 50 TB.
@@ -138,6 +138,7 @@ def test_finetuning_batches_that_cannot_fit_are_refused_before_the_work(pretrain
 
 
 def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
+    import memory
     import runtime
     from model import ModelConfig
     config = ModelConfig(vocab_size=384, seq_len=32, n_layers=2, d_model=64, n_heads=2, d_ffn=256)
@@ -145,7 +146,7 @@ def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
 
     def refusal(micro, batch):  # None where it fits in 1 GB
         try:
-            runtime.check_memory(config, rt, 0.25, (micro, f"--micro_batch={micro}"), (batch, f"--batch_size={batch}"),
+            memory.check_memory(config, rt, 0.25, (micro, f"--micro_batch={micro}"), (batch, f"--batch_size={batch}"),
                                  capacity=10 ** 9)
         except SystemExit as e:
             return str(e)
@@ -169,17 +170,18 @@ def test_the_memory_check_lets_off_load_mode_train_what_it_was_measured_training
     """Off-load mode keeps each block's input and recomputes one block at a time: on the H100 at the reference
     shape and micro-batch 512 in bfloat16 it trained under a 12 GiB cap (peak 10.1 GiB), which normal mode's
     estimate (every layer's activations, 23 GiB) would refuse; docs/offload.md's 48 x 2048 at 512 fits 80 GiB."""
+    import memory
     import runtime
     from model import SHAPES, ModelConfig
     rt, gib = runtime.setup("cpu", "bfloat16", compile=False), 2 ** 30
     config = ModelConfig(**SHAPES["reference"])
-    runtime.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), offload=True,
+    memory.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), offload=True,
                          capacity=12 * gib)
-    assert runtime.least_bytes(config, rt, 0.25, offload=True)[1] * 512 < 10.1 * gib  # below what it took
+    assert memory.least_bytes(config, rt, 0.25, offload=True)[1] * 512 < 10.1 * gib  # below what it took
     with pytest.raises(SystemExit, match="--micro_batch=512 needs at least"):
-        runtime.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), capacity=12 * gib)
+        memory.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), capacity=12 * gib)
     wide = ModelConfig(**dict(SHAPES["reference"], n_layers=48, d_model=2048, n_heads=32, d_ffn=8192))
-    assert runtime.least_bytes(wide, rt, 0.25, offload=True)[1] * 512 < 80 * gib
+    assert memory.least_bytes(wide, rt, 0.25, offload=True)[1] * 512 < 80 * gib
 
 
 def test_a_bad_config_file_names_its_file_and_line(tmp_path):

@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+import memory
 import runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
 from data import mask_tokens
@@ -162,14 +163,14 @@ def test_largest_micro_batch_respects_the_memory_limit():
             raise torch.cuda.OutOfMemoryError("simulated")
         return need
 
-    size, tried = runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=8192)
+    size, tried = memory.largest_micro_batch(peak_bytes, 16 * gib, largest=8192)
     assert size == 256 and asked == [8, 16, 32, 64, 128, 256, 512] and tried[512] is None  # 512 needs 21 GiB
     # the margin: 256 needs 11 GiB, over 90% of a 12 GiB card, so 128 is chosen
-    assert runtime.largest_micro_batch(peak_bytes, 12 * gib, largest=8192)[0] == 128
-    assert runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=64)[0] == 64  # never above the batch
-    assert runtime.largest_micro_batch(peak_bytes, 16 * gib, largest=6)[0] == 4  # a batch of a few sequences
+    assert memory.largest_micro_batch(peak_bytes, 12 * gib, largest=8192)[0] == 128
+    assert memory.largest_micro_batch(peak_bytes, 16 * gib, largest=64)[0] == 64  # never above the batch
+    assert memory.largest_micro_batch(peak_bytes, 16 * gib, largest=6)[0] == 4  # a batch of a few sequences
     with pytest.raises(SystemExit, match="not even a micro-batch of 8"):
-        runtime.largest_micro_batch(peak_bytes, gib, largest=8192)
+        memory.largest_micro_batch(peak_bytes, gib, largest=8192)
 
 
 def test_setup_errors():

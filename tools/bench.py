@@ -35,6 +35,7 @@ import torch.nn as nn
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import process  # noqa: E402  (the core sits one folder up)
+import memory  # noqa: E402
 import runtime  # noqa: E402
 from configurator import read_config_file, configure  # noqa: E402
 from data import MASK_RATE, benchmark_tokens, RandomBatches  # noqa: E402
@@ -220,16 +221,16 @@ def time_data(tokens, micro, rt, vocab, n=20):
     return (time.perf_counter() - start) / n
 
 
-def gib(memory):
-    return f"{memory / 2 ** 30:.1f}" if memory is not None else "-"
+def gib(size):
+    return f"{size / 2 ** 30:.1f}" if size is not None else "-"
 
 
-def row(name, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak):
+def row(name, micro, seconds, warmup_seconds, held, flops, peak, matmul_peak):
     tokens_per_s = micro * accum_steps * seq_len / seconds
     achieved = flops * tokens_per_s
     mfu = f"{100 * achieved / peak:.1f}%" if peak else "-"
     return tokens_per_s, (f"| {name} | {micro} | {tokens_per_s:,.0f} | {1e3 * seconds / accum_steps:.1f} | "
-                          f"{warmup_seconds:.1f} | {gib(memory)} | {flops / 1e9:.3f} | {achieved / 1e12:.3f} | "
+                          f"{warmup_seconds:.1f} | {gib(held)} | {flops / 1e9:.3f} | {achieved / 1e12:.3f} | "
                           f"{100 * achieved / matmul_peak:.0f}% | {mfu} |")
 
 
@@ -251,7 +252,7 @@ def main():
     n_steps = steps or (10 if gpu else 3)
     n_warmup = warmup_steps or (3 if gpu else 1)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
-    runtime.check_memory(ModelConfig(**dims, seq_len=seq_len), rt, MASK_RATE, (micro, f"--micro_batch={micro}"))
+    memory.check_memory(ModelConfig(**dims, seq_len=seq_len), rt, MASK_RATE, (micro, f"--micro_batch={micro}"))
     tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)
     print(f"# {name} shape {dims['n_layers']}x{dims['d_model']}, vocabulary {dims['vocab_size']}, seq {seq_len} | "
           f"{rt.describe()} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads | "
@@ -273,7 +274,7 @@ def main():
     speeds, crammed_seconds = {}, None
     for recipe, build, mask_rate, flops, run_rt in runs:
         try:
-            seconds, warmup_seconds, memory = time_training(build, mask_rate, micro, tokens, run_rt, n_steps, n_warmup,
+            seconds, warmup_seconds, held = time_training(build, mask_rate, micro, tokens, run_rt, n_steps, n_warmup,
                                                             profiled=profile and recipe == "crammed")
         except torch.cuda.OutOfMemoryError:  # a baseline's dense logits can need far more than the crammed step
             if recipe == "crammed":
@@ -282,7 +283,7 @@ def main():
             print(f"| {recipe} | {micro} | out of GPU memory |", flush=True)
             torch.cuda.empty_cache()
             continue
-        speeds[recipe], line = row(recipe, micro, seconds, warmup_seconds, memory, flops, peak, matmul_peak)
+        speeds[recipe], line = row(recipe, micro, seconds, warmup_seconds, held, flops, peak, matmul_peak)
         crammed_seconds = crammed_seconds or seconds
         print(line, flush=True)
     for recipe in list(speeds)[1:]:
@@ -297,12 +298,12 @@ def main():
         build = built["crammed"][0]
 
         def peak_bytes(size):
-            seconds, _, memory = time_training(build, MASK_RATE, size, tokens, eager_rt, max(2, n_steps // 2), n_warmup)
-            print(f"| {size} | {size * accum_steps * seq_len / seconds:,.0f} | {gib(memory)} |", flush=True)
-            return memory or 0
+            seconds, _, held = time_training(build, MASK_RATE, size, tokens, eager_rt, max(2, n_steps // 2), n_warmup)
+            print(f"| {size} | {size * accum_steps * seq_len / seconds:,.0f} | {gib(held)} |", flush=True)
+            return held or 0
 
-        capacity = runtime.free_device_memory(rt) if gpu else float("inf")
-        largest, tried = runtime.largest_micro_batch(peak_bytes, capacity, 8192 if gpu else 64)
+        capacity = memory.free_device_memory(rt) if gpu else float("inf")
+        largest, tried = memory.largest_micro_batch(peak_bytes, capacity, 8192 if gpu else 64)
         if gpu:
             out_of_memory = [size for size, peak_memory in tried.items() if peak_memory is None]
             print(f"\nlargest micro-batch within 90% of the free GPU memory: {largest} (what train.py's "

@@ -1,5 +1,5 @@
 """The memory a training step takes beside the lower estimate train.py refuses a step by
-(runtime.check_memory's runtime.least_bytes: 16 bytes a parameter, ModelConfig.step_bytes a sequence).
+(memory.check_memory's memory.least_bytes: 16 bytes a parameter, ModelConfig.step_bytes a sequence).
 
     python tools/bench_memory.py                                  # the quickstart's shape on this CPU
     python tools/bench_memory.py --micro_batches=64,256 --dtypes=float32,bfloat16 --compiles=False,True
@@ -33,6 +33,7 @@ device = "cpu"            # cpu, cuda
 CASE = """
 import resource, sys, torch
 sys.path.insert(0, {root!r})
+import memory
 import runtime
 from data import MASK_RATE, SPECIAL_TOKENS, mask_tokens, special_ids
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
@@ -49,7 +50,7 @@ before = 0 if rt.device.type == "cuda" else resident()
 for _ in range(2):
     trainer.step([batch], 1e-3, 1.0)
 used = torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda" else resident() - before
-model_bytes, per_sequence = runtime.least_bytes(config, rt, MASK_RATE)  # what train.py's check refuses by
+model_bytes, per_sequence = memory.least_bytes(config, rt, MASK_RATE)  # what train.py's check refuses by
 estimate = model_bytes + micro * per_sequence
 print(used, estimate)
 """

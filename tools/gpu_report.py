@@ -686,15 +686,15 @@ def glue_points(deadline, logs):
 # ---------------------------------------------------------------- off-load: larger than the GPU
 def host_available_bytes():
     """MemAvailable from /proc/meminfo (Linux), else the free physical pages; never more than the
-    container's limit (runtime.memory_capacity)."""
+    container's limit (memory.memory_capacity)."""
     import torch
-    import runtime
+    import memory
     try:
         with open("/proc/meminfo") as f:
             available = int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
     except (OSError, AttributeError):
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return min(available, runtime.memory_capacity(torch.device("cpu")) or available)
+    return min(available, memory.memory_capacity(torch.device("cpu")) or available)
 
 
 def model_args_for(d_model, n_layers, vocab_size, seq_len):

@@ -1,0 +1,162 @@
+"""The memory a run needs against the memory it has: a one-line error, before any work, for a step
+that surely cannot fit (check_memory, by lower estimates), and the micro-batch (choose_micro_batch:
+on a GPU the largest that fits, found by a probe). Called once by train.py, finetune_glue.py and
+the benchmarks, before the model is built.
+"""
+import functools
+import os
+
+import torch
+import torch.distributed as dist
+
+from data import RandomBatches, random_tokens
+from files import size_text
+from model import CrammedBert, ModelConfig, Trainer, param_groups
+
+
+def free_device_memory(rt):
+    """Bytes this process could use on its GPU: what is free plus what its allocator holds."""
+    free, _ = torch.cuda.mem_get_info(rt.device)
+    return free + torch.cuda.memory_reserved(rt.device)
+
+
+def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
+    """The largest power-of-two micro-batch from `smallest` (or the largest power of two up to a
+    smaller `largest`: a batch of a few sequences) up to `largest` whose peak memory stays under
+    (1 - margin) of `capacity` bytes; the margin leaves room for fragmentation and for what changes
+    between the probe and training. peak_bytes(size) runs a training step at that size and returns
+    its peak memory, raising torch.cuda.OutOfMemoryError when it does not fit.
+    Returns (size, {size: peak bytes or None where out of memory})."""
+    smallest = min(smallest, 1 << (largest.bit_length() - 1))
+    tried, best, size = {}, None, smallest
+    while size <= largest:
+        try:
+            tried[size] = peak_bytes(size)
+        except torch.cuda.OutOfMemoryError:
+            tried[size] = None
+            break
+        if tried[size] > (1 - margin) * capacity:
+            break
+        best, size = size, size * 2
+    if best is None:
+        raise SystemExit(f"error: not even a micro-batch of {smallest} sequences fits in "
+                         f"{(1 - margin) * capacity / 2 ** 30:.1f} GiB; use a smaller model or a larger GPU")
+    return best, tried
+
+
+def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
+    """Peak device bytes of one eager training step at micro-batch `size` (random tokens)."""
+    vocab = model.config.vocab_size
+    batches = RandomBatches(random_tokens(vocab, model.config.seq_len), vocab, size, rt, mask_rate)(1)
+    rt.reset_peak_memory()
+    Trainer(model, optimizer, scaler, autocast=rt.autocast).step(batches, 0.0, 1.0)
+    rt.synchronize()
+    return rt.peak_memory()
+
+
+def probe_micro_batch(model_args, rt, largest, mask_rate):
+    """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a
+    throwaway model of the real shape, its AdamW state and one eager step per size (eager keeps at
+    least the activations a compiled step keeps, so the compiled run fits too).
+    Returns (size, {size: peak bytes or None})."""
+    model = CrammedBert(**model_args).to(rt.device)
+    optimizer = rt.optimizer(param_groups(model, 0.0), lr=0.0)
+    scaler = rt.grad_scaler()
+    try:
+        peak_bytes = functools.partial(probe_peak_bytes, model, optimizer, scaler, mask_rate=mask_rate, rt=rt)
+        return largest_micro_batch(peak_bytes, free_device_memory(rt), largest)
+    finally:
+        del model, optimizer
+        torch.cuda.empty_cache()
+        rt.reset_peak_memory()  # the training log reports training's own peak
+
+
+def memory_capacity(device):
+    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or its container's
+    limit (cgroup v2 or v1) where that is lower; None where the system does not say (Windows)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total
+
+
+def least_bytes(config, rt, mask_rate, training=True, offload=False):
+    """The lower estimates check_memory refuses by: (the model's weights, gradients and AdamW state at
+    16 bytes a parameter, one sequence's activations in rt's precision: ModelConfig.step_bytes)."""
+    value_bytes = 4 if rt.dtype == torch.float32 else 2
+    return 16 * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
+
+
+def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, offload=False, capacity=None):
+    """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`,
+    default memory_capacity's) by lower estimates, so that what is refused surely does not fit: the
+    weights, gradients and AdamW state (16 bytes a parameter; off-load mode keeps them in host
+    memory), a micro-batch's activations (ModelConfig.step_bytes; `training` or inference, normal or
+    off-load mode) and the token ids of a step's batch (inputs, positions, labels: 12 bytes a
+    position, all on the device before the step). micro and batch: (sequences, the setting that
+    chose them: '--micro_batch=32', or what chose the value); an error names it (or the model's
+    shape) and the largest value that fits."""
+    (micro, micro_name), (batch, batch_name) = micro, batch
+    capacity = capacity or memory_capacity(rt.device)
+    if not capacity:
+        return
+    params, where = config.parameters_at_least(), f"this {'GPU' if rt.device.type == 'cuda' else 'machine'}'s"
+    model_bytes, per_sequence = least_bytes(config, rt, mask_rate, training, offload)
+    state = model_bytes * (not offload)
+    ids = 12 * config.seq_len * batch
+    fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" and
+                                                         not offload else "")
+    host = memory_capacity(torch.device("cpu")) if offload else None
+    if host and model_bytes > host:  # off-load's masters and AdamW state live in host memory
+        state, where, capacity = model_bytes, "the host's", host
+    if state + per_sequence > capacity:
+        raise SystemExit(f"error: a model of {config.n_layers} x {config.d_model} ({params / 1e6:,.0f}M parameters) "
+                         f"needs at least {size_text(state + per_sequence)} for its weights, gradients and AdamW state "
+                         f"and one sequence, more than {where} {size_text(capacity)}: {fix}")
+    if state + per_sequence + ids > capacity:
+        largest = (capacity - state - per_sequence) // (12 * config.seq_len)
+        raise SystemExit(f"error: {batch_name} needs at least {size_text(state + per_sequence + ids)} (its "
+                         f"token ids, the model and one sequence's activations), more than {where} "
+                         f"{size_text(capacity)}: the largest that fits is about {largest:,}")
+    if state + per_sequence * micro + ids > capacity:
+        largest = (capacity - state - ids) // per_sequence
+        raise SystemExit(f"error: {micro_name} needs at least {size_text(state + per_sequence * micro + ids)} "
+                         f"({size_text(per_sequence)} of activations a sequence, and the model), more than {where} "
+                         f"{size_text(capacity)}: the largest that fits is about {largest:,}")
+
+
+def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate, offload, log):
+    """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
+    torchrun the smallest over the ranks) and divides the batch; on a CPU and in off-load mode 32 or
+    less. Either is checked first against the memory it surely needs (check_memory; before the probe,
+    with one sequence: the model itself)."""
+    probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
+    chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
+    name = f"--micro_batch={chosen}" if micro_batch else \
+        f"a micro-batch of {chosen} (micro_batch=0 {'in off-load mode' if offload else 'on a CPU'})"
+    check_memory(ModelConfig(**model_args), rt, mask_rate, (chosen, name), (batch_size // world, f"--batch_size={batch_size}"),
+                 offload=offload)
+    if not probe:
+        return chosen
+    chosen, tried = probe_micro_batch(model_args, rt, batch_size // world, mask_rate)
+    if world > 1:
+        t = torch.tensor([chosen], device=rt.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        chosen = int(t.item())
+    while batch_size % (chosen * world):
+        chosen //= 2
+    peaks = ", ".join(f"{s}: {b / 2 ** 30:.1f}" if b else f"{s}: out of memory" for s, b in tried.items())
+    log(f"micro_batch=0: chose {chosen}, the largest power of two within 90% of the GPU's free memory "
+        f"(peak GiB by size: {peaks})")
+    return chosen
