@@ -44,8 +44,7 @@ n_layers = 0              # >= 0: 0: by the budget
 d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
 n_heads = 0               # >= 0: 0: by the budget
 d_ffn = 0                 # >= 0: 0: by the budget
-# every other field of model.py's ModelConfig (smear, glu, ...) is a setting here too, with its default
-# there (--help lists them); vocabulary and sequence length come from the data
+# every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (--help); vocabulary, sequence length: the data
 # objective
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
