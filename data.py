@@ -186,18 +186,6 @@ def load_run_data(path):
     return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
 
 
-def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
-    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
-    regular tokens."""
-    try:
-        meta = load_meta(data_dir)
-        if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
-            return load_tokens(data_dir, "train", meta), data_dir
-    except SystemExit:
-        pass
-    return random_tokens(vocab_size, seq_len, seed), "random tokens"
-
-
 def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
     """`rows` sequences of random regular tokens (no special ones), for a step whose values do not matter."""
     return np.random.default_rng(seed).integers(0, vocab_size - len(SPECIAL_TOKENS), (rows, seq_len)).astype(np.uint32)

@@ -38,7 +38,8 @@ import process  # noqa: E402  (the core sits one folder up)
 import memory  # noqa: E402
 import runtime  # noqa: E402
 from configurator import read_config_file, configure  # noqa: E402
-from data import MASK_RATE, benchmark_tokens, RandomBatches  # noqa: E402
+from data import MASK_RATE, RandomBatches  # noqa: E402
+from measure import benchmark_tokens, gib  # noqa: E402
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -219,10 +220,6 @@ def time_data(tokens, micro, rt, vocab, n=20):
         batches(1)
     rt.synchronize()
     return (time.perf_counter() - start) / n
-
-
-def gib(size):
-    return f"{size / 2 ** 30:.1f}" if size is not None else "-"
 
 
 def row(name, micro, seconds, warmup_seconds, held, flops, peak, matmul_peak):

@@ -22,8 +22,8 @@ sys.path.insert(0, ROOT)
 import process  # noqa: E402  (the core sits one folder up)
 import runtime  # noqa: E402
 from configurator import configure  # noqa: E402
-from data import MASK_RATE, benchmark_tokens, RandomBatches  # noqa: E402
-from measure import alternate, gib, spread  # noqa: E402
+from data import MASK_RATE, RandomBatches  # noqa: E402
+from measure import alternate, benchmark_tokens, gib, spread  # noqa: E402
 from model import SHAPES, CrammedBert, Trainer, param_groups  # noqa: E402
 from offload import OffloadTrainer  # noqa: E402
 

@@ -809,7 +809,8 @@ def offload_plan(device_bytes, host_bytes, vocab_size, seq_len):
 def phase_offload(deadline, logs):
     import torch
     import runtime
-    from data import MASK_RATE, benchmark_tokens, RandomBatches
+    from data import MASK_RATE, RandomBatches
+    from measure import benchmark_tokens
     from model import CrammedBert
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"

@@ -1,5 +1,23 @@
-"""Timing helpers the benchmark tools share: alternating rounds and a median (min-max) figure."""
+"""What the benchmark tools share: their tokens, alternating rounds and a median (min-max) figure."""
+import os
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from data import load_tokens, random_tokens  # noqa: E402  (the core sits one folder up)
+from files import load_meta  # noqa: E402
+
+
+def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
+    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
+    regular tokens."""
+    try:
+        meta = load_meta(data_dir)
+        if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
+            return load_tokens(data_dir, "train", meta), data_dir
+    except SystemExit:
+        pass
+    return random_tokens(vocab_size, seq_len, seed), "random tokens"
 
 
 def alternate(timers, n_repeats):
