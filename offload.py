@@ -27,16 +27,16 @@ import torch.nn as nn
 from model import Block, at_positions, param_groups
 
 
-def check_settings(world, settings, dtype):
-    """One-line errors for what off-load mode does not run with: train.py's settings, the autocast dtype."""
+def check_settings(world, config, optim, dtype):
+    """One-line errors for what off-load mode does not run with: the processes, the model (a ModelConfig),
+    the optimizer, the autocast dtype."""
     if world > 1:
         raise SystemExit("error: --offload=True runs in one process: start it with python, not torchrun")
-    if 0 < settings["full_layers"] < settings["n_layers"]:
+    if config.full_layer_count() < config.n_layers:
         raise SystemExit("error: --offload=True streams whole layers: it does not combine with narrowed layers "
                          "(--full_layers)")
-    if settings["optim"] != "adamw":
-        raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with "
-                         f"--optim={settings['optim']}")
+    if optim != "adamw":
+        raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
     if dtype == torch.float16:
         raise SystemExit("error: --offload=True needs --dtype=bfloat16 or float32 (float16's loss scaling is not "
                          "built for it)")

@@ -128,7 +128,7 @@ def check_settings(world, config, rt):
     """One-line errors for settings that cannot run together, before any work (each setting's own
     range is declared beside it and checked by the configurator); again once the shape and batch
     are settled (budget.settle), with those. Until then a shape field not given is any rung's."""
-    ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})
+    model = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})
     if wandb_log and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     batch, unit = config["batch_size"], f"--micro_batch={micro_batch} times " if micro_batch else ""
@@ -136,7 +136,7 @@ def check_settings(world, config, rt):
         raise SystemExit(f"error: --batch_size={batch} must be a multiple of {unit}the {world} process(es)")
     if offload:
         from offload import check_settings as check_offload
-        check_offload(world, config, rt.dtype)
+        check_offload(world, model, optim, rt.dtype)
 
 
 Evaluation = namedtuple("Evaluation", "model val_tokens meta micro rt metrics")  # what evaluation and saving read

@@ -157,6 +157,7 @@ def test_offload_refuses_what_it_does_not_support(prepared, tmp_path, monkeypatc
     train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--offload=True"]
     assert_one_line_error(run_script(*train, "--optim=muon", check=False), "--offload=True", "--optim=muon")
     assert_one_line_error(run_script(*train, "--dtype=float16", check=False), "--offload=True", "bfloat16")
+    assert_one_line_error(run_script(*train, "--full_layers=1", check=False), "--offload=True", "narrowed layers")
     for name, value in dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
         monkeypatch.setenv(name, value)  # as torchrun sets them: refused before joining the others
     assert_one_line_error(run_script(*train, check=False), "--offload=True", "torchrun")
