@@ -133,15 +133,15 @@ def budget_compute(config, rt, world, master, ddp):
     A CPU's step keeps up with its float32 matmuls, not its bfloat16 ones (BENCHMARKS.md, "The CPU's
     precision"): there a float32 matmul measures the step, and bfloat16's gain is cpu_bf16_gain."""
     cpu_bf16 = rt.device.type == "cpu" and rt.dtype == torch.bfloat16
-    timed = dataclasses.replace(rt, dtype=torch.float32) if rt.device.type == "cpu" else rt
+    matmul_rt = dataclasses.replace(rt, dtype=torch.float32) if rt.device.type == "cpu" else rt
     speed, gain = 0.0, 1.0
     if master and not config["budget_tokens"]:
-        speed = runtime.matmul_speed(timed)
+        speed = runtime.matmul_speed(matmul_rt)
         gain = cpu_bf16_gain(rt.bf16_speedup or runtime.bf16_speedup()) if cpu_bf16 else 1.0
     if ddp:
         speed, gain = runtime.from_rank0(speed, rt.device), runtime.from_rank0(gain, rt.device)
     compute = config["budget_hours"] * 3600 * speed * gain * STEP_EFFICIENCY * world
-    return compute, dict(matmul_flops=speed, matmul_dtype=timed.dtype_name(), bf16_gain=gain)
+    return compute, dict(matmul_flops=speed, matmul_dtype=matmul_rt.dtype_name(), bf16_gain=gain)
 
 
 def pick_for(compute, config, given, data_args, data_tokens, world):

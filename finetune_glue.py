@@ -586,7 +586,7 @@ def main(config):
     check_earlier(path, identity)
     facts = pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint)))
     earlier = read_runs(run_files(path), identity)
-    rt = runtime.setup(device, dtype, compile=False, trained=earlier_precision(earlier))
+    rt = runtime.setup(device, dtype, compile=False, continues=earlier_precision(earlier))
     check_memory(ckpt, rt)
     settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
     todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group)

@@ -144,11 +144,11 @@ class Runtime:
         return str(self.dtype).replace("torch.", "")
 
 
-def setup(device="auto", dtype="auto", compile=True, compile_mode="default", trained=None):
+def setup(device="auto", dtype="auto", compile=True, compile_mode="default", continues=None):
     """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto':
     auto_dtype's rule; or 'float32', 'bfloat16', 'float16'), compile and compile_mode
-    (COMPILE_MODES). Under torchrun, 'cuda' is this process's GPU (LOCAL_RANK). trained: a resumed
-    run's (device type, dtype), which auto keeps (auto_dtype)."""
+    (COMPILE_MODES). Under torchrun, 'cuda' is this process's GPU (LOCAL_RANK). continues: the
+    (device type, dtype) of the run this one continues, which auto keeps (auto_dtype)."""
     fit_threads()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -171,7 +171,7 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", tra
         torch.backends.cudnn.allow_tf32 = True
     why, speedup = "", 0.0
     if dtype == "auto":
-        dtype, why, speedup = auto_dtype(dev, trained=trained)
+        dtype, why, speedup = auto_dtype(dev, continues=continues)
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
     check_compile_mode(compile_mode, dev)  # with compile off too: a mode that cannot run here is a mistake to report
@@ -190,16 +190,16 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", tra
 BF16_PICK_RATIO = 1.5
 
 
-def auto_dtype(device, trained=None, speedup=None):
+def auto_dtype(device, continues=None, speedup=None):
     """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed).
-    The run it continues, `trained` (the device type and dtype its checkpoint trained in, or earlier
+    The run it continues, `continues` (the device type and dtype its checkpoint trained in, or earlier
     fine-tuning runs'), on a device of that type (bfloat16 where a GPU has it): a run and its resume
     train alike. Else on a GPU bfloat16 where it has it, else float16; on a CPU bfloat16 where its
     matmuls run at least BF16_PICK_RATIO times float32's (bf16_speedup: the CPU's flags do not tell),
     float32 elsewhere. speedup: the measurement to use instead (tests)."""
     bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
-    if trained and trained[0] == device.type and trained[1] in DTYPES and (trained[1] != "bfloat16" or bfloat16):
-        return trained[1], "auto: as the run it continues", 0.0
+    if continues and continues[0] == device.type and continues[1] in DTYPES and (continues[1] != "bfloat16" or bfloat16):
+        return continues[1], "auto: as the run it continues", 0.0
     if device.type == "cuda":
         return ("bfloat16", "auto: a GPU with bfloat16", 0.0) if bfloat16 else ("float16", "auto: a GPU without bfloat16", 0.0)
     speedup = bf16_speedup() if speedup is None else speedup

@@ -152,10 +152,10 @@ def run_eval(ev, step, tokens, seconds):
     return val_loss, accuracy
 
 
-def checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final):
+def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final):
     """What a checkpoint holds: the training state (either mode's, in one format), the run's place in
-    its schedules and data, and its identity."""
-    return dict(trainer.state_dict(), **identity, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
+    its schedules and data, and `about` it (its model, settings, data, tokenizer and budget)."""
+    return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final)
 
 
@@ -208,8 +208,8 @@ def main(config):
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     init_loss, last_saved = (checkpoint.get("init_val_loss"), step) if checkpoint else (None, None)
-    identity = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
-                    tokenizer=tokenizer_text, budget=pick)  # all a checkpoint needs besides the training state to resume or fine-tune
+    about = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
+                 tokenizer=tokenizer_text, budget=pick)  # all a checkpoint needs besides the training state to resume or fine-tune
     if master and init_loss is None:  # the loss at initialisation, which the final line compares with
         init_loss = run_eval(ev, step, tokens, seconds)[0]
     batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
@@ -256,12 +256,12 @@ def main(config):
             run_eval(ev, step, tokens, seconds)
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60:
             last_ckpt = seconds
-            state = checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=False)
+            state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final=False)
             last_saved = save_if_sound(ev, ckpt_path, state, last_saved)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
-        finish(ev, checkpoint_state(trainer, identity, step, seconds, tokens, init_loss, final=not stop),
+        finish(ev, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final=not stop),
                stop_request.signum, last_saved, ckpt_path)
     if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
         del trainer

@@ -204,14 +204,14 @@ def test_auto_picks_bfloat16_on_a_cpu_where_its_matmuls_are_faster_and_keeps_a_c
     monkeypatch.setattr(runtime, "bf16_speedup", untimed)
     # a resumed run trains on in its checkpoint's precision where the device is of the same type, untimed
     for trained in ("float32", "bfloat16", "float16"):
-        assert runtime.auto_dtype(cpu, trained=("cpu", trained)) == (trained, "auto: as the run it continues", 0.0)
-        assert runtime.setup("cpu", "auto", compile=False, trained=("cpu", trained)).dtype_name() == trained
+        assert runtime.auto_dtype(cpu, continues=("cpu", trained)) == (trained, "auto: as the run it continues", 0.0)
+        assert runtime.setup("cpu", "auto", compile=False, continues=("cpu", trained)).dtype_name() == trained
     # a setting that names a precision wins over both, untimed
-    assert runtime.setup("cpu", "float32", compile=False, trained=("cpu", "bfloat16")).dtype == torch.float32
+    assert runtime.setup("cpu", "float32", compile=False, continues=("cpu", "bfloat16")).dtype == torch.float32
     assert runtime.setup("cpu", "bfloat16", compile=False).bf16_speedup == 0.0
     # another device's precision, an older checkpoint's "auto" or none: this device's own rule
     for trained in (("cuda", "bfloat16"), ("cpu", "auto"), (None, None), None):
-        assert runtime.auto_dtype(cpu, trained=trained, speedup=0.5)[0] == "float32"
+        assert runtime.auto_dtype(cpu, continues=trained, speedup=0.5)[0] == "float32"
     said = runtime.Runtime(cpu, torch.float32, False, why="auto: bfloat16 matmuls 0.5x float32's here, under 1.5x")
     assert said.describe() == "cpu, float32 (auto: bfloat16 matmuls 0.5x float32's here, under 1.5x)"
 
