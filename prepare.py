@@ -540,8 +540,7 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
             if due:
                 files.record(documents.state() if isinstance(documents, RowStream) else None)
                 last_record = time.time()
-        while jobs:  # the end of the source: the batches left are all written
-            files.write_batch(*jobs.popleft())
+        write_in_flight(files, jobs, 0, max_tokens)  # the end of the source: the batches left, up to max_tokens
     finally:
         pool.shutdown(cancel_futures=True)
         bar.close()

@@ -355,6 +355,14 @@ def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):
     capped = load_meta(tmp_path / "capped")
     assert capped["documents"] % 256 == 0 and 20000 <= capped["train_tokens"] < 20000 + 256 * 200
     assert (tmp_path / "whole" / "train.bin").read_bytes().startswith((tmp_path / "capped" / "train.bin").read_bytes())
+    # also where the batch that reaches it is one of the last two, still in flight when the source ends
+    whole = load_meta(tmp_path / "whole")
+    monkeypatch.setattr(prepare, "max_tokens", int(0.9 * whole["train_tokens"]))
+    monkeypatch.setattr(prepare, "progress_minutes", 60)  # no record: a batch stays in flight while the next is read
+    monkeypatch.setattr(prepare, "out_dir", str(tmp_path / "capped_late"))
+    prepare.main()
+    late = load_meta(tmp_path / "capped_late")
+    assert late["documents"] % 256 == 0 and 0.9 * whole["train_tokens"] <= late["train_tokens"] < whole["train_tokens"]
 
 
 def test_progress_in_a_log_file_is_plain_lines(corpus_file, pretrained, tmp_path, capsys):
