@@ -408,9 +408,9 @@ def refuse_overwrite(path):
 
 
 def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir):
-    """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` with
-    resume=True) continues the same run: the same model, tokenizer and optimizer (the settings of
-    those names), and finite weights. The autocast dtype may change (a run moved to another GPU)."""
+    """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` by
+    load_checkpoint(path, "resume"), which checked its weights finite) continues the same run: the same model,
+    tokenizer and optimizer (the settings of those names). The autocast dtype may change (a run moved to another GPU)."""
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]
@@ -437,10 +437,7 @@ def optimizer_problem(checkpoint, optim):
         return "is not an optimizer's state dict"
     with torch.device("meta"):
         model = CrammedBert(**saved_model_args(checkpoint["model_args"]))
-    if optim == "muon":
-        groups = [g["params"] for g in muon_groups(model, 0.0)]
-    else:
-        groups = [g["params"] for g in param_groups(model, 0.0)]
+    groups = [g["params"] for g in (muon_groups if optim == "muon" else param_groups)(model, 0.0)]
     counts = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in saved["param_groups"]]
     if counts != [len(g) for g in groups]:
         return f"has parameter groups of {counts} parameters where the model's optimizer has {[len(g) for g in groups]}"

@@ -7,15 +7,8 @@ exactly as normal mode does; checkpoints interchange with it. docs/offload.md ha
 precision and its arithmetic. On a CPU the streams are HostStream, which does nothing, so the same
 code runs (and is tested) there.
 
-The parts, one job each:
-  HostBlocks      the host side: masters, accumulators, the pinned copies that cross the bus, a
-                  fused AdamW per block and the one updater thread.
-  BlockStreamer   the device side: the two templates, the copy and gradient streams and their
-                  events; runs the blocks forward and recompute-backward, streaming weights in
-                  and gradients out to HostBlocks.
-  StreamedBlocks  the blocks' place in the model: model.encode streams them (evaluation, fill-in).
-  OffloadTrainer  composes them with the stem: the optimizer step with the global clip, and
-                  checkpoints in normal mode's format.
+The parts, one job each: HostBlocks (the host side), BlockStreamer (the device side), StreamedBlocks (the
+blocks' place in the model) and OffloadTrainer, which composes them with the stem.
 """
 import math
 from concurrent.futures import ThreadPoolExecutor

@@ -136,10 +136,12 @@ class RowStream:
     """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet
     file. An interrupted preparation resumes it without reading again what was done (for a hub
     dataset, downloading it again): state() is datasets' state_dict() after the last document
-    yielded, and calling with that state continues from there."""
+    yielded, and calling with that state continues from there. args, kwargs: datasets.load_dataset's."""
 
-    def __init__(self, load, where, text_field):
-        self.load, self.where, self.text_field, self.rows = load, where, text_field, None
+    def __init__(self, where, text_field, *args, **kwargs):
+        import datasets
+        self.load = functools.partial(datasets.load_dataset, *args, streaming=True, **kwargs)
+        self.where, self.text_field, self.rows = where, text_field, None
 
     def __call__(self, state=None):
         try:
@@ -164,16 +166,7 @@ class RowStream:
 
 def record_file(path, text_field="text"):
     """Rows of a .jsonl/.json/.parquet file, read (streaming, offline) by `datasets`."""
-    import datasets
-    builder = "parquet" if path.endswith(".parquet") else "json"
-    return RowStream(lambda: datasets.load_dataset(builder, data_files=path, split="train", streaming=True), path,
-                     text_field)
-
-
-def hub_dataset(name, hf_config, hf_split, text_field):
-    import datasets
-    return RowStream(lambda: datasets.load_dataset(name, hf_config or None, split=hf_split, streaming=True),
-                     f"hub dataset {name}", text_field)
+    return RowStream(path, text_field, "parquet" if path.endswith(".parquet") else "json", data_files=path, split="train")
 
 
 def local_documents(files, text_field):
@@ -199,7 +192,8 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
     if not process.hub_reachable():
         raise SystemExit(f"error: '{name}' is not a local path and the Hugging Face hub cannot be reached; "
                          f"offline, use --dataset=pydocs (embedded) or a local .txt/.jsonl/.json/.parquet file or folder")
-    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), hub_dataset(name, hf_config, hf_split, text_field)
+    return f"hub:{name}" + (f":{hf_config}" if hf_config else ""), RowStream(f"hub dataset {name}", text_field, name,
+                                                                            hf_config or None, split=hf_split)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -450,17 +444,15 @@ class TokenFiles:
             read=self.read, stats=self.stats, dedup_bytes=self.seen.state() if self.seen else 0,
             writers={split: writer.state() for split, writer in self.writers.items()}, source_state=source_state))
 
-    def check_enough_text(self):
-        """Before anything is renamed into place: each split needs a whole sequence."""
+    def finish(self):
+        """Each split's token file renamed into place if every split holds a whole sequence, else a one-line error
+        (and nothing renamed); returns the counts, with the sequences of each split."""
         if self.writers["train"].sequences and not self.stats["val_tokens"]:
             raise SystemExit(f"error: no document was held out: {self.val_fraction:g} of {self.read:,} documents is "
                              f"none; raise --val_fraction, or separate the text's documents with blank lines")
         if not self.writers["train"].sequences or not self.writers["val"].sequences:
             raise SystemExit(f"error: too little text for one {self.seq_len}-token sequence in each split "
                              f"({self.stats['train_tokens']} train, {self.stats['val_tokens']} val tokens)")
-
-    def finish(self):
-        """Rename the token files into place; returns the counts, with the sequences of each split."""
         for split, writer in self.writers.items():
             writer.finish()
             self.stats[f"{split}_sequences"] = writer.sequences
@@ -589,7 +581,6 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
               f"({files.stats['train_tokens']:,} train tokens)")
     encode_documents(files, documents, progress, enc, s["workers"], s["min_doc_chars"], s["max_tokens"],
                      s["progress_minutes"])
-    files.check_enough_text()
     return files.finish()
 
 
