@@ -1,9 +1,8 @@
-"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final
-batch and the peak learning rate, as pure functions beside their constants and sources; then
-`settle`, train.py's one call, which applies them to a run's settings (given ones win, a resumed run
-keeps its checkpoint's) and start_lines, which say what it picked. The matmul timing that measures
-a device stays in runtime.py. docs/training.md has the published points and how
-their compute was estimated; BENCHMARKS.md the CPU sweeps.
+"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final batch and the
+peak learning rate, as pure functions beside their constants and sources; then `settle`, train.py's one call, which
+applies them to a run's settings (given ones win, a resumed run keeps its checkpoint's) and start_lines, which say
+what it picked. The matmul timing that measures a device stays in runtime.py. docs/training.md has the published
+points and how their compute was estimated; BENCHMARKS.md the CPU sweeps.
 """
 import dataclasses
 import math
@@ -54,12 +53,11 @@ def shape_of(rung, given):
 
 
 def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
-    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time
-    budget's estimate), or `tokens` when above 0 (each rung then costs its own FLOPs per token).
-    The rung whose blocks' matmul weights are nearest (by ratio) the compute's best size,
-    PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT; where it would repeat the data
-    (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens in the time,
-    up to 4x the best size. model_args: the other ModelConfig fields (vocabulary, sequence length,
+    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time budget's estimate),
+    or `tokens` when above 0 (each rung then costs its own FLOPs per token). The rung whose blocks' matmul weights
+    are nearest (by ratio) the compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT;
+    where it would repeat the data (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens
+    in the time, up to 4x the best size. model_args: the other ModelConfig fields (vocabulary, sequence length,
     switches), which the FLOPs per token depend on."""
     rungs = []  # (weights, best size, tokens) of each rung
     for rung in LADDER:
@@ -178,9 +176,8 @@ def start_lines(pick, config, seq_len, micro, lr_given):
 
 
 def budget_line(pick, config, budget, steps):
-    """The start-up line that says what the budget picked, and why: `budget` is train.py's
-    budget_hours or budget_tokens as given ('5 min', '600,000 tokens'), `steps` the optimizer steps
-    expected."""
+    """The start-up line that says what the budget picked, and why: `budget` is train.py's budget_hours or
+    budget_tokens as given ('5 min', '600,000 tokens'), `steps` the optimizer steps expected."""
     if pick["matmul_flops"]:
         gain = pick.get("bf16_gain", 1.0)
         gain = f" x {gain:.2g} (bfloat16's step over float32's here)" if gain != 1.0 else ""

@@ -162,11 +162,10 @@ def settings_help(namespace, known, cls=None, skip=()):
 
 
 def configure(namespace, argv, cls=None, skip=()):
-    """Apply config files and --key=value overrides from argv to namespace (a script's globals()),
-    then check every value against what its comment allows. Returns every setting as a dict: the
-    script's globals, and the fields of `cls` (a settings dataclass such as model.ModelConfig, less
-    `skip`), which are settings too but keep their defaults in the dataclass and live only in the
-    dict. --help or -h prints them and exits."""
+    """Apply config files and --key=value overrides from argv to namespace (a script's globals()), then check every
+    value against what its comment allows. Returns every setting as a dict: the script's globals, and the fields of
+    `cls` (a settings dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
+    defaults in the dataclass and live only in the dict. --help or -h prints them and exits."""
     known = {**dataclass_settings(cls, skip), **config_keys(namespace)}
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))

@@ -79,9 +79,8 @@ def get_batch(tokens, rows, device):
 def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
     """MLM corruption with a fixed count: exactly round(mask_rate * T) positions per row.
 
-    Of the chosen positions 80% become [MASK], 10% a random regular token, 10% stay.
-    A static count keeps tensor shapes fixed for torch.compile. Runs on idx's device.
-    Returns (inputs, positions (B, k), labels (B, k)).
+    Of the chosen positions 80% become [MASK], 10% a random regular token, 10% stay. A static count keeps tensor
+    shapes fixed for torch.compile. Runs on idx's device. Returns (inputs, positions (B, k), labels (B, k)).
     """
     B, T = idx.shape
     k = max(1, round(mask_rate * T))
@@ -154,11 +153,10 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 class Batches:
-    """The masked micro-batches of one process. at(consumed, micro_step, mask_rate) is micro-batch
-    `micro_step` of this rank in the global batch that starts after `consumed` sequences: ranks
-    take disjoint slices, and rows and masks depend only on the place in the run's sequence
-    order and the micro-batch size (each micro-batch draws its masks at once), so a resumed run or
-    another rank count at the same micro-batch sees the same."""
+    """The masked micro-batches of one process. at(consumed, micro_step, mask_rate) is micro-batch `micro_step` of
+    this rank in the global batch that starts after `consumed` sequences: ranks take disjoint slices, and rows and
+    masks depend only on the place in the run's sequence order and the micro-batch size (each micro-batch draws its
+    masks at once), so a resumed run or another rank count at the same micro-batch sees the same."""
 
     def __init__(self, tokens, meta, micro, rank, world, device, seed, order="shuffled"):
         self.tokens, self.micro, self.rank, self.world, self.device = tokens, micro, rank, world, device

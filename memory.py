@@ -1,7 +1,6 @@
-"""The memory a run needs against the memory it has: a one-line error, before any work, for a step
-that surely cannot fit (check_memory, by lower estimates), and the micro-batch (choose_micro_batch:
-on a GPU the largest that fits, found by a probe). Called once by train.py, finetune_glue.py and
-the benchmarks, before the model is built.
+"""The memory a run needs against the memory it has: a one-line error, before any work, for a step that surely
+cannot fit (check_memory, by lower estimates), and the micro-batch (choose_micro_batch: on a GPU the largest that
+fits, found by a probe). Called once by train.py, finetune_glue.py and the benchmarks, before the model is built.
 """
 import functools
 import os
@@ -21,12 +20,11 @@ def free_device_memory(rt):
 
 
 def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
-    """The largest power-of-two micro-batch from `smallest` (or the largest power of two up to a
-    smaller `largest`: a batch of a few sequences) up to `largest` whose peak memory stays under
-    (1 - margin) of `capacity` bytes; the margin leaves room for fragmentation and for what changes
-    between the probe and training. peak_bytes(size) runs a training step at that size and returns
-    its peak memory, raising torch.cuda.OutOfMemoryError when it does not fit.
-    Returns (size, {size: peak bytes or None where out of memory})."""
+    """The largest power-of-two micro-batch from `smallest` (or the largest power of two up to a smaller `largest`:
+    a batch of a few sequences) up to `largest` whose peak memory stays under (1 - margin) of `capacity` bytes; the
+    margin leaves room for fragmentation and for what changes between the probe and training. peak_bytes(size) runs
+    a training step at that size and returns its peak memory, raising torch.cuda.OutOfMemoryError when it does not
+    fit. Returns (size, {size: peak bytes or None where out of memory})."""
     smallest = min(smallest, 1 << (largest.bit_length() - 1))
     tried, best, size = {}, None, smallest
     while size <= largest:
@@ -55,10 +53,9 @@ def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
 
 
 def probe_micro_batch(model_args, rt, largest, mask_rate):
-    """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a
-    throwaway model of the real shape, its AdamW state and one eager step per size (eager keeps at
-    least the activations a compiled step keeps, so the compiled run fits too).
-    Returns (size, {size: peak bytes or None})."""
+    """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a throwaway model
+    of the real shape, its AdamW state and one eager step per size (eager keeps at least the activations a compiled
+    step keeps, so the compiled run fits too). Returns (size, {size: peak bytes or None})."""
     model = CrammedBert(**model_args).to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.0), lr=0.0)
     scaler = rt.grad_scaler()
@@ -99,14 +96,13 @@ def least_bytes(config, rt, mask_rate, training=True, offload=False):
 
 
 def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, offload=False, capacity=None):
-    """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`,
-    default memory_capacity's) by lower estimates, so that what is refused surely does not fit: the
-    weights, gradients and AdamW state (16 bytes a parameter; off-load mode keeps them in host
-    memory), a micro-batch's activations (ModelConfig.step_bytes; `training` or inference, normal or
-    off-load mode) and the token ids of a step's batch (inputs, positions, labels: 12 bytes a
-    position, all on the device before the step). micro and batch: (sequences, the setting that
-    chose them: '--micro_batch=32', or what chose the value); an error names it (or the model's
-    shape) and the largest value that fits."""
+    """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`, default
+    memory_capacity's) by lower estimates, so that what is refused surely does not fit: the weights, gradients and
+    AdamW state (16 bytes a parameter; off-load mode keeps them in host memory), a micro-batch's activations
+    (ModelConfig.step_bytes; `training` or inference, normal or off-load mode) and the token ids of a step's batch
+    (inputs, positions, labels: 12 bytes a position, all on the device before the step). micro and batch:
+    (sequences, the setting that chose them: '--micro_batch=32', or what chose the value); an error names it (or the
+    model's shape) and the largest value that fits."""
     (micro, micro_name), (batch, batch_name) = micro, batch
     capacity = capacity or memory_capacity(rt.device)
     if not capacity:

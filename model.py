@@ -1,11 +1,10 @@
 """The crammed-BERT encoder (Geiping & Goldstein 2022), with its MLM and classification heads.
 
-Every architectural choice is a field of ModelConfig, so the same class expresses both the
-crammed recipe (the defaults: pre-norm, no biases, gated GELU, scaled sinusoidal positions,
-sparse prediction) and the original BERT (post-norm, biases, plain GELU, learned positions,
-a prediction-head transform, dense prediction: config/bert_original.py) for side-by-side
-comparisons. One addition beyond both, `smear` (on by default; config/recipe_reference.py turns
-it off), mixes each position's neighbours into its embedding.
+Every architectural choice is a field of ModelConfig, so the same class expresses both the crammed recipe (the
+defaults: pre-norm, no biases, gated GELU, scaled sinusoidal positions, sparse prediction) and the original BERT
+(post-norm, biases, plain GELU, learned positions, a prediction-head transform, dense prediction:
+config/bert_original.py) for side-by-side comparisons. One addition beyond both, `smear` (on by default;
+config/recipe_reference.py turns it off), mixes each position's neighbours into its embedding.
 """
 import dataclasses
 import math
@@ -148,15 +147,13 @@ class ModelConfig:
         return self.vocab_size * self.d_model + self.n_layers * self.layer_weights() + 2 * self.d_model ** 2 * self.smear
 
     def step_bytes(self, mask_rate, value_bytes, training=True, offload=False):
-        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and
-        position, each matmul's input and q, k, v for the backward (6 widths and the feed-forward's
-        1.5 in the autocast precision, `value_bytes`) and the float32 residual; inference holds one
-        layer's widest tensors at a time. Both hold the float32 logits of the predicted positions (none
-        at mask_rate 0: fine-tuning's classifier). Attention's scores are left out (the fused kernels
-        keep none). A narrowed layer (full_layers) keeps all that only at the masked positions and its
-        keys and values (2 widths) at the others. Off-load mode (offload.py) keeps only each block's
-        input between blocks and recomputes one block at a time in the backward. BENCHMARKS.md, "The
-        memory a step takes", sets the measured peaks beside it."""
+        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and position, each
+        matmul's input and q, k, v for the backward (6 widths and the feed-forward's 1.5 in the autocast precision,
+        `value_bytes`) and the float32 residual; inference holds one layer's widest tensors at a time. Both hold the
+        float32 logits of the predicted positions (none at mask_rate 0: fine-tuning's classifier). Attention's
+        scores are left out (the fused kernels keep none). A narrowed layer (full_layers) keeps all that only at the
+        masked positions and its keys and values (2 widths) at the others. Off-load mode (offload.py) keeps only
+        each block's input between blocks and recomputes one block at a time in the backward."""
         predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
         logits = predicted * self.vocab_size * 4
         if not training:
@@ -234,7 +231,6 @@ class CrammedBert(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         # pre-norm leaves the residual stream un-normalised, so it needs a final norm
         self.final_norm = nn.LayerNorm(d_model, eps=norm_eps) if c.norm_first else nn.Identity()
-        # original BERT: dense -> GELU -> LayerNorm before the decoder
         self.head = (nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
                      if c.head_transform else nn.Identity())
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if c.bias else None
@@ -271,8 +267,7 @@ class CrammedBert(nn.Module):
         see every position; each later layer updates a position from its own state (its queries
         and feed-forward) while attending to the keys and values of the last full layer's output,
         the context, which stays fixed. So one position's result does not depend on which other
-        positions are updated: pretraining updates only the masked ones (about 40% of a layer's
-        cost at 25% masking: keys and values still see every position), and fine-tuning, fill-in
+        positions are updated: pretraining updates only the masked ones, and fine-tuning, fill-in
         and the export run the same layers over every position and get the same values there."""
         x = self.embed(idx, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
@@ -298,9 +293,8 @@ class CrammedBert(nn.Module):
                              positions, labels)
 
     def mlm_loss(self, hidden, inputs, positions, labels):
-        """forward's loss and correct count from the final hidden states: (B, k, d) at the masked
-        positions with sparse prediction, else (B, T, d). Off-load mode (offload.py) runs the blocks
-        itself and joins here."""
+        """forward's loss and correct count from the final hidden states: (B, k, d) at the masked positions with
+        sparse prediction, else (B, T, d). Off-load mode (offload.py) runs the blocks itself and joins here."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -353,18 +347,16 @@ class Trainer:
     """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model`
     (what the step runs: the model, or its compiled and DDP-wrapped copy), the optimizer and
     `scaler`, float16's loss scaling (a pass-through otherwise). offload.OffloadTrainer offers the
-    same step, state_dict and load_state_dict, so train.py runs both modes alike; tools/bench.py times
-    this step and the micro-batch search measures its memory."""
+    same step, state_dict and load_state_dict, so train.py runs both modes alike."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
         self.step_model = model if step_model is None else step_model
 
     def step(self, micro_batches, lr, clip):
-        """One optimizer step: the MLM loss of each micro-batch (inputs, positions, labels), its
-        gradients accumulated, their norm clipped to `clip` (0: off), the update at learning rate
-        `lr`. Returns the mean loss (a tensor) and whether the update was applied: one with a
-        non-finite gradient is skipped."""
+        """One optimizer step: the MLM loss of each micro-batch (inputs, positions, labels), its gradients
+        accumulated, their norm clipped to `clip` (0: off), the update at learning rate `lr`. Returns the mean loss
+        (a tensor) and whether the update was applied: one with a non-finite gradient is skipped."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total, n = 0.0, len(micro_batches)
@@ -400,8 +392,7 @@ class Trainer:
 class ClassificationHead(nn.Module):
     """The GLUE head: pool the final hidden states -> dense 1024 -> Tanh -> dropout -> classes.
     num_labels=1 makes it a regression head (STS-B). pooling 'first' reads the first token ([CLS]),
-    as original BERT and the reference's GLUE evaluation do (its model config says 'avg', but its
-    GLUE config overrides the pooler to 'zero_index'); 'mean' averages the real tokens' states.
+    as original BERT and the reference's GLUE evaluation do; 'mean' averages the real tokens' states.
     Pretraining here never shows a [CLS] token, so the first position holds no summary until
     fine-tuning makes one (BENCHMARKS.md compares the two poolings)."""
 

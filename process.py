@@ -116,17 +116,15 @@ def take_signals(handler):
 
 
 def interrupt(signum, frame):
-    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks); a second one
-    kills at once."""
+    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks); a second one kills at once."""
     signal.signal(signum, signal.SIG_DFL)
     raise KeyboardInterrupt(signum)
 
 
 class HangupSafeStream:
-    """A text stream (stdout, stderr) whose writes stop, silently, once its reader is gone: after a
-    hang-up the terminal answers EIO, a closed pipe EPIPE. The file descriptor then points at the
-    null device, so what is still buffered is dropped at the exit too; a run saves its work whether
-    anyone reads its lines or not."""
+    """A text stream (stdout, stderr) whose writes stop, silently, once its reader is gone: after a hang-up the
+    terminal answers EIO, a closed pipe EPIPE. The file descriptor then points at the null device, so what is still
+    buffered is dropped at the exit too; a run saves its work whether anyone reads its lines or not."""
 
     def __init__(self, stream):
         self.stream, self.gone = stream, False
@@ -160,13 +158,12 @@ class HangupSafeStream:
 
 
 def guarded(main, kept, *args):
-    """A script's main(*args), with the faults that can come at any moment made one line on stderr
-    that says what was kept and how to continue (`kept`, or kept() when what was kept is known only
-    then): Ctrl-C or another of STOP_SIGNALS
-    ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
-    train.py's loop installs StopRequest over this, which finishes its step and saves), and an
-    OSError from the machine, such as a full disk ('error: ...', status 1). Output whose reader is
-    gone (a closed terminal or pipe) is dropped, not an error (HangupSafeStream)."""
+    """A script's main(*args), with the faults that can come at any moment made one line on stderr that says what
+    was kept and how to continue (`kept`, or kept() when what was kept is known only then): Ctrl-C or another of
+    STOP_SIGNALS ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
+    train.py's loop installs StopRequest over this, which finishes its step and saves), and an OSError from the
+    machine, such as a full disk ('error: ...', status 1). Output whose reader is gone (a closed terminal or pipe)
+    is dropped, not an error (HangupSafeStream)."""
     take_signals(interrupt)
     follow_parent()
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed

@@ -1,7 +1,6 @@
-"""Where and how the arithmetic runs: device, precision, TF32, compilation (CUDA graphs' care
-included), the optimizer, and DDP, decided here
-once for train.py, tools/bench.py and finetune_glue.py. (The process around them, its signals, faults
-and progress lines, is process.py.)
+"""Where and how the arithmetic runs: device, precision, TF32, compilation (CUDA graphs' care included), the
+optimizer, and DDP, decided here once for train.py, tools/bench.py and finetune_glue.py. (The process around them,
+its signals, faults and progress lines, is process.py.)
 
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
@@ -184,9 +183,8 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", con
     return Runtime(dev, DTYPES[dtype], compile, compile_mode, why, speedup)
 
 
-# dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's. The hosts measured
-# sit far from it on either side (BENCHMARKS.md, "The CPU's precision"): AVX2 1/100, a Xeon's avx512_bf16 0.5x,
-# an EPYC's avx512_bf16 2.0-2.5x, AMX ~10x; below ~1.5x the step's other work (at float32's pace) eats the gain
+# dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
+# work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
 BF16_PICK_RATIO = 1.5
 
 
@@ -209,12 +207,10 @@ def auto_dtype(device, continues=None, speedup=None):
 
 
 def bf16_speedup(size=512, rounds=3, seconds=0.05):
-    """How many times float32's speed a size^3 matmul runs at under bfloat16 autocast on this CPU,
-    on one thread (threads waiting on a core that another process holds swung the ratio from 0.4x
-    to 4x; one thread's was steady), each the best of `rounds` rounds timed in turns, a round as
-    many products as fit `seconds` but at least one: about half a second where bfloat16 is fast.
-    A first timed round far below the threshold ends it (an AVX2 host, where one product takes ~0.6 s);
-    the warm-up round never does (a process's first bfloat16 product once measured 0.04x)."""
+    """How many times float32's speed a size^3 matmul runs at under bfloat16 autocast on this CPU, on one thread
+    (steadier than several beside another process), each the best of `rounds` rounds timed in turns, a round as many
+    products as fit `seconds` but at least one. A first timed round far below the threshold ends it early; the
+    warm-up round never does."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     best, threads = {torch.float32: 0.0, torch.bfloat16: 0.0}, torch.get_num_threads()
     torch.set_num_threads(1)
@@ -250,13 +246,11 @@ COMPILER_HINT = ("install one (Debian, Ubuntu: apt install g++; Fedora: dnf inst
 
 
 def compile_problem(device):
-    """Why torch.compile cannot build on this device, in a few words, or None. Checked before any
-    work by compiling and running a two-operation function, which needs what the model's compilation
-    needs (a C++ compiler and headers on a CPU; Triton and a C compiler on a GPU): a second or two the
-    first time, a cache hit afterwards. Checked here, not by catching the first compiled step's
-    failure, because inductor compiles the backward at the first backward, so a failure there
-    would leave a step half done. The probe's graph is taken off the count that compiled_graphs
-    reports, which is the training step's."""
+    """Why torch.compile cannot build on this device, in a few words, or None. Checked before any work by compiling
+    and running a two-operation function, which needs what the model's compilation needs (a C++ compiler and headers
+    on a CPU; Triton and a C compiler on a GPU). Checked here, not by catching the first compiled step's failure,
+    because inductor compiles the backward at the first backward, so a failure there would leave a step half done.
+    The probe's graph is taken off the count that compiled_graphs reports, which is the training step's."""
     from torch._dynamo.utils import counters
     before = dict(counters["stats"])
     try:
@@ -337,9 +331,8 @@ def usable_cpus(cgroup="/sys/fs/cgroup"):
 
 
 def fit_threads():
-    """torch's intra-op threads to usable_cpus() where it would start more (it counts the host's
-    cores), unless OMP_NUM_THREADS says how many: threads beyond a container's CPUs wait on each
-    other at every operation."""
+    """torch's intra-op threads to usable_cpus() where it would start more (it counts the host's cores), unless
+    OMP_NUM_THREADS says how many: threads beyond a container's CPUs wait on each other at every operation."""
     cpus = usable_cpus()
     if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > cpus:
         torch.set_num_threads(cpus)
@@ -383,10 +376,9 @@ def from_rank0(value, device):
 
 
 def matmul_speed(rt, size=2048):
-    """FLOP/s of a size^3 matmul at the run's precision (under its autocast): a measure of the
-    device that does not depend on the model's shape, for the budget to choose one by. The best of
-    three rounds after a tenth of a second's warm-up (a GPU raises its clocks): about a second on a
-    CPU, a fifth on a GPU."""
+    """FLOP/s of a size^3 matmul at the run's precision (under its autocast): a measure of the device that does not
+    depend on the model's shape, for the budget to choose one by. The best of three rounds after a tenth of a
+    second's warm-up (a GPU raises its clocks): about a second on a CPU, a fifth on a GPU."""
     a, b = (torch.randn(size, size, device=rt.device) for _ in range(2))
     with torch.no_grad(), rt.autocast():
         start = time.perf_counter()
@@ -427,16 +419,12 @@ def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
 
 
 # ---------------------------------------------------------------- Muon (--optim=muon)
-# Muon on the blocks' weight matrices and AdamW on everything else, as one torch optimizer.
-#
-# Muon (Keller Jordan, 2024; the optimizer of the modded-nanogpt speedruns) keeps SGD momentum per
-# matrix and replaces each update by the nearest semi-orthogonal matrix, found with five
-# Newton-Schulz iterations, so the update moves every direction of the matrix alike instead of
-# following its few dominant ones. Embeddings, norms, scalars and the tied output layer are not
-# hidden matrices and keep AdamW. The orthogonal update is scaled by 0.2 * sqrt(max(rows, cols)),
-# which gives it AdamW's typical update RMS (Moonshot AI, "Muon is Scalable for LLM Training",
-# 2025): one learning rate, schedule and weight decay then serve both kinds of parameter.
-# Written here (not torch.optim.Muon, which newer torch has) so that torch >= 2.4 works.
+# Muon (Keller Jordan, 2024; the optimizer of the modded-nanogpt speedruns) on the blocks' weight matrices and AdamW
+# on the rest (embeddings, norms, scalars, the tied output layer), as one torch optimizer. Muon keeps SGD momentum
+# per matrix and replaces each update by the nearest semi-orthogonal matrix (five Newton-Schulz iterations), so it
+# moves every direction of the matrix alike. The update is scaled by 0.2 * sqrt(max(rows, cols)) to AdamW's typical
+# update RMS (Moonshot AI, "Muon is Scalable for LLM Training", 2025): one learning rate, schedule and weight decay
+# then serve both. Written here (not torch.optim.Muon, which newer torch has) so that torch >= 2.4 works.
 
 
 def orthogonalize(g, steps=5):
