@@ -1,7 +1,6 @@
-"""cram's own files, written so that nothing is lost and read so that damage is one line: atomic
-writes, the out_dir lock, disk and writability checks; meta.json, the tokenizer's file format,
-checkpoints (checked on loading) and a run's metrics.jsonl. The scripts call these; a reader
-learning how a model trains can skip this file.
+"""cram's own files, written so that nothing is lost and read so that damage is one line: atomic writes, the out_dir
+lock, disk and writability checks; meta.json, the tokenizer's file format, checkpoints (checked on loading) and a
+run's metrics.jsonl. The scripts call these; a reader learning how a model trains can skip this file.
 """
 import base64
 import dataclasses
@@ -337,10 +336,9 @@ def refusal(e):
 
 
 def checkpoint_problem(checkpoint, path):
-    """What in a loaded checkpoint breaks its readers (train.py's resume, fine-tuning, the export),
-    or None: model_args that ModelConfig takes (known fields, their types and declared ranges),
-    weights of exactly the model they describe, the data's meta, and a tokenizer whose tokens and
-    special ids make up the model's vocabulary."""
+    """What in a loaded checkpoint breaks its readers (train.py's resume, fine-tuning, the export), or None:
+    model_args that ModelConfig takes (known fields, their types and declared ranges), weights of exactly the model
+    they describe, the data's meta, and a tokenizer whose tokens and special ids make up the model's vocabulary."""
     if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
         return "not a dict with model, model_args, meta and tokenizer"
     args, weights = checkpoint["model_args"], checkpoint["model"]

@@ -4,11 +4,10 @@
     python finetune_glue.py --checkpoint=out/quickstart/ckpt.pt --glue_dir=glue_data --tasks=rte,mrpc
     python finetune_glue.py --checkpoint=... --seeds=5                          # median of 5, as published
 
-Every task uses the same hyperparameters (the reference's): batch 16, lr 4e-5, AdamW (0.9, 0.98),
-eps 1e-6, no weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1, the head on the
-first token (as the reference's GLUE config: `zero_index`; `--pooling=mean` averages the tokens), and is
-scored on its dev set after the last epoch. Prints a markdown table beside the published row and
-writes every number to a JSON file.
+Every task uses the same hyperparameters (the reference's): batch 16, lr 4e-5, AdamW (0.9, 0.98), eps 1e-6, no
+weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1, the head on the first token (as the
+reference's GLUE config: `zero_index`; `--pooling=mean` averages the tokens), and is scored on its dev set after the
+last epoch. Prints a markdown table beside the published row and writes every number to a JSON file.
 
     python finetune_glue.py --checkpoint=... --tasks=stsb,rte --seeds=3 --from_scratch=True
 
@@ -242,8 +241,7 @@ def encode_examples(enc, texts, max_len, special_ids):
 def train_batches(lengths, size, generator, grouped):
     """One epoch's batches (lists of rows) in a random order. Grouped, each pool of
     64 shuffled batches is sorted by length before it is cut, so that a batch pads to a length close
-    to its own examples' (as transformers' group_by_length): on GLUE, padding is 30-60% of a random
-    batch's tokens."""
+    to its own examples' (as transformers' group_by_length)."""
     order = torch.randperm(len(lengths), generator=generator).tolist()
     if not grouped:
         return [order[start:start + size] for start in range(0, len(order), size)]

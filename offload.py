@@ -1,11 +1,10 @@
-"""Off-load mode (train.py --offload=True): train an encoder whose training state is larger than
-the GPU. The blocks' float32 masters, AdamW moments and float32 gradient accumulators live in host
-memory; the device holds the stem (embeddings, final norm, MLM head, with a normal AdamW) and two
-template blocks that each block's weights stream through: forward block by block keeping only each
-block's input, backward by recomputing each block with its forward's RNG state. float32 trains
-exactly as normal mode does; checkpoints interchange with it. docs/offload.md has the mechanism, its
-precision and its arithmetic. On a CPU the streams are HostStream, which does nothing, so the same
-code runs (and is tested) there.
+"""Off-load mode (train.py --offload=True): train an encoder whose training state is larger than the GPU. The
+blocks' float32 masters, AdamW moments and float32 gradient accumulators live in host memory; the device holds the
+stem (embeddings, final norm, MLM head, with a normal AdamW) and two template blocks that each block's weights
+stream through: forward block by block keeping only each block's input, backward by recomputing each block with its
+forward's RNG state. float32 trains exactly as normal mode does; checkpoints interchange with it. docs/offload.md
+has the mechanism, its precision and its arithmetic. On a CPU the streams are HostStream, which does nothing, so the
+same code runs (and is tested) there.
 
 The parts, one job each: HostBlocks (the host side), BlockStreamer (the device side), StreamedBlocks (the
 blocks' place in the model) and OffloadTrainer, which composes them with the stem.
@@ -79,11 +78,10 @@ class HostStream:
 
 
 class HostBlocks:
-    """The host side: per block i, masters[i] (its float32 parameters, whose .grad are the float32
-    gradient accumulators), send[i] (what crosses the bus: pinned copies in the wire dtype, or
-    under float32 the masters themselves), optimizers[i] (a fused CPU AdamW over the same groups
-    and hyperparameters as model.param_groups) and updates[i] (its step in flight, or None). One
-    updater thread steps the blocks in forward order."""
+    """The host side: per block i, masters[i] (its float32 parameters, whose .grad are the float32 gradient
+    accumulators), send[i] (what crosses the bus: pinned copies in the wire dtype, or under float32 the masters
+    themselves), optimizers[i] (a fused CPU AdamW over the same groups and hyperparameters as model.param_groups)
+    and updates[i] (its step in flight, or None). One updater thread steps the blocks in forward order."""
 
     def __init__(self, blocks, rt, lr, betas, eps, weight_decay):
         self.blocks = blocks  # the nn.ModuleList the masters belong to (checkpoints load into it)
@@ -145,7 +143,6 @@ class HostBlocks:
         self.refresh_send(i)
 
     def wait(self, i):
-        """Wait for block i's update in flight, if any."""
         if self.updates[i] is not None:
             self.updates[i].result()  # raises here what failed on the updater thread
             self.updates[i] = None

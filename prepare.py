@@ -55,18 +55,16 @@ SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding (dedup.bin: with dedup)
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
-# The most text the tokenizer, its trainer and the de-duplication see at once: a .txt document is cut at a line end
-# before it grows longer, a longer record is encoded in pieces, so memory stays flat whatever the text's layout.
+# The most text the tokenizer, its trainer and the de-duplication see at once (text_file_documents, pieces).
 MAX_DOC_CHARS = 1_000_000
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
 
 # ---------------------------------------------------------------- sources
 def pydocs_documents():
-    """The English documentation that ships with Python: pydoc's topic pages, then the
-    docstrings of every module of the standard library, numpy and torch (one document per
-    source file, files in sorted order). The same text on every machine with the same
-    Python/numpy/torch versions (recorded in meta.json), and no download."""
+    """The English documentation that ships with Python: pydoc's topic pages, then the docstrings of every module of
+    the standard library, numpy and torch (one document per source file, files in sorted order). The same text on
+    every machine with the same Python/numpy/torch versions (recorded in meta.json), and no download."""
     from pydoc_data.topics import topics
     for key in sorted(topics):
         yield topics[key]
@@ -122,9 +120,8 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
 
 
 def pieces(text, max_chars=MAX_DOC_CHARS):
-    """text in consecutive pieces of at most max_chars, cut after a line end where there is one:
-    what the tokenizer trainer and the encoder take at once (a record of a .jsonl file or a hub
-    dataset can be any size)."""
+    """text in consecutive pieces of at most max_chars, cut after a line end where there is one: what the tokenizer
+    trainer and the encoder take at once (a record of a .jsonl file or a hub dataset can be any size)."""
     while len(text) > max_chars:
         cut = text.rfind("\n", 0, max_chars) + 1 or max_chars
         yield text[:cut]
@@ -170,7 +167,6 @@ def record_file(path, text_field="text"):
 
 
 def local_documents(files, text_field):
-    """The documents of local files, one file after the other."""
     for path in files:
         yield from text_file_documents(path) if ".txt" in os.path.basename(path) else record_file(path, text_field)()
 
@@ -248,9 +244,8 @@ def train_tokenizer(documents, path, vocab_size, train_chars):
 
 
 def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
-    """The BPE ranks saved by an earlier run in this folder if they were trained on the text this
-    corpus starts with now (checked for local and embedded corpora: a hub dataset is not read
-    twice), else those of a new tokenizer."""
+    """The BPE ranks saved by an earlier run in this folder if they were trained on the text this corpus starts with
+    now (checked for local and embedded corpora: a hub dataset is not read twice), else those of a new tokenizer."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
         try:
             with open(path + ".source") as f:
@@ -320,7 +315,7 @@ class SeenTexts:
 
     @staticmethod
     def key(text):
-        # lower case, whitespace deleted (bytes.translate: a tenth of the time of split and join)
+        # lower case, whitespace deleted (bytes.translate: faster than split and join)
         digest = hashlib.blake2b(text.lower().encode().translate(None, b" \t\n\r\x0b\x0c"), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
@@ -349,9 +344,8 @@ class SeenTexts:
 
 
 def read_progress(out_dir, dedup, seq_len, itemsize):
-    """The last progress record of an interrupted preparation in out_dir, or None (then it starts
-    over) when there is none, its files are gone, or it does not agree with them (damaged: said in a
-    line)."""
+    """The last progress record of an interrupted preparation in out_dir, or None (then it starts over) when there
+    is none, its files are gone, or it does not agree with them (damaged: said in a line)."""
     if not all(os.path.exists(os.path.join(out_dir, name)) for name in (STALE if dedup else STALE[:-1])):
         return None
     path = os.path.join(out_dir, PROGRESS_FILE)
@@ -385,10 +379,9 @@ def progress_problem(progress, out_dir, dedup, seq_len, itemsize):
 
 
 def median_tokens_per_char(documents, enc, min_doc_chars, n=1000, max_chars=5_000_000):
-    """Tokens per character of the corpus' typical document (of at least min_doc_chars characters):
-    the median over its first n documents or max_chars characters, whichever comes first
-    (deterministic, so a resumed preparation finds the same; bounded, so a corpus of whole books is
-    not read twice)."""
+    """Tokens per character of the corpus' typical document (of at least min_doc_chars characters): the median over
+    its first n documents or max_chars characters, whichever comes first (deterministic, so a resumed preparation
+    finds the same; bounded, so a corpus of whole books is not read twice)."""
     texts, chars = [], 0
     for text in documents():
         if text and len(text) >= min_doc_chars:  # (an empty record: nothing to measure)
@@ -462,20 +455,18 @@ class TokenFiles:
 
 
 def unread_documents(documents, progress, read):
-    """The source after its first `read` documents: a RowStream continues from the position the
-    progress record holds; any other source is read again and those documents skipped (cheap next
-    to encoding)."""
+    """The source after its first `read` documents: a RowStream continues from the position the progress record
+    holds; any other source is read again and those documents skipped (cheap next to encoding)."""
     if progress and progress.get("source_state"):
         return documents(progress["source_state"])
     return itertools.islice(documents(), read, None)
 
 
 def batches(texts, position, min_doc_chars):
-    """The documents of `texts`, the first at source position `position`, in batches of 256
-    documents or 4M characters (a few whole books; a tenth of a second of work), as tuples
-    (batch, end, short, last): batch holds the (source position, text) of each document kept, end
-    is the source position after the batch, short counts the documents skipped for being shorter
-    than min_doc_chars, and last marks the final batch, the rest of the source (maybe empty)."""
+    """The documents of `texts`, the first at source position `position`, in batches of 256 documents or 4M
+    characters, as tuples (batch, end, short, last): batch holds the (source position, text) of each document kept,
+    end is the source position after the batch, short counts the documents skipped for being shorter than
+    min_doc_chars, and last marks the final batch, the rest of the source (maybe empty)."""
     batch, chars, short = [], 0, 0
     for text in texts:
         position += 1
