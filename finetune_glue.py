@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import process
 import memory
+import process
 import runtime
 from configurator import configure
 from data import MASK_RATE, make_encoding

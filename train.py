@@ -22,8 +22,8 @@ from collections import namedtuple
 import torch
 
 import budget
-import process
 import memory
+import process
 import runtime
 from budget import LADDER, SHAPE_FIELDS, shape_of
 from configurator import configure

@@ -34,8 +34,8 @@ import torch.nn as nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import process  # noqa: E402  (the core sits one folder up)
-import memory  # noqa: E402
+import memory  # noqa: E402  (the core sits one folder up)
+import process  # noqa: E402
 import runtime  # noqa: E402
 from configurator import read_config_file, configure  # noqa: E402
 from data import MASK_RATE, RandomBatches  # noqa: E402
