@@ -22,9 +22,9 @@ TOKENIZER_FILE = "tokenizer.tiktoken"
 MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
 
 
-def make_encoding(ranks, special_ids, name="cram"):
+def make_encoding(ranks, special_ids):
     import tiktoken
-    return tiktoken.Encoding(name=name, pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special_ids)
+    return tiktoken.Encoding(name="cram", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special_ids)
 
 
 def read_tokenizer(data_dir, meta):
@@ -48,11 +48,10 @@ def load_tokenizer(data_dir, meta=None):
     return make_encoding(read_tokenizer(data_dir, meta)[1], meta["special_ids"])
 
 
-def load_tokens(data_dir, split, meta=None, check_ids=True):
-    """Memory-mapped (num_sequences, seq_len) array of token ids for 'train' or 'val', after checking
-    its size against meta.json and (check_ids) that every id is below the vocabulary size: a pass
-    over the file, seconds for billions of tokens, once before training instead of a crash at the
-    first bad id (on a GPU, an opaque device-side assert)."""
+def load_tokens(data_dir, split, meta=None):
+    """Memory-mapped (num_sequences, seq_len) array of token ids for 'train' or 'val', after checking its size
+    against meta.json and that every id is below the vocabulary size: a pass over the file once before training
+    instead of a crash at the first bad id (on a GPU, an opaque device-side assert)."""
     meta = meta or load_meta(data_dir)
     path = os.path.join(data_dir, f"{split}.bin")
     n = meta[f"{split}_sequences"]
@@ -60,7 +59,7 @@ def load_tokens(data_dir, split, meta=None, check_ids=True):
         raise SystemExit(f"error: {path} is missing or does not match meta.json: the folder is damaged; delete it "
                          f"and run prepare.py again")
     tokens = np.memmap(path, dtype=meta["dtype"], mode="r", shape=(n, meta["seq_len"]))
-    for start in range(0, n, 1 << 20) if check_ids else ():
+    for start in range(0, n, 1 << 20):
         if tokens[start:start + (1 << 20)].max() >= meta["vocab_size"]:
             raise SystemExit(f"error: {path} holds token ids at or above the vocabulary size {meta['vocab_size']} "
                              f"(rows {start} to {min(n, start + (1 << 20)) - 1}): the folder is damaged; delete it "
