@@ -194,7 +194,7 @@ def main(config):
     check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)  # before a GPU's probe
     # the micro-batch, after a check that the step can fit the device's memory (memory.check_memory)
     micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, batch, model_args, rt,
-                                                               world, max(mask_rate, mask_rate_start), offload, log)
+                                                              world, max(mask_rate, mask_rate_start), offload, log)
     opening = () if checkpoint else budget.start_lines(pick, config, seq_len, micro * world, lr)  # what it picked
     metrics = open_out_dir(model_args, ckpt_path, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 

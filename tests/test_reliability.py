@@ -147,7 +147,7 @@ def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
     def refusal(micro, batch):  # None where it fits in 1 GB
         try:
             memory.check_memory(config, rt, 0.25, (micro, f"--micro_batch={micro}"), (batch, f"--batch_size={batch}"),
-                                 capacity=10 ** 9)
+                                capacity=10 ** 9)
         except SystemExit as e:
             return str(e)
 
@@ -176,7 +176,7 @@ def test_the_memory_check_lets_off_load_mode_train_what_it_was_measured_training
     rt, gib = runtime.setup("cpu", "bfloat16", compile=False), 2 ** 30
     config = ModelConfig(**SHAPES["reference"])
     memory.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), offload=True,
-                         capacity=12 * gib)
+                        capacity=12 * gib)
     assert memory.least_bytes(config, rt, 0.25, offload=True)[1] * 512 < 10.1 * gib  # below what it took
     with pytest.raises(SystemExit, match="--micro_batch=512 needs at least"):
         memory.check_memory(config, rt, 0.25, (512, "--micro_batch=512"), (512, "--batch_size=512"), capacity=12 * gib)
