@@ -87,9 +87,9 @@ def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
     positions = scores.topk(k, dim=1).indices
     labels = idx.gather(1, positions)
     rule = torch.rand(B, k, device=idx.device, generator=generator)
-    random_tokens = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
+    random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
     replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id),
-                              torch.where(rule < 0.9, random_tokens, labels))
+                              torch.where(rule < 0.9, random_ids, labels))
     inputs = idx.scatter(1, positions, replacement)
     return inputs, positions, labels
 
@@ -185,7 +185,8 @@ def load_run_data(path):
 
 def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
     """`rows` sequences of random regular tokens (no special ones), for a step whose values do not matter."""
-    return np.random.default_rng(seed).integers(0, vocab_size - len(SPECIAL_TOKENS), (rows, seq_len)).astype(np.uint32)
+    tokens = np.random.default_rng(seed).integers(0, vocab_size - len(SPECIAL_TOKENS), (rows, seq_len))
+    return tokens.astype(np.uint16 if vocab_size <= 2 ** 16 else np.uint32)  # as prepare.py stores them
 
 
 class RandomBatches:

@@ -1,6 +1,6 @@
 """The memory a run needs against the memory it has: a one-line error, before any work, for a step that surely
 cannot fit (check_memory, by lower estimates), and the micro-batch (choose_micro_batch: on a GPU the largest that
-fits, found by a probe). Called once by train.py, finetune_glue.py and the benchmarks, before the model is built.
+fits, found by a probe): train.py and finetune_glue.py ask before any work, the benchmarks for their tables.
 """
 import functools
 import os
