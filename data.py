@@ -186,7 +186,12 @@ def load_run_data(path):
 def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
     """`rows` sequences of random regular tokens (no special ones), for a step whose values do not matter."""
     tokens = np.random.default_rng(seed).integers(0, vocab_size - len(SPECIAL_TOKENS), (rows, seq_len))
-    return tokens.astype(np.uint16 if vocab_size <= 2 ** 16 else np.uint32)  # as prepare.py stores them
+    return tokens.astype(token_dtype(vocab_size))
+
+
+def token_dtype(vocab_size):
+    """The integer type token files hold for a vocabulary: two bytes a token where the ids fit."""
+    return "uint16" if vocab_size <= 2 ** 16 else "uint32"
 
 
 class RandomBatches:

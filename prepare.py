@@ -30,7 +30,7 @@ import numpy as np
 import process
 import runtime
 from configurator import config_keys, configure
-from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding
+from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
 from files import cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically, write_json, write_ranks
 
 # -----------------------------------------------------------------------------
@@ -644,7 +644,7 @@ def main():
     specials = special_ids(n_regular)
     enc = make_encoding(ranks, specials)
     t1 = time.time()
-    dtype = "uint16" if enc.n_vocab <= 2 ** 16 else "uint32"
+    dtype = token_dtype(enc.n_vocab)
     # the reference's compression filter, relative to this corpus' median (why not its absolute 0.25: docs/data.md)
     median = median_tokens_per_char(documents, enc, min_doc_chars) if max_compression else 0.0
     stats = encode_corpus(documents, enc, specials, dtype, max_compression * median, out,

@@ -1,11 +1,8 @@
 """What the benchmark tools share: their tokens, alternating rounds and a median (min-max) figure."""
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from data import load_tokens, random_tokens  # noqa: E402  (the core sits one folder up)
-from files import load_meta  # noqa: E402
+from data import load_tokens, random_tokens  # the core: each tool puts its folder on sys.path first
+from files import load_meta
 
 
 def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
