@@ -159,25 +159,19 @@ def pick_for(compute, config, given, data_args, data_tokens, world):
                 nearest=list(nearest), given=sorted(given))
 
 
-def budget_text(config):
-    """The budget as given: '5 min', '24 h' or '600,000 tokens'."""
-    if config["budget_tokens"]:
-        return f"{config['budget_tokens']:,} tokens"
-    hours = config["budget_hours"]
-    return f"{hours:g} h" if hours >= 1 else f"{60 * hours:.3g} min"
-
-
 def start_lines(pick, config, seq_len, micro, lr_given):
     """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`, when it
     picked them), the rate (unless `lr_given`); micro: the sequences of a micro-batch on all processes."""
-    steps = pick and expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], config["batch_ramp"])
-    return ([budget_line(pick, config, budget_text(config), steps)] if pick else []) + \
-        ([] if lr_given else [lr_line(config["lr"], config["d_model"])])
+    lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
+                              f"{LR_WIDTH_EXPONENT}, budget.lr_for_width; --lr sets it)"]
+    return ([budget_line(pick, config, seq_len, micro)] if pick else []) + lr
 
 
-def budget_line(pick, config, budget, steps):
-    """The start-up line that says what the budget picked, and why: `budget` is train.py's budget_hours or
-    budget_tokens as given ('5 min', '600,000 tokens'), `steps` the optimizer steps expected."""
+def budget_line(pick, config, seq_len, micro):
+    """The start-up line that says what the budget picked, and why, with the optimizer steps it expects."""
+    hours, budget = config["budget_hours"], f"{config['budget_tokens']:,} tokens"
+    if not config["budget_tokens"]:  # the budget as given: '5 min', '24 h'
+        budget = f"{hours:g} h" if hours >= 1 else f"{60 * hours:.3g} min"
     if pick["matmul_flops"]:
         gain = pick.get("bf16_gain", 1.0)
         gain = f" x {gain:.2g} (bfloat16's step over float32's here)" if gain != 1.0 else ""
@@ -185,6 +179,7 @@ def budget_line(pick, config, budget, steps):
                   f"{gain} x {STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
     else:
         budget = f"{budget}, {pick['compute']:.2g} FLOPs"
+    steps = expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], config["batch_ramp"])
     rung, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])
     why = (f"the ladder's {rung}, nearest that compute" if rung == nearest else
            f"the ladder's {rung}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
@@ -192,12 +187,6 @@ def budget_line(pick, config, budget, steps):
     return (f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
             f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
             f"sequences, about {steps:,.0f} optimizer steps")
-
-
-def lr_line(lr, d_model):
-    """The start-up line that says the learning rate the rule set."""
-    return (f"lr: {lr:.3g} by the width ({LR_AT_768:g} x ({d_model} / 768) ** {LR_WIDTH_EXPONENT}, budget.lr_for_width; "
-            f"--lr sets it)")
 
 
 def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from model import MISSING_FIELD_DEFAULTS, CrammedBert, ModelConfig, muon_groups, param_groups, saved_model_args
+from model import MISSING_FIELD_DEFAULTS, CrammedBert, ModelConfig, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -125,28 +125,6 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     HELD[os.path.realpath(path)] = lock
-
-
-def held_below(folder):
-    """(a folder, the pid its lock file names) of a live process holding a folder at or below `folder`
-    (claim_folder), or None: checked before a tool removes a run's folder, whose train.py may outlive
-    the tool that started it."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): no locks to find
-        return None
-    for path, _, names in os.walk(folder):
-        if LOCK_FILE not in names:
-            continue
-        try:
-            with open(os.path.join(path, LOCK_FILE)) as lock:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while claim_folder's LOCK_EX is held
-                except OSError:
-                    return path, lock.read().strip() or "?"
-        except OSError:  # gone meanwhile
-            continue
-    return None
 
 
 def write_json(path, obj):
@@ -435,7 +413,7 @@ def optimizer_problem(checkpoint, optim):
         return "is not an optimizer's state dict"
     with torch.device("meta"):
         model = CrammedBert(**saved_model_args(checkpoint["model_args"]))
-    groups = [g["params"] for g in (muon_groups if optim == "muon" else param_groups)(model, 0.0)]
+    groups = [g["params"] for g in param_groups(model, 0.0, optim)]
     counts = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in saved["param_groups"]]
     if counts != [len(g) for g in groups]:
         return f"has parameter groups of {counts} parameters where the model's optimizer has {[len(g) for g in groups]}"

@@ -307,32 +307,23 @@ class CrammedBert(nn.Module):
             return sum(p.numel() for p in self.parameters())
         return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
 
-    def flops_per_token(self, mask_rate):
-        """Training FLOPs per input token (model.ModelConfig.flops_per_token)."""
-        return self.config.flops_per_token(mask_rate)
-
 
 def at_positions(hidden, positions):
     """The rows of hidden (B, T, d) at positions (B, k): (B, k, d)."""
     return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
 
-def param_groups(module, weight_decay):
-    """AdamW groups: decay on matrices and embeddings, none on biases, norms and scalars."""
-    decay = [p for p in module.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in module.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def muon_groups(model, weight_decay):
-    """--optim=muon's param groups (runtime.Muon): the 2-D weights inside model.blocks get Muon; the
-    rest AdamW, with decay on matrices and embeddings and none on biases, norms and scalars (as param_groups)."""
-    hidden = {id(p) for p in model.blocks.parameters() if p.requires_grad and p.dim() == 2}
-    params = [p for p in model.parameters() if p.requires_grad]
+def param_groups(module, weight_decay, optim="adamw"):
+    """The optimizer's groups: decay on matrices and embeddings, none on biases, norms and scalars. With
+    optim='muon' (runtime.Muon) the 2-D weights inside module.blocks come first, in a group Muon updates."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    hidden = {id(p) for p in module.blocks.parameters() if p.dim() == 2} if optim == "muon" else set()
+    groups = [{"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if optim != "muon":
+        return groups
     return [{"params": [p for p in params if id(p) in hidden], "weight_decay": weight_decay, "muon": True},
-            {"params": [p for p in params if id(p) not in hidden and p.dim() >= 2], "weight_decay": weight_decay,
-             "muon": False},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "muon": False}]
+            *(dict(g, muon=False) for g in groups)]
 
 
 def diverged(loss, vocab_size, applied=True, scaler=None):

@@ -103,7 +103,7 @@ class Runtime:
 
     def optimizer(self, params, kind="adamw", **kwargs):
         """AdamW with its fused kernel: one launch for all parameters on a GPU, vectorised on a CPU;
-        kind='muon': Muon, below (give it model.muon_groups)."""
+        kind='muon': Muon, below (its groups: model.param_groups(..., optim="muon"))."""
         if kind == "muon":
             return Muon(params, **kwargs)
         return torch.optim.AdamW(params, fused=True, **kwargs)

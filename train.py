@@ -30,7 +30,7 @@ from configurator import configure
 from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
                    refuse_overwrite, save_checkpoint)
-from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, muon_groups, param_groups
+from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, param_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -202,7 +202,7 @@ def main(config):
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
-        f"{model.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
+        f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
     trainer = make_trainer(model, rt, ddp, log, config["lr"], checkpoint)
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
@@ -245,7 +245,7 @@ def main(config):
             raise divergence_stop(in_a_row, step, last_saved, ckpt_path, meta["vocab_size"])
         if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
-            mfu = model.flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
+            mfu = model.config.flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=skipped), tokens / (n_rows * seq_len), progress)
@@ -293,8 +293,7 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     else:
         model = model.to(rt.device)
-        groups = muon_groups(model, weight_decay) if optim == "muon" else param_groups(model, weight_decay)
-        optimizer = rt.optimizer(groups, optim, lr=peak_lr, betas=(beta1, beta2), eps=eps)
+        optimizer = rt.optimizer(param_groups(model, weight_decay, optim), optim, lr=peak_lr, betas=(beta1, beta2), eps=eps)
         step_model = rt.compile_model(model)
         if ddp:
             device_ids = [rt.device.index] if rt.device.type == "cuda" else None
@@ -337,7 +336,7 @@ def open_out_dir(model_args, ckpt_path, config, rt, train_tokens, checkpoint, op
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
     claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
-    step_flops = model.flops_per_token(mask_rate) * config["batch_size"] * model_args["seq_len"]
+    step_flops = model.config.flops_per_token(mask_rate) * config["batch_size"] * model_args["seq_len"]
     for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                     repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
         if warning:

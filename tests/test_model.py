@@ -17,7 +17,7 @@ def test_reference_parameter_count():
     assert model.num_params() == V * d + L * per_block + norms + 1  # + the position scale
     assert 119e6 < model.num_params() < 121e6 and 94e6 < model.num_params(True) < 95e6
     # the paper's arithmetic: about 0.62 GFLOP per token for training
-    assert model.flops_per_token(0.25) == pytest.approx(0.62e9, rel=0.01)
+    assert model.config.flops_per_token(0.25) == pytest.approx(0.62e9, rel=0.01)
 
 
 def test_original_bert_shape_options():
@@ -168,7 +168,7 @@ def test_narrowing_nothing_is_todays_model_and_a_narrowed_layer_is_its_explicit_
     # over every position (fine-tuning, fill-in, the export) the masked rows are the same values
     assert torch.equal(narrowed.encode(inputs).gather(1, at), narrowed.encode(inputs, positions=positions))
     # and the FLOPs count it: about half of the plain model's at the reference shape with 2 full layers
-    ratio = CrammedBert(full_layers=2).flops_per_token(0.25) / CrammedBert().flops_per_token(0.25)
+    ratio = CrammedBert(full_layers=2).config.flops_per_token(0.25) / CrammedBert().config.flops_per_token(0.25)
     assert 0.49 < ratio < 0.53
 
 

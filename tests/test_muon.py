@@ -5,7 +5,7 @@ import math
 import torch
 
 from conftest import TINY_MODEL, run_script
-from model import CrammedBert, muon_groups
+from model import CrammedBert, param_groups
 from runtime import Muon, orthogonalize
 
 TINY = dict(vocab_size=64, seq_len=16, n_layers=2, d_model=32, n_heads=2, d_ffn=64)
@@ -30,7 +30,7 @@ def test_one_muon_step_matches_the_formula_and_adamw_groups_match_torch():
     model = CrammedBert(**TINY)
     reference = CrammedBert(**TINY)
     reference.load_state_dict(model.state_dict())
-    groups = muon_groups(model, 0.01)
+    groups = param_groups(model, 0.01, "muon")
     hidden = groups[0]["params"]
     assert len(hidden) == 4 * TINY["n_layers"] and all(p.dim() == 2 for p in hidden)
     assert not any(p is model.tok_emb.weight for p in hidden)  # the embedding (and output layer) stays AdamW

@@ -249,7 +249,7 @@ def test_under_ddp_rank0_s_precision_is_every_rank_s():
 
 
 def test_cpu_warning_for_a_gpu_sized_run():
-    reference = CrammedBert().flops_per_token(0.25) * 8192 * 128  # one full reference step
+    reference = CrammedBert().config.flops_per_token(0.25) * 8192 * 128  # one full reference step
     assert "about 73 minutes" in cpu_warning(reference, threads=2)
     assert "config/train_quickstart.py" in cpu_warning(reference, threads=2)
     assert cpu_warning(0.02e9 * 64 * 128, threads=2) is None  # the quickstart: about a second

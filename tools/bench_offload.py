@@ -24,7 +24,7 @@ import runtime  # noqa: E402
 from configurator import configure  # noqa: E402
 from data import MASK_RATE, RandomBatches  # noqa: E402
 from measure import alternate, benchmark_tokens, gib, spread  # noqa: E402
-from model import SHAPES, CrammedBert, Trainer, param_groups  # noqa: E402
+from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups  # noqa: E402
 from offload import OffloadTrainer  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -174,8 +174,7 @@ def main():
     torch.manual_seed(seed)
     offloaded = OffloadMode(dims, rt)
     times, peaks = compare_modes([NormalMode(dims, rt), offloaded], batches, n_steps, n_warmup, rt)
-    with torch.device("meta"):  # shapes only: counting FLOPs allocates nothing
-        flops = CrammedBert(seq_len=seq_len, **dims).flops_per_token(MASK_RATE)
+    flops = ModelConfig(seq_len=seq_len, **dims).flops_per_token(MASK_RATE)
     print_modes(times, peaks, micro, flops)
     time_host_adamw(offloaded.trainer, n_steps)
     if not gpu:

@@ -61,9 +61,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from files import check_writable, held_below, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
+from files import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
+from measure import held_below  # noqa: E402
 from process import child_env, guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -811,7 +812,7 @@ def phase_offload(deadline, logs):
     import runtime
     from data import MASK_RATE, RandomBatches
     from measure import benchmark_tokens
-    from model import CrammedBert
+    from model import ModelConfig
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
     rt = runtime.setup(device, "auto", compile=False)  # after the benchmark: this process holds nothing on the GPU then
@@ -838,8 +839,7 @@ def phase_offload(deadline, logs):
     print(f"normal mode: {normal}", flush=True)
     rt.reset_peak_memory()
     seconds, losses = train_offloaded(model_args, rt, batches)
-    with torch.device("meta"):
-        flops = CrammedBert(**model_args).flops_per_token(MASK_RATE)
+    flops = ModelConfig(**model_args).flops_per_token(MASK_RATE)
     step = sorted(seconds)[len(seconds) // 2]
     tokens_per_s = offload_micro_batch * offload_accum * seq_len / step
     host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -1,8 +1,10 @@
-"""What the benchmark tools share: their tokens, alternating rounds and a median (min-max) figure."""
+"""What the tools share: the benchmarks' tokens, alternating rounds and median (min-max) figures; whether a run's
+folder is in use."""
+import os
 import statistics
 
 from data import load_tokens, random_tokens  # the core: each tool puts its folder on sys.path first
-from files import load_meta
+from files import LOCK_FILE, load_meta
 
 
 def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
@@ -35,3 +37,25 @@ def spread(values, fmt="{:,.0f}"):
 def gib(n_bytes):
     """Bytes in GiB for a table, or '-' when there is no figure (a CPU has no device peak)."""
     return f"{n_bytes / 2 ** 30:.1f}" if n_bytes is not None else "-"
+
+
+def held_below(folder):
+    """(a folder, the pid its lock file names) of a live process holding a folder at or below `folder`
+    (claim_folder), or None: checked before a tool removes a run's folder, whose train.py may outlive
+    the tool that started it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no locks to find
+        return None
+    for path, _, names in os.walk(folder):
+        if LOCK_FILE not in names:
+            continue
+        try:
+            with open(os.path.join(path, LOCK_FILE)) as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while claim_folder's LOCK_EX is held
+                except OSError:
+                    return path, lock.read().strip() or "?"
+        except OSError:  # gone meanwhile
+            continue
+    return None
