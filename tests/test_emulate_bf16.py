@@ -52,3 +52,10 @@ def test_emulation_refuses_what_it_cannot_run(argv, message):
     with pytest.raises(SystemExit) as raised:
         main(argv)
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_help_prints_the_usage_and_runs_nothing(capsys):
+    for flag in ("--help", "-h"):
+        main([flag])
+        out = capsys.readouterr().out
+        assert out.startswith("Run a script with bfloat16 autocast's numerics") and "tools/emulate_bf16.py train.py" in out

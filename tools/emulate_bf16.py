@@ -49,6 +49,9 @@ class Bfloat16Products(TorchDispatchMode):
 
 
 def main(argv):
+    if argv[:1] in (["--help"], ["-h"]):  # a wrapper: its usage is the docstring; the script's own --help lists settings
+        print(__doc__.strip())
+        return
     if not argv or not argv[0].endswith(".py") or not os.path.isfile(argv[0]):
         raise SystemExit("usage: python tools/emulate_bf16.py <script.py> [its arguments]: e.g. train.py config/... "
                          "--dtype=bfloat16 --compile=False")
