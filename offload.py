@@ -36,8 +36,8 @@ def check_settings(world, config, optim, dtype):
 
 def adamw_order(module):
     """Parameter names in the order of param_groups(module): torch.optim.AdamW's state indices."""
-    named = list(module.named_parameters())
-    return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+    names = {id(p): n for n, p in module.named_parameters()}
+    return [names[id(p)] for group in param_groups(module, 0.0) for p in group["params"]]
 
 
 def wire_dtype(p, dtype):
