@@ -44,7 +44,8 @@ def attend(q, k, v, attn_mask, dropout_p):
     CPU runs as two bfloat16 products around a float32 softmax, faster there than torch's CPU flash
     kernel in bfloat16 (BENCHMARKS.md, "The CPU's precision by a timing"); a GPU runs the fused kernel."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        scores = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5  # (B, H, T, S)
+        # q scaled rather than the scores: inductor's softmax of scaled scores adds a pass of finiteness checks
+        scores = ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).float()  # (B, H, T, S)
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
         return F.dropout(scores.softmax(-1), dropout_p).to(v.dtype) @ v  # (B, H, T, d_head)
