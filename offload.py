@@ -303,7 +303,7 @@ class OffloadTrainer:
         self.scaler = rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
         # the plain model's parameter order: checkpoints and AdamW state indices follow it
         self.names = [name for name, _ in model.named_parameters()]
-        self.adamw_order = adamw_order(model)
+        self.adamw_order, self.n_decay = adamw_order(model), len(param_groups(model, 0.0)[0]["params"])
         host_blocks, model.blocks = model.blocks, nn.ModuleList()
         self.stem = model.to(rt.device)
         self.optimizer = rt.optimizer(param_groups(self.stem, weight_decay), lr=lr, betas=betas, eps=eps)
@@ -380,10 +380,9 @@ class OffloadTrainer:
             optimizer, local = where[name]
             if local in states[optimizer]:
                 state[index] = states[optimizer][local]
-        n_decay = sum(1 for name in self.adamw_order if tensors[name].dim() >= 2)
-        groups = [dict(g, params=params) for g, params in
+        groups = [dict(g, params=params) for g, params in  # param_groups': the decayed parameters, then the rest
                   zip(self.optimizer.state_dict()["param_groups"],
-                      (list(range(n_decay)), list(range(n_decay, len(self.adamw_order)))))]
+                      (list(range(self.n_decay)), list(range(self.n_decay, len(self.adamw_order)))))]
         return dict(model={name: tensors[name] for name in self.names}, scaler=self.scaler.state_dict(),
                     optimizer=dict(state=state, param_groups=groups))
 
