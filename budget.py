@@ -75,9 +75,8 @@ def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
 
 def batch_for_budget(tokens, seq_len):
     """The final batch for a run of `tokens`: the power of two nearest PAPER_BATCH x (its sequences /
-    PAPER_SEQUENCES) ** BATCH_EXPONENT, from MIN_BATCH to MAX_BATCH: 32 for 15 CPU minutes, 1,024
-    for 6 H100 minutes, 4,096 at the paper's day, 8,192 from about twice that. It never shrinks as
-    the budget grows, and small runs take many small steps."""
+    PAPER_SEQUENCES) ** BATCH_EXPONENT, from MIN_BATCH to MAX_BATCH. It never shrinks as the budget
+    grows, and small runs take many small steps."""
     batch = 2 ** round(math.log2(PAPER_BATCH * (tokens / seq_len / PAPER_SEQUENCES) ** BATCH_EXPONENT))
     return min(MAX_BATCH, max(MIN_BATCH, batch))
 
@@ -164,11 +163,8 @@ def start_lines(pick, config, seq_len, micro, lr_given):
     picked them), the rate (unless `lr_given`); micro: the sequences of a micro-batch on all processes."""
     lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
                               f"{LR_WIDTH_EXPONENT}, budget.lr_for_width; --lr sets it)"]
-    return ([budget_line(pick, config, seq_len, micro)] if pick else []) + lr
-
-
-def budget_line(pick, config, seq_len, micro):
-    """The start-up line that says what the budget picked, and why, with the optimizer steps it expects."""
+    if not pick:
+        return lr
     hours, budget = config["budget_hours"], f"{config['budget_tokens']:,} tokens"
     if not config["budget_tokens"]:  # the budget as given: '5 min', '24 h'
         budget = f"{hours:g} h" if hours >= 1 else f"{60 * hours:.3g} min"
@@ -184,9 +180,9 @@ def budget_line(pick, config, seq_len, micro):
     why = (f"the ladder's {rung}, nearest that compute" if rung == nearest else
            f"the ladder's {rung}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
     given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""
-    return (f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
+    return [f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
             f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
-            f"sequences, about {steps:,.0f} optimizer steps")
+            f"sequences, about {steps:,.0f} optimizer steps"] + lr
 
 
 def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):

@@ -70,17 +70,13 @@ def load_tokens(data_dir, split, meta=None):
 def get_batch(tokens, rows, device):
     """The sequences of the given rows, in row order (sorted: a sequential read), as an int64 tensor on device."""
     batch = torch.from_numpy(tokens[np.sort(rows)].astype(np.int64))
-    if device.type == "cuda":
-        return batch.pin_memory().to(device, non_blocking=True)
-    return batch
+    return batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch
 
 
 def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
-    """MLM corruption with a fixed count: exactly round(mask_rate * T) positions per row.
-
-    Of the chosen positions 80% become [MASK], 10% a random regular token, 10% stay. A static count keeps tensor
-    shapes fixed for torch.compile. Runs on idx's device. Returns (inputs, positions (B, k), labels (B, k)).
-    """
+    """MLM corruption with a fixed count, exactly round(mask_rate * T) positions per row (static shapes for
+    torch.compile): 80% of them become [MASK], 10% a random regular token, 10% stay. Runs on idx's device.
+    Returns (inputs, positions (B, k), labels (B, k))."""
     B, T = idx.shape
     k = max(1, round(mask_rate * T))
     scores = torch.rand(B, T, device=idx.device, generator=generator)

@@ -164,11 +164,10 @@ def read_jsonl(path):
 
 
 class MetricsLog:
-    """A run's log and evaluation lines as JSON in metrics.jsonl, and to Weights & Biases when
-    `wandb_run` (its project and name) is given. A fresh run starts the file, a resumed one appends
-    (steps redone after a hard kill appear twice; the later line counts). Both start with the first
-    line: a run that fails before it leaves the file as it was and no empty W&B run, and W&B records
-    `config` as the run has settled it by then (train.py's chosen micro-batch)."""
+    """A run's log and evaluation lines as JSON in metrics.jsonl, and to Weights & Biases when `wandb_run` (its project
+    and name) is given. A fresh run starts the file, a resumed one appends (steps redone after a hard kill appear twice;
+    the later line counts). Both start with the first line: a run that fails before it leaves the file as it was and no
+    empty W&B run, and W&B records `config` as the run has settled it by then (train.py's chosen micro-batch)."""
 
     def __init__(self, path, fresh, wandb_run=None, config=None):
         self.path, self.fresh, self.wandb_run, self.config, self.started = path, fresh, wandb_run, config, False

@@ -13,7 +13,7 @@ last epoch. Prints a markdown table beside the published row and writes every nu
 
 fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same
 settings and seeds: the floor that pretraining must beat, shown beside the model's scores in the
-same table and glue.json. A small model's GLUE sits there until pretraining passes about 1e17 FLOPs.
+same table and glue.json.
 """
 import glob
 import math
@@ -142,10 +142,9 @@ METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spea
 
 # ---------------------------------------------------------------- data
 def read_glue_tsv(path, spec):
-    """(texts, labels) from one GLUE file: tab-separated, no quoting (quotes are text),
-    a header except for CoLA. Rows with too few fields (QQP has some) are skipped. A line is split
-    at its tabs, as csv does without quoting, but with no limit on a field's size (csv's is 128 kB):
-    an over-long sentence is truncated after tokenizing, as any other."""
+    """(texts, labels) from one GLUE file: tab-separated, no quoting (quotes are text), a header except for CoLA.
+    Rows with too few fields (QQP has some) are skipped. A line is split at its tabs, as csv does without quoting, but
+    with no limit on a field's size (csv's is 128 kB): an over-long sentence is truncated after tokenizing."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: GLUE file not found: {path}")
     try:

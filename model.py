@@ -223,9 +223,7 @@ class CrammedBert(nn.Module):
         else:  # scaled sinusoidal: a fixed table times one learned scalar
             self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
             self.pos_scale = nn.Parameter(torch.tensor(d_model ** -0.5))
-        # Smear (modded-nanogpt's smear, RWKV's token shift; both directions for an encoder): each
-        # position also gets a learned map of its two neighbours' embeddings, so the first layer
-        # already sees local context, which attention otherwise needs many steps to learn to find.
+        # smear (modded-nanogpt's, RWKV's token shift; both directions): the first layer already sees local context
         self.smear = nn.Linear(2 * d_model, d_model, bias=False) if c.smear else None
         self.emb_norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.emb_drop = nn.Dropout(c.dropout)
@@ -261,8 +259,7 @@ class CrammedBert(nn.Module):
         return self.emb_drop(self.emb_norm(x + pos))
 
     def encode(self, idx, padding_mask=None, positions=None):
-        """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k). padding_mask (B, T) is
-        True at real tokens.
+        """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k); padding_mask (B, T): True at real tokens.
 
         Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers
         see every position; each later layer updates a position from its own state (its queries
@@ -382,11 +379,10 @@ class Trainer:
 
 
 class ClassificationHead(nn.Module):
-    """The GLUE head: pool the final hidden states -> dense 1024 -> Tanh -> dropout -> classes.
-    num_labels=1 makes it a regression head (STS-B). pooling 'first' reads the first token ([CLS]),
-    as original BERT and the reference's GLUE evaluation do; 'mean' averages the real tokens' states.
-    Pretraining here never shows a [CLS] token, so the first position holds no summary until
-    fine-tuning makes one (BENCHMARKS.md compares the two poolings)."""
+    """The GLUE head: pool the final hidden states -> dense 1024 -> Tanh -> dropout -> classes; num_labels=1 makes
+    it a regression head (STS-B). pooling 'first' reads the first token ([CLS]), as original BERT and the reference's
+    GLUE evaluation do, though pretraining never shows one (fine-tuning makes its summary); 'mean' averages the real
+    tokens' states (BENCHMARKS.md compares the two)."""
 
     def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first"):
         super().__init__()

@@ -4,10 +4,8 @@ stem (embeddings, final norm, MLM head, with a normal AdamW) and two template bl
 stream through: forward block by block keeping only each block's input, backward by recomputing each block with its
 forward's RNG state. float32 trains exactly as normal mode does; checkpoints interchange with it. docs/offload.md
 has the mechanism, its precision and its arithmetic. On a CPU the streams are HostStream, which does nothing, so the
-same code runs (and is tested) there.
-
-The parts, one job each: HostBlocks (the host side), BlockStreamer (the device side), StreamedBlocks (the
-blocks' place in the model) and OffloadTrainer, which composes them with the stem.
+same code runs (and is tested) there. The parts, one job each: HostBlocks (the host side), BlockStreamer (the
+device side), StreamedBlocks (the blocks' place in the model) and OffloadTrainer, which composes them with the stem.
 """
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -85,16 +83,13 @@ class HostBlocks:
 
     def __init__(self, blocks, rt, lr, betas, eps, weight_decay):
         self.blocks = blocks  # the nn.ModuleList the masters belong to (checkpoints load into it)
-        self.dtype = rt.dtype
-        cuda = rt.device.type == "cuda"
+        self.dtype, cuda = rt.dtype, rt.device.type == "cuda"
         if cuda and rt.dtype == torch.float32:  # the masters themselves cross the bus
             for p in blocks.parameters():
                 p.data = p.data.pin_memory()
         self.masters = [list(block.parameters()) for block in blocks]
-        for params in self.masters:
-            for p in params:
-                p.grad = torch.zeros_like(p)  # the float32 accumulator; AdamW reads it as the gradient
-        # fused: one vectorised CPU kernel over a block's tensors
+        for p in blocks.parameters():
+            p.grad = torch.zeros_like(p)  # the float32 accumulator; AdamW reads it as the gradient
         self.optimizers = [torch.optim.AdamW(param_groups(block, weight_decay), lr=lr, betas=betas, eps=eps,
                                              fused=True) for block in blocks]
         # what crosses the bus: a pinned low-precision copy, or under float32 the master itself
@@ -164,9 +159,7 @@ class BlockStreamer:
     last compute that read it. Gradients go out through pinned staging buffers, one set per template."""
 
     def __init__(self, host, config, rt):
-        self.host = host
-        self.rt = rt
-        self.cuda = rt.device.type == "cuda"
+        self.host, self.rt, self.cuda = host, rt, rt.device.type == "cuda"
         with torch.device("meta"):  # shapes only: building the templates draws nothing from the RNG
             templates = [Block(config) for _ in range(2)]
         self.templates = [t.to_empty(device=rt.device) for t in templates]
@@ -291,16 +284,14 @@ class StreamedBlocks(nn.Module):
 
 
 class OffloadTrainer:
-    """train.py's trainer for off-load mode: step(micro_batches, lr, clip) -> (mean loss, applied),
-    model.Trainer.step's contract, and state_dict()/load_state_dict() in normal mode's checkpoint
-    format. Takes ownership of `model` (a CrammedBert on the host): its blocks become the float32
-    masters of a HostBlocks, the rest (the stem: embeddings, final norm, MLM head) moves to the
-    device with a normal AdamW, a BlockStreamer runs the blocks, and `self.model` is the stem with
-    StreamedBlocks in the blocks' place: the model evaluation and fill-in call."""
+    """train.py's trainer for off-load mode: step(micro_batches, lr, clip) -> (mean loss, applied), model.Trainer.step's
+    contract, and state_dict()/load_state_dict() in normal mode's checkpoint format. Takes ownership of `model` (a
+    CrammedBert on the host): its blocks become the float32 masters of a HostBlocks, the rest (the stem: embeddings,
+    final norm, MLM head) moves to the device with a normal AdamW, a BlockStreamer runs the blocks, and `self.model` is
+    the stem with StreamedBlocks in the blocks' place: the model evaluation and fill-in call."""
 
     def __init__(self, model, rt, lr, betas, eps, weight_decay):
-        self.rt = rt
-        self.scaler = rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
+        self.rt, self.scaler = rt, rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
         # the plain model's parameter order: checkpoints and AdamW state indices follow it
         self.names = [name for name, _ in model.named_parameters()]
         self.adamw_order, self.n_decay = adamw_order(model), len(param_groups(model, 0.0)[0]["params"])

@@ -79,8 +79,6 @@ def installed(module):
 # platform lacks are left out (Windows has SIGINT and SIGTERM of them, and SIGBREAK: Ctrl-Break).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU",
                                                         "SIGBREAK") if hasattr(signal, name))
-
-
 PARENT_VAR = "CRAM_PARENT_PID"  # set by child_env for a cram script a tool starts; read by its guarded()
 
 

@@ -29,11 +29,9 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Dense bf16 tensor-core peaks (FLOP/s) used for MFU; match on the device name.
-GPU_PEAK_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A6000": 154.8e12,
-    "A40": 149.7e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12,
-    "4090": 165e12, "3090": 71e12, "V100": 125e12, "A4000": 76.7e12,
-}
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A6000": 154.8e12, "A40": 149.7e12,
+                  "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12, "4090": 165e12, "3090": 71e12,
+                  "V100": 125e12, "A4000": 76.7e12}
 
 
 def peak_flops(device, override=0.0):
@@ -49,10 +47,10 @@ def peak_flops(device, override=0.0):
     return 0.0
 
 
-# torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates)
-# kernels; and CUDA graphs (one launch for a whole recorded step), with or without the autotuning.
-# The cramming reference trains with max-autotune; cram's default stays inductor's until a GPU
-# report shows a mode is faster (tools/bench.py --compile_mode=default,max-autotune times them).
+# torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates) kernels; and CUDA
+# graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
+# max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (tools/bench.py
+# --compile_mode=default,max-autotune times them).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 
@@ -189,12 +187,11 @@ BF16_PICK_RATIO = 1.5
 
 
 def auto_dtype(device, continues=None, speedup=None):
-    """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed).
-    The run it continues, `continues` (the device type and dtype its checkpoint trained in, or earlier
-    fine-tuning runs'), on a device of that type (bfloat16 where a GPU has it): a run and its resume
-    train alike. Else on a GPU bfloat16 where it has it, else float16; on a CPU bfloat16 where its
-    matmuls run at least BF16_PICK_RATIO times float32's (bf16_speedup: the CPU's flags do not tell),
-    float32 elsewhere. speedup: the measurement to use instead (tests)."""
+    """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed). The run it
+    continues, `continues` (the device type and dtype its checkpoint trained in, or earlier fine-tuning runs'), on a
+    device of that type (bfloat16 where a GPU has it): a run and its resume train alike. Else on a GPU bfloat16 where it
+    has it, else float16; on a CPU bfloat16 where its matmuls run at least BF16_PICK_RATIO times float32's
+    (bf16_speedup: the CPU's flags do not tell), float32 elsewhere. speedup: the measurement to use instead (tests)."""
     bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
     if continues and continues[0] == device.type and continues[1] in DTYPES and (continues[1] != "bfloat16" or bfloat16):
         return continues[1], "auto: as the run it continues", 0.0
@@ -241,10 +238,6 @@ def rank0_precision(rt):
                                why=rt.why if name == rt.dtype_name() else "auto: rank 0's")
 
 
-COMPILER_HINT = ("install one (Debian, Ubuntu: apt install g++; Fedora: dnf install gcc-c++; macOS: "
-                 "xcode-select --install; conda: conda install -c conda-forge gxx) or point CXX at it")
-
-
 def compile_problem(device):
     """Why torch.compile cannot build on this device, in a few words, or None. Checked before any work by compiling
     and running a two-operation function, which needs what the model's compilation needs (a C++ compiler and headers
@@ -261,7 +254,9 @@ def compile_problem(device):
     except Exception as e:  # inductor wraps the toolchain's errors in its own; their first line says what failed
         text = " ".join(str(e).split())
         if "C++ compiler" in text or "InvalidCxxCompiler" in type(e).__name__ + text or "is not found" in text:
-            return f"it needs a C++ compiler and none works ({text[-160:]}): {COMPILER_HINT}"
+            return (f"it needs a C++ compiler and none works ({text[-160:]}): install one (Debian, Ubuntu: apt install "
+                    f"g++; Fedora: dnf install gcc-c++; macOS: xcode-select --install; conda: conda install -c "
+                    f"conda-forge gxx) or point CXX at it")
         if device.type == "cuda":  # Triton builds a small C launcher for its kernels
             return (f"{type(e).__name__}: {text[:200]} (Triton needs a C compiler, gcc or clang, and pip install "
                     f"triton)")
@@ -419,14 +414,9 @@ def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
 
 
 # ---------------------------------------------------------------- Muon (--optim=muon)
-# Muon (Keller Jordan, 2024; the optimizer of the modded-nanogpt speedruns) on the blocks' weight matrices and AdamW
-# on the rest (embeddings, norms, scalars, the tied output layer), as one torch optimizer. Muon keeps SGD momentum
-# per matrix and replaces each update by the nearest semi-orthogonal matrix (five Newton-Schulz iterations), so it
-# moves every direction of the matrix alike. The update is scaled by 0.2 * sqrt(max(rows, cols)) to AdamW's typical
-# update RMS (Moonshot AI, "Muon is Scalable for LLM Training", 2025): one learning rate, schedule and weight decay
-# then serve both. Written here (not torch.optim.Muon, which newer torch has) so that torch >= 2.4 works.
-
-
+# Muon (Keller Jordan 2024, modded-nanogpt's) on the blocks' matrices, AdamW on the rest, as one optimizer: SGD momentum
+# made the nearest semi-orthogonal matrix (Newton-Schulz), scaled by 0.2 * sqrt(max(rows, cols)) to AdamW's update RMS
+# (Moonshot AI 2025), so one lr, schedule and weight decay serve both. Not torch.optim.Muon, so that torch >= 2.4 works.
 def orthogonalize(g, steps=5):
     """The semi-orthogonal matrix nearest to g (U V^T of its SVD), approximately: a quintic
     Newton-Schulz iteration whose coefficients (Jordan's) push every singular value into about
@@ -447,8 +437,7 @@ class Muon(torch.optim.Optimizer):
     """Groups with muon=True: Nesterov momentum, orthogonalized, RMS-matched to AdamW, decoupled
     weight decay. Other groups: AdamW with the same lr, betas, eps and weight decay settings."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01, momentum=0.95,
-                 ns_steps=5):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01, momentum=0.95, ns_steps=5):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                       ns_steps=ns_steps, muon=False))
 
