@@ -246,11 +246,11 @@ class CrammedBert(nn.Module):
         if hasattr(module, "pos_emb"):
             nn.init.normal_(module.pos_emb, std=0.02)
 
-    def embed(self, idx, padding_mask=None):
-        """What enters the first block (B, T, d): token + position embeddings, normalised."""
+    def embed(self, idx, padding_mask=None, tokens=None):
+        """What enters the first block (B, T, d): token (`tokens`: looked up already) + position embeddings, normalised."""
         T = idx.shape[1]
         pos = self.pos_emb[:T] if hasattr(self, "pos_emb") else self.pos_scale * self.pos_table[:T]
-        x = self.tok_emb(idx)  # (B, T, d)
+        x = self.tok_emb(idx) if tokens is None else tokens  # (B, T, d)
         if self.smear is not None:
             n = x if padding_mask is None else x * padding_mask.unsqueeze(-1)  # padding is no neighbour
             before = F.pad(n[:, :-1], (0, 0, 1, 0))  # (B, T, d): token t-1 at t, zeros at the start
@@ -258,7 +258,7 @@ class CrammedBert(nn.Module):
             x = x + self.smear(torch.cat([before, after], dim=-1))  # (B, T, 2d) -> (B, T, d)
         return self.emb_drop(self.emb_norm(x + pos))
 
-    def encode(self, idx, padding_mask=None, positions=None):
+    def encode(self, idx, padding_mask=None, positions=None, tokens=None):
         """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k); padding_mask (B, T): True at real tokens.
 
         Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers
@@ -267,7 +267,7 @@ class CrammedBert(nn.Module):
         the context, which stays fixed. So one position's result does not depend on which other
         positions are updated: pretraining updates only the masked ones, and fine-tuning, fill-in
         and the export run the same layers over every position and get the same values there."""
-        x = self.embed(idx, padding_mask)
+        x = self.embed(idx, padding_mask, tokens)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
         full = self.config.full_layer_count()
         for block in self.blocks[:full]:
@@ -279,22 +279,25 @@ class CrammedBert(nn.Module):
             x = block(x, attn_mask, context)
         return self.final_norm(x)
 
-    def logits(self, hidden):
-        logits = self.head(hidden) @ self.tok_emb.weight.t()  # tied output layer
+    def logits(self, hidden, weight=None):
+        logits = self.head(hidden) @ (self.tok_emb.weight if weight is None else weight).t()  # tied output layer
         return logits if self.decoder_bias is None else logits + self.decoder_bias
 
     def forward(self, inputs, positions, labels):
         """MLM loss and the number of correct predictions at the masked positions: sparse prediction sends
         only the (B, k) masked positions through the output layer, dense scores every position and
         ignores the rest (the original BERT)."""
-        return self.mlm_loss(self.encode(inputs, positions=positions if self.sparse_prediction else None), inputs,
-                             positions, labels)
+        tokens = weight = None
+        if inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # the tied weight's uses in one node
+            tokens, weight = TiedLookup.apply(self.tok_emb.weight, inputs, torch.get_autocast_dtype("cpu"))
+        hidden = self.encode(inputs, positions=positions if self.sparse_prediction else None, tokens=tokens)
+        return self.mlm_loss(hidden, inputs, positions, labels, weight)
 
-    def mlm_loss(self, hidden, inputs, positions, labels):
+    def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
         """forward's loss and correct count from the final hidden states: (B, k, d) at the masked positions with
         sparse prediction, else (B, T, d). Off-load mode (offload.py) runs the blocks itself and joins here."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
-        logits = self.logits(hidden).float()
+        logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         correct = (logits.argmax(-1) == targets).sum()
         return loss, correct
@@ -304,6 +307,23 @@ class CrammedBert(nn.Module):
         if not matmul_only:
             return sum(p.numel() for p in self.parameters())
         return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+
+class TiedLookup(torch.autograd.Function):
+    """(weight[idx], weight in `dtype`): the embedding's lookup and the tied output layer's copy as one node, whose
+    backward adds the lookups' gradient into the output layer's in place, not into a zeroed V x d buffer of its own
+    (autograd's sum of two uses: two more passes over V x d, which a CPU's bfloat16 step pays for)."""
+
+    @staticmethod
+    def forward(ctx, weight, idx, dtype):
+        ctx.save_for_backward(idx)
+        return F.embedding(idx, weight), weight.to(dtype)  # (B, T, d), (V, d)
+
+    @staticmethod
+    def backward(ctx, grad_tokens, grad_weight):
+        idx, = ctx.saved_tensors
+        tokens = grad_tokens.reshape(-1, grad_tokens.shape[-1]).float()  # (B * T, d)
+        return grad_weight.float().index_add_(0, idx.reshape(-1), tokens), None, None
 
 
 def at_positions(hidden, positions):

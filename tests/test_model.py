@@ -68,6 +68,35 @@ def test_a_cpu_attends_in_bfloat16_products_around_a_float32_softmax():
     assert torch.equal(attend(q, k, v, additive, 0.0), plain)
 
 
+def test_the_tied_weights_one_node_gives_autograds_gradients():
+    """On a CPU under bfloat16 autocast the embedding's lookup and the tied output layer's copy are one node
+    (model.TiedLookup): its gradients are autograd's own for the two uses, summed in another order, eager and
+    compiled (fullgraph: no graph break)."""
+    torch.manual_seed(0)
+    model = CrammedBert(vocab_size=300, seq_len=16, n_layers=2, d_model=32, n_heads=2, d_ffn=64)
+    idx = torch.randint(0, 296, (4, 16))
+    idx[:, :8] = 7  # a token looked up many times: its rows' gradients add up
+    positions = torch.rand(4, 16).topk(4, 1).indices
+
+    def plain(inputs, at, labels):  # the two uses apart: what forward ran before the one node
+        return model.mlm_loss(model.encode(inputs, positions=at), inputs, at, labels)
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = fn(idx, positions, idx.gather(1, positions))
+        loss.backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    apart = grads(plain)
+    bfloat16 = dict(rtol=2e-2, atol=1e-3)  # compiled, bfloat16's roundings fall elsewhere in the fused kernels
+    for fn, tolerance in ((model, {}), (torch.compile(model, fullgraph=True), bfloat16)):
+        tied = grads(fn)
+        assert tied["tok_emb.weight"][7].abs().sum() > 0  # the repeated token's row
+        for name in tied:
+            torch.testing.assert_close(tied[name], apart[name], **tolerance)
+
+
 @pytest.mark.parametrize("smear,pooling", [(False, "mean"), (True, "mean"), (False, "first")])
 def test_padding_does_not_change_classification(smear, pooling):
     torch.manual_seed(0)
