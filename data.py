@@ -84,8 +84,7 @@ def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
     labels = idx.gather(1, positions)
     rule = torch.rand(B, k, device=idx.device, generator=generator)
     random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
-    replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id),
-                              torch.where(rule < 0.9, random_ids, labels))
+    replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id), torch.where(rule < 0.9, random_ids, labels))
     inputs = idx.scatter(1, positions, replacement)
     return inputs, positions, labels
 

@@ -270,14 +270,6 @@ def eval_size(rt):
     return eval_batch_size or (512 if rt.device.type == "cuda" else 128)
 
 
-def check_memory(ckpt, rt):
-    """One-line errors, before any work, for a batch that surely cannot fit (memory.check_memory)."""
-    config = ModelConfig(**saved_model_args(ckpt["model_args"]))
-    memory.check_memory(config, rt, 0.0, (batch_size, f"--batch_size={batch_size}"))
-    size = eval_size(rt)
-    memory.check_memory(config, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
-
-
 @torch.no_grad()
 def predict(model, encoded, pad_id, rt, regression):
     model.eval()
@@ -351,11 +343,6 @@ SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "
 DAMAGED = "move it away and run the same command (a run is fine-tuned again, glue.json rebuilt from the runs)"
 GROUPS = ("tasks", "no_pretraining")  # the checkpoint's runs; the --from_scratch control's: each score's floor
 RUN_KEYS = {"seed", "settings", "scores", "facts", "counts", "finished"}  # what a run's file holds (and the identity)
-
-
-def median_scores(per_seed):
-    return {name: {m: statistics.median(run[name][m] for run in per_seed) for m in per_seed[0][name]}
-            for name in per_seed[0]}
 
 
 def main_scores(tasks, key="median"):
@@ -496,7 +483,8 @@ def task_entry(runs):
     settings = max(runs, key=lambda r: r.get("chosen", r["finished"]))["settings"]
     runs = sorted((r for r in runs if r["settings"] == settings), key=lambda r: r["seed"])
     entry = dict(settings=settings, seeds=[r["seed"] for r in runs], per_seed=[r["scores"] for r in runs],
-                 median=median_scores([r["scores"] for r in runs]), **runs[-1]["facts"],
+                 median={name: {m: statistics.median(r["scores"][name][m] for r in runs) for m in metrics}
+                         for name, metrics in runs[0]["scores"].items()}, **runs[-1]["facts"],
                  **{k: round(sum(r["counts"][k] for r in runs), 1) for k in runs[0]["counts"]})
     return dict(entry, how=how_made(entry))  # what tools/glue_plot.py shows
 
@@ -584,7 +572,9 @@ def main(config):
     facts = pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint)))
     earlier = read_runs(run_files(path), identity)
     rt = runtime.setup(device, dtype, compile=False, continues=earlier_precision(earlier))
-    check_memory(ckpt, rt)
+    shape = ModelConfig(**saved_model_args(ckpt["model_args"]))  # a batch that surely cannot fit fails before any work
+    memory.check_memory(shape, rt, 0.0, (batch_size, f"--batch_size={batch_size}"))
+    memory.check_memory(shape, rt, 0.0, (eval_size(rt), f"--eval_batch_size={eval_size(rt)}"), training=False)
     settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
     todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])

@@ -24,6 +24,7 @@ import time
 import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -544,17 +545,7 @@ def start_pool(workers):
     finally:
         ready.set()
         probe.shutdown(wait=True, cancel_futures=True)  # their slots free again for the pool below
-    return ThreadPoolExecutor(started) if started else InThisThread()
-
-
-class InThisThread:
-    """ThreadPoolExecutor's map and shutdown, run in the calling thread."""
-
-    def map(self, fn, items):
-        return [fn(item) for item in items]
-
-    def shutdown(self, **kwargs):
-        pass
+    return ThreadPoolExecutor(started) if started else SimpleNamespace(map=map, shutdown=lambda **_: None)
 
 
 def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, settings):

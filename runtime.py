@@ -22,9 +22,8 @@ import torch.distributed as dist
 # width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
 # cache folder of its own, named here, on import, before anything imports inductor (which fixes
 # its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the user's still says where.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
-    tempfile.gettempdir(), f"torchinductor_{os.getuid() if hasattr(os, 'getuid') else 'user'}_"
-                           f"{torch.backends.cpu.get_cpu_capability().lower()}"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
+    os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
