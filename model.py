@@ -284,9 +284,9 @@ class CrammedBert(nn.Module):
         return logits if self.decoder_bias is None else logits + self.decoder_bias
 
     def forward(self, inputs, positions, labels):
-        """MLM loss and the number of correct predictions at the masked positions: sparse prediction sends
-        only the (B, k) masked positions through the output layer, dense scores every position and
-        ignores the rest (the original BERT)."""
+        """MLM loss and the number of correct predictions at the masked positions (None in training mode, whose
+        step discards it): sparse prediction sends only the (B, k) masked positions through the output layer,
+        dense scores every position and ignores the rest (the original BERT)."""
         tokens = weight = None
         if inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # the tied weight's uses in one node
             tokens, weight = TiedLookup.apply(self.tok_emb.weight, inputs, torch.get_autocast_dtype("cpu"))
@@ -299,7 +299,7 @@ class CrammedBert(nn.Module):
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
-        correct = (logits.argmax(-1) == targets).sum()
+        correct = None if self.training else (logits.argmax(-1) == targets).sum()  # an argmax: a pass over V
         return loss, correct
 
     def num_params(self, matmul_only=False):

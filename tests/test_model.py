@@ -33,8 +33,8 @@ def test_original_bert_shape_options():
 
 def test_sparse_prediction_equals_dense():
     torch.manual_seed(0)
-    sparse = CrammedBert(**TINY, sparse_prediction=True)
-    dense = CrammedBert(**TINY, sparse_prediction=False)
+    sparse = CrammedBert(**TINY, sparse_prediction=True).eval()  # eval mode: the correct count too
+    dense = CrammedBert(**TINY, sparse_prediction=False).eval()
     dense.load_state_dict(sparse.state_dict())
     idx = torch.randint(0, 296, (8, 32))
     inputs, positions, labels = mask_tokens(idx, 0.25, 299, 296, torch.Generator().manual_seed(1))
@@ -45,6 +45,7 @@ def test_sparse_prediction_equals_dense():
     loss_s.backward()
     loss_d.backward()
     torch.testing.assert_close(sparse.tok_emb.weight.grad, dense.tok_emb.weight.grad, rtol=1e-4, atol=1e-7)
+    assert sparse.train()(inputs, positions, labels)[1] is None  # training's step skips the count's argmax
 
 
 def test_a_cpu_attends_in_bfloat16_products_around_a_float32_softmax():

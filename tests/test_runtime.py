@@ -48,7 +48,7 @@ def test_compiled_step_matches_eager(recipe, device, mode):
     loss_compiled, correct_compiled = compiled(*batch)
     loss_compiled.backward()
     torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-5, atol=1e-5)
-    assert correct_compiled.item() == correct_eager.item()
+    assert correct_compiled is correct_eager is None  # training mode skips the count (eager tests it in eval)
     for p, g in zip(eager.parameters(), grads_eager):
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
 
