@@ -574,7 +574,8 @@ def main(config):
     rt = runtime.setup(device, dtype, compile=False, continues=earlier_precision(earlier))
     shape = ModelConfig(**saved_model_args(ckpt["model_args"]))  # a batch that surely cannot fit fails before any work
     memory.check_memory(shape, rt, 0.0, (batch_size, f"--batch_size={batch_size}"))
-    memory.check_memory(shape, rt, 0.0, (eval_size(rt), f"--eval_batch_size={eval_size(rt)}"), training=False)
+    size = eval_size(rt)
+    memory.check_memory(shape, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
     settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
     todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
