@@ -372,8 +372,10 @@ def from_rank0(value, device):
 def matmul_speed(rt, size=2048):
     """FLOP/s of a size^3 matmul at the run's precision (under its autocast): a measure of the device that does not
     depend on the model's shape, for the budget to choose one by. The best of three rounds after a tenth of a
-    second's warm-up (a GPU raises its clocks): about a second on a CPU, a fifth on a GPU."""
-    a, b = (torch.randn(size, size, device=rt.device) for _ in range(2))
+    second's warm-up (a GPU raises its clocks): about a second on a CPU, a fifth on a GPU. The operands are made in
+    the autocast's precision, so that only the product is timed: autocast's casts of float32 operands cost an H100
+    as long as the product itself at 2048 (353 against 662 TFLOP/s, BENCHMARKS.md)."""
+    a, b = (torch.randn(size, size, device=rt.device).to(rt.dtype) for _ in range(2))
     with torch.no_grad(), rt.autocast():
         start = time.perf_counter()
         while time.perf_counter() - start < 0.1:

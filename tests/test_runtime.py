@@ -224,6 +224,18 @@ def test_the_bf16_timing_measures_this_cpu():
     assert runtime.auto_dtype(torch.device("cpu"), speedup=speedup)[0] == ("bfloat16" if speedup >= 1.5 else "float32")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_budget_s_matmul_times_the_product_alone(monkeypatch, dtype):
+    """The budget's device measure multiplies operands already in the run's precision: autocast
+    converting float32 operands inside the timed loop halved an H100's figure at 2048^3."""
+    seen = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append((a.dtype, b.dtype)) or mm(a, b))
+    rt = runtime.Runtime(torch.device("cpu"), dtype, False)
+    assert runtime.matmul_speed(rt, size=32) > 0
+    assert seen and set(seen) == {(dtype, dtype)}
+
+
 def _rank_precision(rank, port, dtypes, results):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
