@@ -76,7 +76,14 @@ def point_from(path, name):
     how = {task: entry["how"] for task, entry in results["tasks"].items()}
     return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=results["scores"],
                 no_pretraining=results.get("no_pretraining_scores", {}), majority=results.get("majority", {}),
-                how=how, source=os.path.abspath(path))
+                how=how, source=shown_path(path))
+
+
+def shown_path(path):
+    """A point's source as a reader of the committed points can follow it: relative to the repository
+    when inside it (an absolute path names one machine's folders)."""
+    full = os.path.abspath(path)
+    return os.path.relpath(full, ROOT) if full.startswith(ROOT + os.sep) else path
 
 
 def read_points(path):
