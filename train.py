@@ -196,6 +196,8 @@ def main(config):
     micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                               world, max(mask_rate, mask_rate_start), offload, log)
     opening = () if checkpoint else budget.start_lines(pick, config, seq_len, micro * world, lr)  # what it picked
+    # what the budget and the probe picked are this module's globals from here on: print(lr) says what runs
+    globals().update({key: config[key] for key in (*SHAPE_FIELDS, "batch_size", "lr", "micro_batch")})
     metrics = open_out_dir(model_args, ckpt_path, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
@@ -204,7 +206,7 @@ def main(config):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
-    trainer = make_trainer(model, rt, ddp, log, config["lr"], checkpoint)
+    trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     init_loss, last_saved = (checkpoint.get("init_val_loss"), step) if checkpoint else (None, None)
@@ -228,8 +230,8 @@ def main(config):
         progress = budget_progress(tokens, seconds)
         if budget_spent(progress, step) or stop:
             break
-        step_batch = batch_size_at(progress, micro * world, batch, batch_ramp)  # schedules: pure functions
-        step_lr = lr_at(progress, config["lr"], lr_schedule, warmup)
+        step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)  # schedules: pure functions
+        step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
         # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
         micro_batches = [batches.at(tokens // seq_len, i, step_mask) for i in range(step_batch // (micro * world))]

@@ -2,6 +2,7 @@
 CPU budget, near 1e17 FLOPs, at the paper's 24 hours and at an H100's day; a small corpus; settings
 given win; a resumed run keeps its checkpoint's shape, batch and rate."""
 import dataclasses
+import json
 import re
 
 import pytest
@@ -153,6 +154,21 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     assert "device: cpu, bfloat16" in timed
     args = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model_args"]
     assert (args["d_model"], args["n_heads"], args["d_ffn"]) == (96, 1, 384)
+
+
+def test_what_the_budget_picks_is_the_module_s_global_once_the_run_starts(prepared, tmp_path):
+    """train.py's globals are what runs: after the budget and the probe, its lr, batch_size, shape and
+    micro_batch hold the values the run trains with (0 = by the budget only until then)."""
+    picked = ("n_layers", "d_model", "n_heads", "d_ffn", "batch_size", "lr", "micro_batch")
+    settings = [a for a in TINY_MODEL if not re.match(r"--(n_layers|d_model|n_heads|d_ffn|batch_size|lr|micro_batch)=", a)]
+    code = ("import json, runpy, sys; sys.argv = sys.argv[1:]; run = runpy.run_path('train.py', run_name='__main__'); "
+            f"print(json.dumps({{k: run[k] for k in {picked!r}}}))")
+    out = run_script("-c", code, "train.py", f"--data_dir={prepared}", *settings, "--fill_in_examples=0",
+                     f"--out_dir={tmp_path}", "--budget_tokens=8192").stdout
+    seen = json.loads(out.splitlines()[-1])
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    ran = {k: ckpt["model_args"][k] for k in picked[:4]} | {k: ckpt["config"][k] for k in picked[4:]}
+    assert seen == ran and all(seen.values()), (seen, ran)
 
 
 def test_the_picture_of_the_best_shape_against_compute(prepared, tmp_path):
