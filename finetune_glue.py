@@ -26,12 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import memory
-import process
-import runtime
+from cram import memory, process, runtime
 from configurator import configure
-from data import MASK_RATE, make_encoding
-from files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, write_json
+from cram.data import MASK_RATE, make_encoding
+from cram.files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, write_json
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------

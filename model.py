@@ -95,7 +95,7 @@ class Block(nn.Module):
 @dataclasses.dataclass
 class ModelConfig:
     """Every model setting, declared once. train.py takes each as --key=value (the configurator adds
-    them to its settings and --help), checkpoints store them as `model_args`, and tools/bench.py,
+    them to its settings and --help), checkpoints store them as `model_args`, and bench.py,
     finetune_glue.py, off-load mode and the export read them from there (train.py declares the four
     shape fields again, 0 meaning the budget's pick). Adding a switch means a field here and its use
     below. The defaults are the reference crammed-BERT shape (~120M parameters) with train.py's recipe."""
@@ -153,7 +153,7 @@ class ModelConfig:
         `value_bytes`) and the float32 residual; inference holds one layer's widest tensors at a time. Both hold the
         float32 logits of the predicted positions (none at mask_rate 0: fine-tuning's classifier). Attention's
         scores are left out (the fused kernels keep none). A narrowed layer (full_layers) keeps all that only at the
-        masked positions and its keys and values (2 widths) at the others. Off-load mode (offload.py) keeps only
+        masked positions and its keys and values (2 widths) at the others. Off-load mode (cram/offload.py) keeps only
         each block's input between blocks and recomputes one block at a time in the backward."""
         predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
         logits = predicted * self.vocab_size * 4
@@ -295,7 +295,7 @@ class CrammedBert(nn.Module):
 
     def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
         """forward's loss and correct count from the final hidden states: (B, k, d) at the masked positions with
-        sparse prediction, else (B, T, d). Off-load mode (offload.py) runs the blocks itself and joins here."""
+        sparse prediction, else (B, T, d). Off-load mode (cram/offload.py) runs the blocks itself and joins here."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -324,6 +324,22 @@ class TiedLookup(torch.autograd.Function):
         idx, = ctx.saved_tensors
         tokens = grad_tokens.reshape(-1, grad_tokens.shape[-1]).float()  # (B * T, d)
         return grad_weight.float().index_add_(0, idx.reshape(-1), tokens), None, None
+
+
+def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
+    """MLM corruption with a fixed count, exactly round(mask_rate * T) positions per row (static shapes for
+    torch.compile): 80% of them become [MASK], 10% a random regular token, 10% stay. Runs on idx's device.
+    Returns (inputs, positions (B, k), labels (B, k))."""
+    B, T = idx.shape
+    k = max(1, round(mask_rate * T))
+    scores = torch.rand(B, T, device=idx.device, generator=generator)
+    positions = scores.topk(k, dim=1).indices
+    labels = idx.gather(1, positions)
+    rule = torch.rand(B, k, device=idx.device, generator=generator)
+    random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
+    replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id), torch.where(rule < 0.9, random_ids, labels))
+    inputs = idx.scatter(1, positions, replacement)
+    return inputs, positions, labels
 
 
 def at_positions(hidden, positions):

@@ -28,11 +28,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-import process
-import runtime
+from cram import process, runtime
 from configurator import config_keys, configure
-from data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
-from files import cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically, write_json, write_ranks
+from cram.data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
+from cram.files import cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically, write_json, write_ranks
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name

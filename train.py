@@ -7,7 +7,7 @@
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
 The budget (hours of training, compilation included; or tokens) picks the shape, the final batch and
-the peak learning rate unless they are given (budget.py); the schedules follow the share of it spent,
+the peak learning rate unless they are given (cram/budget.py); the schedules follow the share of it spent,
 not the step count, so the run ends on time on any hardware. Ctrl-C, SIGTERM, SIGHUP and the other
 process.STOP_SIGNALS finish the step, save and exit 128 + the signal; --resume=True continues there.
 """
@@ -21,14 +21,11 @@ from collections import namedtuple
 
 import torch
 
-import budget
-import memory
-import process
-import runtime
-from budget import LADDER, SHAPE_FIELDS, shape_of
+from cram import budget, memory, process, runtime
+from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from configurator import configure
-from data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
-from files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
+from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
+from cram.files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
                    refuse_overwrite, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, param_groups
 
@@ -39,7 +36,7 @@ budget_hours = 24.0       # > 0: training time, compilation included; the schedu
 budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock (reproducible runs)
 max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
-# model: the budget picks the shape and the final batch (budget.py) unless given; a resumed run keeps its checkpoint's
+# model: the budget picks the shape and the final batch (cram/budget.py) unless given; a resumed run keeps its checkpoint's
 n_layers = 0              # >= 0: 0: by the budget
 d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
 n_heads = 0               # >= 0: 0: by the budget
@@ -52,7 +49,7 @@ mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout;
 eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (runtime.Muon)
-lr = 0.0                  # [0, inf): peak learning rate (Muon's updates are scaled to AdamW's); 0: by the width (budget.py)
+lr = 0.0                  # [0, inf): peak learning rate (Muon's updates are scaled to AdamW's); 0: by the width (cram/budget.py)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -68,7 +65,7 @@ device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: runtime.auto_dtype (a resume keeps its own)
 compile = True            # torch.compile the training step (inductor; on a CPU too)
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
-offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (offload.py)
+offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                  # [0, 4294967295]: model initialisation, data order and masks (2^32 seeds)
 data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
@@ -135,7 +132,7 @@ def check_settings(world, config, rt):
     if batch and batch % ((micro_batch or 1) * world):
         raise SystemExit(f"error: --batch_size={batch} must be a multiple of {unit}the {world} process(es)")
     if offload:
-        from offload import check_settings as check_offload
+        from cram.offload import check_settings as check_offload
         check_offload(world, model, optim, rt.dtype)
 
 
@@ -186,8 +183,7 @@ def main(config):
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     refuse_taken(ckpt_path, checkpoint, master)  # before any work: the budget's timing, a GPU's probe
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
-    seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    data_args = dict(vocab_size=meta["vocab_size"], seq_len=seq_len)
+    seq_len, n_rows, data_args = meta["seq_len"], len(train_tokens), dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     pick = budget.settle(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
     check_settings(world, config, rt)  # with the shape and batch settled
     batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
@@ -196,8 +192,7 @@ def main(config):
     micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, batch, model_args, rt,
                                                               world, max(mask_rate, mask_rate_start), offload, log)
     opening = () if checkpoint else budget.start_lines(pick, config, seq_len, micro * world, lr)  # what it picked
-    # what the budget and the probe picked are this module's globals from here on: print(lr) says what runs
-    globals().update({key: config[key] for key in (*SHAPE_FIELDS, "batch_size", "lr", "micro_batch")})
+    globals().update({k: config[k] for k in (*SHAPE_FIELDS, "batch_size", "lr", "micro_batch")})  # the globals run
     metrics = open_out_dir(model_args, ckpt_path, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
@@ -290,7 +285,7 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     they share the format): the model on the device, its compiled (DDP-wrapped under torchrun) copy that the step
     runs, the optimizer and float16's grad scaler; or off-load mode's, its blocks streamed from host memory."""
     if offload:
-        from offload import OffloadTrainer
+        from cram.offload import OffloadTrainer
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     else:

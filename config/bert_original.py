@@ -1,7 +1,7 @@
 # The original BERT recipe (Devlin et al. 2018) expressed with our code, for comparisons with the
 # crammed one: post-norm, biases, plain GELU MLP, learned positions, the prediction-head transform,
 # dense prediction, 15% masking, dropout on, warm-up then linear decay, a fixed batch, lr 1e-4,
-# Adam betas (0.9, 0.999), eps 1e-6, clipping at 1.0. tools/bench.py reads this file too.
+# Adam betas (0.9, 0.999), eps 1e-6, clipping at 1.0. bench.py reads this file too.
 # python train.py config/train_quickstart.py config/bert_original.py --out_dir=out/bert
 bias = True
 norm_first = False

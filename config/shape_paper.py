@@ -1,5 +1,5 @@
 # The paper's shape, batch and rate, pinned: 16 layers of width 768, 12 heads, feed-forward 3072, a final
-# batch of 8,192 sequences, a peak learning rate of 1e-3. The budget (budget.py) picks this shape and rate at
+# batch of 8,192 sequences, a peak learning rate of 1e-3. The budget (cram/budget.py) picks this shape and rate at
 # 24 hours on the paper's GPU (an RTX A6000), with the published 4,096 for the batch, and other shapes at other
 # budgets; with config/recipe_reference.py this is the paper's recipe exactly, at any budget:
 # python train.py config/recipe_reference.py config/shape_paper.py --out_dir=out/paper

@@ -7,7 +7,7 @@
 # at 20 minutes 4 x 256 reached val loss 4.83, 6 x 384 5.00, 8 x 512 5.26 (BENCHMARKS.md, "The CPU
 # recipe's shape"):
 # python tools/compare.py --base=config/train_cpu.py --budget_minutes=20 --out_dir=out/cpu_sweep --variants=crammed,n_layers=6+d_model=384+n_heads=6+d_ffn=1536,n_layers=8+d_model=512+n_heads=8+d_ffn=2048
-# It keeps this shape and batch rather than the budget's pick (budget.py's shape_for_budget: 4 x 256 or 5 x 320 at a
+# It keeps this shape and batch rather than the budget's pick (cram/budget.py's shape_for_budget: 4 x 256 or 5 x 320 at a
 # batch of 128 at two hours on a 2-core CPU): the README's laptop figures were measured with them.
 # What differs from train.py's recipe, and why:
 # - batch_size 256, not 8192: 8192 sequences are a million tokens, and two CPU hours train about

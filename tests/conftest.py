@@ -11,8 +11,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))  # the tools import the core; tests import both
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
-import runtime  # noqa: E402,F401  first: names inductor's cache folder for this CPU capability before any test compiles
-import process  # noqa: E402
+from cram import runtime, process  # noqa: E402,F401  first: names inductor's cache folder for this CPU capability before any test compiles
 
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird", "the king", "our neighbour"]
 VERBS = ["saw", "liked", "followed", "painted", "found", "called", "helped", "watched"]

@@ -8,7 +8,7 @@ from conftest import ROOT, assert_one_line_error, run_script
 
 def test_bench_prints_the_table_with_ratios(tmp_path):
     """At the CPU recipe's shape (config/train_cpu.py's model, read from the file, with 32768 tokens)."""
-    proc = run_script("tools/bench.py", "--shape=cpu", "--micro_batch=2", "--accum_steps=1", "--steps=1",
+    proc = run_script("bench.py", "--shape=cpu", "--micro_batch=2", "--accum_steps=1", "--steps=1",
                       "--warmup_steps=1", "--sweep=False", f"--data_dir={tmp_path}", "--compile=False", "--profile=True")
     out = proc.stdout
     assert "data: random tokens" in out and out.startswith("# cpu shape 4x256, vocabulary 32768, seq 128 |")
@@ -27,15 +27,15 @@ def test_bench_prints_the_table_with_ratios(tmp_path):
 
 
 def test_bench_rejects_unknown_shape_and_layers_to_narrow_that_it_does_not_have():
-    proc = run_script("tools/bench.py", "--shape=huge", check=False)
+    proc = run_script("bench.py", "--shape=huge", check=False)
     assert proc.returncode != 0 and proc.stderr.strip() == "error: --shape=huge is not allowed: shape must be one of auto, reference, small, cpu"
-    assert_one_line_error(run_script("tools/bench.py", "--full_layers=2,4", check=False),
+    assert_one_line_error(run_script("bench.py", "--full_layers=2,4", check=False),
                           "--full_layers=2,4: 4 is not a number of full layers from 1 to 3")
 
 
 def test_bench_times_each_compile_mode(tmp_path):
     """The crammed row in each mode asked for, then eager; a mode the device cannot run is refused first."""
-    args = ["tools/bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=1", "--steps=1", "--warmup_steps=1",
+    args = ["bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=1", "--steps=1", "--warmup_steps=1",
             "--sweep=False", "--baselines=False", f"--data_dir={tmp_path}", "--device=cpu"]
     out = run_script(*args, "--compile_mode=default,max-autotune-no-cudagraphs").stdout
     rows = re.findall(r"^\| (crammed[^|]*) \| 2 \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \|", out, re.M)

@@ -1,4 +1,4 @@
-"""The budget picks the shape, the final batch and the peak learning rate (budget.py): its picks at a
+"""The budget picks the shape, the final batch and the peak learning rate (cram/budget.py): its picks at a
 CPU budget, near 1e17 FLOPs, at the paper's 24 hours and at an H100's day; a small corpus; settings
 given win; a resumed run keeps its checkpoint's shape, batch and rate."""
 import dataclasses
@@ -10,7 +10,7 @@ import torch
 
 from conftest import TINY_MODEL, run_script
 from model import ModelConfig
-from budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps, lr_for_width,
+from cram.budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps, lr_for_width,
                     shape_for_budget, shape_of)
 from train import batch_size_at
 

@@ -71,7 +71,7 @@ def test_model_settings_come_from_the_dataclass(tmp_path):
         configure(namespace(), ["--vocab_size=300"], ModelConfig, skip=DATA_FIELDS)
 
 
-@pytest.mark.parametrize("script", ["train.py", "prepare.py", "tools/bench.py", "finetune_glue.py", "tools/export.py",
+@pytest.mark.parametrize("script", ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py",
                                     "tools/compare.py", "tools/gpu_report.py", "tools/bench_offload.py",
                                     "tools/bench_prepare.py", "tools/curriculum.py", "tools/bench_memory.py"])
 def test_help_lists_every_setting_with_its_default_and_comment(script):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_script
-from data import make_encoding
-from files import load_checkpoint, parse_ranks
+from cram.data import make_encoding
+from cram.files import load_checkpoint, parse_ranks
 import export  # tools/export.py
 from model import CrammedBert
 from test_glue import FIXTURES

@@ -11,7 +11,7 @@ from scipy import stats
 from sklearn import metrics as sk
 
 import finetune_glue as glue
-import runtime
+from cram import runtime
 from conftest import OBJECTS, PLACES, SUBJECTS, VERBS, assert_one_line_error, run_script
 from model import CrammedBert, SequenceClassifier
 
@@ -67,7 +67,7 @@ def test_metrics_match_sklearn_and_scipy():
 
 
 def tiny_setup():
-    from data import make_encoding
+    from cram.data import make_encoding
     ranks = {bytes([b]): b for b in range(256)}
     special = {"[PAD]": 256, "[CLS]": 257, "[SEP]": 258, "[MASK]": 259}
     return make_encoding(ranks, special), special
@@ -212,7 +212,7 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
 def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoints_shape(pretrained, monkeypatch):
     """--from_scratch=True: the encoder fine-tuned is a fresh initialisation of the checkpoint's
     shape, seeded by the fine-tuning seed as the head is; without it, the checkpoint's weights."""
-    from files import load_checkpoint
+    from cram.files import load_checkpoint
     from model import saved_model_args
     ckpt = load_checkpoint(str(pretrained))
     start_weights = []

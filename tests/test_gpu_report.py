@@ -15,7 +15,7 @@ TINY = [
     "--bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --sweep=False "
     "--baselines=False --compile=False",
     "--offload_bench_args=--shape=small --micro_batch=2 --accum_steps=1 --steps=1 --warmup_steps=1 --repeats=1",
-    "--compile_modes=default",  # max-autotune records CUDA graphs: a GPU only (tools/bench.py's test times the CPU's two)
+    "--compile_modes=default",  # max-autotune records CUDA graphs: a GPU only (bench.py's test times the CPU's two)
     "--recipe_minutes=0.05", "--float16_minutes=0.05", f"--train_args={' '.join(TINY_MODEL)} --fill_in_examples=0",
     "--glue_tasks=rte,stsb,cola", "--glue_args=--epochs=1 --max_train_examples=8",
     "--transfer_minutes=0.05", "--transfer_glue_args=--epochs=2 --max_train_examples=8",

@@ -14,8 +14,7 @@ import time
 import pytest
 import torch
 
-import process
-import runtime
+from cram import process, runtime
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, spawn
 from test_reliability import error_of
 
@@ -152,15 +151,15 @@ def test_a_partial_distributed_environment_is_one_line_naming_what_is_missing(pr
 # ------------------------------------------------------------------ process trees
 PARENT = """import subprocess, sys, time
 sys.path.insert(0, {root!r})
-from process import child_env
+from cram.process import child_env
 child = subprocess.Popen([sys.executable, "-c", {child!r}], env=child_env(), stdout=subprocess.PIPE, text=True)
 assert child.stdout.readline() == "up\\n"  # past process.follow_parent
 print(child.pid, flush=True)
 time.sleep(120)
 """
-CHILD = "import sys, time; sys.path.insert(0, {root!r}); import process; " \
+CHILD = "import sys, time; sys.path.insert(0, {root!r}); from cram import process; " \
         "process.guarded(lambda: (print('up', flush=True), time.sleep(120)), 'nothing')"
-HOLD = "import sys, time; sys.path.insert(0, {root!r}); from files import claim_folder; claim_folder({out!r}); " \
+HOLD = "import sys, time; sys.path.insert(0, {root!r}); from cram.files import claim_folder; claim_folder({out!r}); " \
        "print('held', flush=True); time.sleep(120)"
 
 
@@ -189,7 +188,7 @@ def test_a_tool_s_child_ends_with_it_and_a_rerun_never_removes_a_live_run(tmp_pa
                       check=False)
     assert_one_line_error(proc, f"{run} is in use by another process (pid {holder.pid})")
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"} == before
-    from measure import held_below  # what a fresh GPU report phase asks of its whole folder before removing it
+    from cram.measure import held_below  # what a fresh GPU report phase asks of its whole folder before removing it
     assert held_below(str(out)) == (str(run), str(holder.pid)) and held_below(str(tmp_path / "none")) is None
 
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-import runtime
+from cram import runtime
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, spawn, weights_atol
-from data import mask_tokens
-from files import load_meta
+from model import mask_tokens
+from cram.files import load_meta
 from model import CrammedBert, Trainer, param_groups
-from data import repeat_warning, rows_at
+from cram.data import repeat_warning, rows_at
 
 # 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
 TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--budget_tokens=49152", "--log_interval=1", "--eval_sequences=32"]
@@ -50,7 +50,7 @@ def test_warning_when_the_budget_repeats_the_data():
 def rows_read(args, monkeypatch):
     """Run train.py's main in this process with args and return the training rows its
     micro-batches read, in order (its settings and signal handlers are restored afterwards)."""
-    import data
+    from cram import data
     import train
     from configurator import configure
     settings = dict(vars(train))

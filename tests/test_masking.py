@@ -1,6 +1,6 @@
 import torch
 
-from data import mask_tokens
+from model import mask_tokens
 
 MASK_ID, N_REGULAR = 999, 900
 

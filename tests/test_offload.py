@@ -1,14 +1,14 @@
-"""Off-load mode (offload.py): the same training as normal mode, and checkpoints either mode resumes."""
+"""Off-load mode (cram/offload.py): the same training as normal mode, and checkpoints either mode resumes."""
 import re
 
 import pytest
 import torch
 
-import runtime
+from cram import runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
-from data import mask_tokens
+from model import mask_tokens
 from model import CrammedBert, Trainer, param_groups
-from offload import OffloadTrainer
+from cram.offload import OffloadTrainer
 
 VOCAB, SEQ = 300, 32
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU: real streams and pinned copies

@@ -10,8 +10,8 @@ import torch
 
 import prepare
 from conftest import TINY_MODEL, assert_one_line_error, run_script
-from data import load_tokenizer, load_tokens, rows_at
-from files import load_meta
+from cram.data import load_tokenizer, load_tokens, rows_at
+from cram.files import load_meta
 
 
 def test_prepare_writes_token_files(prepared):
@@ -368,7 +368,7 @@ def test_prepare_resumes_a_stream_from_its_state(tmp_path, monkeypatch):
 def test_progress_in_a_log_file_is_plain_lines(corpus_file, pretrained, tmp_path, capsys):
     """Output that is not a terminal (nohup ... > log) gets plain progress lines, never tqdm's
     carriage returns, which pile up there as one endless line."""
-    import process
+    from cram import process
     fixtures = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
     for args in (["prepare.py", f"--dataset={corpus_file}", f"--out_dir={tmp_path / 'data'}", "--vocab_size=300",
                   "--seq_len=32"],

@@ -272,7 +272,7 @@ def test_a_metrics_line_cut_by_a_kill_is_tolerated_and_ended_by_the_resume(pretr
 def test_a_fresh_metrics_log_starts_at_its_first_line(tmp_path, monkeypatch):
     """A fresh run that fails before its first line (the micro-batch probe, a model too large) leaves an
     earlier metrics.jsonl as it was and starts no W&B run; W&B's config is the one the run settled."""
-    from files import MetricsLog
+    from cram.files import MetricsLog
     calls = []
     fake_wandb = types.SimpleNamespace(init=lambda **kw: calls.append(("init", kw["name"], dict(kw["config"]))),
                                        log=lambda fields, step: calls.append(("log", step)))
@@ -323,7 +323,7 @@ def test_a_field_or_line_of_any_size_or_depth_is_read_or_named(tmp_path, corpus_
     past the JSON parser's depth is a one-line error naming the file (and the line, where cram reads
     the lines itself), never a parser's traceback. (GLUE's TSVs: test_glue; settings and config
     files: test_reliability.)"""
-    from files import read_jsonl
+    from cram.files import read_jsonl
     docs = corpus_file.read_text().split("\n\n")
     big = " ".join(docs * 10)  # one document of about 1.1 MB with no line break: read as MAX_DOC_CHARS pieces
     (tmp_path / "big.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in [big, *docs[:50]]))

@@ -13,9 +13,9 @@ import torch
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from configurator import allowed, config_keys, declarations
-from files import claim_folder, load_meta, read_metrics, write_atomically
+from cram.files import claim_folder, load_meta, read_metrics, write_atomically
 
-SCRIPTS = ["train.py", "prepare.py", "tools/bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
+SCRIPTS = ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
            "tools/gpu_report.py", "tools/bench_offload.py", "tools/bench_prepare.py", "tools/curriculum.py",
            "tools/bench_memory.py"]
 
@@ -81,8 +81,8 @@ SETTINGS = [  # (script, arguments, what the error says)
     ("finetune_glue.py", ["--seeds=0"], "seeds must be in [1, 100000]"),
     ("finetune_glue.py", ["--dropout=1"], "dropout must be in [0, 1)"),
     ("finetune_glue.py", ["--epochs=0"], "epochs must be >= 1"),
-    ("tools/bench.py", ["--steps=-1"], "steps must be >= 0"),
-    ("tools/bench.py", ["--shape=huge"], "shape must be one of"),
+    ("bench.py", ["--steps=-1"], "steps must be >= 0"),
+    ("bench.py", ["--shape=huge"], "shape must be one of"),
     ("tools/compare.py", ["--seeds=0"], "seeds must be in [1, 100000]"),
     ("tools/compare.py", ["--protocol=steps"], "protocol must be one of clock, tokens"),
     ("tools/curriculum.py", ["--block=0"], "block must be >= 1"),
@@ -115,7 +115,7 @@ MEMORY = [  # (script, arguments, what the error says)
     ("train.py", ["--n_layers=100000", "--d_model=16384"], "a model of 100000 x 16384"),
     ("train.py", ["--micro_batch=0", "--batch_size=16", "--n_layers=20000", "--d_model=16384"],
      "a model of 20000 x 16384"),
-    ("tools/bench.py", ["--shape=reference", "--micro_batch=1073741824"], "--micro_batch=1073741824 needs at least"),
+    ("bench.py", ["--shape=reference", "--micro_batch=1073741824"], "--micro_batch=1073741824 needs at least"),
 ]
 
 
@@ -138,8 +138,7 @@ def test_finetuning_batches_that_cannot_fit_are_refused_before_the_work(pretrain
 
 
 def test_the_memory_check_s_largest_value_fits_and_one_more_does_not():
-    import memory
-    import runtime
+    from cram import memory, runtime
     from model import ModelConfig
     config = ModelConfig(vocab_size=384, seq_len=32, n_layers=2, d_model=64, n_heads=2, d_ffn=256)
     rt = runtime.setup("cpu", "float32", compile=False)
@@ -170,8 +169,7 @@ def test_the_memory_check_lets_off_load_mode_train_what_it_was_measured_training
     """Off-load mode keeps each block's input and recomputes one block at a time: on the H100 at the reference
     shape and micro-batch 512 in bfloat16 it trained under a 12 GiB cap (peak 10.1 GiB), which normal mode's
     estimate (every layer's activations, 23 GiB) would refuse; docs/offload.md's 48 x 2048 at 512 fits 80 GiB."""
-    import memory
-    import runtime
+    from cram import memory, runtime
     from model import SHAPES, ModelConfig
     rt, gib = runtime.setup("cpu", "bfloat16", compile=False), 2 ** 30
     config = ModelConfig(**SHAPES["reference"])
@@ -274,7 +272,7 @@ def test_a_resume_refuses_what_would_change_the_run_and_carries_a_dtype_over(pre
 
 
 # ------------------------------------------------------------------ 4. two processes, one folder
-HOLD = "import sys, time; sys.path.insert(0, {root!r}); from files import claim_folder; claim_folder({out!r}); " \
+HOLD = "import sys, time; sys.path.insert(0, {root!r}); from cram.files import claim_folder; claim_folder({out!r}); " \
        "print('held', flush=True); time.sleep(60)"
 
 
@@ -420,7 +418,7 @@ def test_a_folder_without_room_for_a_checkpoint_is_refused(tmp_path):
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(SystemExit, match="GB free and this run needs about"):
         claim_folder(str(tmp_path / "run"), need_bytes=free * 2)
-    from files import size_text  # a small disk in its own unit, not "0.0 GB free"
+    from cram.files import size_text  # a small disk in its own unit, not "0.0 GB free"
     assert (size_text(1_048_576), size_text(2.5e12), size_text(999)) == ("1.0 MB", "2.5 TB", "999 bytes")
     claim_folder(str(tmp_path / "run"), need_bytes=1)  # and is this process's once claimed
     claim_folder(str(tmp_path / "run"))

@@ -5,13 +5,12 @@ import re
 import pytest
 import torch
 
-import memory
-import runtime
+from cram import memory, runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
-from data import mask_tokens
+from model import mask_tokens
 from model import CrammedBert, param_groups
 from model import Trainer
-from runtime import cpu_warning
+from cram.runtime import cpu_warning
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,
@@ -311,6 +310,6 @@ def test_without_a_cpp_compiler_a_run_says_so_once_and_trains_eager(prepared, tm
     assert "compiled" not in re.search(r"^model: .*$", hidden.stdout, re.M).group(0)  # the device line: eager
     a, b = (torch.load(tmp_path / run / "ckpt.pt", weights_only=True)["model"] for run in ("eager", "hidden"))
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=weights_atol(3e-3, 6)) for k in a)
-    bench = run_script("tools/bench.py", "--steps=1", "--warmup_steps=1", "--sweep=False", "--baselines=False",
+    bench = run_script("bench.py", "--steps=1", "--warmup_steps=1", "--sweep=False", "--baselines=False",
                        "--micro_batch=2", "--accum_steps=1", "--device=cpu")
     assert bench.stdout.count("torch.compile cannot build") == 1 and "Traceback" not in bench.stderr

@@ -48,7 +48,7 @@ def test_masking_rate_schedule_is_a_pure_function_of_progress_in_few_levels():
 def test_a_run_with_a_schedule_compiles_a_graph_per_level(prepared, tmp_path):
     """dynamic=False: each masking rate a static graph, and no more graphs than levels."""
     from conftest import TINY_MODEL, run_script
-    from files import read_metrics
+    from cram.files import read_metrics
     proc = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=True",
                       "--budget_tokens=20480", "--mask_rate_start=0.4", "--mask_levels=2", "--fill_in_examples=0")
     assert "torch.compile built 2 graph(s) for the training step" in proc.stdout

@@ -1,7 +1,7 @@
 import prepare
 from conftest import synthetic_corpus
-from data import SPECIAL_TOKENS, make_encoding
-from files import read_ranks, write_ranks
+from cram.data import SPECIAL_TOKENS, make_encoding
+from cram.files import read_ranks, write_ranks
 
 TEXTS = ["The cat saw the river in the morning.", "  Indented,   spaced\ttabs\nand lines\n\n",
          "Ünïcödé — “quotes”, emoji 🙂 and 数字 1234567.", "it's we'll they've I'd", ""]

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import process  # noqa: E402  (the core sits one folder up)
-import runtime  # noqa: E402
+from cram import process, runtime  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
 from model import attend  # noqa: E402
 

@@ -18,7 +18,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from process import guarded  # noqa: E402
+from cram.process import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 shape = "small"           # {small, reference}: model.SHAPES' 4x256 with 8192 tokens, or 16x768 with 32768
@@ -33,9 +33,9 @@ device = "cpu"            # cpu, cuda
 CASE = """
 import resource, sys, torch
 sys.path.insert(0, {root!r})
-import memory
-import runtime
-from data import MASK_RATE, SPECIAL_TOKENS, mask_tokens, special_ids
+from cram import memory, runtime
+from cram.data import MASK_RATE, SPECIAL_TOKENS, special_ids
+from model import mask_tokens
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 args = dict(SHAPES[{shape!r}], seq_len={seq_len}, full_layers={full_layers})
 rt = runtime.setup({device!r}, {dtype!r}, {compile})

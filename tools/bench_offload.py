@@ -1,4 +1,4 @@
-"""Off-load mode (train.py --offload=True, offload.py) beside normal mode: speed, memory, the host
+"""Off-load mode (train.py --offload=True, cram/offload.py) beside normal mode: speed, memory, the host
 AdamW, the bus, and both modes under a memory cap that normal mode cannot train in.
 
     python tools/bench_offload.py                      # a GPU: the reference shape at micro-batch 128
@@ -19,13 +19,12 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import process  # noqa: E402  (the core sits one folder up)
-import runtime  # noqa: E402
+from cram import process, runtime  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
-from data import MASK_RATE, RandomBatches  # noqa: E402
-from measure import alternate, benchmark_tokens, gib, spread  # noqa: E402
+from cram.data import MASK_RATE, RandomBatches  # noqa: E402
+from cram.measure import alternate, benchmark_tokens, gib, spread  # noqa: E402
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups  # noqa: E402
-from offload import OffloadTrainer  # noqa: E402
+from cram.offload import OffloadTrainer  # noqa: E402
 
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small}: 16x768 with 32768 tokens, 4x256 with 8192; auto: by device

@@ -17,10 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import prepare  # noqa: E402  (the core sits one folder up)
 from configurator import configure  # noqa: E402
-from data import load_tokenizer  # noqa: E402
-from files import load_meta  # noqa: E402
-from process import guarded  # noqa: E402
-from measure import alternate, spread  # noqa: E402
+from cram.data import load_tokenizer  # noqa: E402
+from cram.files import load_meta  # noqa: E402
+from cram.process import guarded  # noqa: E402
+from cram.measure import alternate, spread  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""             # the text to encode: a file or folder in prepare.py's formats

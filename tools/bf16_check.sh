@@ -3,7 +3,7 @@
 # Xeons, AMD's avx512_bf16): every figure BENCHMARKS.md's "The CPU's precision" asks of such a host, one step
 # after another on an otherwise idle machine, most decisive first (about 2 hours in all on 2 cores):
 #   attention   tools/bench_attention.py in both precisions: which attention model.attend should run there
-#   step        tools/bench.py --profile=True in both precisions, the quickstart's shape, then the CPU recipe's
+#   step        bench.py --profile=True in both precisions, the quickstart's shape, then the CPU recipe's
 #               (tokens/s, the share of the matmul speed, the time by kind of kernel), and the compile modes
 #   quickstart  the README's 5-minute run in each precision: steps, tokens, val loss, accuracy
 #   parity      the quickstart at equal tokens, 3 seeds a precision (tools/compare.py's token protocol)
@@ -22,7 +22,7 @@ for s in $STEPS; do
   [[ " $ALL " == *" $s "* ]] || fail "unknown step '$s' (the steps: $ALL)"
 done
 if [ -z "${FORCE:-}" ]; then  # dtype=auto's own timing decides (runtime.auto_dtype), not what the CPU lists
-  pick=$(python -c "import runtime, torch; print(*runtime.auto_dtype(torch.device('cpu'))[:2], sep=': ')")
+  pick=$(python -c "import torch; from cram import runtime; print(*runtime.auto_dtype(torch.device('cpu'))[:2], sep=': ')")
   [[ $pick == bfloat16* ]] || fail "dtype=auto keeps float32 on this CPU ($pick): bfloat16 would crawl here; FORCE=1 runs it anyway"
 fi
 # what a later step needs, asked now rather than after an hour of the earlier ones
@@ -56,13 +56,13 @@ for s in $STEPS; do
       pydocs
       books32k
       for d in bfloat16 float32; do
-        step "step_$d" python tools/bench.py --baselines=False --profile=True --dtype=$d
+        step "step_$d" python bench.py --baselines=False --profile=True --dtype=$d
       done
-      step step_modes python tools/bench.py --baselines=False --sweep=False --dtype=bfloat16 \
+      step step_modes python bench.py --baselines=False --sweep=False --dtype=bfloat16 \
         --compile_mode=default,max-autotune-no-cudagraphs
       if [ -e data/books32k/meta.json ]; then
         for d in bfloat16 float32; do
-          step "step_cpu_$d" python tools/bench.py --shape=cpu --data_dir=data/books32k --baselines=False --sweep=False \
+          step "step_cpu_$d" python bench.py --shape=cpu --data_dir=data/books32k --baselines=False --sweep=False \
             --profile=True --dtype=$d
         done
       else

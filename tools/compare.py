@@ -28,12 +28,12 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
+sys.path.insert(0, ROOT)  # the package and the model sit one folder up
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
-from files import (check_writable, claim_folder, load_checkpoint, read_jsonl, read_metrics,  # noqa: E402
+from cram.files import (check_writable, claim_folder, load_checkpoint, read_jsonl, read_metrics,  # noqa: E402
                    write_json)
-from measure import held_below  # noqa: E402
-from process import child_env, guarded, installed  # noqa: E402
+from cram.measure import held_below  # noqa: E402
+from cram.process import child_env, guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)

@@ -28,9 +28,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import load_tokenizer, load_tokens  # noqa: E402
-from files import load_meta, write_json  # noqa: E402
-from process import guarded, progress  # noqa: E402
+from cram.data import load_tokenizer, load_tokens  # noqa: E402
+from cram.files import load_meta, write_json  # noqa: E402
+from cram.process import guarded, progress  # noqa: E402
 
 # -----------------------------------------------------------------------------
 data_dir = "data/pydocs"  # a folder prepare.py wrote

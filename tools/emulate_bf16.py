@@ -57,7 +57,7 @@ def main(argv):
                          "--dtype=bfloat16 --compile=False")
     script = os.path.abspath(argv[0])
     with open(script) as f:
-        compiles = re.search(r"^compile\s*=", f.read(), re.M)  # the script has a compile setting (train.py, tools/bench.py)
+        compiles = re.search(r"^compile\s*=", f.read(), re.M)  # the script has a compile setting (train.py, bench.py)
     if compiles and "--compile=False" not in argv:
         raise SystemExit("error: the emulation runs eager only: add --compile=False (a dispatch mode does not reach "
                          "into compiled kernels)")

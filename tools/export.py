@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
-from files import (check_writable, load_checkpoint, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
+from cram.data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
+from cram.files import (check_writable, load_checkpoint, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
                    write_json)
 from model import saved_model_args  # noqa: E402
-from process import guarded  # noqa: E402
+from cram.process import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"  # a train.py checkpoint (its tokenizer and settings travel in it)

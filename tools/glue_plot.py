@@ -25,8 +25,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from files import read_json, write_json  # noqa: E402
-from process import guarded, installed  # noqa: E402
+from cram.files import read_json, write_json  # noqa: E402
+from cram.process import guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
 points = os.path.join(ROOT, "docs", "glue_points.json")  # the points: read, and written by --add

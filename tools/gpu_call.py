@@ -24,8 +24,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from data import load_run_data  # noqa: E402
-from process import guarded  # noqa: E402
+from cram.data import load_run_data  # noqa: E402
+from cram.process import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""                # the text to prepare (prepare.py's local formats: .txt.gz, .jsonl, ...); its start is used

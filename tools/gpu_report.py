@@ -10,14 +10,14 @@ that each have their own time limit and settings and can run alone:
   health    seconds: the device, its free memory, and a matmul's speed at the training precision
   transfer  does pretraining lift GLUE above the floor here? train.py's recipe pretrained for
             transfer_minutes (about 1e17 FLOPs on an H100, where MLM starts to transfer) at the
-            shape and batch that budget picks (budget.py's shape_for_budget), then
+            shape and batch that budget picks (cram/budget.py's shape_for_budget), then
             STS-B, MRPC, RTE and SST-2 fine-tuned once each, and each also from scratch (the
             no-pretraining floor), beside the published rows; its point on the picture of GLUE
             against compute. Resumable: rerun it and the checkpoint and scored seeds are kept
   prepare   the corpus with a 32k vocabulary into data_dir, unless it is prepared already
-  bench     tools/bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
+  bench     bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
             the original-BERT and HF ratios, and the micro-batch probe
-  compile   tools/bench.py's step in each torch.compile mode (default, max-autotune-no-cudagraphs,
+  compile   bench.py's step in each torch.compile mode (default, max-autotune-no-cudagraphs,
             max-autotune) and eager, at the micro-batch the probe chose: tokens/s and warm-up
   float16   the consumer-GPU path: bfloat16 and float16 (loss scaling) trained a few minutes each,
             their validation loss curves, tokens/s and skipped updates side by side
@@ -28,7 +28,7 @@ that each have their own time limit and settings and can run alone:
   offload   tools/bench_offload.py at the reference shape (off-load beside normal mode, and both
             under a cap normal mode cannot train in); then an encoder whose normal-mode training
             state (16 bytes a parameter) exceeds the GPU but whose off-load state (18 bytes a block
-            parameter, offload.py) fits the host: normal mode fails to start (out of memory,
+            parameter, cram/offload.py) fits the host: normal mode fails to start (out of memory,
             caught), off-load mode trains a few steps
 Writes <out_dir>/report.md (and its pictures): a summary table, then each phase's figures with
 the commands, device, versions and date. A phase that fails or runs out of time is reported
@@ -61,11 +61,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
+sys.path.insert(0, ROOT)  # the package and the model sit one folder up
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from files import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
-from measure import held_below  # noqa: E402
-from process import child_env, guarded  # noqa: E402
+from cram.files import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
+from cram.measure import held_below  # noqa: E402
+from cram.process import child_env, guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""                # text for the prepare phase (prepare.py's formats); empty: data_dir must be prepared
@@ -85,11 +85,11 @@ transfer_limit_minutes = 15.0  # > 0: the phase's time limit (deadline_minutes m
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
 prepare_minutes = 3.0      # > 0: the phase's time limit
 # bench
-bench_args = "--shape=reference"  # more tools/bench.py settings
+bench_args = "--shape=reference"  # more bench.py settings
 bench_minutes = 8.0        # > 0
-# compile: tools/bench.py's crammed row in each torch.compile mode (and eager), at compile_micro_batch
-compile_modes = "default,max-autotune-no-cudagraphs,max-autotune"  # tools/bench.py --compile_mode
-compile_micro_batch = 0    # >= 0: 0: the largest the bench phase found (its log), else tools/bench.py's default
+# compile: bench.py's crammed row in each torch.compile mode (and eager), at compile_micro_batch
+compile_modes = "default,max-autotune-no-cudagraphs,max-autotune"  # bench.py --compile_mode
+compile_micro_batch = 0    # >= 0: 0: the largest the bench phase found (its log), else bench.py's default
 compile_minutes = 9.0      # > 0
 # float16: the consumer-GPU path (no bfloat16 before Ampere) trained beside bfloat16, at the reference shape
 float16_minutes = 1.5      # > 0: training budget of each precision
@@ -318,7 +318,7 @@ def phase_health(deadline, logs):
     """Seconds-long: the device torch sees, its free memory (another process on the GPU shows
     here), and a square matmul's speed at the precision training uses, beside the device's peak."""
     import torch
-    import runtime
+    from cram import runtime
     rt = runtime.setup(device, "auto", compile=False)
     memory = ""
     if rt.device.type == "cuda":  # before this process allocates: what others hold shows
@@ -473,7 +473,7 @@ def phase_transfer(deadline, logs):
 
 
 def phase_bench(deadline, logs):
-    args = ["tools/bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args)]
+    args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args)]
     output = run_logged(args, os.path.join(logs, "bench.log"), deadline)
     crammed = re.search(r"^\| crammed \| (\d+) \| ([\d,]+) \|.*\| (\d+)% \| ([\d.]+%|-) \|$", output, re.M)
     headline = (f"crammed: {crammed.group(2)} tokens/s at micro-batch {crammed.group(1)}, MFU {crammed.group(4)}, "
@@ -484,7 +484,7 @@ def phase_bench(deadline, logs):
 
 def compile_micro_batch_used(logs):
     """(micro-batch, how it was chosen) for the compile phase: compile_micro_batch, else the bench
-    phase's largest (its log), else tools/bench.py's own (0)."""
+    phase's largest (its log), else bench.py's own (0)."""
     bench_log = os.path.join(logs, "bench.log")
     found = re.search(r"largest micro-batch within 90% of the free GPU memory: (\d+)",
                       Path(bench_log).read_text()) if os.path.isfile(bench_log) else None
@@ -492,20 +492,20 @@ def compile_micro_batch_used(logs):
         return compile_micro_batch, "--compile_micro_batch"
     if found:
         return int(found.group(1)), "the bench phase's largest micro-batch"
-    return 0, "bench_args' or tools/bench.py's default micro-batch"
+    return 0, "bench_args' or bench.py's default micro-batch"
 
 
 BENCH_ROW = re.compile(r"^\| crammed(?:, ([\w-]+))? \| (\d+) \| ([\d,]+) \| [\d.]+ \| ([\d.]+) \| ([\d.-]+) \|.*$", re.M)
 
 
 def phase_compile(deadline, logs):
-    """tools/bench.py's crammed step in each of compile_modes (warm-up: compilation and autotuning) and
-    eager, at the micro-batch training uses; one tools/bench.py run per mode, so that a mode that fails
+    """bench.py's crammed step in each of compile_modes (warm-up: compilation and autotuning) and
+    eager, at the micro-batch training uses; one bench.py run per mode, so that a mode that fails
     (out of memory, a compiler error) or runs out of time costs only its own row."""
     micro, how = compile_micro_batch_used(logs)
     rows, failures, commands = {}, [], []
     for i, mode in enumerate(m for m in compile_modes.split(",") if m):
-        args = ["tools/bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
+        args = ["bench.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(bench_args), "--compile=True",
                 f"--compile_mode={mode}", "--baselines=False", "--sweep=False", f"--eager={i == 0}",  # eager once
                 *([f"--micro_batch={micro}"] if micro else [])]
         commands.append(f"`{command_line(args)}`")
@@ -689,7 +689,7 @@ def host_available_bytes():
     """MemAvailable from /proc/meminfo (Linux), else the free physical pages; never more than the
     container's limit (memory.memory_capacity)."""
     import torch
-    import memory
+    from cram import memory
     try:
         with open("/proc/meminfo") as f:
             available = int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
@@ -705,7 +705,7 @@ def model_args_for(d_model, n_layers, vocab_size, seq_len):
 
 
 # the off-load shape's bounds: its normal-mode training state (float32 weights, gradients and two AdamW moments)
-# over the device by a margin, its off-load host state (offload.py) within a share of the host
+# over the device by a margin, its off-load host state (cram/offload.py) within a share of the host
 STATE_BYTES, OVER_DEVICE, HOST_BYTES, HOST_SHARE = 16, 1.02, 18, 0.85  # bytes a parameter, x, bytes a block parameter, x
 
 
@@ -775,7 +775,7 @@ def train_offloaded(model_args, rt, batches):
     """A few optimizer steps in off-load mode: seconds per step and losses (one untimed step first)."""
     import torch
     from model import CrammedBert
-    from offload import OffloadTrainer
+    from cram.offload import OffloadTrainer
     torch.manual_seed(0)
     start = time.time()
     trainer = OffloadTrainer(CrammedBert(**model_args), rt, lr=1e-4, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01)
@@ -809,9 +809,9 @@ def offload_plan(device_bytes, host_bytes, vocab_size, seq_len):
 
 def phase_offload(deadline, logs):
     import torch
-    import runtime
-    from data import MASK_RATE, RandomBatches
-    from measure import benchmark_tokens
+    from cram import runtime
+    from cram.data import MASK_RATE, RandomBatches
+    from cram.measure import benchmark_tokens
     from model import ModelConfig
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"

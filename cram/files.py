@@ -102,7 +102,7 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     """Create the folder `path` if needed and lock it for this process, before any work: a one-line
     error when it or the `files` to be written there cannot be written, it has less than need_bytes
     free, or another process holds it. The lock is the kernel's (flock), released when the process
-    ends however it ends, so a crash never leaves it behind (tools/measure.py's held_below probes it)."""
+    ends however it ends, so a crash never leaves it behind (cram/measure.py's held_below probes it)."""
     for name in (LOCK_FILE, *files):
         check_writable(os.path.join(path, name), setting)
     free = shutil.disk_usage(path).free

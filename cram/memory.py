@@ -8,8 +8,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from data import RandomBatches, random_tokens
-from files import size_text
+from .data import RandomBatches, random_tokens
+from .files import size_text
 from model import CrammedBert, ModelConfig, Trainer, param_groups
 
 

@@ -1,7 +1,7 @@
 """The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final batch and the
 peak learning rate, as pure functions beside their constants and sources; then `settle`, train.py's one call, which
 applies them to a run's settings (given ones win, a resumed run keeps its checkpoint's) and start_lines, which say
-what it picked. The matmul timing that measures a device stays in runtime.py. docs/training.md has the published
+what it picked. The matmul timing that measures a device stays in cram/runtime.py. docs/training.md has the published
 points and how their compute was estimated; BENCHMARKS.md the CPU sweeps.
 """
 import dataclasses
@@ -9,8 +9,8 @@ import math
 
 import torch
 
-import runtime
-from data import repeat_warning
+from . import runtime
+from .data import repeat_warning
 from model import ModelConfig
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;

@@ -1,7 +1,7 @@
-"""The data and the objective: the tokens prepare.py wrote and their tokenizer; the training
-data's order (rows_at: a pure function of the position in the run) and its masked micro-batches
-(Batches, fixed-count MLM masking: mask_tokens); the validation loss and fill-in examples.
-Writing and checking cram's own files (checkpoints, JSON, locks) is files.py's.
+"""The data: the tokens prepare.py wrote and their tokenizer; the training data's order (rows_at: a
+pure function of the position in the run) and its masked micro-batches (Batches, masked by the
+objective's model.mask_tokens); the validation loss and fill-in examples.
+Writing and checking cram's own files (checkpoints, JSON, locks) is cram/files.py's.
 
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
@@ -13,7 +13,8 @@ import re
 import numpy as np
 import torch
 
-from files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
+from model import mask_tokens
+from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
 
 # GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
 # so a BPE trained there gives identical ids through tiktoken.
@@ -71,22 +72,6 @@ def get_batch(tokens, rows, device):
     """The sequences of the given rows, in row order (sorted: a sequential read), as an int64 tensor on device."""
     batch = torch.from_numpy(tokens[np.sort(rows)].astype(np.int64))
     return batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch
-
-
-def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
-    """MLM corruption with a fixed count, exactly round(mask_rate * T) positions per row (static shapes for
-    torch.compile): 80% of them become [MASK], 10% a random regular token, 10% stay. Runs on idx's device.
-    Returns (inputs, positions (B, k), labels (B, k))."""
-    B, T = idx.shape
-    k = max(1, round(mask_rate * T))
-    scores = torch.rand(B, T, device=idx.device, generator=generator)
-    positions = scores.topk(k, dim=1).indices
-    labels = idx.gather(1, positions)
-    rule = torch.rand(B, k, device=idx.device, generator=generator)
-    random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
-    replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id), torch.where(rule < 0.9, random_ids, labels))
-    inputs = idx.scatter(1, positions, replacement)
-    return inputs, positions, labels
 
 
 def repeat_warning(expected, train_tokens, basis):

@@ -3,8 +3,8 @@ folder is in use."""
 import os
 import statistics
 
-from data import load_tokens, random_tokens  # the core: each tool puts its folder on sys.path first
-from files import LOCK_FILE, load_meta
+from .data import load_tokens, random_tokens  # the core: each tool puts its folder on sys.path first
+from .files import LOCK_FILE, load_meta
 
 
 def benchmark_tokens(data_dir, vocab_size, seq_len, seed):

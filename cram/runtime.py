@@ -1,6 +1,6 @@
 """Where and how the arithmetic runs: device, precision, TF32, compilation (CUDA graphs' care included), the
-optimizer, and DDP, decided here once for train.py, tools/bench.py and finetune_glue.py. (The process around them,
-its signals, faults and progress lines, is process.py.)
+optimizer, and DDP, decided here once for train.py, bench.py and finetune_glue.py. (The process around them,
+its signals, faults and progress lines, is cram/process.py.)
 
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
@@ -48,7 +48,7 @@ def peak_flops(device, override=0.0):
 
 # torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates) kernels; and CUDA
 # graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
-# max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (tools/bench.py
+# max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (bench.py
 # --compile_mode=default,max-autotune times them).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")

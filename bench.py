@@ -1,11 +1,11 @@
 """Throughput, MFU and memory of the training step, beside baselines timed in the same run.
 
-    python tools/bench.py                       # a GPU: the reference 16x768 shape; a CPU: the quickstart shape
-    python tools/bench.py --shape=reference --micro_batch=256 --sweep=False
-    python tools/bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
+    python bench.py                       # a GPU: the reference 16x768 shape; a CPU: the quickstart shape
+    python bench.py --shape=reference --micro_batch=256 --sweep=False
+    python bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
 
 Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile,
-fused AdamW, all set up by runtime.py as in training) after warm-up, with the device
+fused AdamW, all set up by cram/runtime.py as in training) after warm-up, with the device
 synchronised, for:
   crammed        our model with train.py's recipe (model.py's ModelConfig defaults: the paper's
                  crammed model plus smear, 1% of the reference shape's FLOPs), compiled and eager,
@@ -32,15 +32,13 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import memory  # noqa: E402  (the core sits one folder up)
-import process  # noqa: E402
-import runtime  # noqa: E402
-from configurator import read_config_file, configure  # noqa: E402
-from data import MASK_RATE, RandomBatches  # noqa: E402
-from measure import benchmark_tokens, gib  # noqa: E402
-from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups  # noqa: E402
+from configurator import configure, read_config_file
+from cram import memory, process, runtime
+from cram.data import MASK_RATE, RandomBatches
+from cram.measure import benchmark_tokens, gib
+from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small, cpu}: 16x768 with 32768 tokens, 4x256 with 8192, config/train_cpu.py's
