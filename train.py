@@ -264,7 +264,7 @@ def main(config):
         del trainer
         runtime.leave_process_group()
     if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM, ...): the run is not finished
-        sys.exit(128 + (stop_request.signum or signal.SIGTERM))
+        process.exit_stopped(stop_request.signum or signal.SIGTERM)
 
 
 def setup_device(config, checkpoint, world, ddp):

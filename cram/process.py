@@ -114,9 +114,34 @@ def take_signals(handler):
 
 
 def interrupt(signum, frame):
-    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks); a second one kills at once."""
-    signal.signal(signum, signal.SIG_DFL)
+    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks), once: repeats only count (held)."""
+    take_signals(lambda repeat, _: held(repeat))
+    held(signum)
     raise KeyboardInterrupt(signum)
+
+
+def exit_stopped(signum):
+    """Exit with a stop signal's status, 128 + n. From here its repeats are ignored (all but Ctrl-C): the
+    interpreter's exit restores the default handlers, and a soft CPU limit's next SIGXCPU would then end the
+    process by the signal instead of with the status."""
+    for other in STOP_SIGNALS:
+        if other != signal.SIGINT:
+            signal.signal(other, signal.SIG_IGN)
+    sys.exit(128 + signum)
+
+
+INTERRUPTS = [0]  # Ctrl-Cs since a stop began (held)
+
+
+def held(signum):
+    """A stop signal's effect once a stop is under way. A repeat is the same request again and leaves the save
+    alone: scancel signals every process of a job, torchrun's workers too, and torchrun passes it on to them a
+    moment later; the kernel repeats SIGXCPU every CPU-second past a soft limit; a closed terminal's SIGHUP comes
+    from the kernel and from the shell. The sender's SIGKILL (SLURM's KillWait, the hard CPU limit) stays the end.
+    A person's Ctrl-C is the exception: a second one stops at once."""
+    INTERRUPTS[0] += signum == signal.SIGINT
+    if INTERRUPTS[0] and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class HangupSafeStream:
@@ -176,7 +201,7 @@ def guarded(main, kept, *args):
         sys.stdout.flush()
         print(f"stopped by {signal.Signals(signum).name}: {kept() if callable(kept) else kept}", file=sys.stderr,
               flush=True)
-        sys.exit(128 + signum)
+        exit_stopped(signum)
     except OSError as e:
         full = " (free space on that disk)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         where = f" on {e.filename}" if e.filename else ""
@@ -189,18 +214,19 @@ def guarded(main, kept, *args):
 
 class StopRequest:
     """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its
-    step, save and exit; a second signal kills at once. SIGCONT says the process was stopped and
-    has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the loop once."""
+    step, save and exit; repeats leave the save alone, a person's next Ctrl-C kills at once (held). SIGCONT says
+    the process was stopped and has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the
+    loop once."""
 
     def __init__(self):
-        self.signum, self.continued = None, False
+        self.signum, self.continued, INTERRUPTS[0] = None, False, 0
         take_signals(self.handle)
         if hasattr(signal, "SIGCONT"):
             signal.signal(signal.SIGCONT, self.handle_continue)
 
     def handle(self, signum, frame):
-        self.signum = signum
-        signal.signal(signum, signal.SIG_DFL)
+        self.signum = self.signum or signum  # the first request names the stop
+        held(signum)
 
     def handle_continue(self, signum, frame):
         self.continued = True

@@ -3,6 +3,7 @@ surviving SIGTERM/SIGINT/SIGKILL, skipping non-finite updates, safe checkpoint l
 one-line errors for bad input."""
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from cram import runtime
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, spawn, weights_atol
+from conftest import CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, spawn, weights_atol
 from model import mask_tokens
 from cram.files import load_meta
 from model import CrammedBert, Trainer, param_groups
@@ -206,6 +207,94 @@ def test_a_closed_terminal_or_pipe_still_saves_and_nohup_keeps_ignoring_the_hang
             break
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "stopped by SIGTERM" in stdout and "SIGHUP" not in stdout + stderr, stderr
+
+
+# a step of 256 micro-batches: a signal comes in the middle of one, and a repeat before the save is done
+LONG_STEP = [*TINY_MODEL, "--micro_batch=4", "--batch_size=1024", "--batch_ramp=0", "--budget_hours=1.0", "--log_interval=1"]
+
+
+def run_until_step(args, tmp_path, step=2, **kwargs):
+    """A training run started as a child (spawn), once its log has reached `step`: (proc, lines so far)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **kwargs.pop("env", {}))
+    proc = spawn(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(f"step {step} "):
+            return proc, lines
+    raise AssertionError(f"the run ended first: {proc.communicate()[1][-2000:]}")
+
+
+def assert_saved_stop(proc, lines, name, out, status=None):
+    stdout, stderr = proc.communicate(timeout=180)
+    stdout = "".join(lines) + stdout
+    stop = re.search(rf"stopped by {name} at step (\d+) .*--resume=True", stdout)
+    assert stop and (status is None or proc.returncode == status), (proc.returncode, stdout[-1500:], stderr[-2000:])
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == int(stop.group(1)) >= 2 and not ckpt["final"]
+    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]  # no save cut short
+
+
+def test_repeats_of_a_stop_signal_leave_the_save_alone(prepared, tmp_path):
+    """A stop signal often comes more than once: a closed terminal's SIGHUP to the session and its shell's to
+    the job; the kernel's SIGXCPU every CPU-second past a soft limit (`ulimit -t`, a grid engine's s_cpu). The
+    repeats are the same request: the run finishes its step, saves and exits with the signal's status."""
+    args = [sys.executable, "train.py", f"--data_dir={prepared}", *LONG_STEP]
+    proc, lines = run_until_step([*args, f"--out_dir={tmp_path / 'hup'}"], tmp_path)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGHUP)
+    assert_saved_stop(proc, lines, "SIGHUP", tmp_path / "hup", 129)
+    soft = 12  # past start-up and a few steps; the hard limit (SIGKILL) far beyond the save
+
+    def limited():
+        default_signals()
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, 120))
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([*args, f"--out_dir={tmp_path / 'xcpu'}"], cwd=ROOT, env=env, preexec_fn=limited,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    CHILDREN.append(proc)
+    assert_saved_stop(proc, [], "SIGXCPU", tmp_path / "xcpu", 152)
+
+
+def descendants(pid):
+    """pid and every process below it (Linux's /proc)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds torchrun's workers in /proc")
+def test_a_batch_system_s_stop_under_torchrun_saves(prepared, tmp_path):
+    """scancel signals every process of the job, torchrun and its workers (each in a session of its own), and
+    torchrun passes the signal on to each worker a moment later: the workers stop at the same step, rank 0 saves."""
+    out = tmp_path / "ddp"
+    proc, lines = run_until_step([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                  "train.py", f"--data_dir={prepared}", *LONG_STEP, "--batch_size=512", f"--out_dir={out}"],
+                                 tmp_path)
+    for pid in descendants(proc.pid):  # the job's every process, as scancel does
+        os.kill(pid, signal.SIGTERM)
+    assert_saved_stop(proc, lines, "SIGTERM", out)
+
+
+def test_a_person_s_second_ctrl_c_stops_at_once(prepared, tmp_path):
+    proc, lines = run_until_step([sys.executable, "train.py", f"--data_dir={prepared}", *LONG_STEP,
+                                  f"--out_dir={tmp_path}"], tmp_path)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT and not (tmp_path / "ckpt.pt").exists()
 
 
 def test_a_non_finite_gradient_skips_the_update():
