@@ -34,8 +34,8 @@ import torch.nn as nn
 
 from configurator import configure, read_config_file
 from cram import memory, process, runtime
-from cram.data import MASK_RATE, RandomBatches
-from cram.measure import benchmark_tokens, gib
+from cram.data import MASK_RATE, RandomBatches, benchmark_tokens
+from cram.files import gib
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 
 ROOT = os.path.dirname(os.path.abspath(__file__))

@@ -169,6 +169,18 @@ def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
     return tokens.astype(token_dtype(vocab_size))
 
 
+def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
+    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
+    regular tokens."""
+    try:
+        meta = load_meta(data_dir)
+        if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
+            return load_tokens(data_dir, "train", meta), data_dir
+    except SystemExit:
+        pass
+    return random_tokens(vocab_size, seq_len, seed), "random tokens"
+
+
 def token_dtype(vocab_size):
     """The integer type token files hold for a vocabulary: two bytes a token where the ids fit."""
     return "uint16" if vocab_size <= 2 ** 16 else "uint32"

@@ -90,6 +90,11 @@ def check_writable(path, setting):
         raise SystemExit(f"error: cannot write to {setting}={path}: {e.strerror or e}")
 
 
+def gib(n_bytes):
+    """Bytes in GiB for a table, or '-' when there is no figure (a CPU has no device peak)."""
+    return f"{n_bytes / 2 ** 30:.1f}" if n_bytes is not None else "-"
+
+
 def size_text(n_bytes):
     """A size in the unit that fits it: '512 bytes', '1.0 MB', '12.3 GB'."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -102,7 +107,7 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     """Create the folder `path` if needed and lock it for this process, before any work: a one-line
     error when it or the `files` to be written there cannot be written, it has less than need_bytes
     free, or another process holds it. The lock is the kernel's (flock), released when the process
-    ends however it ends, so a crash never leaves it behind (cram/measure.py's held_below probes it)."""
+    ends however it ends, so a crash never leaves it behind (tools/measure.py's held_below probes it)."""
     for name in (LOCK_FILE, *files):
         check_writable(os.path.join(path, name), setting)
     free = shutil.disk_usage(path).free

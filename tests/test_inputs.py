@@ -188,7 +188,7 @@ def test_a_tool_s_child_ends_with_it_and_a_rerun_never_removes_a_live_run(tmp_pa
                       check=False)
     assert_one_line_error(proc, f"{run} is in use by another process (pid {holder.pid})")
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"} == before
-    from cram.measure import held_below  # what a fresh GPU report phase asks of its whole folder before removing it
+    from measure import held_below  # what a fresh GPU report phase asks of its whole folder before removing it
     assert held_below(str(out)) == (str(run), str(holder.pid)) and held_below(str(tmp_path / "none")) is None
 
 

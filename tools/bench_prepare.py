@@ -20,7 +20,7 @@ from configurator import configure  # noqa: E402
 from cram.data import load_tokenizer  # noqa: E402
 from cram.files import load_meta  # noqa: E402
 from cram.process import guarded  # noqa: E402
-from cram.measure import alternate, spread  # noqa: E402
+from measure import alternate, spread  # noqa: E402
 
 # -----------------------------------------------------------------------------
 corpus = ""             # the text to encode: a file or folder in prepare.py's formats

@@ -61,10 +61,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the package and the model sit one folder up
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.files import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
-from cram.measure import held_below  # noqa: E402
+from measure import held_below  # noqa: E402
 from cram.process import child_env, guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -811,7 +811,7 @@ def phase_offload(deadline, logs):
     import torch
     from cram import runtime
     from cram.data import MASK_RATE, RandomBatches
-    from cram.measure import benchmark_tokens
+    from cram.data import benchmark_tokens
     from model import ModelConfig
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"

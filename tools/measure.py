@@ -1,22 +1,8 @@
-"""What the tools share: the benchmarks' tokens, alternating rounds and median (min-max) figures; whether a run's
-folder is in use."""
+"""What the tools share: alternating rounds and median (min-max) figures; whether a run's folder is in use."""
 import os
 import statistics
 
-from .data import load_tokens, random_tokens  # the core: each tool puts its folder on sys.path first
-from .files import LOCK_FILE, load_meta
-
-
-def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
-    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
-    regular tokens."""
-    try:
-        meta = load_meta(data_dir)
-        if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
-            return load_tokens(data_dir, "train", meta), data_dir
-    except SystemExit:
-        pass
-    return random_tokens(vocab_size, seq_len, seed), "random tokens"
+from cram.files import LOCK_FILE  # the core: each tool puts the repository's folder on sys.path first
 
 
 def alternate(timers, n_repeats):
@@ -32,11 +18,6 @@ def alternate(timers, n_repeats):
 def spread(values, fmt="{:,.0f}"):
     """median (min-max)"""
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
-def gib(n_bytes):
-    """Bytes in GiB for a table, or '-' when there is no figure (a CPU has no device peak)."""
-    return f"{n_bytes / 2 ** 30:.1f}" if n_bytes is not None else "-"
 
 
 def held_below(folder):
