@@ -68,7 +68,7 @@ def read_config_file(path):
         raise SystemExit(f"error: config file not found: {path}")
     assigned = {}
     try:
-        exec(compile(open(path).read(), path, "exec"), {}, assigned)
+        exec(compile(open(path, encoding="utf-8").read(), path, "exec"), {}, assigned)
     except SyntaxError as e:
         raise SystemExit(f"error: {path}:{e.lineno}: {e.msg}")
     except Exception as e:
@@ -120,7 +120,7 @@ def script_block(namespace):
     """The lines between the script's two SETTINGS_RULE lines."""
     if "__file__" not in namespace:
         return []
-    with open(namespace["__file__"]) as f:
+    with open(namespace["__file__"], encoding="utf-8") as f:
         source = f.read().splitlines()
     rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
     return source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []

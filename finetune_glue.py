@@ -16,6 +16,8 @@ settings and seeds: the floor that pretraining must beat, shown beside the model
 same table and glue.json.
 """
 import glob
+import hashlib
+import json
 import math
 import os
 import statistics
@@ -434,9 +436,22 @@ def results_path():
 
 
 def runs_folder(path):
-    """Where glue.json's runs live, a file each: <glue>_runs/<group>/<task>/seed<N>.json. Each process writes
-    only its own runs' files, so processes on different tasks need no lock, and resuming is a file that exists."""
+    """Where glue.json's runs live, a file each (run_file). Each process writes only its own runs' files, so
+    processes on different tasks need no lock, and resuming is a file that exists."""
     return os.path.splitext(path)[0] + "_runs"
+
+
+def run_file(path, group, name, seed, settings):
+    """<glue>_runs/<group>/<task>/seed<N>-<the settings' digest>.json: a rerun with other settings keeps the
+    earlier runs' files beside its own."""
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    return os.path.join(runs_folder(path), group, name, f"seed{seed}-{digest}.json")
+
+
+def latest(run):
+    """A run's place among a task's runs: its command's order (one past the latest before it: a count no clock
+    set back or forward can reorder), then its time."""
+    return run.get("order", 0), run.get("chosen", run["finished"])
 
 
 def run_files(path):
@@ -454,6 +469,7 @@ def is_run(run):
     """Whether a run file's record has what the summary reads, of the types it reads."""
     return (isinstance(run, dict) and RUN_KEYS <= run.keys() and isinstance(run["seed"], int)
             and isinstance(run["finished"], (int, float)) and isinstance(run.get("chosen", 0), (int, float))
+            and isinstance(run.get("order", 0), int)
             and all(isinstance(run[k], dict) for k in ("settings", "scores", "facts", "counts"))
             and {"epochs", "max_train_examples"} <= run["settings"].keys())
 
@@ -478,8 +494,9 @@ def task_entry(runs):
     command that found its runs done (`chosen`): a rerun with other settings supersedes the older runs (their
     files stay) until a command asks for those again. Their scores and median, the seconds and counts
     (finetune's: tokens, padded_tokens, train_seconds) summed, and how they were made."""
-    settings = max(runs, key=lambda r: r.get("chosen", r["finished"]))["settings"]
-    runs = sorted((r for r in runs if r["settings"] == settings), key=lambda r: r["seed"])
+    settings = max(runs, key=latest)["settings"]
+    runs = list({r["seed"]: r for r in sorted((r for r in runs if r["settings"] == settings), key=latest)}.values())
+    runs.sort(key=lambda r: r["seed"])  # each seed once: its latest run with these settings
     entry = dict(settings=settings, seeds=[r["seed"] for r in runs], per_seed=[r["scores"] for r in runs],
                  median={name: {m: statistics.median(r["scores"][name][m] for r in runs) for m in metrics}
                          for name, metrics in runs[0]["scores"].items()}, **runs[-1]["facts"],
@@ -529,9 +546,9 @@ def remaining_seeds(names, runs, settings, path, group):
         if missing:
             todo[name] = missing
             continue
+        order = 1 + max(map(lambda r: latest(r)[0], runs[name]))
         for run in finished:
-            write_json(os.path.join(runs_folder(path), group, name, f"seed{run['seed']}.json"),
-                       dict(run, chosen=time.time()))
+            write_json(run_file(path, group, name, run["seed"], settings), dict(run, chosen=time.time(), order=order))
         print(f"{name}: done earlier, in {path}: {summary(name, task_entry(finished))}")
     return todo
 
@@ -591,12 +608,13 @@ def main(config):
                            labels) for split, (texts, labels) in data.items()}
         task_facts = dict(train_examples=len(data["train"][0]), majority=majority_scores(name, data),
                           dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
+        order = 1 + max((latest(r)[0] for r in earlier.get(group, {}).get(name, [])), default=0)
         for run_seed in missing:  # each seed has its file, and is in glue.json, as soon as it is scored
-            t0 = time.time()
+            t0 = time.monotonic()
             scores, counts = finetune(name, encoded, ckpt, run_seed, rt, pretrained=not from_scratch)
             run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=scores, facts=task_facts,
-                       counts=dict(counts, seconds=time.time() - t0), finished=time.time())
-            file = os.path.join(runs_folder(path), group, name, f"seed{run_seed}.json")
+                       counts=dict(counts, seconds=time.monotonic() - t0), finished=time.time(), order=order)
+            file = run_file(path, group, name, run_seed, settings)
             os.makedirs(os.path.dirname(file), exist_ok=True)
             write_json(file, run)
             results = write_summary(path, identity, facts)

@@ -248,7 +248,7 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
     now (checked for local and embedded corpora: a hub dataset is not read twice), else those of a new tokenizer."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
         try:
-            with open(path + ".source") as f:
+            with open(path + ".source", encoding="utf-8") as f:
                 trained_on = json.load(f)["digest"]
         except (OSError, ValueError, TypeError, KeyError, RecursionError):  # a damaged record proves nothing: train again
             trained_on = None
@@ -350,7 +350,7 @@ def read_progress(out_dir, dedup, seq_len, itemsize):
         return None
     path = os.path.join(out_dir, PROGRESS_FILE)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             progress = json.load(f)
         problem = progress_problem(progress, out_dir, dedup, seq_len, itemsize)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:

@@ -82,7 +82,7 @@ def check_writable(path, setting):
     try:
         os.makedirs(folder, exist_ok=True)
         probe = temporary_path(path)
-        open(probe, "w").close()
+        open(probe, "w", encoding="utf-8").close()
         os.remove(probe)
         if os.path.exists(path):
             open(path, "r+b").close()
@@ -103,6 +103,9 @@ def size_text(n_bytes):
     return f"{n_bytes:.0f} bytes"
 
 
+HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's answers for a lock another process holds
+
+
 def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     """Create the folder `path` if needed and lock it for this process, before any work: a one-line
     error when it or the `files` to be written there cannot be written, it has less than need_bytes
@@ -116,13 +119,16 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
                          f"{size_text(need_bytes)} there: free space or choose another {setting}")
     if os.path.realpath(path) in HELD:
         return
-    lock = open(os.path.join(path, LOCK_FILE), "a+")
+    lock = open(os.path.join(path, LOCK_FILE), "a+", encoding="utf-8")
     try:
         import fcntl
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except ImportError:  # no flock (Windows): no lock
         pass
-    except OSError:
+    except OSError as e:
+        if e.errno not in HELD_ERRNOS:  # ENOSYS (Lustre without -o flock), ENOLCK (NFS without its lock daemon), ...
+            raise SystemExit(f"error: {path}'s file system cannot lock a file ({e.strerror or e}), and cram locks a "
+                             f"folder so that two processes never write it: choose another {setting} (a local disk)")
         lock.seek(0)
         raise SystemExit(f"error: {path} is in use by another process (pid {lock.read().strip() or '?'}): wait for "
                          f"it to end, or choose another {setting}")
@@ -134,7 +140,7 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
 
 def write_json(path, obj):
     def dump(tmp):
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1)
     write_atomically(path, dump)
 
@@ -183,7 +189,7 @@ class MetricsLog:
         if not self.started:
             self.started = True
             if self.fresh:
-                open(self.path, "w").close()
+                open(self.path, "w", encoding="utf-8").close()
             if self.wandb_run:
                 import wandb
                 wandb.init(project=self.wandb_run[0], name=self.wandb_run[1], config=self.config)
@@ -249,7 +255,7 @@ def load_meta(data_dir):
 
 def write_ranks(path, ranks):
     """Save BPE ranks in tiktoken's text format: base64(token bytes) rank, one per line."""
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(f"{base64.b64encode(token).decode()} {rank}\n")
 
@@ -267,7 +273,7 @@ def parse_ranks(text, where="the tokenizer"):
 
 
 def read_ranks(path):
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         return parse_ranks(f.read(), path)
 
 

@@ -79,7 +79,7 @@ def memory_capacity(device):
         return None
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 limit = f.read().strip()
         except OSError:
             continue

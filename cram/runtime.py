@@ -311,10 +311,10 @@ def usable_cpus(cgroup="/sys/fs/cgroup"):
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
         try:
-            with open(os.path.join(cgroup, quota_file)) as f:
+            with open(os.path.join(cgroup, quota_file), encoding="utf-8") as f:
                 fields = f.read().split()
             if period_file:
-                with open(os.path.join(cgroup, period_file)) as f:
+                with open(os.path.join(cgroup, period_file), encoding="utf-8") as f:
                     fields.append(f.read().strip())
             quota, period = int(fields[0]), int(fields[1])  # v2 'max 100000' (no quota) raises, as v1's -1 is skipped
         except (OSError, ValueError, IndexError):

@@ -3,6 +3,8 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from sklearn import metrics as sk
 
 import finetune_glue as glue
 from cram import runtime
-from conftest import OBJECTS, PLACES, SUBJECTS, VERBS, assert_one_line_error, run_script
+from conftest import OBJECTS, PLACES, ROOT, SUBJECTS, VERBS, assert_one_line_error, run_script
 from model import CrammedBert, SequenceClassifier
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
@@ -385,3 +387,28 @@ def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_
         (tmp_path / "glue.json").write_text(json.dumps(old))
         with pytest.raises(SystemExit, match="holds the scores of another checkpoint .or of an older cram."):
             glue.check_earlier(path, identity)
+
+
+def test_reruns_keep_every_run_s_file_and_follow_the_commands_not_the_clock(pretrained, tmp_path):
+    """A rerun with other settings (epochs, then the rate) keeps the earlier runs' files beside its own, and
+    glue.json shows the latest command's runs, also where the machine's clock was set 2 hours back between
+    two commands (a small preloaded module shifts time.time, as a stepped clock does)."""
+    behind = tmp_path / "clock"
+    behind.mkdir()
+    (behind / "sitecustomize.py").write_text("import time\n_real = time.time\ntime.time = lambda: _real() - 7200\n")
+    out = tmp_path / "glue.json"
+
+    def finetune(*settings, clock=None):
+        env = dict(os.environ, OMP_NUM_THREADS="1", **({"PYTHONPATH": str(clock)} if clock else {}))
+        proc = subprocess.run([sys.executable, "finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}",
+                               "--tasks=rte", "--seeds=1", "--device=cpu", f"--out_json={out}", *settings], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(out.read_text())["tasks"]["rte"]["settings"]
+
+    assert finetune("--epochs=1")["epochs"] == 1
+    assert finetune("--epochs=2", clock=behind)["epochs"] == 2
+    assert finetune("--epochs=2", "--lr=1e-4")["lr"] == 1e-4
+    assert finetune("--epochs=1", clock=behind)["epochs"] == 1  # done earlier: not run again, but what is shown
+    files = sorted(p.name for p in (tmp_path / "glue_runs" / "tasks" / "rte").iterdir())
+    assert len(files) == 3 and all(f.startswith("seed0-") for f in files), files

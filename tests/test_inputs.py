@@ -2,6 +2,7 @@
 encodings, containers, launchers' environments, process trees, inputs that change, time that stops.
 Each class has one mechanism; each test here takes at least two cases of its class. Nothing that
 existed before a refusal changes."""
+import errno
 import io
 import json
 import os
@@ -77,6 +78,43 @@ def test_output_survives_any_stdout_encoding(tmp_path, prepared):
                           env=dict(os.environ, PYTHONIOENCODING="ascii", OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert b"saved " in proc.stdout and b"r?sum? ?" in proc.stdout and (out / "ckpt.pt").exists()
+
+
+def test_a_locale_s_encoding_reads_cram_s_own_text_as_utf8(tmp_path, prepared):
+    """Under a locale whose encoding is not UTF-8 (Windows' cp1252; here ASCII, with Python's UTF-8 mode off),
+    cram still reads its text as UTF-8: a tool whose source holds a non-ASCII character (its settings are
+    read from it), a config file a user wrote with one, the files a run writes and reads back."""
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0", OMP_NUM_THREADS="1")
+    probe = [sys.executable, "-c", "import locale; print(locale.getpreferredencoding(False))"]
+    assert "utf" not in subprocess.run(probe, env=env, capture_output=True, text=True).stdout.lower()
+    config = tmp_path / "r\u00e9glages.py"
+    config.write_text("# r\u00e9glages de Zo\u00e9 \u2713\nmax_steps = 3\n", encoding="utf-8")
+    for args in (["tools/curriculum.py", "--help"],
+                 ["train.py", str(config), f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL,
+                  "--fill_in_examples=0"]):
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == 3
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_file_system_that_cannot_lock_is_said_as_such(tmp_path, monkeypatch, code):
+    """flock answers ENOSYS on Lustre mounted without -o flock, ENOLCK on NFS without its lock daemon: no
+    process holds the folder, and the line says what is true; a tool finds nothing held there either."""
+    import fcntl
+
+    from cram import files
+    from measure import held_below
+
+    def refuse(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    with pytest.raises(SystemExit, match=r"^error: .*'s file system cannot lock a file \(") as refused:
+        files.claim_folder(str(tmp_path / "run"))
+    assert "in use" not in str(refused.value)
+    (tmp_path / "run" / files.LOCK_FILE).write_text("123\n")
+    assert held_below(str(tmp_path)) is None
 
 
 def test_a_folder_name_is_a_path_not_a_pattern(tmp_path):

@@ -73,7 +73,7 @@ def train(name, run_dir, *args):
                *variant_args(name), *args, f"--out_dir={run_dir}", "--fill_in_examples=0"]
     settings, done = "\n".join(command[2:]), os.path.join(run_dir, "done")
     if os.path.isfile(done):
-        with open(done) as f:
+        with open(done, encoding="utf-8") as f:
             earlier = f.read()
         if earlier and earlier != settings:  # (empty: an older compare.py's, which kept no settings)
             raise SystemExit(f"error: {run_dir} finished with other settings than this command gives it (they are "
@@ -87,14 +87,14 @@ def train(name, run_dir, *args):
     os.makedirs(run_dir)
     log_path = os.path.join(run_dir, "train.log")  # follow a long run with tail -f
     print(f"training {name} -> {log_path}", flush=True)
-    with open(log_path, "w") as log:  # the run stops (and saves) if this tool is killed: process.follow_parent
+    with open(log_path, "w", encoding="utf-8") as log:  # the run stops (and saves) if this tool is killed: process.follow_parent
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=child_env()).returncode
-    with open(log_path) as log:
+    with open(log_path, encoding="utf-8") as log:
         output = log.read()
     if code != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{output[-2000:]}")
     print("\n".join(line for line in output.splitlines() if line.startswith(("final:", "torch.compile"))), flush=True)
-    with open(done, "w") as f:
+    with open(done, "w", encoding="utf-8") as f:
         f.write(settings)
 
 

@@ -56,7 +56,7 @@ def main(argv):
         raise SystemExit("usage: python tools/emulate_bf16.py <script.py> [its arguments]: e.g. train.py config/... "
                          "--dtype=bfloat16 --compile=False")
     script = os.path.abspath(argv[0])
-    with open(script) as f:
+    with open(script, encoding="utf-8") as f:
         compiles = re.search(r"^compile\s*=", f.read(), re.M)  # the script has a compile setting (train.py, bench.py)
     if compiles and "--compile=False" not in argv:
         raise SystemExit("error: the emulation runs eager only: add --compile=False (a dispatch mode does not reach "

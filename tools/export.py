@@ -215,7 +215,7 @@ def main():
         model_input_names=["input_ids", "attention_mask"]))
     copy_file(os.path.join(ROOT, "model.py"), path("model.py"))
     copy_file(os.path.join(HERE, "modeling_cram.py"), path("modeling_cram.py"))
-    write_atomically(path("README.md"), lambda tmp: Path(tmp).write_text(card))
+    write_atomically(path("README.md"), lambda tmp: Path(tmp).write_text(card, encoding="utf-8"))
     write_json(path(MANIFEST), {name: digest(path(name)) for name in FILES})  # what a rerun may replace
     print(f"wrote {folder}: {sum(v.numel() for v in ckpt['model'].values()) / 1e6:.2f}M parameters, "
           f"{len(ranks) + len(SPECIAL_TOKENS):,} tokens; load it with "

@@ -250,7 +250,7 @@ def publish():
         logs = os.path.join(out_dir, "logs")
         tails = [f"==> {name} <==\n{log_tail(os.path.join(logs, name))}" for name in sorted(os.listdir(logs))
                  ] if os.path.isdir(logs) else []
-        write_atomically(os.path.join(copy_to, TAIL_FILE), lambda tmp: Path(tmp).write_text("\n".join(tails)))
+        write_atomically(os.path.join(copy_to, TAIL_FILE), lambda tmp: Path(tmp).write_text("\n".join(tails), encoding="utf-8"))
 
 
 def log_tail(path):
@@ -277,14 +277,15 @@ def run_logged(args, log_path, deadline, echo=True, append=False):
         raise PhaseFailed(f"no time left for {args[0]}")
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
     proc = subprocess.Popen(command, env=child_env(dict(os.environ, PYTHONUNBUFFERED="1")), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # its own process group,
+                            stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
+                            start_new_session=True)  # its own process group,
     # which ends with this process, however it ends (child_env: process.follow_parent)
     timer = threading.Timer(deadline - time.time(), stop_group, (proc,))
     timer.daemon = True
     timer.start()
     lines = []
     try:
-        with open(log_path, "a" if append else "w") as log:
+        with open(log_path, "a" if append else "w", encoding="utf-8") as log:
             log.write(f"$ {' '.join(command)}\n")
             for line in proc.stdout:
                 if echo:
@@ -404,7 +405,7 @@ def write_transfer_summary():
     lines = ["# cram transfer: pretraining, then GLUE beside the no-pretraining floor", "",
              "Pretraining (logs/transfer_train.log):", "", *(f"    {line}" for line in trained or ["(no line yet)"]), "",
              table or "(no fine-tuning run has finished)", "", timeline()]
-    write_atomically(os.path.join(out_dir, "transfer.md"), lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    write_atomically(os.path.join(out_dir, "transfer.md"), lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
 
 
 def timeline():
@@ -487,7 +488,7 @@ def compile_micro_batch_used(logs):
     phase's largest (its log), else bench.py's own (0)."""
     bench_log = os.path.join(logs, "bench.log")
     found = re.search(r"largest micro-batch within 90% of the free GPU memory: (\d+)",
-                      Path(bench_log).read_text()) if os.path.isfile(bench_log) else None
+                      Path(bench_log).read_text(encoding="utf-8")) if os.path.isfile(bench_log) else None
     if compile_micro_batch:
         return compile_micro_batch, "--compile_micro_batch"
     if found:
@@ -572,7 +573,7 @@ def train_variants(variants, minutes, phase, folder, deadline, logs, aside=()):
         shutil.rmtree(where, ignore_errors=True)
         os.makedirs(where)
         write_json(record, [*args, data_dir])
-    with open(base, "w") as f:  # what every variant shares: the data, evaluations along the way
+    with open(base, "w", encoding="utf-8") as f:  # what every variant shares: the data, evaluations along the way
         f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\n"
                 f"ckpt_interval_minutes = 1e9\n")
     return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs
@@ -691,7 +692,7 @@ def host_available_bytes():
     import torch
     from cram import memory
     try:
-        with open("/proc/meminfo") as f:
+        with open("/proc/meminfo", encoding="utf-8") as f:
             available = int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
     except (OSError, AttributeError):
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
@@ -969,7 +970,7 @@ def write_report():
         lines += ["", f"## {s['phase']}", "", f"_{s['environment']}_  ", f"_`{s['command']}`_", "",
                   s["body"] or f"**{s['status']}**: {s['headline']}"]
     path = os.path.join(out_dir, "report.md")
-    write_atomically(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    write_atomically(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
     return path
 
 

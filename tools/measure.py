@@ -2,7 +2,7 @@
 import os
 import statistics
 
-from cram.files import LOCK_FILE  # the core: each tool puts the repository's folder on sys.path first
+from cram.files import HELD_ERRNOS, LOCK_FILE  # the core: each tool puts the repository's folder on sys.path first
 
 
 def alternate(timers, n_repeats):
@@ -32,11 +32,12 @@ def held_below(folder):
         if LOCK_FILE not in names:
             continue
         try:
-            with open(os.path.join(path, LOCK_FILE)) as lock:
+            with open(os.path.join(path, LOCK_FILE), encoding="utf-8") as lock:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while claim_folder's LOCK_EX is held
-                except OSError:
-                    return path, lock.read().strip() or "?"
+                except OSError as e:  # held, or a file system that cannot lock (then nothing holds it)
+                    if e.errno in HELD_ERRNOS:
+                        return path, lock.read().strip() or "?"
         except OSError:  # gone meanwhile
             continue
     return None
