@@ -442,15 +442,13 @@ def runs_folder(path):
 
 
 def run_file(path, group, name, seed, settings):
-    """<glue>_runs/<group>/<task>/seed<N>-<the settings' digest>.json: a rerun with other settings keeps the
-    earlier runs' files beside its own."""
+    """<glue>_runs/<group>/<task>/seed<N>-<settings digest>.json: a rerun with other settings keeps older files."""
     digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
     return os.path.join(runs_folder(path), group, name, f"seed{seed}-{digest}.json")
 
 
 def latest(run):
-    """A run's place among a task's runs: its command's order (one past the latest before it: a count no clock
-    set back or forward can reorder), then its time."""
+    """A run's place: its command's order (one past the latest: a count no clock set back can reorder), its time."""
     return run.get("order", 0), run.get("chosen", run["finished"])
 
 

@@ -134,11 +134,9 @@ INTERRUPTS = [0]  # Ctrl-Cs since a stop began (held)
 
 
 def held(signum):
-    """A stop signal's effect once a stop is under way. A repeat is the same request again and leaves the save
-    alone: scancel signals every process of a job, torchrun's workers too, and torchrun passes it on to them a
-    moment later; the kernel repeats SIGXCPU every CPU-second past a soft limit; a closed terminal's SIGHUP comes
-    from the kernel and from the shell. The sender's SIGKILL (SLURM's KillWait, the hard CPU limit) stays the end.
-    A person's Ctrl-C is the exception: a second one stops at once."""
+    """A stop signal once a stop is under way: a repeat is the same request and leaves the save alone (scancel
+    signals torchrun's workers, which torchrun then forwards it to; a soft CPU limit repeats SIGXCPU every
+    CPU-second; a closed terminal's SIGHUP comes twice), the sender's SIGKILL stays the end; a second Ctrl-C kills."""
     INTERRUPTS[0] += signum == signal.SIGINT
     if INTERRUPTS[0] and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
