@@ -1,7 +1,7 @@
 """Raw text -> a BPE tokenizer trained on that text -> fixed-length token files for MLM.
 
     python prepare.py                                   # embedded corpus, no download
-    python prepare.py --dataset=path/to/books.txt.gz    # local .txt[.gz], .jsonl/.json, .parquet, or a folder
+    python prepare.py --dataset=path/to/books.txt.gz    # local .txt[.gz/.bz2/.xz], .jsonl/.json, .parquet, or a folder
     python prepare.py --dataset=HuggingFaceFW/fineweb-edu --hf_config=sample-10BT --vocab_size=32768
 
 Writes to out_dir: tokenizer.tiktoken (BPE ranks in tiktoken's format), train.bin and val.bin
@@ -10,11 +10,13 @@ and meta.json, which is written last and marks the work as done. Documents are s
 tokens written as they come, so memory does not grow with the corpus.
 """
 import ast
+import bz2
 import functools
 import gzip
 import hashlib
 import itertools
 import json
+import lzma
 import os
 import platform
 import sys
@@ -54,7 +56,8 @@ progress_minutes = 1.0  # >= 0: write a progress record this often: a killed run
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding (dedup.bin: with dedup)
-LOCAL_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+LOCAL_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2", ".txt.xz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # a text file's compression, by its last suffix
 # The most text the tokenizer, its trainer and the de-duplication see at once (text_file_documents, pieces).
 MAX_DOC_CHARS = 1_000_000
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
@@ -101,7 +104,7 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
     """A .txt file holds documents separated by blank lines; lines inside one are kept. A document
     reaching max_chars ends at the line before (a longer line is read in max_chars pieces), so no
     layout makes one huge document: memory stays flat, and held-out documents stay spread."""
-    opener = gzip.open if path.endswith(".gz") else open
+    opener = OPENERS.get(os.path.splitext(path)[1], open)
     try:
         with opener(path, "rt", encoding="utf-8", errors="replace") as f:
             lines, chars = [], 0
@@ -115,7 +118,7 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
                 lines, chars = ([line], len(line)) if line.strip() else ([], 0)
             if lines:
                 yield "".join(lines).strip()
-    except (OSError, EOFError, zlib.error) as e:  # unreadable, truncated or damaged (gzip) files
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:  # unreadable, truncated or damaged (compressed) files
         raise SystemExit(f"error: cannot read {path}: {e}")
 
 
@@ -180,6 +183,10 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
         return f"pydocs ({versions})", pydocs_documents
     if os.path.exists(name):
         files = local_files(name)
+        others = sorted({os.path.join(d, f) for d, _, fs in os.walk(name) for f in fs if f[0] != "."} - set(files))
+        if others:  # a folder is never read in part silently
+            print(f"reading {len(files)} files of {name}, not {len(others)} of other types: "
+                  f"{', '.join(os.path.relpath(f, name) for f in others[:5])}{' ...' * (len(others) > 5)}")
         if len(files) == 1 and ".txt" not in os.path.basename(files[0]):
             return os.path.abspath(name), record_file(files[0], text_field)
         return os.path.abspath(name), functools.partial(local_documents, files, text_field)

@@ -80,6 +80,7 @@ def installed(module):
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU",
                                                         "SIGBREAK") if hasattr(signal, name))
 PARENT_VAR = "CRAM_PARENT_PID"  # set by child_env for a cram script a tool starts; read by its guarded()
+INTERRUPTS = [0]  # Ctrl-Cs since a stop began (held)
 
 
 def child_env(env=None):
@@ -121,16 +122,11 @@ def interrupt(signum, frame):
 
 
 def exit_stopped(signum):
-    """Exit with a stop signal's status, 128 + n. From here its repeats are ignored (all but Ctrl-C): the
-    interpreter's exit restores the default handlers, and a soft CPU limit's next SIGXCPU would then end the
-    process by the signal instead of with the status."""
-    for other in STOP_SIGNALS:
-        if other != signal.SIGINT:
-            signal.signal(other, signal.SIG_IGN)
+    """Exit with a stop signal's status, 128 + n, its repeats ignored (not Ctrl-C's): Python's exit restores default
+    handlers, and a soft CPU limit's next SIGXCPU would end the process by the signal, not with the status."""
+    for other in set(STOP_SIGNALS) - {signal.SIGINT}:
+        signal.signal(other, signal.SIG_IGN)
     sys.exit(128 + signum)
-
-
-INTERRUPTS = [0]  # Ctrl-Cs since a stop began (held)
 
 
 def held(signum):

@@ -60,6 +60,32 @@ def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
     assert_one_line_error(proc, "field 'text' holds int, not text")
 
 
+def test_a_corpus_folder_is_read_whole_or_its_other_files_are_named(tmp_path, corpus_file):
+    """A folder of .txt, .txt.bz2 and .txt.xz files (as archives come) gives the same documents as the same
+    texts uncompressed; a file of another kind in it (a .pdf, a .md) is named in a line, not left out silently."""
+    import bz2
+    import lzma
+    docs = corpus_file.read_text().split("\n\n")
+    parts = ["\n\n".join(docs[i::3]) + "\n" for i in range(3)]
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    for i, text in enumerate(parts):
+        (plain / f"part{i}.txt").write_text(text)
+    (packed / "part0.txt").write_text(parts[0])
+    (packed / "part1.txt.bz2").write_bytes(bz2.compress(parts[1].encode()))
+    (packed / "part2.txt.xz").write_bytes(lzma.compress(parts[2].encode()))
+    (packed / "notes.md").write_text("# not a corpus file")
+    (packed / "scan.pdf").write_bytes(b"%PDF-1.4")
+    common = ["--vocab_size=300", "--seq_len=32"]
+    run_script("prepare.py", f"--dataset={plain}", f"--out_dir={tmp_path / 'a'}", *common)
+    out = run_script("prepare.py", f"--dataset={packed}", f"--out_dir={tmp_path / 'b'}", *common).stdout
+    assert f"reading 3 files of {packed}, not 2 of other types: notes.md, scan.pdf" in out
+    a, b = load_meta(tmp_path / "a"), load_meta(tmp_path / "b")
+    assert a["documents"] == b["documents"] == len(docs) and a["train_sequences"] == b["train_sequences"]
+    assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
+
+
 def test_prepare_bad_sources(tmp_path):
     assert_one_line_error(run_script("prepare.py", "--dataset=HuggingFaceFW/fineweb-edu", check=False),
                    "cannot be reached", "--dataset=pydocs")
