@@ -26,7 +26,7 @@ from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from configurator import configure
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
-                   refuse_overwrite, save_checkpoint)
+                        refuse_overwrite, save_checkpoint)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, param_groups
 
 # -----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 from conftest import TINY_MODEL, run_script
 from model import ModelConfig
 from cram.budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps, lr_for_width,
-                    shape_for_budget, shape_of)
+                         shape_for_budget, shape_of)
 from train import batch_size_at
 
 BOOKS = dataclasses.asdict(ModelConfig(vocab_size=32768, seq_len=128))  # train.py's recipe on a 32k vocabulary

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from cram import runtime
 from conftest import CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, spawn, weights_atol
-from model import mask_tokens
-from cram.files import load_meta
-from model import CrammedBert, Trainer, param_groups
+from cram import runtime
 from cram.data import repeat_warning, rows_at
+from cram.files import load_meta
+from model import CrammedBert, Trainer, mask_tokens, param_groups
 
 # 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
 TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--budget_tokens=49152", "--log_interval=1", "--eval_sequences=32"]

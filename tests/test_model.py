@@ -2,8 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import mask_tokens
-from model import CrammedBert, SequenceClassifier, attend, param_groups
+from model import CrammedBert, SequenceClassifier, attend, mask_tokens, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 

@@ -4,11 +4,10 @@ import re
 import pytest
 import torch
 
-from cram import runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
-from model import mask_tokens
-from model import CrammedBert, Trainer, param_groups
+from cram import runtime
 from cram.offload import OffloadTrainer
+from model import CrammedBert, Trainer, mask_tokens, param_groups
 
 VOCAB, SEQ = 300, 32
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU: real streams and pinned copies

@@ -5,12 +5,10 @@ import re
 import pytest
 import torch
 
-from cram import memory, runtime
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
-from model import mask_tokens
-from model import CrammedBert, param_groups
-from model import Trainer
+from cram import memory, runtime
 from cram.runtime import cpu_warning
+from model import CrammedBert, Trainer, mask_tokens, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
 from cram.files import (check_writable, claim_folder, load_checkpoint, read_jsonl, read_metrics,  # noqa: E402
-                   write_json)
+                        write_json)
 from measure import held_below  # noqa: E402
 from cram.process import child_env, guarded, installed  # noqa: E402
 

@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
 from cram.files import (check_writable, load_checkpoint, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
-                   write_json)
+                        write_json)
 from model import saved_model_args  # noqa: E402
 from cram.process import guarded  # noqa: E402
 
