@@ -179,14 +179,14 @@ def guarded(main, kept, *args):
     was kept and how to continue (`kept`, or kept() when what was kept is known only then): Ctrl-C or another of
     STOP_SIGNALS ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
     train.py's loop installs StopRequest over this, which finishes its step and saves), and an OSError from the
-    machine, such as a full disk ('error: ...', status 1). Output whose reader is gone (a closed terminal or pipe)
-    is dropped, not an error (HangupSafeStream)."""
+    machine, such as a full disk ('error: ...', status 1). Output whose reader is gone (a closed terminal or pipe, a
+    stream closed from the start: `>&-`) is dropped, not an error (HangupSafeStream)."""
     take_signals(interrupt)
     follow_parent()
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
         sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
     streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = HangupSafeStream(sys.stdout), HangupSafeStream(sys.stderr)
+    sys.stdout, sys.stderr = (HangupSafeStream(s or open(os.devnull, "w", encoding="utf-8")) for s in streams)
     try:
         return main(*args)
     except KeyboardInterrupt as e:

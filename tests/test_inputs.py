@@ -80,6 +80,28 @@ def test_output_survives_any_stdout_encoding(tmp_path, prepared):
     assert b"saved " in proc.stdout and b"r?sum? ?" in proc.stdout and (out / "ckpt.pt").exists()
 
 
+@pytest.mark.parametrize("closed", [(1,), (1, 2)])
+def test_a_script_runs_with_its_standard_streams_closed(prepared, corpus_file, tmp_path, closed):
+    """`>&-`, `2>&-` and daemon wrappers start a script with stdout (or both) closed: it does its work, its lines
+    dropped, and exits 0 (train.py ended in AttributeError: 'NoneType' object has no attribute 'write')."""
+    from cram.files import load_meta
+
+    def close():
+        for fd in closed:
+            os.close(fd)
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for args in (["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL, "--max_steps=3",
+                  "--fill_in_examples=1"],
+                 ["prepare.py", f"--dataset={corpus_file}", f"--out_dir={tmp_path / 'data'}", "--vocab_size=300"]):
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, preexec_fn=close, timeout=300,
+                              stdout=None if 1 in closed else subprocess.DEVNULL,
+                              stderr=None if 2 in closed else subprocess.PIPE)
+        assert proc.returncode == 0, proc.stderr
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == 3
+    assert load_meta(tmp_path / "data")["vocab_size"] == 300
+
+
 def test_a_locale_s_encoding_reads_cram_s_own_text_as_utf8(tmp_path, prepared):
     """Under a locale whose encoding is not UTF-8 (Windows' cp1252; here ASCII, with Python's UTF-8 mode off),
     cram still reads its text as UTF-8: a tool whose source holds a non-ASCII character (its settings are
