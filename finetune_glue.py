@@ -534,9 +534,10 @@ def summary(name, entry):
     return f"{scores} ({how_made(entry)}, {entry['seconds']:.0f} s{speed})"
 
 
-def remaining_seeds(names, runs, settings, path, group):
+def remaining_seeds(names, runs, settings, path, group, order):
     """task -> the seeds it still needs, given the runs of `group` this one adds to: a rerun redoes no run
-    whose file holds the same settings (it says so, and marks them chosen: glue.json shows what was asked)."""
+    whose file holds the same settings (it says so, and marks them chosen, with this command's `order`: glue.json
+    shows what was asked)."""
     wanted, todo = [seed + s for s in range(seeds)], {}
     for name in names:
         finished = [r for r in runs.get(name, []) if r["settings"] == settings]
@@ -544,7 +545,6 @@ def remaining_seeds(names, runs, settings, path, group):
         if missing:
             todo[name] = missing
             continue
-        order = 1 + max(map(lambda r: latest(r)[0], runs[name]))
         for run in finished:
             write_json(run_file(path, group, name, run["seed"], settings), dict(run, chosen=time.time(), order=order))
         print(f"{name}: done earlier, in {path}: {summary(name, task_entry(finished))}")
@@ -590,7 +590,8 @@ def main(config):
     size = eval_size(rt)
     memory.check_memory(shape, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
     settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
-    todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group)
+    order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
+    todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group, order)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
           f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
@@ -606,7 +607,6 @@ def main(config):
                            labels) for split, (texts, labels) in data.items()}
         task_facts = dict(train_examples=len(data["train"][0]), majority=majority_scores(name, data),
                           dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
-        order = 1 + max((latest(r)[0] for r in earlier.get(group, {}).get(name, [])), default=0)
         for run_seed in missing:  # each seed has its file, and is in glue.json, as soon as it is scored
             t0 = time.monotonic()
             scores, counts = finetune(name, encoded, ckpt, run_seed, rt, pretrained=not from_scratch)

@@ -365,7 +365,7 @@ def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_
     # a command asking for 5 epochs again (seed 0, finetune_glue's default) finds it done: nothing to run, and
     # the summary shows what it asked for, not the later 2 epochs
     runs = glue.read_runs(glue.run_files(path), identity)["tasks"]
-    assert glue.remaining_seeds(["rte"], runs, dict(settings, epochs=5), path, "tasks") == {}
+    assert glue.remaining_seeds(["rte"], runs, dict(settings, epochs=5), path, "tasks", 1) == {}
     # dtype=auto goes on in the latest run's precision; an older cram's files, without the device, leave it open
     assert glue.earlier_precision({"tasks": runs}) is None
     later = dict(runs["rte"][0], device="cpu", settings=dict(settings, dtype="bfloat16"), finished=20)
