@@ -73,7 +73,7 @@ log_interval = 10         # >= 1: steps
 max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged (see train.py's loop)
 eval_interval_minutes = 30.0  # >= 0
 eval_sequences = 4096     # >= 1: validation sequences per evaluation (fixed masks)
-ckpt_interval_minutes = 60.0  # >= 0: saved only with finite weights and a validation loss not diverged
+ckpt_interval_minutes = 60.0  # >= 0: 0 saves after every step (outside the budget's clock); only sound weights
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
