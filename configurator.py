@@ -14,6 +14,7 @@ with the values it allows, checked before any work starts:
 import ast
 import dataclasses
 import inspect
+import math
 import os
 import re
 import traceback
@@ -34,8 +35,13 @@ def config_keys(namespace):
 def shown(value, limit=60):
     """A value as an error line quotes it: as text, cut to `limit` characters with its length said
     (a setting of any size is still a one-line error)."""
-    text = str(value)
+    text = printable(str(value))
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def printable(text):
+    """`text` with each character a terminal would not print as itself escaped (a newline as \\n): one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _check(key, value, known):
@@ -43,7 +49,7 @@ def _check(key, value, known):
         raise SystemExit(f"error: unknown config key '{shown(key)}' (known keys: {', '.join(sorted(known))})")
     expected = type(known[key])
     if expected is float and type(value) is int:
-        return float(value)
+        return float(value) if abs(value) < 2 ** 1024 else value  # past float's range: refused with the others below
     if type(value) is not expected:
         raise SystemExit(f"error: --{key} expects {expected.__name__}, got {shown(repr(value))} ({type(value).__name__})")
     return value
@@ -76,6 +82,21 @@ def read_config_file(path):
         raise SystemExit(f"error: {path}:{line[0] if line else '?'}: {type(e).__name__}: {e}")
     return {k: v for k, v in assigned.items()
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
+
+
+def unusable(value, default, comment):
+    """Why a value of any setting cannot be used whatever its comment allows, or None: a number past what the
+    scripts compute with (an int beyond 64 bits, a float that is not finite), a NUL character (no path or name
+    holds one), or nothing where the default is something, unless the comment says what empty means."""
+    if type(value) is int and not -2 ** 63 <= value < 2 ** 63:
+        return "a number past 64 bits"
+    if type(value) is float and not math.isfinite(value):
+        return "not a finite number"
+    if isinstance(value, str) and "\0" in value:
+        return "it holds a NUL character"
+    if isinstance(value, str) and not value.strip() and default.strip() and not re.search(r'empty|""', comment or ""):
+        return f"empty (the default: {default})"
+    return None
 
 
 def number(text):
@@ -167,6 +188,7 @@ def configure(namespace, argv, cls=None, skip=()):
     `cls` (a settings dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
     defaults in the dataclass and live only in the dict. --help or -h prints them and exits."""
     known = {**dataclass_settings(cls, skip), **config_keys(namespace)}
+    defaults = dict(known)
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))
         raise SystemExit(0)
@@ -182,8 +204,10 @@ def configure(namespace, argv, cls=None, skip=()):
                 known[key] = _check(key, value, known)
     for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
         rule = allowed(rest[1]) if kind == "setting" else None
-        if rule and not rule[0](known[rest[0]]):  # NaN fails every comparison, so it is never allowed
-            raise SystemExit(f"error: --{rest[0]}={shown(known[rest[0]])} is not allowed: {rest[0]} must be {rule[1]}")
+        problem = unusable(known[rest[0]], defaults[rest[0]], rest[1]) if kind == "setting" else None
+        if problem or (rule and not rule[0](known[rest[0]])):  # NaN fails every comparison, so it is never allowed
+            raise SystemExit(f"error: --{rest[0]}={shown(known[rest[0]])} is not allowed: "
+                             f"{problem or f'{rest[0]} must be {rule[1]}'}")
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known

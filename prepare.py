@@ -581,7 +581,7 @@ def fingerprint(dataset):
     digest = hashlib.blake2b(digest_size=8)
     for path in local_files(dataset):
         size = os.path.getsize(path)
-        digest.update(f"{os.path.relpath(path, dataset)} {size}".encode())
+        digest.update(os.fsencode(os.path.relpath(path, dataset)) + f" {size}".encode())  # a name's bytes as they are
         with open(path, "rb") as f:
             digest.update(f.read(65536))
             f.seek(max(0, size - 65536))

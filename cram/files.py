@@ -323,6 +323,12 @@ def refusal(e):
     return f"is not a readable checkpoint ({type(e).__name__}: {why[:160]})"
 
 
+# What train.py's checkpoints hold besides the model, its model_args, the data's meta and the tokenizer: each reader
+# asks for these (.get) and finds them of these types when they are there (int is not bool here: type, not isinstance)
+RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,), budget=(dict, type(None)),
+              step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,))
+
+
 def checkpoint_problem(checkpoint, path):
     """What in a loaded checkpoint breaks its readers (train.py's resume, fine-tuning, the export), or None:
     model_args that ModelConfig takes (known fields, their types and declared ranges), weights of exactly the model
@@ -332,6 +338,9 @@ def checkpoint_problem(checkpoint, path):
     args, weights = checkpoint["model_args"], checkpoint["model"]
     if not isinstance(args, dict) or not isinstance(weights, dict):
         return "model_args or model is not a dict"
+    for key, kinds in RECORD.items():  # the rest is optional (a user's conversion holds only the four), but typed
+        if key in checkpoint and type(checkpoint[key]) not in kinds:
+            return f"its {key} is {type(checkpoint[key]).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
     problem = model_args_problem(args) or meta_problem(checkpoint["meta"])
     if problem:
         return problem

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from .data import RandomBatches, random_tokens
 from .files import size_text
+from .runtime import cgroup_folders
 from model import CrammedBert, ModelConfig, Trainer, param_groups
 
 
@@ -68,23 +69,25 @@ def probe_micro_batch(model_args, rt, largest, mask_rate):
         rt.reset_peak_memory()  # the training log reports training's own peak
 
 
-def memory_capacity(device):
-    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or its container's
-    limit (cgroup v2 or v1) where that is lower; None where the system does not say (Windows)."""
+def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
+    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or the lowest limit of the process's
+    own cgroups (v2's memory.max, v1's memory.limit_in_bytes: a container's, a job's) where that is lower; None where
+    the system does not say (Windows)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path, encoding="utf-8") as f:
-                limit = f.read().strip()
-        except OSError:
-            continue
-        if limit.isdigit():
-            total = min(total, int(limit))
+    for folder in cgroup_folders("memory", cgroup, own):
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    limit = f.read().strip()
+            except OSError:
+                continue
+            if limit.isdigit():
+                total = min(total, int(limit))
     return total
 
 

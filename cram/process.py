@@ -11,6 +11,8 @@ import socket
 import sys
 import time
 
+from configurator import printable
+
 
 def progress(total=None, desc="", unit="it", initial=0, leave=True, every=60.0):
     """A progress bar with its ETA on a terminal (tqdm); elsewhere (a log file: `nohup ... > log`),
@@ -189,6 +191,10 @@ def guarded(main, kept, *args):
     sys.stdout, sys.stderr = (HangupSafeStream(s or open(os.devnull, "w", encoding="utf-8")) for s in streams)
     try:
         return main(*args)
+    except SystemExit as e:  # its line quotes names and values as given: a newline in one is shown as \n, one line
+        if isinstance(e.code, str):
+            e.code = printable(e.code)
+        raise
     except KeyboardInterrupt as e:
         signum = e.args[0] if e.args and e.args[0] in STOP_SIGNALS else signal.SIGINT
         e.__traceback__ = None  # frees the stopped frames: their progress bars close before the line below

@@ -22,8 +22,13 @@ import torch.distributed as dist
 # width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
 # cache folder of its own, named here, on import, before anything imports inductor (which fixes
 # its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the user's still says where.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
-    os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
+# A read-only container (docker --read-only) has no usable temporary folder: nothing is set, and a compiled run finds
+# out at its probe (compile_problem) and goes eager, where no script needs one.
+try:
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
+        os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
+except FileNotFoundError:  # "No usable temporary directory found"
+    pass
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -304,23 +309,42 @@ def launcher(env=os.environ):
     return True, world
 
 
-def usable_cpus(cgroup="/sys/fs/cgroup"):
+def cgroup_folders(controller, root="/sys/fs/cgroup", own="/proc/self/cgroup"):
+    """The folders of this process's own cgroups (cgroup v2's tree, v1's `controller` hierarchy), innermost first, up to
+    each root: a limit set anywhere on the way holds, a job's (SLURM's --mem, systemd-run -p MemoryMax= set it on a
+    child cgroup) as a container's (the root it sees)."""
+    try:
+        with open(own, encoding="utf-8") as f:
+            entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        entries = []
+    trees = [(root if kinds == "" else os.path.join(root, controller), path) for _, kinds, path in entries
+             if kinds == "" or controller in kinds.split(",")] + [(root, "/"), (os.path.join(root, controller), "/")]
+    folders = []
+    for base, path in trees:
+        parts = [p for p in path.split("/") if p]
+        folders += [os.path.join(base, *parts[:i]) for i in range(len(parts), -1, -1)]
+    return [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
+
+
+def usable_cpus(cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
     """The CPUs this process may really use: those it may run on (its affinity, as taskset and a
-    container's cpuset give it), capped by a CPU quota (cgroup v2's cpu.max, v1's cfs quota: what
-    Docker's --cpus sets), at least 1. os.cpu_count() is the host's, however few the container gets."""
+    container's cpuset give it), capped by a CPU quota on any of its cgroups (v2's cpu.max, v1's cfs
+    quota: what Docker's --cpus sets), at least 1. os.cpu_count() is the host's, however few it gets."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
-        try:
-            with open(os.path.join(cgroup, quota_file), encoding="utf-8") as f:
-                fields = f.read().split()
-            if period_file:
-                with open(os.path.join(cgroup, period_file), encoding="utf-8") as f:
-                    fields.append(f.read().strip())
-            quota, period = int(fields[0]), int(fields[1])  # v2 'max 100000' (no quota) raises, as v1's -1 is skipped
-        except (OSError, ValueError, IndexError):
-            continue
-        if quota > 0 and period > 0:
-            cpus = min(cpus, max(1, quota // period))
+    for folder in cgroup_folders("cpu", cgroup, own):
+        for quota_file, period_file in (("cpu.max", None), ("cpu.cfs_quota_us", "cpu.cfs_period_us")):
+            try:
+                with open(os.path.join(folder, quota_file), encoding="utf-8") as f:
+                    fields = f.read().split()
+                if period_file:
+                    with open(os.path.join(folder, period_file), encoding="utf-8") as f:
+                        fields.append(f.read().strip())
+                quota, period = int(fields[0]), int(fields[1])  # v2 'max 100000' (no quota) raises; v1's -1 is skipped
+            except (OSError, ValueError, IndexError):
+                continue
+            if quota > 0 and period > 0:
+                cpus = min(cpus, max(1, quota // period))
     return max(1, cpus)
 
 

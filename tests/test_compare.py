@@ -3,7 +3,7 @@ tests/test_gpu_report.py's recipes phase; protocol=tokens here), finished runs r
 import json
 import os
 
-from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
+from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, slow
 from compare import variant_args
 
 
@@ -30,6 +30,7 @@ ARGS = ["--protocol=tokens", "--seeds=1", "--budget_minutes=0.05", "--speed_step
         "--train_args=--compile=False --eval_interval_minutes=0.02 " + " ".join(TINY_MODEL)]
 
 
+@slow
 def test_tokens_protocol_times_then_trains_equal_time_budgets_and_reuses_runs(prepared, tmp_path):
     base = tmp_path / "base.py"
     base.write_text(f"data_dir = {str(prepared)!r}\n")

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import TINY_MODEL, assert_one_line_error, run_script
+from conftest import TINY_MODEL, assert_one_line_error, run_script, slow
 
 GLUE_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
 TINY = [
@@ -126,6 +126,7 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
     assert "![GLUE average against pretraining" in found["transfer"]["body"]
 
 
+@slow
 def test_the_speed_phases_bench_compile_and_offload(corpus_file, tmp_path):
     out, data, report, found = run_phases(corpus_file, tmp_path, "prepare,bench,compile,offload")
     # bench: its table, the off-load comparison and its headline figure
@@ -144,6 +145,7 @@ def test_the_speed_phases_bench_compile_and_offload(corpus_file, tmp_path):
     assert len(losses) == 3 and all(5.0 < x < 7.0 for x in losses)  # finite, near ln(384) = 5.95 at the start
 
 
+@slow
 def test_the_training_phases_float16_recipes_and_glue(corpus_file, tmp_path):
     out, data, report, found = run_phases(corpus_file, tmp_path, "prepare,float16,recipes,glue")
     # float16: both precisions trained the same budget, with their speeds and skipped updates side by side

@@ -19,6 +19,8 @@ from cram import process, runtime
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, spawn
 from test_reliability import error_of
 
+GLUE_FIXTURES = os.path.join(ROOT, "tests", "fixtures", "glue")
+
 
 # ------------------------------------------------------------------ checkpoints of every shape
 def test_a_checkpoint_without_what_its_reader_needs_is_one_line_and_left_as_it_was(pretrained, prepared, tmp_path):
@@ -222,6 +224,108 @@ CHILD = "import sys, time; sys.path.insert(0, {root!r}); from cram import proces
 HOLD = "import sys, time; sys.path.insert(0, {root!r}); from cram.files import claim_folder; claim_folder({out!r}); " \
        "print('held', flush=True); time.sleep(120)"
 
+
+
+def test_a_limit_on_any_of_the_process_s_own_cgroups_holds(tmp_path):
+    """SLURM's --mem and systemd-run -p MemoryMax= limit a child cgroup below the root: memory and CPUs follow the
+    process's own cgroups (/proc/self/cgroup) up to the root, cgroup v2 and v1 (controllers mounted together too)."""
+    from cram import memory
+    host = memory.memory_capacity(torch.device("cpu"), str(tmp_path / "none"), str(tmp_path / "none"))
+    v2 = tmp_path / "v2" / "user.slice" / "job.scope"
+    v2.mkdir(parents=True)
+    (v2.parent / "memory.max").write_text(f"{700 << 20}\n")  # on the way up, not at the root
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "cpu.max").write_text("100000 100000\n")
+    (tmp_path / "own2").write_text("0::/user.slice/job.scope\n")
+    assert memory.memory_capacity(torch.device("cpu"), str(tmp_path / "v2"), str(tmp_path / "own2")) == 700 << 20
+    assert runtime.usable_cpus(str(tmp_path / "v2"), str(tmp_path / "own2")) == 1
+    v1 = tmp_path / "v1" / "memory" / "slurm" / "uid_0" / "job_7"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{300 << 20}\n")
+    (tmp_path / "v1" / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (tmp_path / "own1").write_text("9:cpu,cpuacct:/slurm/uid_0/job_7\n4:memory:/slurm/uid_0/job_7\n0::/\n")
+    assert memory.memory_capacity(torch.device("cpu"), str(tmp_path / "v1"), str(tmp_path / "own1")) == 300 << 20
+    assert memory.memory_capacity(torch.device("cpu"), str(tmp_path / "v1"), str(tmp_path / "none")) == host
+    assert runtime.usable_cpus(str(tmp_path / "v1"), str(tmp_path / "own1")) == len(os.sched_getaffinity(0))
+
+
+def test_a_read_only_container_runs_with_its_outputs_on_a_volume(prepared, tmp_path):
+    """docker --read-only: /tmp, /var/tmp, HOME and the code read-only, the outputs and TMPDIR on a volume (torch's own
+    import asks for a temporary folder where dill is installed, as datasets installs it: docs/training.md). train.py
+    trains compiled and fine-tuning scores, writing to the volume alone; cram itself asks for no temporary folder at
+    import (runtime did, and every script ended in `FileNotFoundError: No usable temporary directory found`)."""
+    import shlex
+    import shutil
+    import tempfile
+    if os.geteuid() != 0 or not shutil.which("unshare") or not os.access("/dev/shm", os.W_OK):
+        pytest.skip("a read-only bind mount needs root, unshare and /dev/shm for the volume")
+    volume = tempfile.mkdtemp(dir="/dev/shm")
+    places = [d for d in ("/tmp", "/var/tmp", "/usr/tmp", ROOT, os.path.expanduser("~")) if os.path.isdir(d)]
+    mounts = " && ".join(f"mount --bind {shlex.quote(d)} {shlex.quote(d)} && mount -o remount,ro,bind {shlex.quote(d)}"
+                         for d in places)
+
+    def run(*args):  # in a mount namespace of its own: the read-only places end with it
+        command = f"{mounts} && cd {shlex.quote(ROOT)} && exec {' '.join(map(shlex.quote, [sys.executable, *args]))}"
+        return subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=300,
+                              env=dict(clean, OMP_NUM_THREADS="1", TMPDIR=os.path.join(volume, "tmp")))
+    clean = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # this process's, on /tmp
+    os.mkdir(os.path.join(volume, "tmp"))
+    try:
+        trained = run("train.py", f"--data_dir={prepared}", f"--out_dir={volume}/run", *TINY_MODEL, "--max_steps=2",
+                      "--compile=True")
+        assert trained.returncode == 0 and "Traceback" not in trained.stderr, trained.stderr[-2000:]
+        assert "goes on eager" not in trained.stdout + trained.stderr
+        bare = subprocess.run([sys.executable, "-c", "import tempfile, torch; tempfile.gettempdir = "
+                               "lambda: open('/nowhere/x'); import cram.runtime, os; "
+                               "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"], cwd=ROOT, capture_output=True,
+                              text=True, env=clean)
+        assert bare.returncode == 0 and bare.stdout.strip() == "None", bare.stderr[-2000:]
+        scored = run("finetune_glue.py", f"--checkpoint={volume}/run/ckpt.pt", f"--glue_dir={GLUE_FIXTURES}",
+                     "--tasks=rte", "--epochs=1", "--seeds=1", "--device=cpu")
+        assert scored.returncode == 0 and os.path.isfile(f"{volume}/run/glue.json"), scored.stderr[-2000:]
+    finally:
+        shutil.rmtree(volume)
+
+
+def child_memory_cgroup(limit):
+    """A memory cgroup below this process's own with `limit` bytes (v2's memory.max or v1's limit_in_bytes), made the
+    way a batch system makes one; None where this process may not (not root, no writable hierarchy)."""
+    for folder in runtime.cgroup_folders("memory"):
+        child = os.path.join(folder, f"cram_test_{os.getpid()}")
+        try:
+            os.mkdir(child)
+        except OSError:
+            continue
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            try:
+                with open(os.path.join(child, name), "w") as f:
+                    f.write(str(limit))
+                return child
+            except OSError:
+                pass
+        os.rmdir(child)
+    return None
+
+
+def test_train_py_sees_the_memory_limit_of_a_job_s_cgroup(prepared, tmp_path):
+    """train.py in a 600 MiB child cgroup, with a model and micro-batch needing more: one line before any work (it was
+    killed by the kernel's OOM killer after its first evaluation), and a run that fits trains there."""
+    child = child_memory_cgroup(600 << 20)
+    if child is None:
+        pytest.skip("cannot make a child memory cgroup here (needs root and a writable cgroup hierarchy)")
+    enter = lambda: open(os.path.join(child, "cgroup.procs"), "w").write(str(os.getpid()))  # noqa: E731
+    args = [sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL,
+            "--max_steps=2"]
+    try:
+        big = subprocess.run([*args, "--d_model=1024", "--n_heads=8", "--d_ffn=4096", "--micro_batch=256",
+                              "--batch_size=256"], cwd=ROOT, preexec_fn=enter, capture_output=True, text=True,
+                             timeout=300)
+        assert_one_line_error(big, "more than this machine's 629.1 MB")
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()
+        fits = subprocess.run(args, cwd=ROOT, preexec_fn=enter, capture_output=True, text=True, timeout=300)
+        assert fits.returncode == 0, fits.stderr[-2000:]
+    finally:
+        os.rmdir(child)
 
 def test_a_tool_s_child_ends_with_it_and_a_rerun_never_removes_a_live_run(tmp_path):
     """A cram script a tool started (process.child_env) gets SIGTERM when the tool is killed with

@@ -89,19 +89,21 @@ def hf_tokenizer(ranks, special_ids, seq_len):
 def training_facts(ckpt, run_dir):
     """Markdown lines on how the checkpoint was trained, from the checkpoint and the files beside it."""
     config, meta = ckpt.get("config", {}), ckpt["meta"]
-    hours = config.get("budget_hours", float("nan"))
-    budget = (f"{config['budget_tokens']:,} tokens" if config.get("budget_tokens")
+    trained = all(k in ckpt for k in ("step", "tokens", "elapsed"))  # a user's conversion may hold the model alone
+    hours = config.get("budget_hours")
+    budget = (f"{config['budget_tokens']:,} tokens" if config.get("budget_tokens") else "not recorded" if hours is None
               else f"{hours:g} hours" if hours >= 1 else f"{60 * hours:g} minutes")
     if config.get("max_steps"):
         budget += f" or {config['max_steps']:,} steps, whichever came first"
     lines = [f"- Data: {meta.get('source', 'unknown')} ({meta.get('train_sequences', 0):,} training sequences of "
              f"{meta['seq_len']} tokens; vocabulary {meta['vocab_size']:,}, a byte-level BPE trained on that text)",
-             f"- Budget: {budget}; trained {ckpt['step']:,} steps, {ckpt['tokens'] / 1e6:,.1f}M tokens in "
-             f"{ckpt['elapsed'] / 60:,.1f} minutes" + ("" if ckpt.get("final") else " (an intermediate checkpoint)"),
+             f"- Budget: {budget}; " + (f"trained {ckpt['step']:,} steps, {ckpt['tokens'] / 1e6:,.1f}M tokens in "
+                                         f"{ckpt['elapsed'] / 60:,.1f} minutes" if trained else "the training not recorded")
+             + ("" if ckpt.get("final") or not trained else " (an intermediate checkpoint)"),
              f"- Objective: masked language modelling, {100 * config.get('mask_rate', float('nan')):g}% of the tokens "
              f"masked (80% [MASK], 10% random, 10% kept)"]
     evals = read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) else []  # one a step
-    last = next((r for r in evals if r["step"] == ckpt["step"]), None)  # these weights' (not a later, unsaved step's)
+    last = next((r for r in evals if r["step"] == ckpt.get("step")), None)  # these weights' (not a later, unsaved step's)
     if last:
         lines.append(f"- Validation at step {last['step']:,}: MLM loss {last['val_loss']:.4f}, masked-token accuracy "
                      f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', MASK_RATE):g}% of held-out tokens masked)")

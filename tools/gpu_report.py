@@ -77,15 +77,15 @@ phases = "health,transfer,prepare,bench,compile,float16,recipes,glue,offload"  #
 transfer_minutes = 6.0     # > 0: train.py's pretraining budget (compilation included), which picks its shape and batch
 transfer_train_args = ""   # more train.py settings for its pretraining (a shape given here replaces the budget's)
 transfer_tasks = "stsb,mrpc,rte,sst2"  # fine-tuned with 1 seed, those present in glue_dir; sst2 for 1 epoch, the rest 5
-transfer_control = "stsb,mrpc,rte,sst2"  # also fine-tuned from scratch (finetune_glue.py --from_scratch=True): the floor
+transfer_control = "stsb,mrpc,rte,sst2"  # empty: none; also fine-tuned from scratch (finetune_glue.py --from_scratch=True): the floor
 transfer_jobs = 0          # >= 0: fine-tuning processes at once; 0: 8 on a GPU (batches of 16 leave it mostly idle), 1 on a CPU
 transfer_glue_args = ""    # more finetune_glue.py settings for its fine-tuning
 transfer_limit_minutes = 15.0  # > 0: the phase's time limit (deadline_minutes may end it sooner); a rerun continues
 # prepare
-prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated
+prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated (empty: none)
 prepare_minutes = 3.0      # > 0: the phase's time limit
 # bench
-bench_args = "--shape=reference"  # more bench.py settings
+bench_args = "--shape=reference"  # more bench.py settings (empty: none)
 bench_minutes = 8.0        # > 0
 # compile: bench.py's crammed row in each torch.compile mode (and eager), at compile_micro_batch
 compile_modes = "default,max-autotune-no-cudagraphs,max-autotune"  # bench.py --compile_mode
@@ -104,7 +104,7 @@ glue_tasks = "rte,mrpc,stsb"  # those present in glue_dir are fine-tuned (CoLA: 
 glue_args = ""             # more finetune_glue.py settings
 glue_minutes = 8.0         # > 0
 # offload
-offload_bench_args = "--shape=reference"  # more tools/bench_offload.py settings
+offload_bench_args = "--shape=reference"  # more tools/bench_offload.py settings (empty: none)
 device_memory_gib = 0.0    # >= 0: the device memory the shape must exceed; 0: the GPU's own (on a GPU, less caps the process)
 host_memory_gib = 0.0      # >= 0: host memory the off-load state may use 85% of; 0: what the host has available
 offload_micro_batch = 64   # >= 1
