@@ -121,9 +121,8 @@ class Runtime:
 
     def describe(self):
         name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
-        dtype = self.dtype_name()
-        mode = f" ({self.compile_mode})" if self.compile_mode != "default" else ""
-        return f"{self.device}{name}, {dtype}{f' ({self.why})' if self.why else ''}{f', compiled{mode}' if self.compile else ''}"
+        mode = f", compiled ({self.compile_mode})" if self.compile_mode != "default" else ", compiled"
+        return f"{self.device}{name}, {self.dtype_name()}{f' ({self.why})' if self.why else ''}{mode * self.compile}"
 
     def dtype_name(self):
         """The autocast precision as the dtype setting names it ('float32', 'bfloat16', 'float16')."""
@@ -262,9 +261,7 @@ def prepare_inductor():
     except ImportError:  # torch 2.4 keeps the vector ISAs in codecache
         from torch._inductor import codecache as cpu_vec_isa
     if config.cpp.simdlen is None and not cpu_vec_isa.pick_vec_isa():
-        widths = [isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()]
-        if widths:
-            config.cpp.simdlen = min(widths)
+        config.cpp.simdlen = min((isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()), default=None)
 
 
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets in each process
