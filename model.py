@@ -200,12 +200,9 @@ SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vo
 
 
 def sinusoid_table(seq_len, d_model):
-    position = torch.arange(seq_len).unsqueeze(1)
     freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(seq_len, d_model)
-    table[:, 0::2] = torch.sin(position * freq)
-    table[:, 1::2] = torch.cos(position * freq)
-    return table
+    angles = torch.arange(seq_len).unsqueeze(1) * freq  # (T, d / 2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (T, d): sines at even columns, cosines at odd
 
 
 class CrammedBert(nn.Module):
