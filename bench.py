@@ -138,12 +138,11 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
     torch.manual_seed(seed)
     model = build().to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
-    scaler = rt.grad_scaler()
     fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
     step_model = rt.compile_model(model, fullgraph=fullgraph)
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
     batches = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
-    trainer = Trainer(model, optimizer, scaler, step_model, rt.autocast)
+    trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
     try:
         start = time.perf_counter()
         for _ in range(n_warmup):

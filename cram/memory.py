@@ -58,9 +58,8 @@ def probe_micro_batch(model_args, rt, largest, mask_rate):
     step keeps, so the compiled run fits too). Returns (size, {size: peak bytes or None})."""
     model = CrammedBert(**model_args).to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.0), lr=0.0)
-    scaler = rt.grad_scaler()
     try:
-        peak_bytes = functools.partial(probe_peak_bytes, model, optimizer, scaler, mask_rate=mask_rate, rt=rt)
+        peak_bytes = functools.partial(probe_peak_bytes, model, optimizer, rt.grad_scaler(), mask_rate=mask_rate, rt=rt)
         return largest_micro_batch(peak_bytes, free_device_memory(rt), largest)
     finally:
         del model, optimizer
