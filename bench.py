@@ -17,8 +17,7 @@ loading and masking, and tokens/s per micro-batch size up to the largest that fi
 train.py's micro_batch=0 uses). --profile=True adds the crammed step's costliest kernels and its
 time by kind of kernel (fused element-wise, attention, matmuls, optimizer, the rest) a micro-batch.
 
-Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too:
-tools/bench_prepare.py.
+Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too: tools/bench_prepare.py.
 """
 import dataclasses
 import functools
@@ -132,9 +131,8 @@ def recipes(dims, narrowed):
 
 
 def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profiled=False):
-    """Seconds per optimizer step of train.py's step, compiled as rt says, the warm-up seconds
-    (compilation included) and the peak memory (bytes; None on a CPU). profiled: print the
-    costliest kernels too."""
+    """Seconds per optimizer step of train.py's step, compiled as rt says, the warm-up seconds (compilation included)
+    and the peak memory (bytes; None on a CPU). profiled: print the costliest kernels too."""
     torch.manual_seed(seed)
     model = build().to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
@@ -186,10 +184,9 @@ def time_by_kind(events, device_type, micro_batches):
 
 
 def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
-    """The device's own matmul speed at the model's shapes, in the run's precision: the
-    blocks' four products for micro x seq_len tokens and the output layer for the predicted
-    share of them (MASK_RATE), each timed alone (the fastest of `rounds`, as a ceiling should be) and
-    weighted by how often a step does it."""
+    """The device's own matmul speed at the model's shapes, in the run's precision: the blocks' four products for
+    micro x seq_len tokens and the output layer for the predicted share of them (MASK_RATE), each timed alone (the
+    fastest of `rounds`, as a ceiling should be) and weighted by how often a step does it."""
     n_tokens, d, ffn = micro * seq_len, dims["d_model"], dims["d_ffn"]
     shapes = [(n_tokens, k, n, dims["n_layers"]) for k, n in ((d, 3 * d), (d, d), (d, ffn), (ffn // 2, d))]
     shapes.append((round(MASK_RATE * n_tokens), d, dims["vocab_size"], 1))  # (m, k, n, how often a step does it)

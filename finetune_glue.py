@@ -11,9 +11,8 @@ last epoch. Prints a markdown table beside the published row and writes every nu
 
     python finetune_glue.py --checkpoint=... --tasks=stsb,rte --seeds=3 --from_scratch=True
 
-fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same
-settings and seeds: the floor that pretraining must beat, shown beside the model's scores in the
-same table and glue.json.
+fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same settings and seeds:
+the floor that pretraining must beat, shown beside the model's scores in the same table and glue.json.
 """
 import glob
 import hashlib

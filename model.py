@@ -258,12 +258,11 @@ class CrammedBert(nn.Module):
     def encode(self, idx, padding_mask=None, positions=None, tokens=None):
         """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k); padding_mask (B, T): True at real tokens.
 
-        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers
-        see every position; each later layer updates a position from its own state (its queries
-        and feed-forward) while attending to the keys and values of the last full layer's output,
-        the context, which stays fixed. So one position's result does not depend on which other
-        positions are updated: pretraining updates only the masked ones, and fine-tuning, fill-in
-        and the export run the same layers over every position and get the same values there."""
+        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers see every position;
+        each later layer updates a position from its own state (its queries and feed-forward) while attending to the
+        keys and values of the last full layer's output, the context, which stays fixed. So one position's result does
+        not depend on which other positions are updated: pretraining updates only the masked ones, and fine-tuning,
+        fill-in and the export run the same layers over every position and get the same values there."""
         x = self.embed(idx, padding_mask, tokens)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
         full = self.config.full_layer_count()
