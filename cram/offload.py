@@ -359,15 +359,10 @@ class OffloadTrainer:
         """{'model': the plain CrammedBert state_dict, 'optimizer': torch.optim.AdamW's state_dict
         over param_groups(model), 'scaler': the (disabled) grad scaler's}."""
         self.synchronize()
-        tensors = dict(self.stem.state_dict())
-        tensors.update({f"blocks.{k}": v for k, v in self.host.blocks.state_dict().items()})
+        tensors = {**self.stem.state_dict(), **{f"blocks.{k}": v for k, v in self.host.blocks.state_dict().items()}}
         states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.host.optimizers]}
-        where = self._locate()
-        state = {}
-        for index, name in enumerate(self.adamw_order):
-            optimizer, local = where[name]
-            if local in states[optimizer]:
-                state[index] = states[optimizer][local]
+        held = {name: states[o].get(local) for name, (o, local) in self._locate().items()}  # None: no state yet
+        state = {index: held[name] for index, name in enumerate(self.adamw_order) if held[name] is not None}
         groups = [dict(g, params=params) for g, params in  # param_groups': the decayed parameters, then the rest
                   zip(self.optimizer.state_dict()["param_groups"],
                       (list(range(self.n_decay)), list(range(self.n_decay, len(self.adamw_order)))))]
