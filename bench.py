@@ -17,8 +17,7 @@ loading and masking, and tokens/s per micro-batch size up to the largest that fi
 train.py's micro_batch=0 uses). --profile=True adds the crammed step's costliest kernels and its
 time by kind of kernel (fused element-wise, attention, matmuls, optimizer, the rest) a micro-batch.
 
-Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too:
-tools/bench_prepare.py.
+Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too: tools/bench_prepare.py.
 """
 import dataclasses
 import functools
@@ -30,7 +29,6 @@ import time
 from contextlib import nullcontext
 
 import torch
-import torch.nn as nn
 
 from configurator import configure, read_config_file
 from cram import memory, process, runtime
@@ -85,7 +83,7 @@ def shape_dims(name):
     return dict({k: recipe[k] for k in SHAPES["small"] if k != "vocab_size"}, vocab_size=CPU_RECIPE_VOCAB)
 
 
-class HFMaskedLM(nn.Module):
+class HFMaskedLM(torch.nn.Module):
     """transformers' BertForMaskedLM behind our forward(inputs, positions, labels) signature.
     Dense prediction (its loss ignores the unmasked positions), dropout 0.1 as published."""
 
@@ -118,9 +116,8 @@ def recipes(dims, narrowed):
     full layers to time the crammed model narrowed after (--full_layers)."""
     bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in ModelConfig.__dataclass_fields__}
     ours = dict(seq_len=seq_len, **dims)
-    flops_crammed = ModelConfig(**ours).flops_per_token(MASK_RATE)
     flops_bert = ModelConfig(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
-    out = {"crammed": (lambda: CrammedBert(**ours), MASK_RATE, flops_crammed)}
+    out = {"crammed": (lambda: CrammedBert(**ours), MASK_RATE, ModelConfig(**ours).flops_per_token(MASK_RATE))}
     for n in narrowed:
         flops = ModelConfig(**ours, full_layers=n).flops_per_token(MASK_RATE)
         out[f"crammed, {n} full layers"] = (functools.partial(CrammedBert, **ours, full_layers=n), MASK_RATE, flops)
@@ -134,18 +131,16 @@ def recipes(dims, narrowed):
 
 
 def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profiled=False):
-    """Seconds per optimizer step of train.py's step, compiled as rt says, the warm-up seconds
-    (compilation included) and the peak memory (bytes; None on a CPU). profiled: print the
-    costliest kernels too."""
+    """Seconds per optimizer step of train.py's step, compiled as rt says, the warm-up seconds (compilation included)
+    and the peak memory (bytes; None on a CPU). profiled: print the costliest kernels too."""
     torch.manual_seed(seed)
     model = build().to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
-    scaler = rt.grad_scaler()
     fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
     step_model = rt.compile_model(model, fullgraph=fullgraph)
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
     batches = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
-    trainer = Trainer(model, optimizer, scaler, step_model, rt.autocast)
+    trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
     try:
         start = time.perf_counter()
         for _ in range(n_warmup):
@@ -189,14 +184,12 @@ def time_by_kind(events, device_type, micro_batches):
 
 
 def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
-    """The device's own matmul speed at the model's shapes, in the run's precision: the
-    blocks' four products for micro x seq_len tokens and the output layer for the predicted
-    share of them (MASK_RATE), each timed alone (the fastest of `rounds`, as a ceiling should be) and
-    weighted by how often a step does it."""
-    n_tokens, d, ffn, vocab = micro * seq_len, dims["d_model"], dims["d_ffn"], dims["vocab_size"]
-    shapes = [(n_tokens, d, 3 * d, dims["n_layers"]), (n_tokens, d, d, dims["n_layers"]),
-              (n_tokens, d, ffn, dims["n_layers"]), (n_tokens, ffn // 2, d, dims["n_layers"]),
-              (round(MASK_RATE * n_tokens), d, vocab, 1)]
+    """The device's own matmul speed at the model's shapes, in the run's precision: the blocks' four products for
+    micro x seq_len tokens and the output layer for the predicted share of them (MASK_RATE), each timed alone (the
+    fastest of `rounds`, as a ceiling should be) and weighted by how often a step does it."""
+    n_tokens, d, ffn = micro * seq_len, dims["d_model"], dims["d_ffn"]
+    shapes = [(n_tokens, k, n, dims["n_layers"]) for k, n in ((d, 3 * d), (d, d), (d, ffn), (ffn // 2, d))]
+    shapes.append((round(MASK_RATE * n_tokens), d, dims["vocab_size"], 1))  # (m, k, n, how often a step does it)
     repeats = repeats or (20 if rt.device.type == "cuda" else 5)
     total_flops = total_seconds = 0.0
     for m, k, n, count in shapes:
@@ -207,17 +200,6 @@ def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
         total_seconds += count * runtime.best_seconds(functools.partial(torch.mm, a, b, out=out), rt, repeats, rounds)
         total_flops += count * 2 * m * k * n
     return total_flops / total_seconds
-
-
-def time_data(tokens, micro, rt, vocab, n=20):
-    """Seconds to load and mask one micro-batch, device synchronised."""
-    batches = RandomBatches(tokens, vocab, micro, rt, MASK_RATE, seed)
-    rt.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        batches(1)
-    rt.synchronize()
-    return (time.perf_counter() - start) / n
 
 
 def row(name, micro, seconds, warmup_seconds, held, flops, peak, matmul_peak):
@@ -283,7 +265,8 @@ def main():
         print(line, flush=True)
     for recipe in list(speeds)[1:]:
         print(f"\ncrammed / {recipe}: {speeds['crammed'] / speeds[recipe]:.2f}x tokens/s", end="")
-    data_seconds = time_data(tokens, micro, rt, dims["vocab_size"])
+    batches = RandomBatches(tokens, dims["vocab_size"], micro, rt, MASK_RATE, seed)
+    data_seconds = runtime.best_seconds(functools.partial(batches, 1), rt, 20, rounds=1)  # load and mask a micro-batch
     print(f"\ndata loading + masking: {1e3 * data_seconds:.2f} ms per micro-batch, "
           f"{100 * data_seconds * accum_steps / crammed_seconds:.1f}% of the crammed step if not overlapped")
 

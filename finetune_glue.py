@@ -11,9 +11,8 @@ last epoch. Prints a markdown table beside the published row and writes every nu
 
     python finetune_glue.py --checkpoint=... --tasks=stsb,rte --seeds=3 --from_scratch=True
 
-fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same
-settings and seeds: the floor that pretraining must beat, shown beside the model's scores in the
-same table and glue.json.
+fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same settings and seeds:
+the floor that pretraining must beat, shown beside the model's scores in the same table and glue.json.
 """
 import glob
 import hashlib
@@ -594,9 +593,8 @@ def main(config):
     todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group, order)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
-          f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x"
-          f"{ckpt['model_args']['d_model']}) on {', '.join(todo) or 'nothing left to do'} with {seeds} seed(s) on "
-          f"{rt.describe()}")
+          f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x{ckpt['model_args']['d_model']}) on "
+          f"{', '.join(todo) or 'nothing left to do'} with {seeds} seed(s) on {rt.describe()}")
 
     datasets_by_task = {name: check_task(name, load_task(name)) for name in todo}  # bad data fails before any training
     for name, missing in todo.items():

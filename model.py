@@ -200,12 +200,9 @@ SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vo
 
 
 def sinusoid_table(seq_len, d_model):
-    position = torch.arange(seq_len).unsqueeze(1)
     freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(seq_len, d_model)
-    table[:, 0::2] = torch.sin(position * freq)
-    table[:, 1::2] = torch.cos(position * freq)
-    return table
+    angles = torch.arange(seq_len).unsqueeze(1) * freq  # (T, d / 2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (T, d): sines at even columns, cosines at odd
 
 
 class CrammedBert(nn.Module):
@@ -261,12 +258,11 @@ class CrammedBert(nn.Module):
     def encode(self, idx, padding_mask=None, positions=None, tokens=None):
         """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k); padding_mask (B, T): True at real tokens.
 
-        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers
-        see every position; each later layer updates a position from its own state (its queries
-        and feed-forward) while attending to the keys and values of the last full layer's output,
-        the context, which stays fixed. So one position's result does not depend on which other
-        positions are updated: pretraining updates only the masked ones, and fine-tuning, fill-in
-        and the export run the same layers over every position and get the same values there."""
+        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers see every position;
+        each later layer updates a position from its own state (its queries and feed-forward) while attending to the
+        keys and values of the last full layer's output, the context, which stays fixed. So one position's result does
+        not depend on which other positions are updated: pretraining updates only the masked ones, and fine-tuning,
+        fill-in and the export run the same layers over every position and get the same values there."""
         x = self.embed(idx, padding_mask, tokens)
         attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
         full = self.config.full_layer_count()
@@ -304,9 +300,8 @@ class CrammedBert(nn.Module):
 
     def num_params(self, matmul_only=False):
         """All parameters, or only the weights of the Linear layers (the blocks, the head and smear)."""
-        if not matmul_only:
-            return sum(p.numel() for p in self.parameters())
-        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        params = (m.weight for m in self.modules() if isinstance(m, nn.Linear)) if matmul_only else self.parameters()
+        return sum(p.numel() for p in params)
 
 
 class TiedLookup(torch.autograd.Function):
@@ -332,14 +327,12 @@ def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
     Returns (inputs, positions (B, k), labels (B, k))."""
     B, T = idx.shape
     k = max(1, round(mask_rate * T))
-    scores = torch.rand(B, T, device=idx.device, generator=generator)
-    positions = scores.topk(k, dim=1).indices
+    positions = torch.rand(B, T, device=idx.device, generator=generator).topk(k, dim=1).indices
     labels = idx.gather(1, positions)
     rule = torch.rand(B, k, device=idx.device, generator=generator)
     random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
     replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id), torch.where(rule < 0.9, random_ids, labels))
-    inputs = idx.scatter(1, positions, replacement)
-    return inputs, positions, labels
+    return idx.scatter(1, positions, replacement), positions, labels
 
 
 def at_positions(hidden, positions):
@@ -404,8 +397,7 @@ class Trainer:
         return total / n, applied
 
     def state_dict(self):
-        return dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                    scaler=self.scaler.state_dict())
+        return {name: getattr(self, name).state_dict() for name in ("model", "optimizer", "scaler")}
 
     def load_state_dict(self, checkpoint):
         self.model.load_state_dict(checkpoint["model"])
@@ -428,8 +420,7 @@ class ClassificationHead(nn.Module):
         self.pooler = nn.Linear(d_model, hidden)
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, num_labels)
-        for m in (self.pooler, self.classifier):
-            CrammedBert._init_weights(m)
+        self.apply(CrammedBert._init_weights)  # the pooler's, then the classifier's
 
     def forward(self, states, padding_mask=None):
         """states (B, T, d); padding_mask (B, T) True at real tokens -> (B, num_labels)."""
@@ -444,8 +435,7 @@ class ClassificationHead(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
-    """Encoder + ClassificationHead, for fine-tuning on GLUE (the head's settings and their defaults
-    are ClassificationHead's)."""
+    """Encoder + ClassificationHead, for fine-tuning on GLUE (head_args: the head's settings, with its defaults)."""
 
     def __init__(self, encoder, num_labels, **head_args):
         super().__init__()

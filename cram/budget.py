@@ -26,19 +26,15 @@ MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epoch
 # 16k at about an H100-day), levelled off at MAX_BATCH, past which no published recipe gained (Izsak; RoBERTa's 2k
 # at 125k steps beat 8k at 31k). Its exponent, 0.64 of the sequences, is about compute ** 0.37: near the critical
 # batch's 0.28-0.34 (McCandlish et al. 2018; DeepSeek LLM 2024; Bergsma et al. 2025).
-PAPER_BATCH = 4096
-PAPER_SEQUENCES = 54e6
-BATCH_EXPONENT = 0.64
+PAPER_BATCH, PAPER_SEQUENCES, BATCH_EXPONENT = 4096, 54e6, 0.64
 MIN_BATCH, MAX_BATCH = 32, 8192  # 32: the smallest measured, and a CPU's micro-batch
 # The peak learning rate: 1e-3 at width 768 (the paper's 16 x 768; BERT-Base's recipes), scaled as width ** -0.5
 # (nanochat's AdamW rule): 2e-3 at 192, 1.7e-3 at 256 (the quickstart's hand-tuned 2e-3), 8.7e-4 at 1024
 # (published large-over-base ratios 0.63-0.75: RoBERTa, ModernBERT, Ettin; pre-LN 24 x 1024 trained at 1e-3-2e-3)
-LR_AT_768 = 1e-3
-LR_WIDTH_EXPONENT = -0.5
+LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 # A CPU's bfloat16 step (cpu_bf16_gain): its matmuls (this share of a float32 step) at the measured speed-up, the rest
 # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision")
-CPU_MATMUL_SHARE = 0.75
-CPU_BF16_REST = 1.08
+CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
 
 

@@ -1,7 +1,6 @@
-"""The data: the tokens prepare.py wrote and their tokenizer; the training data's order (rows_at: a
-pure function of the position in the run) and its masked micro-batches (Batches, masked by the
-objective's model.mask_tokens); the validation loss and fill-in examples.
-Writing and checking cram's own files (checkpoints, JSON, locks) is cram/files.py's.
+"""The data: the tokens prepare.py wrote and their tokenizer; the training data's order (rows_at: a pure function of the
+position in the run) and its masked micro-batches (Batches, masked by the objective's model.mask_tokens); the validation
+loss and fill-in examples. Writing and checking cram's own files (checkpoints, JSON, locks) is cram/files.py's.
 
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
@@ -170,8 +169,7 @@ def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
 
 
 def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
-    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random
-    regular tokens."""
+    """(tokens, where from): data_dir's prepared sequences when they match the shape, else random regular tokens."""
     try:
         meta = load_meta(data_dir)
         if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:

@@ -59,9 +59,8 @@ def probe_micro_batch(model_args, rt, largest, mask_rate):
     step keeps, so the compiled run fits too). Returns (size, {size: peak bytes or None})."""
     model = CrammedBert(**model_args).to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.0), lr=0.0)
-    scaler = rt.grad_scaler()
     try:
-        peak_bytes = functools.partial(probe_peak_bytes, model, optimizer, scaler, mask_rate=mask_rate, rt=rt)
+        peak_bytes = functools.partial(probe_peak_bytes, model, optimizer, rt.grad_scaler(), mask_rate=mask_rate, rt=rt)
         return largest_micro_batch(peak_bytes, free_device_memory(rt), largest)
     finally:
         del model, optimizer
@@ -136,10 +135,9 @@ def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, off
 
 
 def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate, offload, log):
-    """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under
-    torchrun the smallest over the ranks) and divides the batch; on a CPU and in off-load mode 32 or
-    less. Either is checked first against the memory it surely needs (check_memory; before the probe,
-    with one sequence: the model itself)."""
+    """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under torchrun the smallest
+    over the ranks) and divides the batch; on a CPU and in off-load mode 32 or less. Either is checked first against the
+    memory it surely needs (check_memory; before the probe, with one sequence: the model itself)."""
     probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
     chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
     name = f"--micro_batch={chosen}" if micro_batch else \

@@ -84,15 +84,13 @@ class HostBlocks:
     def __init__(self, blocks, rt, lr, betas, eps, weight_decay):
         self.blocks = blocks  # the nn.ModuleList the masters belong to (checkpoints load into it)
         self.dtype, cuda = rt.dtype, rt.device.type == "cuda"
-        if cuda and rt.dtype == torch.float32:  # the masters themselves cross the bus
-            for p in blocks.parameters():
-                p.data = p.data.pin_memory()
-        self.masters = [list(block.parameters()) for block in blocks]
         for p in blocks.parameters():
+            if cuda and rt.dtype == torch.float32:  # the masters themselves cross the bus
+                p.data = p.data.pin_memory()
             p.grad = torch.zeros_like(p)  # the float32 accumulator; AdamW reads it as the gradient
+        self.masters = [list(block.parameters()) for block in blocks]
         self.optimizers = [torch.optim.AdamW(param_groups(block, weight_decay), lr=lr, betas=betas, eps=eps,
                                              fused=True) for block in blocks]
-        # what crosses the bus: a pinned low-precision copy, or under float32 the master itself
         self.send = [[host_like(p, wire_dtype(p, rt.dtype), cuda) for p in params] if rt.dtype != torch.float32
                      else params for params in self.masters]
         for i in range(len(self)):
@@ -245,8 +243,7 @@ class BlockStreamer:
             y = self.templates[slot](x)  # (B, T, d)
         y.backward(grad)
         grads = [p.grad for p in self.templates[slot].parameters()]
-        for p in self.templates[slot].parameters():
-            p.grad = None
+        self.templates[slot].zero_grad(set_to_none=True)
         return x.grad, grads
 
     def _send_back(self, slot, grads):
@@ -362,15 +359,10 @@ class OffloadTrainer:
         """{'model': the plain CrammedBert state_dict, 'optimizer': torch.optim.AdamW's state_dict
         over param_groups(model), 'scaler': the (disabled) grad scaler's}."""
         self.synchronize()
-        tensors = dict(self.stem.state_dict())
-        tensors.update({f"blocks.{k}": v for k, v in self.host.blocks.state_dict().items()})
+        tensors = {**self.stem.state_dict(), **{f"blocks.{k}": v for k, v in self.host.blocks.state_dict().items()}}
         states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.host.optimizers]}
-        where = self._locate()
-        state = {}
-        for index, name in enumerate(self.adamw_order):
-            optimizer, local = where[name]
-            if local in states[optimizer]:
-                state[index] = states[optimizer][local]
+        held = {name: states[o].get(local) for name, (o, local) in self._locate().items()}  # None: no state yet
+        state = {index: held[name] for index, name in enumerate(self.adamw_order) if held[name] is not None}
         groups = [dict(g, params=params) for g, params in  # param_groups': the decayed parameters, then the rest
                   zip(self.optimizer.state_dict()["param_groups"],
                       (list(range(self.n_decay)), list(range(self.n_decay, len(self.adamw_order)))))]

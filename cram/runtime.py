@@ -13,7 +13,6 @@ import os
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -40,15 +39,10 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 
 def peak_flops(device, override=0.0):
     """Peak bf16 FLOP/s of a CUDA device, or 0 when unknown (then MFU is not reported)."""
-    if override:
-        return override
-    if device.type != "cuda":
-        return 0.0
-    name = torch.cuda.get_device_name(device)
-    for key in sorted(GPU_PEAK_FLOPS, key=len, reverse=True):
-        if key in name:
-            return GPU_PEAK_FLOPS[key]
-    return 0.0
+    if override or device.type != "cuda":
+        return override or 0.0
+    name = torch.cuda.get_device_name(device)  # the longest name first: "L40S" before "L40" and "L4"
+    return next((GPU_PEAK_FLOPS[key] for key in sorted(GPU_PEAK_FLOPS, key=len, reverse=True) if key in name), 0.0)
 
 
 # torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates) kernels; and CUDA
@@ -85,7 +79,7 @@ class CudaGraphRuns(torch.nn.Module):
         return self.compiled(*args)
 
 
-@dataclass
+@dataclasses.dataclass
 class Runtime:
     device: torch.device
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
@@ -95,9 +89,7 @@ class Runtime:
     bf16_speedup: float = 0.0  # a CPU's bfloat16 matmul speed over float32's where dtype=auto timed it, else 0
 
     def autocast(self):
-        if self.dtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        return nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, dtype=self.dtype)
 
     def grad_scaler(self):
         """Loss scaling for float16, whose small gradients underflow; a pass-through otherwise."""
@@ -106,9 +98,7 @@ class Runtime:
     def optimizer(self, params, kind="adamw", **kwargs):
         """AdamW with its fused kernel: one launch for all parameters on a GPU, vectorised on a CPU;
         kind='muon': Muon, below (its groups: model.param_groups(..., optim="muon"))."""
-        if kind == "muon":
-            return Muon(params, **kwargs)
-        return torch.optim.AdamW(params, fused=True, **kwargs)
+        return Muon(params, **kwargs) if kind == "muon" else torch.optim.AdamW(params, fused=True, **kwargs)
 
     def compile_model(self, model, fullgraph=True):
         """torch.compile when enabled. fullgraph=True makes a graph break an error instead of
@@ -136,9 +126,8 @@ class Runtime:
 
     def describe(self):
         name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
-        dtype = self.dtype_name()
-        mode = f" ({self.compile_mode})" if self.compile_mode != "default" else ""
-        return f"{self.device}{name}, {dtype}{f' ({self.why})' if self.why else ''}{f', compiled{mode}' if self.compile else ''}"
+        mode = f", compiled ({self.compile_mode})" if self.compile_mode != "default" else ", compiled"
+        return f"{self.device}{name}, {self.dtype_name()}{f' ({self.why})' if self.why else ''}{mode * self.compile}"
 
     def dtype_name(self):
         """The autocast precision as the dtype setting names it ('float32', 'bfloat16', 'float16')."""
@@ -170,9 +159,7 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", con
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls outside autocast on tensor cores
         torch.backends.cudnn.allow_tf32 = True
-    why, speedup = "", 0.0
-    if dtype == "auto":
-        dtype, why, speedup = auto_dtype(dev, continues=continues)
+    dtype, why, speedup = auto_dtype(dev, continues=continues) if dtype == "auto" else (dtype, "", 0.0)
     if dtype not in DTYPES:
         raise SystemExit(f"error: unknown dtype '{dtype}' (auto, {', '.join(DTYPES)})")
     check_compile_mode(compile_mode, dev)  # with compile off too: a mode that cannot run here is a mistake to report
@@ -262,8 +249,7 @@ def compile_problem(device):
                     f"g++; Fedora: dnf install gcc-c++; macOS: xcode-select --install; conda: conda install -c "
                     f"conda-forge gxx) or point CXX at it")
         if device.type == "cuda":  # Triton builds a small C launcher for its kernels
-            return (f"{type(e).__name__}: {text[:200]} (Triton needs a C compiler, gcc or clang, and pip install "
-                    f"triton)")
+            return f"{type(e).__name__}: {text[:200]} (Triton needs a C compiler, gcc or clang, and pip install triton)"
         return f"{type(e).__name__}: {text[:200]}"
     finally:
         counters["stats"].clear()
@@ -280,9 +266,7 @@ def prepare_inductor():
     except ImportError:  # torch 2.4 keeps the vector ISAs in codecache
         from torch._inductor import codecache as cpu_vec_isa
     if config.cpp.simdlen is None and not cpu_vec_isa.pick_vec_isa():
-        widths = [isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()]
-        if widths:
-            config.cpp.simdlen = min(widths)
+        config.cpp.simdlen = min((isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()), default=None)
 
 
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets in each process
@@ -486,9 +470,8 @@ class Muon(torch.optim.Optimizer):
                 else:
                     beta1, beta2 = group["betas"]
                     if not state:
-                        state["step"] = torch.tensor(0.0)
-                        state["exp_avg"] = torch.zeros_like(p)
-                        state["exp_avg_sq"] = torch.zeros_like(p)
+                        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
                     state["step"] += 1
                     t = state["step"].item()
                     state["exp_avg"].lerp_(p.grad, 1 - beta1)
