@@ -85,9 +85,8 @@ def read_config_file(path):
 
 
 def unusable(value, default, comment):
-    """Why a value of any setting cannot be used whatever its comment allows, or None: a number past what the
-    scripts compute with (an int beyond 64 bits, a float that is not finite), a NUL character (no path or name
-    holds one), or nothing where the default is something, unless the comment says what empty means."""
+    """Why a value of any setting cannot be used whatever its comment allows, or None: an int beyond 64 bits, a float
+    not finite, a NUL (no path holds one), or nothing where the default is something (unless the comment says)."""
     if type(value) is int and not -2 ** 63 <= value < 2 ** 63:
         return "a number past 64 bits"
     if type(value) is float and not math.isfinite(value):

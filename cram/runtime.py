@@ -6,6 +6,7 @@ Every call here runs on a CPU too: inductor compiles for it, autocast takes bflo
 float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
 the tests run the GPU's code path on any machine, with only the device differing.
 """
+import contextlib
 import dataclasses
 import functools
 import math
@@ -21,13 +22,11 @@ import torch.distributed as dist
 # width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
 # cache folder of its own, named here, on import, before anything imports inductor (which fixes
 # its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the user's still says where.
-# A read-only container (docker --read-only) has no usable temporary folder: nothing is set, and a compiled run finds
-# out at its probe (compile_problem) and goes eager, where no script needs one.
-try:
+# A read-only container (docker --read-only) has no usable temporary folder: nothing is set (FileNotFoundError), and a
+# compiled run finds out at its probe (compile_problem) and goes eager, where no script needs one.
+with contextlib.suppress(FileNotFoundError):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
         os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
-except FileNotFoundError:  # "No usable temporary directory found"
-    pass
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -297,11 +296,9 @@ def cgroup_folders(controller, root="/sys/fs/cgroup", own="/proc/self/cgroup"):
     """The folders of this process's own cgroups (cgroup v2's tree, v1's `controller` hierarchy), innermost first, up to
     each root: a limit set anywhere on the way holds, a job's (SLURM's --mem, systemd-run -p MemoryMax= set it on a
     child cgroup) as a container's (the root it sees)."""
-    try:
-        with open(own, encoding="utf-8") as f:
-            entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-    except OSError:
-        entries = []
+    entries = []
+    with contextlib.suppress(OSError), open(own, encoding="utf-8") as f:
+        entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
     trees = [(root if kinds == "" else os.path.join(root, controller), path) for _, kinds, path in entries
              if kinds == "" or controller in kinds.split(",")] + [(root, "/"), (os.path.join(root, controller), "/")]
     folders = []
