@@ -70,11 +70,18 @@ def _parse(key, raw, expected):
 def read_config_file(path):
     """The settings a config file assigns (names starting with _ and imports left out); an error in
     the file is one line naming the file and the line."""
-    if not os.path.isfile(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except PermissionError:  # another user's file, or in a folder of theirs
+        raise SystemExit(f"error: permission denied: config file {path}")
+    except OSError:  # not there, or a folder
         raise SystemExit(f"error: config file not found: {path}")
+    except ValueError as e:  # not UTF-8
+        raise SystemExit(f"error: {path}:?: {type(e).__name__}: {e}")
     assigned = {}
     try:
-        exec(compile(open(path, encoding="utf-8").read(), path, "exec"), {}, assigned)
+        exec(compile(source, path, "exec"), {}, assigned)
     except SyntaxError as e:
         raise SystemExit(f"error: {path}:{e.lineno}: {e.msg}")
     except Exception as e:
@@ -203,10 +210,10 @@ def configure(namespace, argv, cls=None, skip=()):
                 known[key] = _check(key, value, known)
     for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
         rule = allowed(rest[1]) if kind == "setting" else None
-        problem = unusable(known[rest[0]], defaults[rest[0]], rest[1]) if kind == "setting" else None
-        if problem or (rule and not rule[0](known[rest[0]])):  # NaN fails every comparison, so it is never allowed
-            raise SystemExit(f"error: --{rest[0]}={shown(known[rest[0]])} is not allowed: "
-                             f"{problem or f'{rest[0]} must be {rule[1]}'}")
+        problem = f"{rest[0]} must be {rule[1]}" if rule and not rule[0](known[rest[0]]) else \
+            unusable(known[rest[0]], defaults[rest[0]], rest[1]) if kind == "setting" else None  # NaN fails any rule
+        if problem:
+            raise SystemExit(f"error: --{rest[0]}={shown(known[rest[0]])} is not allowed: {problem}")
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known

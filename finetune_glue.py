@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from cram import memory, process, runtime
 from configurator import configure
 from cram.data import MASK_RATE, make_encoding
-from cram.files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, write_json
+from cram.files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, unfound, write_json
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def read_glue_tsv(path, spec):
     Rows with too few fields (QQP has some) are skipped. A line is split at its tabs, as csv does without quoting, but
     with no limit on a field's size (csv's is 128 kB): an over-long sentence is truncated after tokenizing."""
     if not os.path.isfile(path):
-        raise SystemExit(f"error: GLUE file not found: {path}")
+        raise unfound(path, f"error: GLUE file not found: {path}")
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: MRPC starts with a BOM; \r\n and \r read as \n
             rows = [line.rstrip("\n").split("\t") for line in f]
@@ -197,7 +197,8 @@ def load_task(name):
     if glue_dir:
         folder = os.path.join(glue_dir, spec["folder"])
         if not os.path.isdir(folder):
-            raise SystemExit(f"error: no folder {folder} for task {name} (expected <glue_dir>/{spec['folder']}/train.tsv)")
+            raise unfound(folder, f"error: no folder {folder} for task {name} (expected "
+                                  f"<glue_dir>/{spec['folder']}/train.tsv)")
         return {split: read_glue_tsv(os.path.join(folder, file), spec) for split, (file, _) in splits.items()}
     if not process.hub_reachable():
         raise SystemExit("error: the Hugging Face hub cannot be reached; offline, pass --glue_dir= with the GLUE "

@@ -33,7 +33,8 @@ import numpy as np
 from cram import process, runtime
 from configurator import config_keys, configure
 from cram.data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
-from cram.files import cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically, write_json, write_ranks
+from cram.files import (cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically,
+                        unfound, write_json, write_ranks)
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -191,7 +192,7 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
             return os.path.abspath(name), record_file(files[0], text_field)
         return os.path.abspath(name), functools.partial(local_documents, files, text_field)
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
-        raise SystemExit(f"error: file or folder not found: {name}")
+        raise unfound(name, f"error: file or folder not found: {name}")
     if not process.hub_reachable():
         raise SystemExit(f"error: '{name}' is not a local path and the Hugging Face hub cannot be reached; "
                          f"offline, use --dataset=pydocs (embedded) or a local .txt/.jsonl/.json/.parquet file or folder")

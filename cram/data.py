@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from model import mask_tokens
-from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
+from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids, unfound  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
 
 # GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
 # so a BPE trained there gives identical ids through tiktoken.
@@ -56,8 +56,8 @@ def load_tokens(data_dir, split, meta=None):
     path = os.path.join(data_dir, f"{split}.bin")
     n = meta[f"{split}_sequences"]
     if not os.path.isfile(path) or os.path.getsize(path) != n * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize:
-        raise SystemExit(f"error: {path} is missing or does not match meta.json: the folder is damaged; delete it "
-                         f"and run prepare.py again")
+        raise unfound(path, f"error: {path} is missing or does not match meta.json: the folder is damaged; delete "
+                            f"it and run prepare.py again")
     tokens = np.memmap(path, dtype=meta["dtype"], mode="r", shape=(n, meta["seq_len"]))
     for start in range(0, n, 1 << 20):
         if tokens[start:start + (1 << 20)].max() >= meta["vocab_size"]:
@@ -155,8 +155,9 @@ def load_run_data(path):
     if not os.path.isfile(os.path.join(path, "meta.json")):
         how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
             f"python prepare.py --out_dir={path} --dataset=..."
-        raise SystemExit(f"error: {path} is not prepared (no meta.json): run `{how}` first, or for a few minutes on "
-                         f"the embedded corpus `python prepare.py && python train.py config/train_quickstart.py`")
+        raise unfound(os.path.join(path, "meta.json"), f"error: {path} is not prepared (no meta.json): run `{how}` "
+                      f"first, or for a few minutes on the embedded corpus `python prepare.py && python train.py "
+                      f"config/train_quickstart.py`")
     meta = load_meta(path)
     tokenizer_text = read_tokenizer(path, meta)[0]
     return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text

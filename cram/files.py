@@ -145,13 +145,33 @@ def write_json(path, obj):
     write_atomically(path, dump)
 
 
+def denied(path):
+    """The line for a path of another user's that this process may not read (a shared folder written under umask
+    077), or None: said as it is, where 'not found' or 'damaged' would advise preparing again or deleting their data."""
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            open(path, "rb").close()
+    except PermissionError:
+        return f"error: permission denied: {path} (another user's? ask its owner to share it, or use a copy of your own)"
+    except OSError:
+        pass
+    return None
+
+
+def unfound(path, line):
+    """What a reader that did not find `path` raises: SystemExit with `line`, or with the denial where that is the truth."""
+    return SystemExit(denied(path) or line)
+
+
 def read_json(path, remedy):
     """A JSON file that cram wrote, or a one-line error naming it damaged, with `remedy`: what to do."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (OSError, ValueError, RecursionError) as e:  # cut, garbled, not UTF-8, nested past the parser's depth
-        raise SystemExit(f"error: {path} is damaged ({type(e).__name__}: {str(e)[:120]}): {remedy}")
+        raise SystemExit(denied(path) or f"error: {path} is damaged ({type(e).__name__}: {str(e)[:120]}): {remedy}")
 
 
 def read_jsonl(path):
@@ -213,7 +233,7 @@ def read_metrics(run):
     a run resumed after a hard kill redoes the steps since its last checkpoint)."""
     path = os.path.join(run, "metrics.jsonl")
     if not os.path.isfile(path):
-        raise SystemExit(f"error: {path} not found: is {run} the out_dir of a train.py run?")
+        raise unfound(path, f"error: {path} not found: is {run} the out_dir of a train.py run?")
     evals = {record["step"]: record for record in read_jsonl(path) if record.get("kind") == "eval" and
              isinstance(record.get("step"), int)}
     if not evals:
@@ -245,7 +265,7 @@ def meta_problem(meta):
 def load_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
-        raise SystemExit(f"error: {path} not found: run `python prepare.py` first (or pass --data_dir=)")
+        raise unfound(path, f"error: {path} not found: run `python prepare.py` first (or pass --data_dir=)")
     meta = read_json(path, f"delete {data_dir} and run prepare.py again")
     problem = meta_problem(meta)
     if problem:
@@ -287,14 +307,14 @@ def load_checkpoint(path, use="weights"):
     model_args), 'weights' (fine-tuning, the export: finite weights too), 'resume' (train.py: also the
     optimizer state and the run's counters; check_resume then checks them against the run)."""
     if not os.path.isfile(path):
-        raise SystemExit(f"error: checkpoint not found: {path}")
+        raise unfound(path, f"error: checkpoint not found: {path}")
     try:
         with warnings.catch_warnings():  # torch warns about a pickle protocol before refusing it: the error says it
             warnings.simplefilter("ignore")
             # weights_only: tensors and plain containers only, so a file can never run code on loading
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {path} {refusal(e)}")
+        raise SystemExit(denied(path) or f"error: {path} {refusal(e)}")
     problem = checkpoint_problem(checkpoint, path)
     if problem:
         raise SystemExit(f"error: {path} is not a usable checkpoint written by train.py: {problem}")

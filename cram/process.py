@@ -6,6 +6,7 @@ guarded(); train.py's loop takes the signals over with StopRequest.
 import errno
 import importlib
 import os
+import re
 import signal
 import socket
 import sys
@@ -192,12 +193,17 @@ def guarded(main, kept, *args):
     try:
         return main(*args)
     except SystemExit as e:  # its line quotes names and values as given: a newline in one is shown as \n, one line
-        if isinstance(e.code, str):
-            e.code = printable(e.code)
+        e.code = printable(e.code) if isinstance(e.code, str) else e.code
         raise
-    except KeyboardInterrupt as e:
-        signum = e.args[0] if e.args and e.args[0] in STOP_SIGNALS else signal.SIGINT
-        e.__traceback__ = None  # frees the stopped frames: their progress bars close before the line below
+    except (KeyboardInterrupt, RuntimeError) as e:  # a stop inside a lock's wait (a thread pool's) can end as RuntimeError
+        stop = e if isinstance(e, KeyboardInterrupt) else e.__context__
+        if isinstance(e, RuntimeError) and re.search(r"^Dist|by peer", f"{type(e).__name__} {e}"):  # gloo, NCCL
+            raise SystemExit(f"error: another process of this run ended (killed? out of memory?), and this one cannot "
+                             f"go on alone ({str(e).split(' This is')[0][-120:]}); {kept() if callable(kept) else kept}")
+        if not isinstance(stop, KeyboardInterrupt):
+            raise
+        signum = stop.args[0] if stop.args and stop.args[0] in STOP_SIGNALS else signal.SIGINT
+        e.__traceback__ = stop.__traceback__ = None  # frees the stopped frames: their progress bars close before the line
         sys.stdout.flush()
         print(f"stopped by {signal.Signals(signum).name}: {kept() if callable(kept) else kept}", file=sys.stderr,
               flush=True)

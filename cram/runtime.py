@@ -301,10 +301,8 @@ def cgroup_folders(controller, root="/sys/fs/cgroup", own="/proc/self/cgroup"):
         entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
     trees = [(root if kinds == "" else os.path.join(root, controller), path) for _, kinds, path in entries
              if kinds == "" or controller in kinds.split(",")] + [(root, "/"), (os.path.join(root, controller), "/")]
-    folders = []
-    for base, path in trees:
-        parts = [p for p in path.split("/") if p]
-        folders += [os.path.join(base, *parts[:i]) for i in range(len(parts), -1, -1)]
+    parts = [(base, [name for name in path.split("/") if name]) for base, path in trees]
+    folders = [os.path.join(base, *names[:i]) for base, names in parts for i in range(len(names), -1, -1)]
     return [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
 
 

@@ -287,6 +287,43 @@ def test_a_read_only_container_runs_with_its_outputs_on_a_volume(prepared, tmp_p
         shutil.rmtree(volume)
 
 
+def as_another_user(*args, cwd=ROOT):
+    """A script run by a user who does not own the files it reads: root without the capabilities that pass over file
+    permissions (setpriv), so files owned by another uid answer EACCES as they would on a shared cluster."""
+    drop = "-dac_override,-dac_read_search"
+    return subprocess.run(["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", sys.executable, *map(str, args)],
+                          cwd=cwd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def test_another_user_s_files_are_permission_denied_not_missing_or_damaged(prepared, pretrained, tmp_path):
+    """A shared cluster folder written under umask 077 (another uid): the lines said "not prepared", "damaged ... run
+    prepare.py again" and "checkpoint not found", advice that would delete someone's data. Each reader now says
+    permission denied, for a folder it may not search and for a file it may not read, and changes nothing."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("another user's files need root (to chown) and setpriv (to drop the capabilities)")
+    from test_promise import snapshot
+    shutil.copytree(prepared, tmp_path / "data")
+    shutil.copytree(pretrained.parent, tmp_path / "run")
+    shutil.copy(os.path.join(ROOT, "config", "train_quickstart.py"), tmp_path / "config.py")
+    for d, folders, names in os.walk(tmp_path):
+        for name in folders + names:
+            os.chown(os.path.join(d, name), 65534, 65534)
+            os.chmod(os.path.join(d, name), 0o700 if name in folders else 0o600)
+    before = snapshot(tmp_path)
+    train = ["train.py", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'mine'}", *TINY_MODEL]
+    tune = ["finetune_glue.py", f"--checkpoint={tmp_path / 'run' / 'ckpt.pt'}", f"--glue_dir={GLUE_FIXTURES}",
+            "--tasks=rte", f"--out_json={tmp_path / 'glue.json'}"]
+    export = ["tools/export.py", f"--checkpoint={tmp_path / 'run' / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf'}"]
+    os.chmod(tmp_path, 0o755)
+    for searchable in (False, True):  # the folders closed (700), then open (755) with the files still 600
+        for folder in (tmp_path / "data", tmp_path / "run"):
+            os.chmod(folder, 0o755 if searchable else 0o700)
+        for args in (train, tune, export, ["train.py", tmp_path / "config.py"]):
+            assert_one_line_error(as_another_user(*args), "permission denied")
+    assert snapshot(tmp_path) == before
+
+
 def child_memory_cgroup(limit):
     """A memory cgroup below this process's own with `limit` bytes (v2's memory.max or v1's limit_in_bytes), made the
     way a batch system makes one; None where this process may not (not root, no writable hierarchy)."""

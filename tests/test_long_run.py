@@ -88,17 +88,33 @@ def test_a_resumed_run_reads_the_rows_an_uninterrupted_one_reads(prepared, tmp_p
     assert sorted(whole[:n_rows]) == list(range(n_rows)) and len(set(whole[n_rows:])) == len(whole) - n_rows
 
 
-def test_two_processes_train_like_one(prepared, tmp_path):
+def launch_two(args, nodes):
+    """train.py `args` in two processes under torchrun: on one node (--standalone), or as docs/gpu.md's two-node
+    command (c10d rendezvous, one process a node) with both nodes on this machine. Rank 0's stdout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if nodes == 1:
+        procs = [spawn([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args],
+                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    else:
+        import socket
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+        procs = [spawn([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                        "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=cram", *args], cwd=ROOT,
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err[-3000:] for _, err in outputs]
+    return next(out for out, _ in outputs if "final:" in out)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_two_processes_train_like_one(prepared, tmp_path, nodes):
     """Under torchrun each rank takes a disjoint share of the global batch: 2 processes give the
-    losses and parameters of 1 process with the same global batch."""
+    losses and parameters of 1 process with the same global batch, on one node or on two."""
     common = ["train.py", f"--data_dir={prepared}", *TOKEN_RUN, "--batch_ramp=0.0", "--budget_tokens=16384"]
     one = run_script(*common, f"--out_dir={tmp_path / 'one'}").stdout
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          *common, f"--out_dir={tmp_path / 'two'}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    losses_one, losses_two = step_lines(one), step_lines(two.stdout)
+    losses_one, losses_two = step_lines(one), step_lines(launch_two([*common, f"--out_dir={tmp_path / 'two'}"], nodes))
     assert len(losses_one) == 8 and losses_one.keys() == losses_two.keys()
     for s in losses_one:
         assert float(losses_two[s][0]) == pytest.approx(float(losses_one[s][0]), abs=2e-4)
@@ -284,6 +300,34 @@ def test_a_batch_system_s_stop_under_torchrun_saves(prepared, tmp_path):
     for pid in descendants(proc.pid):  # the job's every process, as scancel does
         os.kill(pid, signal.SIGTERM)
     assert_saved_stop(proc, lines, "SIGTERM", out)
+
+
+def test_a_rank_that_dies_leaves_the_other_one_line(prepared, tmp_path):
+    """The OOM killer takes one of torchrun's workers (SIGKILL): the other ended in a gloo traceback ("Connection closed
+    by peer") inside DDP's backward. It now ends with one line saying that another process of the run ended, and the
+    checkpoint saved before stays."""
+    out, logs = tmp_path / "ddp", tmp_path / "logs"
+    proc = spawn([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
+                  "--redirects=3", "train.py", f"--data_dir={prepared}", *LONG_STEP, "--batch_size=512",
+                  "--ckpt_interval_minutes=0", f"--out_dir={out}"], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rank_log = lambda rank, name: next(logs.glob(f"*/attempt_0/{rank}/{name}"), None)  # noqa: E731
+    deadline = time.time() + 240
+    while not (rank_log(0, "stdout.log") and "step 2 " in rank_log(0, "stdout.log").read_text() and
+               (out / "ckpt.pt").exists()):
+        assert time.time() < deadline and proc.poll() is None, "the run did not reach step 2"
+        time.sleep(0.5)
+    saved = torch.load(out / "ckpt.pt", weights_only=True)["step"]
+    for pid in descendants(proc.pid)[1:]:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if b"\0RANK=1\0" in b"\0" + f.read():
+                os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=180)
+    lines = [line for line in rank_log(0, "stderr.log").read_text().splitlines() if line.strip()]
+    # torchrun stops the survivors too (SIGTERM), and either may come first: each is one line that says what happened
+    assert "Traceback" not in "\n".join(lines), lines[-20:]
+    assert re.match(r"(\[rank0\]: )?(error: another process of this run ended|stopped by SIGTERM)", lines[-1]), lines[-5:]
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] >= saved
 
 
 def test_a_person_s_second_ctrl_c_stops_at_once(prepared, tmp_path):

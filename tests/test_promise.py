@@ -464,3 +464,20 @@ def test_missing_optional_dependencies_are_found_before_the_work(pretrained, pre
     proc = run_without("matplotlib", "tools/compare.py", f"--runs={run}", f"--png={tmp_path / 'plot.png'}")
     assert proc.returncode == 0 and "matplotlib is not installed" in proc.stdout and f"| {run} |" in proc.stdout
     assert not (tmp_path / "plot.png").exists()
+
+
+def test_a_stop_that_lands_inside_a_lock_s_wait_is_still_the_stop():
+    """Ctrl-C inside a thread pool's Condition.wait (prepare.py's encoding) can unwind as `RuntimeError: cannot release
+    un-acquired lock`, raised while handling the KeyboardInterrupt: that is the stop (its line, status 130), and a
+    RuntimeError of its own is still a bug's traceback."""
+    stop = ("import signal, sys; sys.path.insert(0, '.'); from cram import process\n"
+            "def main():\n    try:\n        raise KeyboardInterrupt(signal.SIGINT)\n"
+            "    except KeyboardInterrupt:\n        raise RuntimeError('cannot release un-acquired lock')\n"
+            "process.guarded(main, 'nothing was written')")
+    proc = subprocess.run([sys.executable, "-c", stop], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert_kept(proc, {}, 130, "stopped by SIGINT", "nothing was written")
+    bug = stop.replace("raise KeyboardInterrupt(signal.SIGINT)", "raise ValueError('a bug')").replace(
+        "except KeyboardInterrupt", "except ValueError")
+    proc = subprocess.run([sys.executable, "-c", bug], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+
