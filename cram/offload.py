@@ -227,9 +227,8 @@ class BlockStreamer:
         return grad, squares
 
     def _recompute(self, slot, grad, x, rng):
-        """The block in template `slot` again from its input x and the RNG state its forward started
-        from (the same dropout masks), with grad, and its backward from grad; returns the gradient
-        at x and the template's weight gradients, taken off the template."""
+        """The block in template `slot` rerun from its input x and its forward's RNG state (the same dropout masks),
+        then its backward from grad; returns x's gradient and the template's weight gradients, taken off it."""
         set_device_rng(self.rt.device, rng)
         x = x.requires_grad_()
         with self.rt.autocast():
