@@ -2,9 +2,8 @@
 optimizer, and DDP, decided here once for train.py, bench.py and finetune_glue.py. (The process around them,
 its signals, faults and progress lines, is cram/process.py.)
 
-Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
-float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
-the tests run the GPU's code path on any machine, with only the device differing.
+Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and float16, AdamW has a fused CPU
+kernel (torch >= 2.4), the grad scaler works; so tests run the GPU's code path anywhere, only the device differing.
 """
 import contextlib
 import dataclasses
@@ -19,12 +18,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-# inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector
-# width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
-# cache folder of its own, named here, on import, before anything imports inductor (which fixes
-# its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the user's still says where.
-# A read-only container (docker --read-only) has no usable temporary folder: nothing is set (FileNotFoundError), and a
-# compiled run finds out at its probe (compile_problem) and goes eager, where no script needs one.
+# inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector width are reused under
+# another and give NaN losses or corrupt the heap. So each capability gets a cache folder of its own, named here, on
+# import, before anything imports inductor (which fixes its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the
+# user's still says where. A read-only container (docker --read-only) has no usable temporary folder: nothing is set
+# (FileNotFoundError), and a compiled run finds out at its probe (compile_problem) and goes eager, which needs none.
 with contextlib.suppress(FileNotFoundError):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
         os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
@@ -456,8 +454,7 @@ class Muon(torch.optim.Optimizer):
                     p.mul_(1 - lr * wd).add_(update, alpha=-lr)
                 else:
                     if not state:
-                        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                                     exp_avg_sq=torch.zeros_like(p))
+                        state.update(step=torch.zeros(()), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                     state["step"] += 1
                     t = state["step"].item()
                     state["exp_avg"].lerp_(p.grad, 1 - beta1)
