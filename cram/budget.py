@@ -113,8 +113,7 @@ def settle(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world))
-    saved_lr = checkpoint.get("config", {}).get("lr") if checkpoint else None
-    config["lr"] = config["lr"] or saved_lr or lr_for_width(config["d_model"])
+    config["lr"] = config["lr"] or (checkpoint or {}).get("config", {}).get("lr") or lr_for_width(config["d_model"])
     return pick
 
 
