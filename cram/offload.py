@@ -92,8 +92,7 @@ class HostBlocks:
                      else params for params in self.masters]
         for i in range(len(self)):
             self.refresh_send(i)
-        self.updater = ThreadPoolExecutor(max_workers=1)
-        self.updates = [None] * len(self)
+        self.updater, self.updates = ThreadPoolExecutor(max_workers=1), [None] * len(self)
 
     def __len__(self):
         return len(self.masters)
@@ -208,9 +207,8 @@ class BlockStreamer:
         return h
 
     def backward(self, grad, inputs, rng, last):
-        """Recompute each block from its saved input and RNG state, backward from grad (B, T, d),
-        and add its weight gradients to the host accumulators. Returns the gradient at the first
-        block's input and, when last, each block's squared gradient norm."""
+        """Recompute each block from its saved input and RNG state, backward from grad (B, T, d), its weight gradients
+        added to the host accumulators; returns the first block's input gradient and, when last, their squared norms."""
         n, pending, squares = len(self.host), None, [0.0] * len(self.host)
         ready = self._fetch(n - 1)
         for i in reversed(range(n)):
