@@ -4,18 +4,16 @@
     python bench.py --shape=reference --micro_batch=256 --sweep=False
     python bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
 
-Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile,
-fused AdamW, all set up by cram/runtime.py as in training) after warm-up, with the device
-synchronised, for:
+Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile, fused AdamW, all set up
+by cram/runtime.py as in training) after warm-up, with the device synchronised, for:
   crammed        our model with train.py's recipe (model.py's ModelConfig defaults: the paper's
                  crammed model plus smear, 1% of the reference shape's FLOPs), compiled and eager,
   original BERT  our model switched to the original recipe (config/bert_original.py),
   HF BERT        transformers' BertForMaskedLM of the same shape (SDPA attention), if installed;
-then reports the ratios, the share of the device's own matmul speed that the step reaches (the
-matmul shapes of the model timed alone in the same run: the practical ceiling), the cost of data
-loading and masking, and tokens/s per micro-batch size up to the largest that fits (the search
-train.py's micro_batch=0 uses). --profile=True adds the crammed step's costliest kernels and its
-time by kind of kernel (fused element-wise, attention, matmuls, optimizer, the rest) a micro-batch.
+then reports the ratios, the share of the device's own matmul speed the step reaches (the matmul shapes of the model
+timed alone in the same run: the practical ceiling), the cost of data loading and masking, and tokens/s per micro-batch
+size up to the largest that fits (train.py's micro_batch=0 search). --profile=True adds the crammed step's costliest
+kernels and its time a micro-batch by kernel kind (fused element-wise, attention, matmuls, optimizer, the rest).
 
 Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too: tools/bench_prepare.py.
 """
@@ -193,8 +191,7 @@ def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
     repeats = repeats or (20 if rt.device.type == "cuda" else 5)
     total_flops = total_seconds = 0.0
     for m, k, n, count in shapes:
-        a = torch.randn(m, k, device=rt.device, dtype=rt.dtype)
-        b = torch.randn(k, n, device=rt.device, dtype=rt.dtype)
+        a, b = (torch.randn(*shape, device=rt.device, dtype=rt.dtype) for shape in ((m, k), (k, n)))
         out = torch.empty(m, n, device=rt.device, dtype=rt.dtype)
         torch.mm(a, b, out=out)  # warm-up: library handles, kernel choice, first touch of the memory
         total_seconds += count * runtime.best_seconds(functools.partial(torch.mm, a, b, out=out), rt, repeats, rounds)

@@ -39,10 +39,9 @@ class Attention(nn.Module):
 
 
 def attend(q, k, v, attn_mask, dropout_p):
-    """Scaled dot-product attention of q, k, v (B, H, T, d_head); attn_mask as
-    F.scaled_dot_product_attention's (a boolean one: True takes part). A bfloat16 attention on a
-    CPU runs as two bfloat16 products around a float32 softmax, faster there than torch's CPU flash
-    kernel in bfloat16 (BENCHMARKS.md, "The CPU's precision by a timing"); a GPU runs the fused kernel."""
+    """Scaled dot-product attention of q, k, v (B, H, T, d_head); attn_mask as F.scaled_dot_product_attention's
+    (boolean: True takes part). On a CPU, bfloat16 runs as two bfloat16 products around a float32 softmax, faster than
+    torch's bfloat16 CPU flash kernel (BENCHMARKS.md, "The CPU's precision by a timing"); a GPU runs the fused one."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         # q scaled rather than the scores: inductor's softmax of scaled scores adds a pass of finiteness checks
         scores = ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).float()  # (B, H, T, S)
@@ -63,11 +62,10 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(d_ffn // 2 if glu else d_ffn, d_model, bias=bias)
 
     def forward(self, x):
-        h = self.up(x)
         if self.glu:
-            gate, value = h.chunk(2, dim=-1)
+            gate, value = self.up(x).chunk(2, dim=-1)
             return self.down(F.gelu(gate) * value)
-        return self.down(F.gelu(h))
+        return self.down(F.gelu(self.up(x)))
 
 
 class Block(nn.Module):
@@ -94,10 +92,9 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Every model setting, declared once. train.py takes each as --key=value (the configurator adds
-    them to its settings and --help), checkpoints store them as `model_args`, and bench.py,
-    finetune_glue.py, off-load mode and the export read them from there (train.py declares the four
-    shape fields again, 0 meaning the budget's pick). Adding a switch means a field here and its use
+    """Every model setting, declared once. train.py takes each as --key=value (and lists it in --help), checkpoints
+    store them as `model_args`, and bench.py, finetune_glue.py, off-load mode and the export read them there (train.py
+    declares the four shape fields again, 0 meaning the budget's pick). Adding a switch means a field here and its use
     below. The defaults are the reference crammed-BERT shape (~120M parameters) with train.py's recipe."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too
@@ -185,8 +182,7 @@ class ModelConfig:
 
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
-# what a field missing from a checkpoint's model_args meant: the switch did not exist yet (off)
-MISSING_FIELD_DEFAULTS = {"smear": False}
+MISSING_FIELD_DEFAULTS = {"smear": False}  # missing from a checkpoint's model_args: the switch did not exist yet (off)
 
 
 def saved_model_args(model_args):
@@ -269,8 +265,7 @@ class CrammedBert(nn.Module):
         for block in self.blocks[:full]:
             x = block(x, attn_mask)
         context = x
-        if positions is not None:
-            x = at_positions(x, positions)  # (B, k, d)
+        x = x if positions is None else at_positions(x, positions)  # (B, k, d) with positions
         for block in self.blocks[full:]:
             x = block(x, attn_mask, context)
         return self.final_norm(x)
@@ -362,10 +357,9 @@ def diverged(loss, vocab_size, applied=True, scaler=None):
 
 
 class Trainer:
-    """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model`
-    (what the step runs: the model, or its compiled and DDP-wrapped copy), the optimizer and
-    `scaler`, float16's loss scaling (a pass-through otherwise). offload.OffloadTrainer offers the
-    same step, state_dict and load_state_dict, so train.py runs both modes alike."""
+    """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model` (what the step runs:
+    the model, or its compiled and DDP-wrapped copy), the optimizer and `scaler`, float16's loss scaling (a pass-through
+    otherwise). offload.OffloadTrainer has the same methods, so train.py runs both modes alike."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast

@@ -88,9 +88,7 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
-        if progress < warmup:
-            return peak * progress / warmup
-        return peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
+        return peak * progress / warmup if progress < warmup else peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
     raise ValueError(f"unknown lr_schedule '{schedule}' (triangle, warmup_linear)")
 
 
@@ -327,9 +325,8 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)
 
 
 def open_out_dir(model_args, ckpt_path, config, rt, train_tokens, checkpoint, opening):
-    """Rank 0's: out_dir locked, writable, with room for a checkpoint (weights and AdamW in float32); warnings of a
-    run too large for a CPU or its data; the run's opening lines (`opening`, or where a resume starts). Returns the
-    metrics log (files.MetricsLog)."""
+    """Rank 0's: out_dir locked, writable, with room for a checkpoint (weights and AdamW in float32); warnings of a run
+    too large for a CPU or its data; the opening lines (`opening`, or where a resume starts). Returns the MetricsLog."""
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
     claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))

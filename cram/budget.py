@@ -49,12 +49,11 @@ def shape_of(rung, given):
 
 
 def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
-    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time budget's estimate),
-    or `tokens` when above 0 (each rung then costs its own FLOPs per token). The rung whose blocks' matmul weights
-    are nearest (by ratio) the compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT;
-    where it would repeat the data (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens
-    in the time, up to 4x the best size. model_args: the other ModelConfig fields (vocabulary, sequence length,
-    switches), which the FLOPs per token depend on."""
+    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time budget's estimate), or
+    `tokens` when above 0 (each rung then costs its own FLOPs per token). The rung whose blocks' matmul weights are
+    nearest (by ratio) the compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT; where it
+    would repeat the data (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens in the time,
+    up to 4x the best size. model_args: the other ModelConfig fields, which the FLOPs per token depend on."""
     rungs = []  # (weights, best size, tokens) of each rung
     for rung in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(rung, {})})
@@ -101,10 +100,9 @@ def cpu_bf16_gain(speedup):
 
 
 def settle(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
-    """The shape, the final batch and the peak learning rate, written into `config` (train.py's settings):
-    each given (non-zero) as given; a resumed run's others from its `checkpoint` (None for a fresh run); a
-    fresh run's by the rule (pick) and the rate from the width (lr_for_width). Returns what the rule
-    picked (or None), for the checkpoint to keep and start_lines to say."""
+    """The shape, final batch and peak learning rate, written into `config` (train.py's settings): each given (non-zero)
+    as given; a resumed run's others from its `checkpoint`; a fresh run's by the rule (pick) and the rate from the width
+    (lr_for_width). Returns what the rule picked (or None), for the checkpoint to keep and start_lines to say."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     pick = None
     if checkpoint:  # the batch of a checkpoint from before the budget picked: train.py's default then
@@ -115,8 +113,7 @@ def settle(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world))
-    saved_lr = checkpoint.get("config", {}).get("lr") if checkpoint else None
-    config["lr"] = config["lr"] or saved_lr or lr_for_width(config["d_model"])
+    config["lr"] = config["lr"] or (checkpoint or {}).get("config", {}).get("lr") or lr_for_width(config["d_model"])
     return pick
 
 
@@ -138,9 +135,8 @@ def budget_compute(config, rt, world, master, ddp):
 
 
 def pick_for(compute, config, given, data_args, data_tokens, world):
-    """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for `compute`
-    FLOPs or config's budget_tokens; the batch a whole number of micro-batches on every process.
-    Returns what it picked and why."""
+    """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for `compute` FLOPs or
+    config's budget_tokens; the batch a whole number of micro-batches on every process. Returns the pick and why."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
     rung, nearest, _ = shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate)

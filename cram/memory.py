@@ -69,9 +69,8 @@ def probe_micro_batch(model_args, rt, largest, mask_rate):
 
 
 def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
-    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or the lowest limit of the process's
-    own cgroups (v2's memory.max, v1's memory.limit_in_bytes: a container's, a job's) where that is lower; None where
-    the system does not say (Windows)."""
+    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or its cgroups' lowest limit where
+    lower (v2's memory.max, v1's memory.limit_in_bytes: a container's, a job's); None where unknown (Windows)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     try:
@@ -99,20 +98,18 @@ def least_bytes(config, rt, mask_rate, training=True, offload=False):
 
 def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, offload=False, capacity=None):
     """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`, default
-    memory_capacity's) by lower estimates, so that what is refused surely does not fit: the weights, gradients and
-    AdamW state (16 bytes a parameter; off-load mode keeps them in host memory), a micro-batch's activations
-    (ModelConfig.step_bytes; `training` or inference, normal or off-load mode) and the token ids of a step's batch
-    (inputs, positions, labels: 12 bytes a position, all on the device before the step). micro and batch:
-    (sequences, the setting that chose them: '--micro_batch=32', or what chose the value); an error names it (or the
-    model's shape) and the largest value that fits."""
+    memory_capacity's) by lower estimates, so that what is refused surely does not fit: the weights, gradients and AdamW
+    state (16 bytes a parameter; in host memory in off-load mode), a micro-batch's activations (ModelConfig.step_bytes,
+    `training` or not, `offload` or not) and the token ids of a step's batch (inputs, positions, labels: 12 bytes a
+    position, all on the device before the step). micro and batch: (sequences, what chose them, as '--micro_batch=32');
+    an error names it (or the model's shape) and the largest value that fits."""
     (micro, micro_name), (batch, batch_name) = micro, batch
     capacity = capacity or memory_capacity(rt.device)
     if not capacity:
         return
     params, where = config.parameters_at_least(), f"this {'GPU' if rt.device.type == 'cuda' else 'machine'}'s"
     model_bytes, per_sequence = least_bytes(config, rt, mask_rate, training, offload)
-    state = model_bytes * (not offload)
-    ids = 12 * config.seq_len * batch
+    state, ids = model_bytes * (not offload), 12 * config.seq_len * batch
     fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" and
                                                          not offload else "")
     host = memory_capacity(torch.device("cpu")) if offload else None

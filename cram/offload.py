@@ -18,8 +18,7 @@ from model import Block, at_positions, param_groups
 
 
 def check_settings(world, config, optim, dtype):
-    """One-line errors for what off-load mode does not run with: the processes, the model (a ModelConfig),
-    the optimizer, the autocast dtype."""
+    """One-line errors for what off-load mode does not run with (config: the model, a ModelConfig)."""
     if world > 1:
         raise SystemExit("error: --offload=True runs in one process: start it with python, not torchrun")
     if config.full_layer_count() < config.n_layers:
@@ -39,8 +38,7 @@ def adamw_order(module):
 
 
 def wire_dtype(p, dtype):
-    """The dtype a block parameter crosses the bus and computes in: matrices in the autocast dtype
-    `dtype`, vectors in float32."""
+    """The dtype a block parameter crosses the bus and computes in: matrices in autocast's `dtype`, vectors float32."""
     return dtype if p.dim() >= 2 else torch.float32
 
 
@@ -68,11 +66,10 @@ class HostStream:
     def record_event(self):
         return self
 
-    def wait_event(self, event):
+    def wait_event(self, event=None):
         pass
 
-    def synchronize(self):
-        pass
+    synchronize = wait_event
 
 
 class HostBlocks:
@@ -95,8 +92,7 @@ class HostBlocks:
                      else params for params in self.masters]
         for i in range(len(self)):
             self.refresh_send(i)
-        self.updater = ThreadPoolExecutor(max_workers=1)
-        self.updates = [None] * len(self)
+        self.updater, self.updates = ThreadPoolExecutor(max_workers=1), [None] * len(self)
 
     def __len__(self):
         return len(self.masters)
@@ -114,9 +110,7 @@ class HostBlocks:
         landed.synchronize()
         accumulators = [p.grad for p in self.masters[i]]
         torch._foreach_add_(accumulators, grads)
-        if not last:
-            return 0.0
-        return torch.stack(torch._foreach_norm(accumulators)).square().sum().item()
+        return torch.stack(torch._foreach_norm(accumulators)).square().sum().item() if last else 0.0
 
     def start_updates(self, lr, scale):
         """Queue every block's update on the updater thread, in forward order; the next forward waits
@@ -150,11 +144,10 @@ class HostBlocks:
 
 
 class BlockStreamer:
-    """The device side: runs the blocks of `host` (a HostBlocks) through two device templates,
-    Blocks of the model's `config`, block i in template i % 2, matrices in the autocast dtype. Three
-    streams: compute (the current one), h2d for the weights in and d2h for the gradients out;
-    resident[s] is the block whose current weights template s holds, slot_free[s] the event of the
-    last compute that read it. Gradients go out through pinned staging buffers, one set per template."""
+    """The device side: runs the blocks of `host` (a HostBlocks) through two device templates, Blocks of the model's
+    `config`, block i in template i % 2, matrices in the autocast dtype. Three streams: compute (the current one), h2d
+    (weights in), d2h (gradients out); resident[s] is the block whose current weights template s holds, slot_free[s] the
+    event of the last compute that read it. Gradients go out through pinned staging buffers, one set per template."""
 
     def __init__(self, host, config, rt):
         self.host, self.rt, self.cuda = host, rt, rt.device.type == "cuda"
@@ -163,7 +156,6 @@ class BlockStreamer:
         self.templates = [t.to_empty(device=rt.device) for t in templates]
         for p in (p for t in self.templates for p in t.parameters()):
             p.data = p.data.to(wire_dtype(p, rt.dtype))
-        # gradients land here before the host adds them to the accumulators (one set per template)
         self.staging = [[host_like(p, p.dtype, pin=True) for p in self.templates[0].parameters()] if self.cuda
                         else None for _ in range(2)]
         self.resident = [None, None]  # which block's current weights each template holds
@@ -215,9 +207,8 @@ class BlockStreamer:
         return h
 
     def backward(self, grad, inputs, rng, last):
-        """Recompute each block from its saved input and RNG state, backward from grad (B, T, d),
-        and add its weight gradients to the host accumulators. Returns the gradient at the first
-        block's input and, when last, each block's squared gradient norm."""
+        """Recompute each block from its saved input and RNG state, backward from grad (B, T, d), its weight gradients
+        added to the host accumulators; returns the first block's input gradient and, when last, their squared norms."""
         n, pending, squares = len(self.host), None, [0.0] * len(self.host)
         ready = self._fetch(n - 1)
         for i in reversed(range(n)):
@@ -234,9 +225,8 @@ class BlockStreamer:
         return grad, squares
 
     def _recompute(self, slot, grad, x, rng):
-        """The block in template `slot` again from its input x and the RNG state its forward started
-        from (the same dropout masks), with grad, and its backward from grad; returns the gradient
-        at x and the template's weight gradients, taken off the template."""
+        """The block in template `slot` rerun from its input x and its forward's RNG state (the same dropout masks),
+        then its backward from grad; returns x's gradient and the template's weight gradients, taken off it."""
         set_device_rng(self.rt.device, rng)
         x = x.requires_grad_()
         with self.rt.autocast():
@@ -347,7 +337,6 @@ class OffloadTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return total / n, applied
 
-    # checkpoints in normal mode's format
     def _locate(self):
         """name -> (optimizer, its index of the parameter), for every parameter of the plain model."""
         parts = [("", self.stem, self.optimizer)] + [(f"blocks.{i}.", block, optimizer) for i, (block, optimizer) in
@@ -374,8 +363,7 @@ class OffloadTrainer:
         model = checkpoint["model"]
         self.stem.load_state_dict({k: v for k, v in model.items() if not k.startswith("blocks.")})
         self.host.blocks.load_state_dict({k[len("blocks."):]: v for k, v in model.items() if k.startswith("blocks.")})
-        where = self._locate()
-        saved = checkpoint["optimizer"]
+        where, saved = self._locate(), checkpoint["optimizer"]
         for optimizer in [self.optimizer, *self.host.optimizers]:
             own = optimizer.state_dict()
             state = {where[name][1]: saved["state"][index] for index, name in enumerate(self.adamw_order)

@@ -2,9 +2,8 @@
 optimizer, and DDP, decided here once for train.py, bench.py and finetune_glue.py. (The process around them,
 its signals, faults and progress lines, is cram/process.py.)
 
-Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and
-float16 there, AdamW has a fused CPU kernel (torch >= 2.4) and the grad scaler works on it. So
-the tests run the GPU's code path on any machine, with only the device differing.
+Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and float16, AdamW has a fused CPU
+kernel (torch >= 2.4), the grad scaler works; so tests run the GPU's code path anywhere, only the device differing.
 """
 import contextlib
 import dataclasses
@@ -14,16 +13,16 @@ import os
 import tempfile
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-# inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector
-# width are reused under another and give NaN losses or corrupt the heap. So each capability gets a
-# cache folder of its own, named here, on import, before anything imports inductor (which fixes
-# its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the user's still says where.
-# A read-only container (docker --read-only) has no usable temporary folder: nothing is set (FileNotFoundError), and a
-# compiled run finds out at its probe (compile_problem) and goes eager, where no script needs one.
+# inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector width are reused under
+# another and give NaN losses or corrupt the heap. So each capability gets a cache folder of its own, named here, on
+# import, before anything imports inductor (which fixes its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the
+# user's still says where. A read-only container (docker --read-only) has no usable temporary folder: nothing is set
+# (FileNotFoundError), and a compiled run finds out at its probe (compile_problem) and goes eager, which needs none.
 with contextlib.suppress(FileNotFoundError):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
         os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
@@ -100,9 +99,8 @@ class Runtime:
         return Muon(params, **kwargs) if kind == "muon" else torch.optim.AdamW(params, fused=True, **kwargs)
 
     def compile_model(self, model, fullgraph=True):
-        """torch.compile when enabled. fullgraph=True makes a graph break an error instead of
-        a silent slowdown (our model has none; a test checks it); dynamic=False gives each shape
-        (each level of a masking-rate schedule) its own static graph."""
+        """torch.compile when enabled. fullgraph=True makes a graph break an error instead of a silent slowdown (our
+        model has none, a test checks); dynamic=False gives each shape (each masking-rate level) a static graph."""
         if not self.compile:
             return model
         if self.device.type == "cpu":
@@ -134,10 +132,9 @@ class Runtime:
 
 
 def setup(device="auto", dtype="auto", compile=True, compile_mode="default", continues=None):
-    """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto':
-    auto_dtype's rule; or 'float32', 'bfloat16', 'float16'), compile and compile_mode
-    (COMPILE_MODES). Under torchrun, 'cuda' is this process's GPU (LOCAL_RANK). continues: the
-    (device type, dtype) of the run this one continues, which auto keeps (auto_dtype)."""
+    """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto': auto_dtype's rule, or one
+    of DTYPES), compile and compile_mode (COMPILE_MODES). Under torchrun, 'cuda' is this process's GPU (LOCAL_RANK).
+    continues: the (device type, dtype) of the run this one continues, which auto keeps (auto_dtype)."""
     fit_threads()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -194,10 +191,9 @@ def auto_dtype(device, continues=None, speedup=None):
 
 
 def bf16_speedup(size=512, rounds=3, seconds=0.05):
-    """How many times float32's speed a size^3 matmul runs at under bfloat16 autocast on this CPU, on one thread
-    (steadier than several beside another process), each the best of `rounds` rounds timed in turns, a round as many
-    products as fit `seconds` but at least one. A first timed round far below the threshold ends it early; the
-    warm-up round never does."""
+    """How many times float32's speed a size^3 matmul runs at in bfloat16 autocast on one thread of this CPU (steadier
+    than several beside another process): each the best of `rounds` rounds timed in turns, a round as many products as
+    fit `seconds` (at least one); a first timed round (not the warm-up) far below the threshold ends it early."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     best, threads = {torch.float32: 0.0, torch.bfloat16: 0.0}, torch.get_num_threads()
     torch.set_num_threads(1)
@@ -223,8 +219,7 @@ def rank0_precision(rt):
     the CPU in each process, and near the threshold two processes could pick differently)."""
     names = list(DTYPES)
     name = names[round(from_rank0(names.index(rt.dtype_name()), rt.device))]
-    speedup = from_rank0(rt.bf16_speedup, rt.device)
-    return dataclasses.replace(rt, dtype=DTYPES[name], bf16_speedup=speedup,
+    return dataclasses.replace(rt, dtype=DTYPES[name], bf16_speedup=from_rank0(rt.bf16_speedup, rt.device),
                                why=rt.why if name == rt.dtype_name() else "auto: rank 0's")
 
 
@@ -312,13 +307,9 @@ def usable_cpus(cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
     quota: what Docker's --cpus sets), at least 1. os.cpu_count() is the host's, however few it gets."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     for folder in cgroup_folders("cpu", cgroup, own):
-        for quota_file, period_file in (("cpu.max", None), ("cpu.cfs_quota_us", "cpu.cfs_period_us")):
+        for names in (("cpu.max",), ("cpu.cfs_quota_us", "cpu.cfs_period_us")):  # v2's one file, v1's two
             try:
-                with open(os.path.join(folder, quota_file), encoding="utf-8") as f:
-                    fields = f.read().split()
-                if period_file:
-                    with open(os.path.join(folder, period_file), encoding="utf-8") as f:
-                        fields.append(f.read().strip())
+                fields = " ".join(Path(folder, name).read_text(encoding="utf-8") for name in names).split()
                 quota, period = int(fields[0]), int(fields[1])  # v2 'max 100000' (no quota) raises; v1's -1 is skipped
             except (OSError, ValueError, IndexError):
                 continue
@@ -348,10 +339,9 @@ def mean_over_ranks(value):
 
 
 def leave_process_group():
-    """The end of a DDP run, once the DDP model is deleted: its reducer holds gloo work, freed now, before
-    its process group, not at the interpreter's exit, where freeing it can abort the process ("terminate
-    called without an active exception"); then a wait for every rank (rank 0 evaluates and saves alone,
-    and tearing down before it is done aborts the others), and the group's end."""
+    """The end of a DDP run, once the DDP model is deleted: its reducer's gloo work freed now, before the process group,
+    not at the interpreter's exit, where that can abort the process ("terminate called without an active exception");
+    then a barrier (rank 0 evaluates and saves alone: an earlier teardown aborts the others), and the group's end."""
     import gc
     gc.collect()
     dist.barrier()
@@ -429,8 +419,7 @@ def orthogonalize(g, steps=5):
     x = g.bfloat16() if g.is_cuda else g.float()  # bfloat16 is fast on a GPU and slow on a CPU
     x = x / (x.norm() + 1e-7)  # singular values into [0, 1]
     tall = x.shape[0] > x.shape[1]
-    if tall:  # iterate on the smaller Gram matrix
-        x = x.T
+    x = x.T if tall else x  # iterate on the smaller Gram matrix
     for _ in range(steps):
         gram = x @ x.T                             # (r, r), r = min(rows, cols)
         x = a * x + (b * gram + c * gram @ gram) @ x
@@ -449,7 +438,7 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = torch.enable_grad()(closure)() if closure else None
         for group in self.param_groups:
-            lr, wd = group["lr"], group["weight_decay"]
+            lr, wd, (beta1, beta2) = group["lr"], group["weight_decay"], group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -457,16 +446,13 @@ class Muon(torch.optim.Optimizer):
                 if group["muon"]:
                     if not state:
                         state["momentum"] = torch.zeros_like(p)
-                    buf = state["momentum"]
-                    buf.lerp_(p.grad, 1 - group["momentum"])
+                    buf = state["momentum"].lerp_(p.grad, 1 - group["momentum"])
                     update = p.grad.lerp(buf, group["momentum"])  # Nesterov: look ahead along the momentum
                     update = orthogonalize(update, group["ns_steps"]) * (0.2 * math.sqrt(max(p.shape)))
                     p.mul_(1 - lr * wd).add_(update, alpha=-lr)
                 else:
-                    beta1, beta2 = group["betas"]
                     if not state:
-                        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                                     exp_avg_sq=torch.zeros_like(p))
+                        state.update(step=torch.zeros(()), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                     state["step"] += 1
                     t = state["step"].item()
                     state["exp_avg"].lerp_(p.grad, 1 - beta1)
