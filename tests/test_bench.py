@@ -3,7 +3,7 @@ import os
 import re
 import subprocess
 
-from conftest import ROOT, assert_one_line_error, run_script
+from conftest import ROOT, assert_one_line_error, run_script, slow
 
 
 def test_bench_prints_the_table_with_ratios(tmp_path):
@@ -33,6 +33,7 @@ def test_bench_rejects_unknown_shape_and_layers_to_narrow_that_it_does_not_have(
                           "--full_layers=2,4: 4 is not a number of full layers from 1 to 3")
 
 
+@slow
 def test_bench_times_each_compile_mode(tmp_path):
     """The crammed row in each mode asked for, then eager; a mode the device cannot run is refused first."""
     args = ["bench.py", "--shape=small", "--micro_batch=2", "--accum_steps=1", "--steps=1", "--warmup_steps=1",

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from conftest import TINY_MODEL, run_script
+from conftest import TINY_MODEL, run_script, slow
 from model import ModelConfig
 from cram.budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps, lr_for_width,
                          shape_for_budget, shape_of)
@@ -171,6 +171,7 @@ def test_what_the_budget_picks_is_the_module_s_global_once_the_run_starts(prepar
     assert seen == ran and all(seen.values()), (seen, ran)
 
 
+@slow
 def test_the_picture_of_the_best_shape_against_compute(prepared, tmp_path):
     """tools/shape_plot.py reads a sweep (compare.py's layout: <minutes>/results.json and each variant's
     seed0 checkpoint), keeps its points and draws them beside the rule's line; a second drawing needs

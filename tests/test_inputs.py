@@ -252,7 +252,7 @@ def test_a_limit_on_any_of_the_process_s_own_cgroups_holds(tmp_path):
 def test_a_read_only_container_runs_with_its_outputs_on_a_volume(prepared, tmp_path):
     """docker --read-only: /tmp, /var/tmp, HOME and the code read-only, the outputs and TMPDIR on a volume (torch's own
     import asks for a temporary folder where dill is installed, as datasets installs it: docs/training.md). train.py
-    trains compiled and fine-tuning scores, writing to the volume alone; cram itself asks for no temporary folder at
+    trains and fine-tuning scores, writing to the volume alone; cram itself asks for no temporary folder at
     import (runtime did, and every script ended in `FileNotFoundError: No usable temporary directory found`)."""
     import shlex
     import shutil
@@ -271,10 +271,8 @@ def test_a_read_only_container_runs_with_its_outputs_on_a_volume(prepared, tmp_p
     clean = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # this process's, on /tmp
     os.mkdir(os.path.join(volume, "tmp"))
     try:
-        trained = run("train.py", f"--data_dir={prepared}", f"--out_dir={volume}/run", *TINY_MODEL, "--max_steps=2",
-                      "--compile=True")
+        trained = run("train.py", f"--data_dir={prepared}", f"--out_dir={volume}/run", *TINY_MODEL, "--max_steps=2")
         assert trained.returncode == 0 and "Traceback" not in trained.stderr, trained.stderr[-2000:]
-        assert "goes on eager" not in trained.stdout + trained.stderr
         bare = subprocess.run([sys.executable, "-c", "import tempfile, torch; tempfile.gettempdir = "
                                "lambda: open('/nowhere/x'); import cram.runtime, os; "
                                "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"], cwd=ROOT, capture_output=True,
@@ -316,10 +314,10 @@ def test_another_user_s_files_are_permission_denied_not_missing_or_damaged(prepa
             "--tasks=rte", f"--out_json={tmp_path / 'glue.json'}"]
     export = ["tools/export.py", f"--checkpoint={tmp_path / 'run' / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf'}"]
     os.chmod(tmp_path, 0o755)
-    for searchable in (False, True):  # the folders closed (700), then open (755) with the files still 600
-        for folder in (tmp_path / "data", tmp_path / "run"):
+    for searchable, readers in ((False, (train, tune, ["train.py", tmp_path / "config.py"])), (True, (train, export))):
+        for folder in (tmp_path / "data", tmp_path / "run"):  # closed (700), then open (755) with the files still 600
             os.chmod(folder, 0o755 if searchable else 0o700)
-        for args in (train, tune, export, ["train.py", tmp_path / "config.py"]):
+        for args in readers:
             assert_one_line_error(as_another_user(*args), "permission denied")
     assert snapshot(tmp_path) == before
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, spawn, weights_atol
+from conftest import CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, slow, spawn,
+                      weights_atol
 from cram import runtime
 from cram.data import repeat_warning, rows_at
 from cram.files import load_meta
@@ -156,8 +157,8 @@ def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
         torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129),
-                                            (signal.SIGXCPU, 152)])
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), pytest.param(
+    signal.SIGHUP, 129, marks=slow), (signal.SIGXCPU, 152)])  # SIGHUP's stop: the hang-up tests
 def test_a_signal_saves_and_exits_with_its_status(prepared, tmp_path, signum, status):
     args = [sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
             "--budget_hours=1.0", "--log_interval=1"]
