@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, slow, spawn,
-                      weights_atol
+from conftest import (CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, slow, spawn,
+                      weights_atol)
 from cram import runtime
 from cram.data import repeat_warning, rows_at
 from cram.files import load_meta
@@ -109,7 +109,7 @@ def launch_two(args, nodes):
     return next(out for out, _ in outputs if "final:" in out)
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("nodes", [pytest.param(1, marks=slow), 2])  # one node in CI: test_pipeline's torchrun test
 def test_two_processes_train_like_one(prepared, tmp_path, nodes):
     """Under torchrun each rank takes a disjoint share of the global batch: 2 processes give the
     losses and parameters of 1 process with the same global batch, on one node or on two."""
