@@ -26,9 +26,9 @@ import sys
 import time
 from contextlib import nullcontext
 
+from configurator import configure, read_config_file  # first: it checks for the temporary folder torch's import needs
 import torch
 
-from configurator import configure, read_config_file
 from cram import memory, process, runtime
 from cram.data import MASK_RATE, RandomBatches, benchmark_tokens
 from cram.files import gib

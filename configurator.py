@@ -17,7 +17,14 @@ import inspect
 import math
 import os
 import re
+import tempfile
 import traceback
+
+try:  # every script imports this module before torch, whose import asks for a temporary folder (dill, with datasets)
+    tempfile.gettempdir()
+except FileNotFoundError:  # none writable: /tmp, /var/tmp, the working folder (a read-only container)
+    raise SystemExit("error: no writable temporary folder here (a read-only container?), which torch's import needs: "
+                     "mount one (docker run --tmpfs /tmp) or set TMPDIR to a folder on a writable volume")
 
 CONFIG_TYPES = (bool, int, float, str, tuple)
 SETTINGS_RULE = "# " + "-" * 77  # the line above and below a script's settings

@@ -24,11 +24,11 @@ import sys
 import time
 
 import numpy as np
+from configurator import configure  # first: it checks for the temporary folder that torch's import needs
 import torch
 import torch.nn.functional as F
 
 from cram import memory, process, runtime
-from configurator import configure
 from cram.data import MASK_RATE, make_encoding
 from cram.files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, unfound, write_json
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args

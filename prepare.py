@@ -30,8 +30,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from configurator import config_keys, configure  # first: it checks for the temporary folder torch's import needs
 from cram import process, runtime
-from configurator import config_keys, configure
 from cram.data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
 from cram.files import (cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically,
                         unfound, write_json, write_ranks)

@@ -19,11 +19,11 @@ import sys
 import time
 from collections import namedtuple
 
+from configurator import configure  # first: it checks for the temporary folder that torch's import needs
 import torch
 
 from cram import budget, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
-from configurator import configure
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
                         refuse_overwrite, save_checkpoint)

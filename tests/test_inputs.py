@@ -250,10 +250,10 @@ def test_a_limit_on_any_of_the_process_s_own_cgroups_holds(tmp_path):
 
 
 def test_a_read_only_container_runs_with_its_outputs_on_a_volume(prepared, tmp_path):
-    """docker --read-only: /tmp, /var/tmp, HOME and the code read-only, the outputs and TMPDIR on a volume (torch's own
-    import asks for a temporary folder where dill is installed, as datasets installs it: docs/training.md). train.py
-    trains and fine-tuning scores, writing to the volume alone; cram itself asks for no temporary folder at
-    import (runtime did, and every script ended in `FileNotFoundError: No usable temporary directory found`)."""
+    """docker --read-only: /tmp, /var/tmp, HOME and the code read-only, the outputs and TMPDIR on a volume: train.py
+    trains and fine-tuning scores, writing to the volume alone (cram's runtime asked for a temporary folder at import).
+    Without TMPDIR there is none, and torch's own import asks for one where dill is installed (datasets installs it):
+    every script ended in `FileNotFoundError: No usable temporary directory found`; now one line says what to mount."""
     import shlex
     import shutil
     import tempfile
@@ -264,10 +264,10 @@ def test_a_read_only_container_runs_with_its_outputs_on_a_volume(prepared, tmp_p
     mounts = " && ".join(f"mount --bind {shlex.quote(d)} {shlex.quote(d)} && mount -o remount,ro,bind {shlex.quote(d)}"
                          for d in places)
 
-    def run(*args):  # in a mount namespace of its own: the read-only places end with it
+    def run(*args, tmp=os.path.join(volume, "tmp")):  # in a mount namespace of its own: the read-only places end with it
         command = f"{mounts} && cd {shlex.quote(ROOT)} && exec {' '.join(map(shlex.quote, [sys.executable, *args]))}"
         return subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=300,
-                              env=dict(clean, OMP_NUM_THREADS="1", TMPDIR=os.path.join(volume, "tmp")))
+                              env=dict(clean, OMP_NUM_THREADS="1", **({"TMPDIR": tmp} if tmp else {})))
     clean = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # this process's, on /tmp
     os.mkdir(os.path.join(volume, "tmp"))
     try:
@@ -281,6 +281,8 @@ def test_a_read_only_container_runs_with_its_outputs_on_a_volume(prepared, tmp_p
         scored = run("finetune_glue.py", f"--checkpoint={volume}/run/ckpt.pt", f"--glue_dir={GLUE_FIXTURES}",
                      "--tasks=rte", "--epochs=1", "--seeds=1", "--device=cpu")
         assert scored.returncode == 0 and os.path.isfile(f"{volume}/run/glue.json"), scored.stderr[-2000:]
+        for script in ("train.py", "prepare.py", "finetune_glue.py", "tools/export.py"):  # no TMPDIR: nowhere to write
+            assert_one_line_error(run(script, "--help", tmp=None), "no writable temporary folder", "TMPDIR")
     finally:
         shutil.rmtree(volume)
 

@@ -16,13 +16,12 @@ import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from cram import process, runtime  # noqa: E402  (the core sits one folder up)
-from configurator import configure  # noqa: E402
+from configurator import configure  # noqa: E402  (the core sits one folder up; first, for torch's temporary folder)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from cram import process, runtime  # noqa: E402
 from model import attend  # noqa: E402
 
 # -----------------------------------------------------------------------------

@@ -15,12 +15,12 @@ import sys
 import time
 
 import numpy as np
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from cram import process, runtime  # noqa: E402  (the core sits one folder up)
-from configurator import configure  # noqa: E402
+from configurator import configure  # noqa: E402  (the core sits one folder up; first, for torch's temporary folder)
+import torch  # noqa: E402
+from cram import process, runtime  # noqa: E402
 from cram.data import MASK_RATE, RandomBatches  # noqa: E402
 from cram.data import benchmark_tokens  # noqa: E402
 from cram.files import gib  # noqa: E402

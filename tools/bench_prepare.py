@@ -15,8 +15,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import prepare  # noqa: E402  (the core sits one folder up)
-from configurator import configure  # noqa: E402
+from configurator import configure  # noqa: E402  (the core sits one folder up; first, for torch's temporary folder)
+import prepare  # noqa: E402
 from cram.data import load_tokenizer  # noqa: E402
 from cram.files import load_meta  # noqa: E402
 from cram.process import guarded  # noqa: E402

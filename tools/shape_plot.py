@@ -18,9 +18,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from configurator import configure  # noqa: E402  (first: it checks for the temporary folder torch's import needs)
 from cram.budget import (BATCH_EXPONENT, MAX_BATCH, MIN_BATCH, PAPER_BATCH, PAPER_COMPUTE, PAPER_SEQUENCES,  # noqa: E402
                          PAPER_WEIGHTS, SIZE_EXPONENT, batch_for_budget)  # (the core sits one folder up)
-from configurator import configure  # noqa: E402
 from cram.files import check_writable, load_checkpoint, read_json, write_json  # noqa: E402
 from cram.process import guarded  # noqa: E402
 
