@@ -21,8 +21,8 @@ import torch.distributed as dist
 # inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector width are reused under
 # another and give NaN losses or corrupt the heap. So each capability gets a cache folder of its own, named here, on
 # import, before anything imports inductor (which fixes its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the
-# user's still says where. A read-only container (docker --read-only) has no usable temporary folder: nothing is set
-# (FileNotFoundError), and a compiled run finds out at its probe (compile_problem) and goes eager, which needs none.
+# user's still says where. With no usable temporary folder (a read-only container) nothing is set: a script said so
+# already (the configurator); imported alone, past torch's import, a compile probe (compile_problem) decides.
 with contextlib.suppress(FileNotFoundError):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
         os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
