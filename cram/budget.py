@@ -16,7 +16,8 @@ from model import ModelConfig
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
-STEP_EFFICIENCY = 0.5    # a training step's FLOP/s over a 2048^3 matmul's (the H100 at 16 x 768 0.5, the CPU 0.8)
+STEP_EFFICIENCY = 0.5    # a training step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768; a CPU 0.6-0.9)
+GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200: 0.44 at 8 x 512, 0.50 at 10 x 640)
 PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100 TFLOP/s, x STEP_EFFICIENCY), in
 PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
 SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
@@ -48,17 +49,23 @@ def shape_of(rung, given):
     return dict(n_layers=given.get("n_layers") or rung[0], d_model=width, n_heads=heads, d_ffn=given.get("d_ffn") or 4 * width)
 
 
-def shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate):
-    """The LADDER rung a budget picks and the tokens it will train on: `compute` FLOPs (a time budget's estimate), or
-    `tokens` when above 0 (each rung then costs its own FLOPs per token). The rung whose blocks' matmul weights are
-    nearest (by ratio) the compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) ** SIZE_EXPONENT; where it
-    would repeat the data (`data_tokens`) more than MAX_EPOCHS times, a larger rung that sees fewer tokens in the time,
-    up to 4x the best size. model_args: the other ModelConfig fields, which the FLOPs per token depend on."""
+def step_efficiency(d_model, gpu):
+    """A step's FLOP/s over a 2048^3 matmul's at width d_model: on a GPU the narrower, the less (its norms, activations
+    and attention's memory traffic weigh more beside narrower matmuls); a CPU's step keeps pace at any width."""
+    return STEP_EFFICIENCY * ((d_model / 768) ** GPU_WIDTH_EXPONENT if gpu else 1.0)
+
+
+def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, gpu=False):
+    """The LADDER rung a budget picks and the tokens it will train on: a time budget's `matmul_compute` (FLOPs at the
+    matmul's speed; a rung's compute is its step_efficiency of them) or `tokens` when above 0. The rung whose blocks'
+    matmul weights are nearest (by ratio) its compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **
+    SIZE_EXPONENT; where it would repeat the data (`data_tokens`) over MAX_EPOCHS times, a larger rung, up to 4x the
+    best size. model_args: the other ModelConfig fields, which the FLOPs per token depend on."""
     rungs = []  # (weights, best size, tokens) of each rung
     for rung in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(rung, {})})
         per_token = config.flops_per_token(mask_rate)
-        trained = tokens or compute / per_token
+        trained = tokens or matmul_compute * step_efficiency(config.d_model, gpu) / per_token
         best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
         rungs.append((config.n_layers * config.layer_weights(), best, trained))
     i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j][0] / rungs[j][1])))
@@ -112,41 +119,40 @@ def settle(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
         pick = checkpoint.get("budget")
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
-        pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world))
+        pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world, rt.device.type != "cpu"))
     config["lr"] = config["lr"] or (checkpoint or {}).get("config", {}).get("lr") or lr_for_width(config["d_model"])
     return pick
 
 
 def budget_compute(config, rt, world, master, ddp):
-    """(the FLOPs a budget of hours buys, how they were measured): this device's matmul speed (rank 0's
-    under torchrun) x STEP_EFFICIENCY x the processes; 0 for a budget of tokens, which times nothing.
-    A CPU's step keeps up with its float32 matmuls, not its bfloat16 ones (BENCHMARKS.md, "The CPU's
-    precision"): there a float32 matmul measures the step, and bfloat16's gain is cpu_bf16_gain."""
-    cpu_bf16 = rt.device.type == "cpu" and rt.dtype == torch.bfloat16
+    """(the FLOPs a budget of hours buys at the matmul's speed, how they were measured): this device's matmul speed
+    (rank 0's under torchrun) x the processes; 0 for a budget of tokens. A CPU's step keeps up with its float32 matmuls,
+    not its bfloat16 ones (BENCHMARKS.md, "The CPU's precision"): a float32 matmul, times bfloat16's cpu_bf16_gain."""
     matmul_rt = dataclasses.replace(rt, dtype=torch.float32) if rt.device.type == "cpu" else rt
     speed, gain = 0.0, 1.0
     if master and not config["budget_tokens"]:
         speed = runtime.matmul_speed(matmul_rt)
-        gain = cpu_bf16_gain(rt.bf16_speedup or runtime.bf16_speedup()) if cpu_bf16 else 1.0
+        if rt.device.type == "cpu" and rt.dtype == torch.bfloat16:
+            gain = cpu_bf16_gain(rt.bf16_speedup or runtime.bf16_speedup())
     if ddp:
         speed, gain = runtime.from_rank0(speed, rt.device), runtime.from_rank0(gain, rt.device)
-    compute = config["budget_hours"] * 3600 * speed * gain * STEP_EFFICIENCY * world
+    compute = config["budget_hours"] * 3600 * speed * gain * world
     return compute, dict(matmul_flops=speed, matmul_dtype=matmul_rt.dtype_name(), bf16_gain=gain)
 
 
-def pick_for(compute, config, given, data_args, data_tokens, world):
-    """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for `compute` FLOPs or
+def pick_for(matmul_compute, config, given, data_args, data_tokens, world, gpu):
+    """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for budget_compute's FLOPs or
     config's budget_tokens; the batch a whole number of micro-batches on every process. Returns the pick and why."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
-    rung, nearest, _ = shape_for_budget(compute, tokens, data_tokens, model_args, mask_rate)
+    rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, gpu)
     config.update(shape_of(rung, given))
     per_token = ModelConfig.from_settings(config, **data_args).flops_per_token(mask_rate)
-    tokens = tokens or compute / per_token
+    efficiency = step_efficiency(config["d_model"], gpu)
+    tokens = tokens or matmul_compute * efficiency / per_token
     unit = (config["micro_batch"] or 1) * world
-    final = batch_for_budget(tokens, data_args["seq_len"])
-    config["batch_size"] = given.get("batch_size") or max(1, round(final / unit)) * unit
-    return dict(compute=tokens * per_token, tokens=tokens, epochs=tokens / data_tokens, rung=list(rung),
+    config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
+    return dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens, epochs=tokens / data_tokens, rung=list(rung),
                 nearest=list(nearest), given=sorted(given))
 
 
@@ -157,14 +163,12 @@ def start_lines(pick, config, seq_len, micro, lr_given):
                               f"{LR_WIDTH_EXPONENT}, budget.lr_for_width; --lr sets it)"]
     if not pick:
         return lr
-    hours, budget = config["budget_hours"], f"{config['budget_tokens']:,} tokens"
-    if not config["budget_tokens"]:  # the budget as given: '5 min', '24 h'
-        budget = f"{hours:g} h" if hours >= 1 else f"{60 * hours:.3g} min"
+    hours, tokens = config["budget_hours"], config["budget_tokens"]  # the budget as given: '5 min', '24 h'
+    budget = f"{tokens:,} tokens" if tokens else f"{hours:g} h" if hours >= 1 else f"{60 * hours:.3g} min"
     if pick["matmul_flops"]:
-        gain = pick.get("bf16_gain", 1.0)
-        gain = f" x {gain:.2g} (bfloat16's step over float32's here)" if gain != 1.0 else ""
+        gain = f" x {pick['bf16_gain']:.2g} (bfloat16's step over float32's here)" if pick.get("bf16_gain", 1.0) != 1.0 else ""
         budget = (f"{budget} x {pick['matmul_flops'] / 1e12:.3g} TFLOP/s (a {pick['matmul_dtype']} 2048^3 matmul here)"
-                  f"{gain} x {STEP_EFFICIENCY} = {pick['compute']:.2g} FLOPs")
+                  f"{gain} x {pick.get('efficiency', STEP_EFFICIENCY):.2g} (a step's share of it) = {pick['compute']:.2g} FLOPs")
     else:
         budget = f"{budget}, {pick['compute']:.2g} FLOPs"
     steps = expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], config["batch_ramp"])

@@ -11,17 +11,18 @@ import torch
 from conftest import TINY_MODEL, run_script, slow
 from model import ModelConfig
 from cram.budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps, lr_for_width,
-                         shape_for_budget, shape_of)
+                         shape_for_budget, shape_of, step_efficiency)
 from train import batch_size_at
 
 BOOKS = dataclasses.asdict(ModelConfig(vocab_size=32768, seq_len=128))  # train.py's recipe on a 32k vocabulary
 DAY, FINEWEB = 24 * 3600, 10e9  # seconds; the tokens of FineWeb-Edu's 10BT sample
 
 
-def pick(seconds, matmul_flops, data_tokens, tokens=0):
+def pick(seconds, matmul_flops, data_tokens, tokens=0, gpu=None):
     """(layers, width), the rung nearest the compute, tokens and final batch for a budget on a device
-    whose 2048^3 matmul runs at matmul_flops."""
-    rung, nearest, trained = shape_for_budget(seconds * matmul_flops * STEP_EFFICIENCY, tokens, data_tokens, BOOKS, 0.25)
+    whose 2048^3 matmul runs at matmul_flops (a GPU's where above 10 TFLOP/s, unless `gpu` says)."""
+    gpu = matmul_flops > 10e12 if gpu is None else gpu
+    rung, nearest, trained = shape_for_budget(seconds * matmul_flops, tokens, data_tokens, BOOKS, 0.25, gpu)
     return rung, nearest, trained, batch_for_budget(trained, 128)
 
 
@@ -92,6 +93,19 @@ def test_a_small_corpus_moves_to_a_larger_shape_up_to_four_times_the_best_size()
     assert nearest == (8, 512) and rung == (12, 768) and LADDER[-1] == (24, 1024)
 
 
+def test_on_a_gpu_a_narrow_step_reaches_less_of_the_matmul_and_the_rule_keeps_the_shape_that_trained_better():
+    """One H200, 3.5 minutes each on the 26.4M carried tokens (BENCHMARKS.md, "The GPU transfers"): 8 x 512 trained
+    367M tokens (0.44 of its 692 TFLOP/s matmul) to val loss 2.862, 10 x 640 221M (0.50 of 677) to 2.937. A share
+    fixed at 0.5 had 8 x 512 read the data over 16 times and took 10 x 640; the share by width estimates both runs'
+    tokens within 5% and keeps 8 x 512. A CPU's share is the same at every width."""
+    for rung, matmul, measured in (((8, 512), 692e12, 366.9e6), ((10, 640), 677e12, 221.1e6)):
+        per_token = ModelConfig(**{**BOOKS, **shape_of(rung, {})}).flops_per_token(0.25)
+        assert 210 * matmul * step_efficiency(rung[1], gpu=True) / per_token == pytest.approx(measured, rel=0.05)
+    assert pick(210, 677e12, 26.4e6)[:2] == ((8, 512), (8, 512))
+    assert pick(210, 677e12, 26.4e6, gpu=False)[:2] == ((10, 640), (8, 512))  # the fixed share's pick
+    assert step_efficiency(128, gpu=False) == step_efficiency(1024, gpu=False) == STEP_EFFICIENCY
+
+
 def test_a_token_budget_needs_no_speed_and_ignores_the_compute():
     a = shape_for_budget(0.0, 5_000_000, 1e5, BOOKS, 0.25)
     b = shape_for_budget(1e30, 5_000_000, 1e5, BOOKS, 0.25)
@@ -149,7 +163,7 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     timed = run_script(*common, f"--out_dir={tmp_path / 'b'}", "--budget_hours=0.0005", "--d_model=96",
                        "--dtype=bfloat16").stdout
     assert re.search(r"^budget: 0.03 min x [\d.]+ TFLOP/s \(a float32 2048\^3 matmul here\) x [\d.e+-]+ \(bfloat16's "
-                     r"step over float32's here\) x 0.5 = [\d.e+]+ FLOPs -> 2 x 96 \(the ladder's 2 x 128, [^;]+; given: "
+                     r"step over float32's here\) x 0.5 \(a step's share of it\) = [\d.e+]+ FLOPs -> 2 x 96 \(the ladder's 2 x 128, [^;]+; given: "
                      r"d_model\)", timed, re.M), timed
     assert "device: cpu, bfloat16" in timed
     args = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model_args"]

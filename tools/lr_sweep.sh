@@ -16,14 +16,14 @@ OUT=${OUT:-out/lr_sweep}
 pick() {  # "<n_layers> <d_model> <rate> <tokens>": the rule's shape, rate and tokens for $1 minutes here, in float32
   python - "$1" <<'PY'
 import dataclasses, json, sys
-import budget, runtime
+from cram import budget, runtime
 from model import ModelConfig
 meta = json.load(open("data/books32k/meta.json"))
-compute = float(sys.argv[1]) * 60 * runtime.matmul_speed(runtime.setup("cpu", "float32", False)) * budget.STEP_EFFICIENCY
+compute = float(sys.argv[1]) * 60 * runtime.matmul_speed(runtime.setup("cpu", "float32", False))
 args = dataclasses.asdict(ModelConfig(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]))
 rung = budget.shape_for_budget(compute, 0, meta["train_sequences"] * meta["seq_len"], args, 0.25)[0]
 shape = ModelConfig.from_settings({**args, **budget.shape_of(rung, {})}, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
-print(rung[0], rung[1], f"{budget.lr_for_width(rung[1]):.3g}", int(compute / shape.flops_per_token(0.25)))
+print(rung[0], rung[1], f"{budget.lr_for_width(rung[1]):.3g}", int(compute * budget.STEP_EFFICIENCY / shape.flops_per_token(0.25)))
 PY
 }
 mkdir -p "$OUT"
