@@ -62,9 +62,9 @@ def reap_children():
 
 def run_script(*args, cwd=ROOT, check=True, timeout=600):
     """Run one of the project's scripts as a user would (`python script.py args`, its own process);
-    returns the CompletedProcess. A script runs in a child of a fork server that has imported torch
-    already (script_child.py: the same argv, folder, environment, output and exit status), which
-    saves torch's import, about 2.5 s a run; anything else (`-c`, or an environment that differs in
+    returns the CompletedProcess. A script runs in a child of a fork server that has imported torch, its
+    optimizers and its compiler already (script_child.py: the same argv, folder, environment, output and exit
+    status), which saves 2.5-8 s a run; anything else (`-c`, or an environment that differs in
     what an interpreter reads only as it starts) runs in a fresh interpreter."""
     # one thread: the tiny models gain nothing from more, and busy-waiting OpenMP threads make
     # a wall-clock-budgeted run crawl when the machine is shared
@@ -96,7 +96,10 @@ def run_forked(args, cwd, env, timeout):
     import script_child
     if not FORK_SERVER:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch", "numpy"])
+        # torch.optim imports torch._dynamo (about 2 s), which every training and fine-tuning run needs, and inductor
+        # (3.5 s more) every compiled one. Neither starts a thread; the environment they read as they load is
+        # startup_env's TORCH* variables, so a run that sets its own gets a fresh interpreter
+        context.set_forkserver_preload(["torch", "numpy", "torch.optim", "torch._inductor.compile_fx"])
         fresh = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
                                capture_output=True, text=True, check=True).stdout
         FORK_SERVER.update(context=context, env=startup_env(env), path=json.loads(fresh))
