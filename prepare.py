@@ -591,10 +591,9 @@ def fingerprint(dataset):
 
 
 def check_folder(out_dir, settings, source):
-    """Refuse a folder prepared with other settings, or finished from another version of the corpus
-    (`source` holds its fingerprint). An unfinished encoding there of another version
-    of the corpus (its progress record and partial files) is stale and removed (a tokenizer has its
-    own check); unfinished work records these settings and this source."""
+    """Refuse a folder prepared with other settings, or finished from another version of the corpus (`source` holds
+    its fingerprint). An unfinished encoding there of another version of the corpus (its progress record and partial
+    files) is stale and removed (a tokenizer has its own check); unfinished work records these settings and source."""
     path = os.path.join(out_dir, "settings.json")
     previous = read_json(path, f"delete {out_dir} and prepare again") if os.path.exists(path) else {}
     if not isinstance(previous, dict):

@@ -2,9 +2,9 @@
 peak learning rate, as pure functions beside their constants and sources; then `settle`, train.py's one call, which
 applies them to a run's settings (given ones win, a resumed run keeps its checkpoint's) and start_lines, which say
 what it picked. The matmul timing that measures a device stays in cram/runtime.py. docs/training.md has the published
-points and how their compute was estimated; BENCHMARKS.md the CPU sweeps.
-"""
+points and how their compute was estimated; BENCHMARKS.md the CPU sweeps and the GPUs' steps."""
 import dataclasses
+import functools
 import math
 
 import torch
@@ -16,8 +16,9 @@ from model import ModelConfig
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
-STEP_EFFICIENCY = 0.5    # a training step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768; a CPU 0.6-0.9)
+STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768; a CPU 0.6-0.9)
 GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200: 0.44 at 8 x 512, 0.50 at 10 x 640)
+EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over a compiled normal step (BENCHMARKS)
 PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100 TFLOP/s, x STEP_EFFICIENCY), in
 PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
 SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
@@ -49,15 +50,16 @@ def shape_of(rung, given):
     return dict(n_layers=given.get("n_layers") or rung[0], d_model=width, n_heads=heads, d_ffn=given.get("d_ffn") or 4 * width)
 
 
-def step_efficiency(d_model, gpu):
+def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
     """A step's FLOP/s over a 2048^3 matmul's at width d_model: on a GPU the narrower, the less (its norms, activations
     and attention's memory traffic weigh more beside narrower matmuls); a CPU's step keeps pace at any width."""
-    return STEP_EFFICIENCY * ((d_model / 768) ** GPU_WIDTH_EXPONENT if gpu else 1.0)
+    kind, width = ("gpu", (d_model / 768) ** GPU_WIDTH_EXPONENT) if gpu else ("cpu", 1.0)
+    return STEP_EFFICIENCY * width * (1.0 if compiled else EAGER_SHARE[kind]) * (OFFLOAD_SHARE[kind] if offload else 1.0)
 
 
-def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, gpu=False):
+def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share=step_efficiency):
     """The LADDER rung a budget picks and the tokens it will train on: a time budget's `matmul_compute` (FLOPs at the
-    matmul's speed; a rung's compute is its step_efficiency of them) or `tokens` when above 0. The rung whose blocks'
+    matmul's speed; a rung's compute is its `share` of them, by width) or `tokens` when above 0. The rung whose blocks'
     matmul weights are nearest (by ratio) its compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **
     SIZE_EXPONENT; where it would repeat the data (`data_tokens`) over MAX_EPOCHS times, a larger rung, up to 4x the
     best size. model_args: the other ModelConfig fields, which the FLOPs per token depend on."""
@@ -65,7 +67,7 @@ def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate,
     for rung in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(rung, {})})
         per_token = config.flops_per_token(mask_rate)
-        trained = tokens or matmul_compute * step_efficiency(config.d_model, gpu) / per_token
+        trained = tokens or matmul_compute * share(config.d_model) / per_token
         best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
         rungs.append((config.n_layers * config.layer_weights(), best, trained))
     i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j][0] / rungs[j][1])))
@@ -111,15 +113,15 @@ def settle(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
     as given; a resumed run's others from its `checkpoint`; a fresh run's by the rule (pick) and the rate from the width
     (lr_for_width). Returns what the rule picked (or None), for the checkpoint to keep and start_lines to say."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
-    pick = None
+    pick = (checkpoint or {}).get("budget")
     if checkpoint:  # the batch of a checkpoint from before the budget picked: train.py's default then
         saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS},
                      batch_size=checkpoint.get("config", {}).get("batch_size", 8192))
         config.update(saved, **given)
-        pick = checkpoint.get("budget")
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
-        pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world, rt.device.type != "cpu"))
+        share = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
+        pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world, share))
     config["lr"] = config["lr"] or (checkpoint or {}).get("config", {}).get("lr") or lr_for_width(config["d_model"])
     return pick
 
@@ -140,15 +142,15 @@ def budget_compute(config, rt, world, master, ddp):
     return compute, dict(matmul_flops=speed, matmul_dtype=matmul_rt.dtype_name(), bf16_gain=gain)
 
 
-def pick_for(matmul_compute, config, given, data_args, data_tokens, world, gpu):
+def pick_for(matmul_compute, config, given, data_args, data_tokens, world, share):
     """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for budget_compute's FLOPs or
-    config's budget_tokens; the batch a whole number of micro-batches on every process. Returns the pick and why."""
+    config's budget_tokens (`share`: step_efficiency's); the batch whole micro-batches on every process. Returns why."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
-    rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, gpu)
+    rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share)
     config.update(shape_of(rung, given))
     per_token = ModelConfig.from_settings(config, **data_args).flops_per_token(mask_rate)
-    efficiency = step_efficiency(config["d_model"], gpu)
+    efficiency = share(config["d_model"])
     tokens = tokens or matmul_compute * efficiency / per_token
     unit = (config["micro_batch"] or 1) * world
     config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit

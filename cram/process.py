@@ -219,10 +219,9 @@ def guarded(main, kept, *args):
 
 
 class StopRequest:
-    """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its
-    step, save and exit; repeats leave the save alone, a person's next Ctrl-C kills at once (held). SIGCONT says
-    the process was stopped and has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the
-    loop once."""
+    """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its step, save and
+    exit; repeats leave the save alone, a person's next Ctrl-C kills at once (held). SIGCONT says the process was
+    stopped and has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the loop once."""
 
     def __init__(self):
         self.signum, self.continued, INTERRUPTS[0] = None, False, 0
