@@ -600,8 +600,7 @@ def check_folder(out_dir, settings, source):
         raise SystemExit(f"error: {path} is damaged (not an object): delete {out_dir} and prepare again")
     changed = ", ".join(k for k in settings if k in previous and previous[k] != settings[k])
     if changed:
-        raise SystemExit(f"error: {out_dir} holds data prepared with other settings ({changed}); "
-                         f"use another --out_dir or delete it")
+        raise SystemExit(f"error: {out_dir} was prepared with other settings ({changed}); use another --out_dir or delete it")
     unfinished = not os.path.exists(os.path.join(out_dir, "meta.json"))
     moved = previous.get("source", source) != source
     if moved and not unfinished:

@@ -17,8 +17,8 @@ from model import ModelConfig
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
 STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768; a CPU 0.6-0.9)
-GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200: 0.44 at 8 x 512, 0.50 at 10 x 640)
-EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over a compiled normal step (BENCHMARKS)
+GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200's 3.5-min runs: 0.41 at 8 x 512, 0.45 at 10 x 640)
+EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over compiled, over eager (BENCHMARKS)
 PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100 TFLOP/s, x STEP_EFFICIENCY), in
 PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
 SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
@@ -51,13 +51,14 @@ def shape_of(rung, given):
 
 
 def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
-    """A step's FLOP/s over a 2048^3 matmul's at width d_model: on a GPU the narrower, the less (its norms, activations
-    and attention's memory traffic weigh more beside narrower matmuls); a CPU's step keeps pace at any width."""
+    """A step's FLOP/s over a 2048^3 matmul's at width d_model: on a GPU the narrower, the less (norms, activations and
+    attention's memory traffic weigh more beside narrower matmuls); a CPU's at any width. Off-load mode runs eager."""
     kind, width = ("gpu", (d_model / 768) ** GPU_WIDTH_EXPONENT) if gpu else ("cpu", 1.0)
-    return STEP_EFFICIENCY * width * (1.0 if compiled else EAGER_SHARE[kind]) * (OFFLOAD_SHARE[kind] if offload else 1.0)
+    eager = EAGER_SHARE[kind] if offload or not compiled else 1.0
+    return STEP_EFFICIENCY * width * eager * (OFFLOAD_SHARE[kind] if offload else 1.0)
 
 
-def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share=step_efficiency):
+def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share):
     """The LADDER rung a budget picks and the tokens it will train on: a time budget's `matmul_compute` (FLOPs at the
     matmul's speed; a rung's compute is its `share` of them, by width) or `tokens` when above 0. The rung whose blocks'
     matmul weights are nearest (by ratio) its compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **

@@ -129,7 +129,7 @@ def draw(columns, path):
                    label=f"measured, {label}: the best filled (layers x width/batch, val loss), the others hollow")
     for i, (label, flops, weights) in enumerate(PUBLISHED):
         ax.scatter(flops, weights, marker="s", color=f"C{i + 1}", zorder=3, label=label)
-    ax.set(xscale="log", yscale="log", xlabel="pretraining compute (FLOPs; a time budget's: hours x matmul speed x 0.5)",
+    ax.set(xscale="log", yscale="log", xlabel="pretraining compute (FLOPs; a time budget's: hours x matmul speed x a step's share)",
            ylabel="matmul weights in the blocks", title="The best shape against compute")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left")
