@@ -145,7 +145,7 @@ def budget_compute(config, rt, world, master, ddp):
 
 def pick_for(matmul_compute, config, given, data_args, data_tokens, world, share):
     """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for budget_compute's FLOPs or
-    config's budget_tokens (`share`: step_efficiency's); the batch whole micro-batches on every process. Returns why."""
+    config's budget_tokens (`share`: step_efficiency's); the batch whole micro-batches on each process. Returns the pick."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
     rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share)

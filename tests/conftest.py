@@ -145,11 +145,11 @@ def weights_atol(lr, steps, r=1e-3):
     return r * lr * steps
 
 
-# float32 pinned: dtype=auto picks bfloat16 on a CPU with AMX, and the tests that compare numbers
-# (resume, compiled against eager, off-load against normal) mean the same arithmetic on every host
 # The slowest tool tests (1.5-2 minutes each on 2 cores) run on request, keeping CI within its 10 minutes
 slow = pytest.mark.skipif(os.environ.get("CRAM_SLOW") != "1", reason="slow: CRAM_SLOW=1 runs it")
 
+# float32 pinned: dtype=auto picks bfloat16 on a CPU with AMX, and the tests that compare numbers
+# (resume, compiled against eager, off-load against normal) mean the same arithmetic on every host
 TINY_MODEL = ["--n_layers=2", "--d_model=64", "--n_heads=2", "--d_ffn=256", "--micro_batch=16", "--batch_size=32",
               "--lr=3e-3", "--log_interval=5", "--eval_sequences=64", "--device=cpu", "--compile=False", "--dtype=float32"]
 

@@ -225,7 +225,6 @@ HOLD = "import sys, time; sys.path.insert(0, {root!r}); from cram.files import c
        "print('held', flush=True); time.sleep(120)"
 
 
-
 def test_a_limit_on_any_of_the_process_s_own_cgroups_holds(tmp_path):
     """SLURM's --mem and systemd-run -p MemoryMax= limit a child cgroup below the root: memory and CPUs follow the
     process's own cgroups (/proc/self/cgroup) up to the root, cgroup v2 and v1 (controllers mounted together too)."""
