@@ -365,30 +365,32 @@ class Trainer:
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
         self.step_model = model if step_model is None else step_model
 
-    def step(self, micro_batches, lr, clip):
-        """One optimizer step: the MLM loss of each micro-batch (inputs, positions, labels), its gradients
-        accumulated, their norm clipped to `clip` (0: off), the update at learning rate `lr`. Returns the mean loss
-        (a tensor) and whether the update was applied: one with a non-finite gradient is skipped."""
+    def step(self, micro_batches, lr, clip, accept=None):
+        """One optimizer step: each micro-batch's MLM loss (inputs, positions, labels; any sizes), gradients accumulated by
+        its share of the sequences, their norm clipped to `clip` (0: off), the update at `lr`. Returns the mean loss (a
+        tensor) and whether the update was applied: not with a non-finite gradient, nor where `accept(loss)` says no."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total, n = 0.0, len(micro_batches)
+        total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
+            parts = rows / len(inputs)  # 1 / the micro-batch's share of the step's sequences (n where all are equal)
             # DDP: all-reduce the gradients only after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
                 with self.autocast():
                     loss, _ = self.step_model(inputs, positions, labels)
-                self.scaler.scale(loss / n).backward()
-            total = total + loss.detach()
+                self.scaler.scale(loss / parts).backward()
+            total = total + loss.detach() / parts
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
         # one sync per step, so that a non-finite update never lands; the norm of the all-reduced
         # gradients is the same on every DDP rank, so all ranks decide alike
-        applied = math.isfinite(norm.item())
+        accepted = accept is None or accept(total)
+        applied = math.isfinite(norm.item()) and accepted
         if applied:
             self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total / n, applied
+        return total, applied
 
     def state_dict(self):
         return {name: getattr(self, name).state_dict() for name in ("model", "optimizer", "scaler")}

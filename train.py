@@ -23,10 +23,11 @@ from configurator import configure  # first: it checks for the temporary folder 
 import torch
 
 from cram import budget, memory, process, runtime
+from cram.guard import Saves, SpikeWatch
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
-from cram.files import (MetricsLog, all_finite, check_resume, claim_folder, load_checkpoint, parse_ranks,
-                        refuse_overwrite, save_checkpoint)
+from cram.files import (MetricsLog, branch_from, check_resume, claim_folder, load_checkpoint, parse_ranks,
+                        refuse_overwrite)
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, param_groups
 
 # -----------------------------------------------------------------------------
@@ -36,6 +37,7 @@ budget_hours = 24.0       # > 0: training time, compilation included; the schedu
 budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock (reproducible runs)
 max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only)
 resume = False            # continue from out_dir/ckpt.pt
+resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
 # model: the budget picks the shape and the final batch (cram/budget.py) unless given; a resumed run keeps its checkpoint's
 n_layers = 0              # >= 0: 0: by the budget
 d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
@@ -59,7 +61,8 @@ lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_a
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # >= 0: sequences per device per forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: by the budget
-batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from one micro-batch
+batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
+batch_ramp_start = 0      # >= 0: sequences per step at the ramp's start, in steps of it, on any device and process count; 0: 128
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: runtime.auto_dtype (a resume keeps its own)
@@ -70,7 +73,9 @@ peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                  # [0, 4294967295]: model initialisation, data order and masks (2^32 seeds)
 data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
 log_interval = 10         # >= 1: steps
-max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged (see train.py's loop)
+max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged or spiked (see train.py's loop)
+spike_threshold = 6.0     # >= 0: a loss this many spreads (and 10%) above the recent mean is a spike: not applied, no save; 0: off
+keep_checkpoints = 3      # >= 1: the saves kept: ckpt.pt (the newest sound one) and those before it, as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0
 eval_sequences = 4096     # >= 1: validation sequences per evaluation (fixed masks)
 ckpt_interval_minutes = 60.0  # >= 0: 0 saves after every step (outside the budget's clock); only sound weights
@@ -102,11 +107,19 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     return start + (end - start) * level / max(1, levels - 1)
 
 
-def batch_size_at(progress, micro, final, ramp):
-    """Sequences per optimizer step: a linear ramp from one micro-batch to `final`, reached
-    at `ramp` of the budget, rounded down to a whole number of micro-batches."""
-    target = final if ramp <= 0 else micro + (final - micro) * min(1.0, progress / ramp)
-    return max(micro, int(target) // micro * micro)
+def batch_size_at(progress, start, final, ramp):
+    """Sequences per optimizer step: a linear ramp from `start` to `final`, reached at `ramp` of the budget, rounded
+    down to a multiple of `start` (`final` throughout where start >= final). The same on any device and process count."""
+    if progress >= ramp or start >= final:
+        return final
+    return min(final, int(start + (final - start) * progress / ramp) // start * start)
+
+
+def micro_batch_sizes(batch, micro, start):
+    """A process's `batch` sequences of a step as micro-batches: as many of `micro` as fit, the rest in ones of the
+    largest size that divides both micro and the ramp's steps (`start`, per process): two shapes at most, none larger."""
+    unit = math.gcd(micro, start)
+    return [micro] * (batch // micro) + [unit] * (batch % micro // unit)
 
 
 def budget_progress(tokens, seconds):
@@ -129,6 +142,12 @@ def check_settings(world, config, rt):
     batch, unit = config["batch_size"], f"--micro_batch={micro_batch} times " if micro_batch else ""
     if batch and batch % ((micro_batch or 1) * world):
         raise SystemExit(f"error: --batch_size={batch} must be a multiple of {unit}the {world} process(es)")
+    if resume_from and not resume:
+        raise SystemExit(f"error: --resume_from={resume_from} continues a run: add --resume=True")
+    start = config["batch_ramp_start"]
+    if batch_ramp and start < batch and start % world:
+        raise SystemExit(f"error: --batch_ramp_start={start} must be a multiple of the {world} processes (each takes "
+                         f"an equal share of every batch)")
     if offload:
         from cram.offload import check_settings as check_offload
         check_offload(world, model, optim, rt.dtype)
@@ -147,67 +166,48 @@ def run_eval(ev, step, tokens, seconds):
     return val_loss, accuracy
 
 
-def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final):
-    """What a checkpoint holds: the training state (either mode's, in one format), the run's place in
-    its schedules and data, and `about` it (its model, settings, data, tokenizer and budget)."""
+def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, watch):
+    """What a checkpoint holds: the training state (either mode's, in one format), the run's place in its schedules
+    and data, its loss history (`watch`'s) and `about` it (its model, settings, data, tokenizer and budget)."""
     return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
-                final=final)
-
-
-def save_if_sound(ev, path, state, last_saved, at_end=False):
-    """`state` (checkpoint_state) saved if its weights are finite and their loss on a validation micro-batch
-    has not diverged: the checkpoint a divergence stop names is one a lower rate recovers from. Returns the
-    step the file now holds: state's, or last_saved's when refused (said; at_end, the last save, an error)."""
-    if all_finite(state["model"]):
-        loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, eval_mask_rate)[0]
-        refused = f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
-    else:
-        refused = "non-finite weights"
-    if not refused:
-        save_checkpoint(path, state)
-        return state["step"]
-    if at_end:
-        raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {path} keeps step "
-                         f"{last_saved}: lower --lr and resume it")
-    print(f"checkpoint at step {state['step']} not saved: {refused}; {path} keeps step {last_saved}")
-    return last_saved
+                final=final, spike_watch=watch.state_dict())
 
 
 def main(config):
     ddp, world = runtime.launcher()  # under torchrun, or one process
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    checkpoint = load_checkpoint(ckpt_path, "resume") if resume else None  # first: dtype=auto keeps its precision
-    rt, rank = setup_device(config, checkpoint, world, ddp)
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")  # the newest checkpoint, which a resume continues unless resume_from
+    rt, rank, checkpoint, source = setup_device(config, world, ddp)
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     refuse_taken(ckpt_path, checkpoint, master)  # before any work: the budget's timing, a GPU's probe
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows, data_args = meta["seq_len"], len(train_tokens), dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
-    pick = budget.settle(config, checkpoint, data_args, n_rows * seq_len, rt, world, master, ddp)
+    settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=n_rows * seq_len, rt=rt,
+                                  world=world, master=master, ddp=ddp)
+    config.update(settled)  # the shape, final batch, peak rate and ramp's start
     check_settings(world, config, rt)  # with the shape and batch settled
-    batch, model_args = config["batch_size"], dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)  # before a GPU's probe
-    # the micro-batch, after a check that the step can fit the device's memory (memory.check_memory)
-    micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, batch, model_args, rt,
-                                                              world, max(mask_rate, mask_rate_start), offload, log)
-    opening = () if checkpoint else budget.start_lines(pick, config, seq_len, micro * world, lr)  # what it picked
-    globals().update({k: config[k] for k in (*SHAPE_FIELDS, "batch_size", "lr", "micro_batch")})  # the globals run
-    metrics = open_out_dir(model_args, ckpt_path, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
+    model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
+    check_resumable(checkpoint, source, model_args, tokenizer_text, log, ddp)  # before a GPU's probe
+    micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
+                                                              mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
+    opening = () if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what the budget picked
+    globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
+    metrics = open_out_dir(model_args, source, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
-        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''} | micro-batch {micro}")
+        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
+        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro, world)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
-    init_loss, last_saved = (checkpoint.get("init_val_loss"), step) if checkpoint else (None, None)
-    about = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta,
-                 tokenizer=tokenizer_text, budget=pick)  # all a checkpoint needs besides the training state to resume or fine-tune
-    if master and init_loss is None:  # the loss at initialisation, which the final line compares with
-        init_loss = run_eval(ev, step, tokens, seconds)[0]
-    batches = Batches(train_tokens, meta, micro, rank, world, rt.device, seed, data_order)
+    saves = Saves(ckpt_path, keep_checkpoints, checkpoint, source)
+    watch = SpikeWatch(spike_threshold, runtime.mean_over_ranks if ddp else None, **(checkpoint or {}).get("spike_watch", {}))
+    about = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta, tokenizer=tokenizer_text, budget=pick)
+    init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(ev, step, tokens, seconds)[0] if master else None)
+    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
@@ -223,25 +223,25 @@ def main(config):
         progress = budget_progress(tokens, seconds)
         if budget_spent(progress, step) or stop:
             break
-        step_batch = batch_size_at(progress, micro * world, batch_size, batch_ramp)  # schedules: pure functions
+        step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)  # schedules: pure functions
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
         # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
-        micro_batches = [batches.at(tokens // seq_len, i, step_mask) for i in range(step_batch // (micro * world))]
-        # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step)
-        loss, applied = trainer.step(micro_batches, step_lr, grad_clip)
-        loss = (runtime.mean_over_ranks(loss) if ddp else loss).item()  # DDP: all ranks' (the step synced already)
+        micro_batches = batches.step(tokens // seq_len, micro_batch_sizes(step_batch // world, micro, batch_ramp_start // world), step_mask)
+        # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step) unless
+        # the loss over all ranks spikes against the run's recent losses (watch.judge, before the update)
+        applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)[1]
         step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
         took = time.perf_counter() - started
         took = min(took, last_took) if stop_request.resumed() else took  # stopped meanwhile (Ctrl-Z): as the last step
         seconds, last_took = seconds + took, took
-        in_a_row = in_a_row + 1 if diverged(loss, meta["vocab_size"], applied, trainer.scaler) else 0
+        in_a_row = in_a_row + 1 if watch.spiked or diverged(watch.loss, meta["vocab_size"], applied, trainer.scaler) else 0
         if in_a_row >= max_skipped_steps:
-            raise divergence_stop(in_a_row, step, last_saved, ckpt_path, meta["vocab_size"])
+            raise saves.divergence_stop(in_a_row, step, meta["vocab_size"], spike_threshold)
         if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
             mfu = model.config.flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
-            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
+            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=watch.loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=skipped), tokens / (n_rows * seq_len), progress)
             warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
@@ -249,15 +249,15 @@ def main(config):
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval = seconds
             run_eval(ev, step, tokens, seconds)
-        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60:
+        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not in_a_row:  # never while it spikes
             last_ckpt = seconds
-            state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final=False)
-            last_saved = save_if_sound(ev, ckpt_path, state, last_saved)
+            saves.save_if_sound(ev, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
+                                eval_mask_rate)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
-        finish(ev, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final=not stop),
-               stop_request.signum, last_saved, ckpt_path)
+        finish(ev, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch),
+               stop_request.signum, saves)
     if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
         del trainer
         runtime.leave_process_group()
@@ -265,9 +265,12 @@ def main(config):
         process.exit_stopped(stop_request.signum or signal.SIGTERM)
 
 
-def setup_device(config, checkpoint, world, ddp):
-    """(the Runtime, this process's rank): dtype=auto keeps a resumed run's precision; the settings checked before
-    torchrun's processes join (a refusal leaves none waiting); rank 0's precision on every rank, into `config`."""
+def setup_device(config, world, ddp):
+    """(the Runtime, this process's rank, the checkpoint a resume continues or None, its file): loaded first, as dtype=auto
+    keeps its precision; the settings checked before torchrun's processes join (a refusal leaves none waiting); rank 0's
+    precision on every rank, into `config`."""
+    source = resume_from if os.path.dirname(resume_from) else os.path.join(out_dir, resume_from or "ckpt.pt")
+    checkpoint = load_checkpoint(source, "resume") if resume else None
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(device, dtype, compile and not offload, compile_mode,  # off-load: eager blocks
                        (saved.get("device"), saved.get("dtype")))
@@ -275,7 +278,7 @@ def setup_device(config, checkpoint, world, ddp):
     rank = runtime.join_process_group(rt.device) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     config.update(device=rt.device.type, dtype=rt.dtype_name())
-    return rt, rank
+    return rt, rank, checkpoint, source
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
@@ -324,20 +327,24 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)
     raise SystemExit(0)
 
 
-def open_out_dir(model_args, ckpt_path, config, rt, train_tokens, checkpoint, opening):
-    """Rank 0's: out_dir locked, writable, with room for a checkpoint (weights and AdamW in float32); warnings of a run
-    too large for a CPU or its data; the opening lines (`opening`, or where a resume starts). Returns the MetricsLog."""
+def open_out_dir(model_args, source, config, rt, train_tokens, checkpoint, opening):
+    """Rank 0's: out_dir locked, writable, with room for keep_checkpoints checkpoints (weights and AdamW in float32);
+    warnings of a run too large for a CPU or its data; the opening lines (`opening`, or where a resume starts: from an
+    earlier checkpoint (`source`), the later ones set aside, files.branch_from). Returns the MetricsLog."""
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
-    claim_folder(out_dir, need_bytes=12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
+    claim_folder(out_dir, need_bytes=keep_checkpoints * 12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
     step_flops = model.config.flops_per_token(mask_rate) * config["batch_size"] * model_args["seq_len"]
     for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                     repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
         if warning:
             print(warning)
+    newest = os.path.join(out_dir, "ckpt.pt")
+    later = branch_from(newest, checkpoint["step"]) if checkpoint and os.path.abspath(source) != os.path.abspath(newest) else []
     if checkpoint:
-        print(f"resuming {ckpt_path} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
-              f"{checkpoint['tokens'] / 1e6:.1f}M tokens in")
+        aside = f"; the later ones set aside, kept: {', '.join(later)}" if later else ""
+        print(f"resuming {source} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
+              f"{checkpoint['tokens'] / 1e6:.1f}M tokens in{aside}")
     for line in opening:
         print(line)
     wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
@@ -353,24 +360,17 @@ def log_step(metrics, rt, record, epoch, progress):
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
           f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{held} | epoch {epoch:.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * (1 - progress):.0f}% of the budget left"
-          f"{f' | {skipped} updates skipped (non-finite)' if skipped else ''}")
+          f"{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
     metrics.write(record)
 
 
-def divergence_stop(in_a_row, step, last_saved, ckpt_path, vocab_size):
-    """The one-line stop after max_skipped_steps diverged steps, naming the checkpoint to resume."""
-    where = (f"the last checkpoint is {ckpt_path} at step {last_saved}: lower --lr and resume it" if last_saved is not None
-             else "no checkpoint was saved: lower --lr and start again")
-    return SystemExit(f"error: {in_a_row} steps in a row diverged (a non-finite gradient, or a loss above "
-                      f"{math.log(vocab_size) + 1:.2f}) up to step {step}; {where}")
-
-
-def finish(ev, state, signum, last_saved, ckpt_path):
+def finish(ev, state, signum, saves):
     """The last checkpoint (`state`) and lines: for a run stopped before its end (not state's `final`) the signal
     (signum; None: another rank's); else the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     final = run_eval(ev, step, tokens, seconds) if state["final"] else None
-    save_if_sound(ev, ckpt_path, state, last_saved, at_end=True)
+    saves.save_if_sound(ev, state, eval_mask_rate, at_end=True)
+    ckpt_path = saves.path
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {ckpt_path}; "

@@ -12,6 +12,7 @@ n_heads = 4
 d_ffn = 1024
 micro_batch = 32
 batch_size = 64
+batch_ramp_start = 32     # from one CPU micro-batch, as measured (train.py's 128 is the reference's GPU micro-batch)
 lr = 2e-3
 log_interval = 20
 eval_interval_minutes = 1.0

@@ -37,6 +37,7 @@ LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 # A CPU's bfloat16 step (cpu_bf16_gain): its matmuls (this share of a float32 step) at the measured speed-up, the rest
 # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision")
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
+RAMP_START = 128  # the batch's ramp starts at the reference's micro-batch, 128 sequences (cramming's impl/_default.yaml)
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
 
 
@@ -91,16 +92,14 @@ def lr_for_width(d_model):
     return LR_AT_768 * (d_model / 768) ** LR_WIDTH_EXPONENT
 
 
-def expected_steps(sequences, micro, final, ramp):
-    """About how many optimizer steps a run of `sequences` takes, spread evenly over its budget, with
-    train.batch_size_at's batches: while it grows, a batch of k micro-batches lasts a share
-    ramp * micro / (final - micro) of the budget; the widest lasts the rest."""
-    levels = max(1, final // micro)
-    if ramp <= 0 or levels == 1:
-        return sequences / (levels * micro)
-    share = ramp * micro / (final - micro)
-    growing = sum(share * sequences / (k * micro) for k in range(1, levels))
-    return growing + (1 - share * (levels - 1)) * sequences / (levels * micro)
+def expected_steps(sequences, start, final, ramp):
+    """About how many optimizer steps a run of `sequences` takes with train.batch_size_at's batches: while it grows, a
+    batch of k times `start` lasts ramp * start / (final - start) of the budget (the last up to `ramp`); the final the rest."""
+    if ramp <= 0 or (levels := -(-final // start) - 1) < 1:  # the ramp's batches below the final one
+        return sequences / final
+    share = ramp * start / (final - start)
+    growing = sum(min(share, ramp - (k - 1) * share) * sequences / (k * start) for k in range(1, levels + 1))
+    return growing + (1 - ramp) * sequences / final
 
 
 def cpu_bf16_gain(speedup):
@@ -109,22 +108,23 @@ def cpu_bf16_gain(speedup):
     return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
 
 
-def settle(config, checkpoint, data_args, data_tokens, rt, world, master, ddp):
-    """The shape, final batch and peak learning rate, written into `config` (train.py's settings): each given (non-zero)
-    as given; a resumed run's others from its `checkpoint`; a fresh run's by the rule (pick) and the rate from the width
-    (lr_for_width). Returns what the rule picked (or None), for the checkpoint to keep and start_lines to say."""
+def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp):
+    """(the settled settings, the rule's pick or None, for the checkpoint and start_lines): the shape, final batch, peak
+    rate and ramp's start, each given (non-zero) as given, else a resumed run's; a fresh run's by the rule (pick_for)."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
-    pick = (checkpoint or {}).get("budget")
-    if checkpoint:  # the batch of a checkpoint from before the budget picked: train.py's default then
-        saved = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS},
-                     batch_size=checkpoint.get("config", {}).get("batch_size", 8192))
-        config.update(saved, **given)
+    saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
+    if checkpoint:  # from before the budget picked: train.py's batch then; before the ramp's start: its micro-batch
+        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved.get("batch_size", 8192),
+                       batch_ramp_start=saved.get("batch_ramp_start", saved.get("micro_batch")))
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         share = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
-        pick = dict(timing, **pick_for(compute, config, given, data_args, data_tokens, world, share))
-    config["lr"] = config["lr"] or (checkpoint or {}).get("config", {}).get("lr") or lr_for_width(config["d_model"])
-    return pick
+        settled, picked = pick_for(compute, config, given, data_args, data_tokens, world, share)
+        pick = dict(timing, **picked)
+    settled.update(given)
+    settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
+    settled["batch_ramp_start"] = config["batch_ramp_start"] or settled.get("batch_ramp_start") or RAMP_START
+    return settled, pick
 
 
 def budget_compute(config, rt, world, master, ddp):
@@ -144,24 +144,25 @@ def budget_compute(config, rt, world, master, ddp):
 
 
 def pick_for(matmul_compute, config, given, data_args, data_tokens, world, share):
-    """A fresh run's shape and final batch by the rule, into `config` (those `given` win), for budget_compute's FLOPs or
-    config's budget_tokens (`share`: step_efficiency's); the batch whole micro-batches on each process. Returns the pick."""
+    """(a fresh run's shape and final batch by the rule, those `given` as given, whole micro-batches on each process; the
+    pick) for budget_compute's FLOPs or config's budget_tokens (`share`: step_efficiency's)."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
     rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share)
-    config.update(shape_of(rung, given))
-    per_token = ModelConfig.from_settings(config, **data_args).flops_per_token(mask_rate)
-    efficiency = share(config["d_model"])
+    shape = shape_of(rung, given)
+    per_token = ModelConfig.from_settings({**config, **shape}, **data_args).flops_per_token(mask_rate)
+    efficiency = share(shape["d_model"])
     tokens = tokens or matmul_compute * efficiency / per_token
     unit = (config["micro_batch"] or 1) * world
-    config["batch_size"] = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
-    return dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens, epochs=tokens / data_tokens, rung=list(rung),
-                nearest=list(nearest), given=sorted(given))
+    batch = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
+    return dict(shape, batch_size=batch), dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens,
+                                               epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest),
+                                               given=sorted(given))
 
 
-def start_lines(pick, config, seq_len, micro, lr_given):
+def start_lines(pick, config, seq_len, lr_given):
     """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`, when it
-    picked them), the rate (unless `lr_given`); micro: the sequences of a micro-batch on all processes."""
+    picked them), the rate (unless `lr_given`)."""
     lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
                               f"{LR_WIDTH_EXPONENT}, budget.lr_for_width; --lr sets it)"]
     if not pick:
@@ -174,7 +175,7 @@ def start_lines(pick, config, seq_len, micro, lr_given):
                   f"{gain} x {pick.get('efficiency', STEP_EFFICIENCY):.2g} (a step's share of it) = {pick['compute']:.2g} FLOPs")
     else:
         budget = f"{budget}, {pick['compute']:.2g} FLOPs"
-    steps = expected_steps(pick["tokens"] / seq_len, micro, config["batch_size"], config["batch_ramp"])
+    steps = expected_steps(pick["tokens"] / seq_len, config["batch_ramp_start"], config["batch_size"], config["batch_ramp"])
     rung, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])
     why = (f"the ladder's {rung}, nearest that compute" if rung == nearest else
            f"the ladder's {rung}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
@@ -182,6 +183,15 @@ def start_lines(pick, config, seq_len, micro, lr_given):
     return [f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
             f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
+
+
+def ramp_line(start, final, ramp, micro, world):
+    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (train.micro_batch_sizes)."""
+    unit, micros = math.gcd(micro, start // world), f"micro-batches of {micro} per process"
+    if ramp <= 0 or start >= final:
+        return f"batch: {final:,} sequences a step throughout; {micros}"
+    return (f"batch: {start:,} sequences a step at the start, then {start:,} more at a time up to {final:,} at {ramp:.0%} of the "
+            f"budget (batch_ramp_start, batch_size, batch_ramp); {micros}{f' (and of {unit} for the rest)' * (unit < micro)}")
 
 
 def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):

@@ -131,20 +131,20 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 class Batches:
-    """The masked micro-batches of one process. at(consumed, micro_step, mask_rate) is micro-batch `micro_step` of
-    this rank in the global batch that starts after `consumed` sequences: ranks take disjoint slices, and rows and
-    masks depend only on the place in the run's sequence order and the micro-batch size (each micro-batch draws its
-    masks at once), so a resumed run or another rank count at the same micro-batch sees the same."""
+    """step(consumed, sizes, mask_rate): this rank's masked micro-batches of `sizes` in the global batch after `consumed`
+    sequences, each the next world x size sequences, ranks disjoint slices of them; rows and masks depend only on the
+    place in the run's order and the size (masks drawn at once), so a resume or another rank count sees the same."""
 
-    def __init__(self, tokens, meta, micro, rank, world, device, seed, order="shuffled"):
-        self.tokens, self.micro, self.rank, self.world, self.device = tokens, micro, rank, world, device
-        self.seed, self.order = seed, order
-        self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
-        self.generator = torch.Generator(device=device)
+    def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
+        self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
+        self.mask_id, self.n_regular, self.generator = meta["special_ids"]["[MASK]"], meta["n_regular"], torch.Generator(device=device)
 
-    def at(self, consumed, micro_step, mask_rate):
-        start = consumed + (micro_step * self.world + self.rank) * self.micro
-        idx = get_batch(self.tokens, rows_at(start, self.micro, len(self.tokens), self.seed, self.order), self.device)
+    def step(self, consumed, sizes, mask_rate):
+        starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
+        return [self.at(int(start) + self.rank * size, size, mask_rate) for start, size in zip(starts, sizes)]
+
+    def at(self, start, size, mask_rate):
+        idx = get_batch(self.tokens, rows_at(start, size, len(self.tokens), self.seed, self.order), self.device)
         self.generator.manual_seed(int(np.random.default_rng((self.seed, start)).integers(2 ** 62)))
         return mask_tokens(idx, mask_rate, self.mask_id, self.n_regular, self.generator)
 

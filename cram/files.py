@@ -301,6 +301,42 @@ def save_checkpoint(path, state):
     write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
 
 
+SERIES = re.compile(r"ckpt_(\d{8,})\.pt")  # the older checkpoints of a run's series beside its ckpt.pt
+
+
+def checkpoint_series(folder):
+    """The older checkpoints beside a run's ckpt.pt in `folder`: [(step, path)], by step."""
+    return sorted((int(m[1]), os.path.join(folder, name)) for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+                  if (m := SERIES.fullmatch(name)))
+
+
+def save_in_series(path, state, keep, held):
+    """`state` saved at `path` (ckpt.pt, the newest); what was there (of step `held`; None: nothing) kept beside it as
+    ckpt_<step>.pt (a hard link, or where there are none moved), then the older ones pruned to `keep` - 1."""
+    folder = os.path.dirname(path) or "."
+    aside = os.path.join(folder, f"ckpt_{held or 0:08d}.pt")
+    if keep > 1 and held not in (None, state["step"]) and os.path.isfile(path) and not os.path.exists(aside):
+        try:
+            os.link(path, aside)
+        except OSError:
+            os.replace(path, aside)
+    save_checkpoint(path, state)
+    older = [p for step, p in checkpoint_series(folder) if step < state["step"]]
+    for old in older[:max(0, len(older) - (keep - 1))]:
+        os.remove(old)
+
+
+def branch_from(path, step):
+    """A run resumed from an earlier checkpoint (of step `step`) than its newest (`path`, ckpt.pt): ckpt.pt and the later
+    ones of the series renamed abandoned_<name> (abandoned2_, ...: never over another), out of the series, never pruned."""
+    folder, names = os.path.dirname(path) or ".", []
+    for old in [p for s, p in checkpoint_series(folder) if s > step] + [path] * os.path.isfile(path):
+        names.append(next(n for i in range(1, 10 ** 6) if not os.path.exists(os.path.join(
+            folder, n := f"abandoned{i if i > 1 else ''}_{os.path.basename(old)}"))))
+        os.replace(old, os.path.join(folder, names[-1]))
+    return names
+
+
 def load_checkpoint(path, use="weights"):
     """A checkpoint written by train.py, checked for what its reader uses, or a one-line error saying
     what is missing or damaged and how to go on: `use` 'settings' (a tool reading its config and
@@ -346,7 +382,8 @@ def refusal(e):
 # What train.py's checkpoints hold besides the model, its model_args, the data's meta and the tokenizer: each reader
 # asks for these (.get) and finds them of these types when they are there (int is not bool here: type, not isinstance)
 RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,), budget=(dict, type(None)),
-              step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,))
+              step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,),
+              spike_watch=(dict,))
 
 
 def checkpoint_problem(checkpoint, path):
@@ -416,8 +453,10 @@ def all_finite(state_dict):
 
 
 def refuse_overwrite(path):
-    """A fresh run never replaces a checkpoint: a one-line error if one is at `path`."""
-    if os.path.exists(path):
+    """A fresh run never replaces a checkpoint: a one-line error if one is at `path` or its series beside it."""
+    series = checkpoint_series(os.path.dirname(path) or ".")
+    if os.path.exists(path) or series:
+        path = path if os.path.exists(path) else series[-1][1]
         raise SystemExit(f"error: {path} exists: continue it with --resume=True (a run that has spent its budget "
                          f"also needs a larger --budget_hours), or choose another --out_dir")
 

@@ -131,7 +131,7 @@ def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, off
                          f"{size_text(capacity)}: the largest that fits is about {largest:,}")
 
 
-def choose_micro_batch(micro_batch, batch_size, model_args, rt, world, mask_rate, offload, log):
+def choose_micro_batch(micro_batch, batch_size, model_args, rt, *, world, mask_rate, offload, log):
     """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under torchrun the smallest
     over the ranks) and divides the batch; on a CPU and in off-load mode 32 or less. Either is checked first against the
     memory it surely needs (check_memory; before the probe, with one sequence: the model itself)."""

@@ -311,18 +311,20 @@ class OffloadTrainer:
         set_device_rng(self.rt.device, rng_after)  # the recompute replayed the RNG; continue after the forward
         return loss.detach(), squares
 
-    def step(self, micro_batches, lr, clip):
-        """model.Trainer.step's contract: one optimizer step over the micro-batches; the mean loss (a
-        tensor) and whether the update was applied (not with a non-finite gradient norm). The stem
+    def step(self, micro_batches, lr, clip, accept=None):
+        """model.Trainer.step's contract: one optimizer step over the micro-batches; the mean loss (a tensor) and
+        whether the update was applied (not with a non-finite gradient norm, nor one `accept` refuses). The stem
         steps here; the blocks' updates are queued on the host's updater thread."""
-        total, n = 0.0, len(micro_batches)
+        total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, batch in enumerate(micro_batches):
-            loss, squares = self._micro_step(*batch, n, i == n - 1)
-            total = total + loss
+            parts = rows / len(batch[0])  # 1 / its share of the step's sequences, as model.Trainer.step
+            loss, squares = self._micro_step(*batch, parts, i == n - 1)
+            total = total + loss / parts
         stem_grads = [p.grad for p in self.stem.parameters() if p.grad is not None]
         stem_norm = torch.stack(torch._foreach_norm(stem_grads)).square().sum().item() if stem_grads else 0.0
         norm = (stem_norm + sum(squares)) ** 0.5
-        applied = math.isfinite(norm)
+        accepted = accept is None or accept(total)
+        applied = math.isfinite(norm) and accepted
         if applied:
             scale = min(1.0, clip / (norm + 1e-6)) if clip else 1.0  # as clip_grad_norm_
             if scale != 1.0:
@@ -335,7 +337,7 @@ class OffloadTrainer:
         else:
             self.host.discard_grads()
         self.optimizer.zero_grad(set_to_none=True)
-        return total / n, applied
+        return total, applied
 
     def _locate(self):
         """name -> (optimizer, its index of the parameter), for every parameter of the plain model."""

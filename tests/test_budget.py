@@ -139,12 +139,29 @@ def test_given_settings_replace_the_pick_and_the_width_brings_its_heads_and_feed
 
 
 def test_expected_steps_follow_the_ramp():
-    for micro, final, ramp in ((32, 256, 0.6), (16, 16, 0.6), (128, 8192, 0.0), (64, 1024, 1.0)):
+    for start, final, ramp in ((32, 256, 0.6), (16, 16, 0.6), (128, 8192, 0.0), (64, 1024, 1.0), (128, 64, 0.6),
+                               (100, 250, 0.6)):
         sequences, steps, done = 2e6, 0, 0.0
         while done < sequences:  # the loop's batches, the progress being the share of sequences trained
-            done += batch_size_at(done / sequences, micro, final, ramp)
+            done += batch_size_at(done / sequences, start, final, ramp)
             steps += 1
-        assert expected_steps(sequences, micro, final, ramp) == pytest.approx(steps, rel=0.02)
+        assert expected_steps(sequences, start, final, ramp) == pytest.approx(steps, rel=0.02)
+
+
+def test_a_resume_keeps_its_ramp_and_an_older_checkpoint_ramps_from_its_micro_batch():
+    """settle: the ramp's start given wins; a resumed run's own otherwise (not the default's 128); a checkpoint from
+    before the setting ramped from its micro-batch (one process's, as train.py then did); a fresh run the reference's."""
+    from cram.budget import RAMP_START, settle
+    config = dict(n_layers=2, d_model=64, n_heads=2, d_ffn=256, batch_size=0, lr=0.0, batch_ramp_start=0)
+    shape = {k: config[k] for k in ("n_layers", "d_model", "n_heads", "d_ffn")}
+    ckpt = dict(model_args=shape, config=dict(batch_size=64, lr=1e-3, micro_batch=16, batch_ramp_start=48))
+    common = dict(data_args=dict(vocab_size=512, seq_len=32), data_tokens=1e6, rt=None, world=1, master=True, ddp=False)
+    assert settle(config, ckpt, **common)[0]["batch_ramp_start"] == 48
+    assert settle({**config, "batch_ramp_start": 32}, ckpt, **common)[0]["batch_ramp_start"] == 32
+    older = dict(ckpt, config=dict(batch_size=64, lr=1e-3, micro_batch=16))
+    assert settle(config, older, **common)[0] == dict(shape, batch_size=64, lr=1e-3, batch_ramp_start=16)
+    fresh = dict(config, batch_size=64, budget_tokens=8192)
+    assert settle(fresh, None, **common)[0]["batch_ramp_start"] == RAMP_START == 128
 
 
 def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_path):

@@ -205,7 +205,8 @@ CHECKPOINT_CASES = ["no model", "no optimizer", "no step", "no config", "no meta
                     "elapsed of another type", "tokens of another type", "init_val_loss of another type",
                     "model_args of another type", "data_dir of another type", "a NaN weight", "an inf weight",
                     "a weight of another shape", "a weight in float16", "a weight of integers", "an empty file",
-                    "a file cut short", "a list", "a pickle that runs code", "the four required keys alone"]
+                    "a file cut short", "a list", "a pickle that runs code", "the four required keys alone",
+                    "no spike_watch", "spike_watch of another type"]
 
 
 @pytest.mark.parametrize("reader,case", sample([(r, c) for r in READERS for c in CHECKPOINT_CASES], 6))

@@ -18,11 +18,12 @@ from conftest import (CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default
                       weights_atol)
 from cram import runtime
 from cram.data import repeat_warning, rows_at
-from cram.files import load_meta
+from cram.files import load_meta, read_jsonl
 from model import CrammedBert, Trainer, mask_tokens, param_groups
 
 # 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
-TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--budget_tokens=49152", "--log_interval=1", "--eval_sequences=32"]
+TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--batch_ramp_start=16", "--budget_tokens=49152", "--log_interval=1",
+             "--eval_sequences=32"]
 
 
 def step_lines(stdout):
@@ -124,6 +125,23 @@ def test_two_processes_train_like_one(prepared, tmp_path, nodes):
     model_two = torch.load(tmp_path / "two" / "ckpt.pt")["model"]
     for name in model_one:  # the all-reduce sums in another order: equal up to rounding (TINY_MODEL's lr)
         torch.testing.assert_close(model_two[name], model_one[name], rtol=0, atol=weights_atol(3e-3, len(losses_one)))
+
+
+def test_the_batch_ramp_is_the_same_on_any_device_and_process_count(prepared, tmp_path):
+    """The ramp starts at batch_ramp_start (the reference's 128) whatever the micro-batch and the processes: two
+    processes forced to micro-batches of 1,024 (the final batch's per process: no ramp at all, once) log the
+    batches of one process at 32, from 128 in steps of 128 to the final 8,192 at the ramp's share, and not before."""
+    common = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--batch_size=8192", "--budget_tokens=1048576",
+              "--batch_ramp=0.5", "--log_interval=1", "--eval_sequences=32", "--fill_in_examples=0"]
+    two = launch_two([*common, "--micro_batch=1024", f"--out_dir={tmp_path / 'two'}"], nodes=1)
+    assert "batch: 128 sequences a step at the start, then 128 more at a time up to 8,192 at 50% of the budget" in two
+    assert "micro-batches of 1024 per process (and of 64 for the rest)" in two
+    run_script(*common, "--micro_batch=32", f"--out_dir={tmp_path / 'one'}")
+    logs = [[r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["kind"] == "train"] for name in ("two", "one")]
+    assert [r["batch"] for r in logs[0]] == [r["batch"] for r in logs[1]] and logs[0][0]["batch"] == 128
+    assert all(r["batch"] % 128 == 0 for r in logs[0]) and logs[0][-1]["batch"] == 8192
+    for r in logs[0]:  # the final batch from the step that starts at half the budget's tokens on
+        assert (r["batch"] == 8192) == (r["tokens"] - 32 * r["batch"] >= 1048576 / 2), r
 
 
 def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):

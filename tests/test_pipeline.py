@@ -176,10 +176,10 @@ def test_torchrun_two_processes(prepared, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
-                           "--max_steps=6", "--batch_size=64"], cwd=ROOT, env=env, capture_output=True,
+                           "--max_steps=6", "--batch_size=64", "--batch_ramp_start=32"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "device: cpu, float32 x2" in proc.stdout and "batch 32 |" in proc.stdout  # 2 ranks x 16 at the start
+    assert "device: cpu, float32 x2" in proc.stdout and "batch 32 |" in proc.stdout  # the ramp's start, 16 a rank
     assert final_line(proc.stdout)[0] == 6
     assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["step"] == 6
 

@@ -1,6 +1,8 @@
 """Reliability, class by class: every bad input and every fault is a one-line answer, and nothing
 already finished is lost. Each class has its mechanism and a table of cases here."""
 import errno
+import json
+import math
 import os
 import runpy
 import shutil
@@ -8,12 +10,13 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script
 from configurator import allowed, config_keys, declarations
-from cram.files import claim_folder, load_meta, read_metrics, write_atomically
+from cram.files import claim_folder, load_meta, read_jsonl, read_metrics, write_atomically
 
 SCRIPTS = ["train.py", "prepare.py", "bench.py", "finetune_glue.py", "tools/export.py", "tools/compare.py",
            "tools/gpu_report.py", "tools/bench_offload.py", "tools/bench_prepare.py", "tools/curriculum.py",
@@ -222,6 +225,47 @@ def test_a_diverged_run_names_a_checkpoint_that_recovers(pretrained, tmp_path, b
     run_script(*train, "--max_steps=100", "--fill_in_examples=0")
     after = read_metrics(tmp_path)[-1]
     assert after["step"] == 100 and after["val_loss"] < before
+
+
+def with_junk(prepared, folder, steps, batch=16):
+    """A copy of the prepared data whose training rows for `steps` (1-based, read in file order at `batch` a step)
+    are random tokens: a batch of junk, which a trained model's loss spikes on."""
+    shutil.copytree(prepared, folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    rows = np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r+", shape=(meta["train_sequences"], meta["seq_len"]))
+    for step in steps:
+        rows[(step - 1) * batch:step * batch] = np.random.default_rng(step).integers(0, meta["n_regular"], (batch, meta["seq_len"]))
+    rows.flush()
+    return folder
+
+
+def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last_good_checkpoint(prepared, tmp_path):
+    """A batch of junk at step 31 is a spike by the run's own history (far below ln V + 1, which `diverged` reads):
+    its update is skipped and the run goes on; five in a row stop the run with the divergence line, naming the
+    last checkpoint before them, which stays with the keep_checkpoints - 1 before it (and no more), and resumes."""
+    train = ["train.py", *TINY_MODEL, "--batch_size=16", "--data_order=file", "--ckpt_interval_minutes=0",
+             "--log_interval=1", "--fill_in_examples=0", "--keep_checkpoints=3"]
+    once = run_script(*train, f"--data_dir={with_junk(prepared, tmp_path / 'once', [31])}", f"--out_dir={tmp_path / 'a'}",
+                      "--max_steps=40")
+    records = {r["step"]: r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if r["kind"] == "train"}
+    assert records[31]["skipped"] == 1 and records[40]["skipped"] == 1 and records[31]["loss"] > records[30]["loss"] + 1
+    assert records[31]["loss"] < math.log(384) + 1 and "final:" in once.stdout  # not a divergence by the old test
+    assert sorted(os.listdir(tmp_path / "a")) == [".lock", "ckpt.pt", "ckpt_00000038.pt", "ckpt_00000039.pt", "metrics.jsonl"]
+    junk = with_junk(prepared, tmp_path / "five", range(31, 36))
+    proc = run_script(*train, f"--data_dir={junk}", f"--out_dir={tmp_path / 'b'}", "--max_steps=60", check=False)
+    assert_one_line_error(proc, "5 steps in a row diverged", "or a spike: 6 spreads and 10% above the recent mean) up "
+                          "to step 35", "(the one before it: --resume_from=ckpt_00000029.pt)", f"the last checkpoint is {tmp_path / 'b' / 'ckpt.pt'} at step 30", "lower --lr")
+    assert torch.load(tmp_path / "b" / "ckpt.pt")["step"] == 30
+    assert sorted(n for n in os.listdir(tmp_path / "b") if n.endswith(".pt")) == ["ckpt.pt", "ckpt_00000028.pt",
+                                                                                  "ckpt_00000029.pt"]
+    resumed = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'b'}", "--max_steps=40", "--resume=True")
+    assert "resuming" in resumed.stdout and torch.load(tmp_path / "b" / "ckpt.pt")["step"] == 40
+    # an older one by name: the later ones set aside, kept out of the series
+    older = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'b'}", "--max_steps=45", "--resume=True",
+                       "--resume_from=ckpt_00000039.pt")
+    assert f"resuming {tmp_path / 'b' / 'ckpt_00000039.pt'} at step 39" in older.stdout and "abandoned_ckpt.pt" in older.stdout
+    assert torch.load(tmp_path / "b" / "abandoned_ckpt.pt")["step"] == 40
+    assert torch.load(tmp_path / "b" / "ckpt.pt")["step"] == 45
 
 
 def test_a_fresh_run_that_diverges_saves_no_checkpoint(prepared, tmp_path):

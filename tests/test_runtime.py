@@ -268,7 +268,7 @@ def test_compiled_run_compiles_once(prepared, tmp_path):
     """A whole short run with compile on (batch ramp, evaluations, checkpoints, resume) builds one
     graph per process: no recompilation from the growing batch, evaluation or resuming."""
     args = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=True",
-            "--batch_size=64", "--batch_ramp=1e-5", "--budget_hours=0.05", "--log_interval=1",
+            "--batch_size=64", "--batch_ramp_start=16", "--batch_ramp=1e-5", "--budget_hours=0.05", "--log_interval=1",
             "--eval_interval_minutes=0.002", "--ckpt_interval_minutes=0.002"]
     first = run_script(*args, "--max_steps=6").stdout
     # a ramp over the first 2 ms: the first step at one micro-batch, the next ones accumulate four

@@ -1,6 +1,6 @@
 import pytest
 
-from train import batch_size_at, lr_at
+from train import batch_size_at, lr_at, micro_batch_sizes
 
 
 def test_triangle_learning_rate():
@@ -33,6 +33,16 @@ def test_batch_size_ramp():
     assert batch_size_at(0.5, micro, final, 0.0) == 8192
     sizes = [batch_size_at(i / 100, micro, final, 0.6) for i in range(101)]
     assert all(s % micro == 0 for s in sizes) and sizes == sorted(sizes)
+
+
+def test_the_ramp_starts_at_its_own_start_whatever_the_micro_batch():
+    sizes = [batch_size_at(i / 1000, 128, 8192, 0.6) for i in range(1001)]
+    assert sizes[0] == 128 and all(s % 128 == 0 for s in sizes) and sizes == sorted(sizes) and sizes[600] == 8192
+    assert batch_size_at(0.59, 100, 250, 0.6) == 200 and batch_size_at(0.6, 100, 250, 0.6) == 250  # final: not a multiple
+    assert batch_size_at(0.0, 128, 64, 0.6) == 64  # a start at or above the final batch: no ramp
+    for batch in range(64, 8193, 64):  # a process's share under 2 processes, micro-batches of 1,024 (unit 64)
+        parts = micro_batch_sizes(batch, 1024, 64)
+        assert sum(parts) == batch and set(parts) <= {1024, 64} and max(parts) <= batch
 
 
 def test_masking_rate_schedule_is_a_pure_function_of_progress_in_few_levels():
