@@ -382,10 +382,9 @@ class Trainer:
             total = total + loss.detach() / parts
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
-        # one sync per step, so that a non-finite update never lands; the norm of the all-reduced
-        # gradients is the same on every DDP rank, so all ranks decide alike
-        accepted = accept is None or accept(total)
-        applied = math.isfinite(norm.item()) and accepted
+        # one sync per step, so that a non-finite update never lands; the norm of the all-reduced gradients is the same
+        # on every DDP rank, so all ranks decide alike (and `accept`, first, is asked on every step, on every rank)
+        applied = (accept is None or accept(total)) and math.isfinite(norm.item())
         if applied:
             self.scaler.step(self.optimizer)
         self.scaler.update()

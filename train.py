@@ -23,11 +23,10 @@ from configurator import configure  # first: it checks for the temporary folder 
 import torch
 
 from cram import budget, memory, process, runtime
-from cram.guard import Saves, SpikeWatch
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
-from cram.files import (MetricsLog, branch_from, check_resume, claim_folder, load_checkpoint, parse_ranks,
-                        refuse_overwrite)
+from cram.files import MetricsLog, check_resume, claim_folder, load_checkpoint, parse_ranks, refuse_overwrite
+from cram.guard import Saves, SpikeWatch
 from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, param_groups
 
 # -----------------------------------------------------------------------------
@@ -191,7 +190,8 @@ def main(config):
                                                               mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
     opening = () if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what the budget picked
     globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
-    metrics = open_out_dir(model_args, source, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
+    saves = Saves(ckpt_path, keep_checkpoints, checkpoint, source)
+    metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
@@ -203,7 +203,6 @@ def main(config):
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
-    saves = Saves(ckpt_path, keep_checkpoints, checkpoint, source)
     watch = SpikeWatch(spike_threshold, runtime.mean_over_ranks if ddp else None, **(checkpoint or {}).get("spike_watch", {}))
     about = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta, tokenizer=tokenizer_text, budget=pick)
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(ev, step, tokens, seconds)[0] if master else None)
@@ -327,10 +326,10 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp)
     raise SystemExit(0)
 
 
-def open_out_dir(model_args, source, config, rt, train_tokens, checkpoint, opening):
+def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, opening):
     """Rank 0's: out_dir locked, writable, with room for keep_checkpoints checkpoints (weights and AdamW in float32);
     warnings of a run too large for a CPU or its data; the opening lines (`opening`, or where a resume starts: from an
-    earlier checkpoint (`source`), the later ones set aside, files.branch_from). Returns the MetricsLog."""
+    earlier checkpoint, the later ones set aside, Saves.branch). Returns the MetricsLog."""
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
     claim_folder(out_dir, need_bytes=keep_checkpoints * 12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
@@ -339,11 +338,10 @@ def open_out_dir(model_args, source, config, rt, train_tokens, checkpoint, openi
                     repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
         if warning:
             print(warning)
-    newest = os.path.join(out_dir, "ckpt.pt")
-    later = branch_from(newest, checkpoint["step"]) if checkpoint and os.path.abspath(source) != os.path.abspath(newest) else []
+    later = saves.branch()
     if checkpoint:
         aside = f"; the later ones set aside, kept: {', '.join(later)}" if later else ""
-        print(f"resuming {source} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
+        print(f"resuming {saves.last_path} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
               f"{checkpoint['tokens'] / 1e6:.1f}M tokens in{aside}")
     for line in opening:
         print(line)

@@ -156,8 +156,7 @@ def pick_for(matmul_compute, config, given, data_args, data_tokens, world, share
     unit = (config["micro_batch"] or 1) * world
     batch = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
     return dict(shape, batch_size=batch), dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens,
-                                               epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest),
-                                               given=sorted(given))
+                                               epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest), given=sorted(given))
 
 
 def start_lines(pick, config, seq_len, lr_given):

@@ -314,8 +314,8 @@ def save_in_series(path, state, keep, held):
     """`state` saved at `path` (ckpt.pt, the newest); what was there (of step `held`; None: nothing) kept beside it as
     ckpt_<step>.pt (a hard link, or where there are none moved), then the older ones pruned to `keep` - 1."""
     folder = os.path.dirname(path) or "."
-    aside = os.path.join(folder, f"ckpt_{held or 0:08d}.pt")
-    if keep > 1 and held not in (None, state["step"]) and os.path.isfile(path) and not os.path.exists(aside):
+    aside = held not in (None, state["step"]) and os.path.join(folder, f"ckpt_{held:08d}.pt")
+    if keep > 1 and aside and os.path.isfile(path) and not os.path.exists(aside):
         try:
             os.link(path, aside)
         except OSError:
@@ -454,10 +454,10 @@ def all_finite(state_dict):
 
 def refuse_overwrite(path):
     """A fresh run never replaces a checkpoint: a one-line error if one is at `path` or its series beside it."""
-    series = checkpoint_series(os.path.dirname(path) or ".")
-    if os.path.exists(path) or series:
-        path = path if os.path.exists(path) else series[-1][1]
-        raise SystemExit(f"error: {path} exists: continue it with --resume=True (a run that has spent its budget "
+    series = [] if os.path.exists(path) else checkpoint_series(os.path.dirname(path) or ".")[-1:]
+    if os.path.exists(path) or series:  # only a series: its newest, by name
+        path, named = (series[0][1], f" --resume_from={os.path.basename(series[0][1])}") if series else (path, "")
+        raise SystemExit(f"error: {path} exists: continue it with --resume=True{named} (a run that has spent its budget "
                          f"also needs a larger --budget_hours), or choose another --out_dir")
 
 

@@ -4,7 +4,7 @@ import math
 import os
 
 from .data import evaluate
-from .files import all_finite, checkpoint_series, save_in_series
+from .files import all_finite, branch_from, checkpoint_series, save_in_series
 from model import diverged
 
 # a spike: over `threshold` spreads and SPIKE_MARGIN above the mean of the last ~SPIKE_WINDOW, once SPIKE_HISTORY are in
@@ -13,14 +13,12 @@ SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 
 class SpikeWatch:
     """judge(loss), model.Trainer.step's `accept`: the step's loss (a tensor; `reduce`: the mean over DDP ranks) judged
-    before its update, True unless a spike (threshold 0: never); the loss in .loss, the verdict in .spiked. A finite
-    loss that is not a spike joins the history: the mean, and the spread as half the moving mean square of the steps'
-    differences (a falling loss's trend, which a plain variance counts, adds little to it)."""
+    before its update, True unless a spike (threshold 0: never); the loss in .loss, the verdict in .spiked. A finite loss
+    not a spike joins the history: the mean, and the spread as half the moving mean square of successive differences."""
 
     def __init__(self, threshold, reduce=None, mean=0.0, var=0.0, count=0, last=0.0):
         self.threshold, self.reduce = threshold, reduce or (lambda loss: loss)
-        self.mean, self.var, self.count, self.last = mean, var, count, last
-        self.loss, self.spiked = math.nan, False
+        self.mean, self.var, self.count, self.last, self.loss, self.spiked = mean, var, count, last, math.nan, False
 
     def judge(self, loss):
         self.loss = self.reduce(loss).item()
@@ -40,39 +38,46 @@ class SpikeWatch:
 
 class Saves:
     """A run's checkpoints: `path` (ckpt.pt) the newest sound one, the `keep` - 1 before it beside it (files.save_in_series);
-    a resumed `checkpoint` (from `source`) the last until the run saves; .held: the step at `path` (None: no file there)."""
+    a resumed `checkpoint` (from `source`) the last until the run saves; `path` holds it unless the run branched from it."""
 
     def __init__(self, path, keep, checkpoint=None, source=None):
-        resumed_newest = checkpoint is not None and os.path.abspath(source) == os.path.abspath(path)
-        self.path, self.keep, self.held = path, keep, checkpoint["step"] if resumed_newest else None
+        self.path, self.keep = path, keep
         self.last, self.last_path = (checkpoint["step"], source) if checkpoint is not None else (None, None)
+        self.branched = checkpoint is not None and os.path.abspath(source) != os.path.abspath(path)
+
+    def branch(self):
+        """Rank 0's, once out_dir is claimed: the names `path` and the later ones got, set aside (files.branch_from)."""
+        return branch_from(self.path, self.last) if self.branched else []
 
     def save_if_sound(self, ev, state, mask_rate, at_end=False):
         """`state` (train.checkpoint_state) saved if its weights are finite and their loss on a validation micro-batch has
         not diverged: the checkpoint a divergence stop names is one a lower rate recovers from; else said (at_end: an error)."""
-        loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, mask_rate)[0] \
-            if all_finite(state["model"]) else None
-        refused = "non-finite weights" if loss is None else f"a diverged validation loss ({loss:.2f})" \
-            if diverged(loss, state["meta"]["vocab_size"]) else None
+        if all_finite(state["model"]):
+            loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, mask_rate)[0]
+            refused = f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
+        else:
+            refused = "non-finite weights"
         if not refused:
-            save_in_series(self.path, state, self.keep, self.held)
-            self.held, self.last, self.last_path = state["step"], state["step"], self.path
-            return
-        if at_end:
-            raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {self.kept()}: lower "
-                             f"--lr and resume it")
-        print(f"checkpoint at step {state['step']} not saved: {refused}; {self.kept()}")
+            save_in_series(self.path, state, self.keep, None if self.branched else self.last)
+            self.last, self.last_path, self.branched = state["step"], self.path, False
+        elif at_end:
+            raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {self.advice()}")
+        else:
+            print(f"checkpoint at step {state['step']} not saved: {refused}; {self.kept()}")
 
     def kept(self):
+        """Where the last sound save is, and the one before it by name; or that there is none."""
         if self.last is None:
             return "no checkpoint was saved"
-        older = [os.path.basename(p) for step, p in checkpoint_series(os.path.dirname(self.path)) if step < self.last][-1:]
-        return f"the last checkpoint is {self.last_path} at step {self.last}" + "".join(
-            f" (the one before it: --resume_from={name})" for name in older)
+        older = [p for step, p in checkpoint_series(os.path.dirname(self.path)) if step < self.last]
+        before = f" (the one before it: --resume_from={os.path.basename(older[-1])})" if older else ""
+        return f"the last checkpoint is {self.last_path} at step {self.last}{before}"
+
+    def advice(self):
+        return f"{self.kept()}: lower --lr and {'resume it' if self.last is not None else 'start again'}"
 
     def divergence_stop(self, in_a_row, step, vocab_size, threshold):
         """The one-line stop after max_skipped_steps bad steps in a row, naming the checkpoint to resume."""
         spike = f", or a spike: {threshold:g} spreads and {SPIKE_MARGIN:.0%} above the recent mean" if threshold else ""
-        where = f"{self.kept()}: lower --lr and " + ("resume it" if self.last is not None else "start again")
         return SystemExit(f"error: {in_a_row} steps in a row diverged (a non-finite gradient, a loss above "
-                          f"{math.log(vocab_size) + 1:.2f}{spike}) up to step {step}; {where}")
+                          f"{math.log(vocab_size) + 1:.2f}{spike}) up to step {step}; {self.advice()}")

@@ -323,8 +323,7 @@ class OffloadTrainer:
         stem_grads = [p.grad for p in self.stem.parameters() if p.grad is not None]
         stem_norm = torch.stack(torch._foreach_norm(stem_grads)).square().sum().item() if stem_grads else 0.0
         norm = (stem_norm + sum(squares)) ** 0.5
-        accepted = accept is None or accept(total)
-        applied = math.isfinite(norm) and accepted
+        applied = (accept is None or accept(total)) and math.isfinite(norm)
         if applied:
             scale = min(1.0, clip / (norm + 1e-6)) if clip else 1.0  # as clip_grad_norm_
             if scale != 1.0:

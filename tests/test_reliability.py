@@ -251,6 +251,12 @@ def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last
     assert records[31]["skipped"] == 1 and records[40]["skipped"] == 1 and records[31]["loss"] > records[30]["loss"] + 1
     assert records[31]["loss"] < math.log(384) + 1 and "final:" in once.stdout  # not a divergence by the old test
     assert sorted(os.listdir(tmp_path / "a")) == [".lock", "ckpt.pt", "ckpt_00000038.pt", "ckpt_00000039.pt", "metrics.jsonl"]
+    os.replace(tmp_path / "a" / "ckpt.pt", tmp_path / "newest.pt")  # a series alone: a fresh run refuses, saying how to go on
+    fresh = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'a'}", "--max_steps=41", check=False)
+    assert_one_line_error(fresh, "ckpt_00000039.pt exists: continue it with --resume=True --resume_from=ckpt_00000039.pt")
+    advised = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'a'}", "--max_steps=41", "--resume=True",
+                         "--resume_from=ckpt_00000039.pt")
+    assert "resuming" in advised.stdout and torch.load(tmp_path / "a" / "ckpt.pt")["step"] == 41
     junk = with_junk(prepared, tmp_path / "five", range(31, 36))
     proc = run_script(*train, f"--data_dir={junk}", f"--out_dir={tmp_path / 'b'}", "--max_steps=60", check=False)
     assert_one_line_error(proc, "5 steps in a row diverged", "or a spike: 6 spreads and 10% above the recent mean) up "
@@ -273,6 +279,15 @@ def test_a_fresh_run_that_diverges_saves_no_checkpoint(prepared, tmp_path):
                       "--ckpt_interval_minutes=0", "--max_steps=40", check=False)
     assert_one_line_error(proc, "no checkpoint was saved", "lower --lr and start again")
     assert not (tmp_path / "ckpt.pt").exists()
+
+
+def test_unsound_final_weights_with_nothing_saved_say_start_again_and_that_works(prepared, tmp_path):
+    """The last save refused with no checkpoint before it: the line's advice is to start again at a lower rate, not to
+    resume what does not exist; followed in the same folder, it trains."""
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--max_steps=8", "--fill_in_examples=0"]
+    proc = run_script(*train, "--lr=1e6", "--max_skipped_steps=1000", check=False)
+    assert_one_line_error(proc, "were not saved", "no checkpoint was saved: lower --lr and start again")
+    assert "final:" in run_script(*train).stdout and torch.load(tmp_path / "ckpt.pt")["step"] == 8
 
 
 # ------------------------------------------------------------------ 2. a resume that would quietly change the run
