@@ -354,6 +354,7 @@ def test_a_person_s_second_ctrl_c_stops_at_once(prepared, tmp_path):
     second, as the terminal's default does, without waiting for the step or the save."""
     proc, lines = run_until_step([sys.executable, "train.py", f"--data_dir={prepared}", *LONG_STEP,
                                   "--batch_size=4096", f"--out_dir={tmp_path}"], tmp_path, step=1)
+    time.sleep(0.5)  # inside step 2: a Ctrl-C between step 1's line and the next step's start stops there, gracefully
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
