@@ -140,9 +140,10 @@ class ModelConfig:
         return self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
 
     def parameters_at_least(self):
-        """About the parameters (a little under: the norms' and positions' few are left out):
-        the embedding, shared with the output layer, the layers' matmuls and smear's."""
-        return self.vocab_size * self.d_model + self.n_layers * self.layer_weights() + 2 * self.d_model ** 2 * self.smear
+        """About the parameters (a little under: the norms', biases' and positions' few are left out): the
+        embedding, shared with the output layer, and the matmuls: the layers', smear's and the head transform's."""
+        matmuls = self.n_layers * self.layer_weights() + (2 * self.smear + self.head_transform) * self.d_model ** 2
+        return self.vocab_size * self.d_model + matmuls
 
     def step_bytes(self, mask_rate, value_bytes, training=True, offload=False):
         """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and position, each

@@ -213,3 +213,48 @@ def test_mean_pooling_reads_every_real_token_and_first_only_the_first():
         torch.testing.assert_close(clf(idx), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="pooling"):
         SequenceClassifier(encoder, num_labels=2, pooling="max")
+
+
+SWITCHES = [{}, dict(glu=False), dict(smear=False), dict(full_layers=1), dict(bias=True), dict(head_transform=True),
+            dict(n_heads=2), dict(d_model=96, d_ffn=128), dict(sparse_prediction=False), dict(norm_first=False),
+            dict(learned_positions=True)]
+
+
+@pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
+def test_the_declared_cost_is_the_counted_cost(switch):
+    """ModelConfig's hand-kept cost against the model's real forward and backward, for every switch: a forker's
+    new block or attention that the formulas miss fails here, not in a run's budget, MFU or memory check.
+    - FLOPs: torch's FlopCounterMode counts every matmul (mm, addmm, bmm) of a step, attention's two products by
+      the math kernel (the counter knows no CPU flash kernel; a flash backward recomputes the scores, which the
+      convention of 3 x forward leaves out). flops_per_token counts exactly those, so they agree to the FLOP.
+    - Parameters: the budget's parameters_at_least is the embedding and every Linear weight.
+    - Memory: step_bytes is a lower estimate of the activations a step keeps for its backward, here counted by
+      autograd's saved-tensor hooks (each storage once, parameters not); it leaves out the norms' and the
+      element-wise ops' inputs, which add a third to a half again at this shape (measured 1.29-1.46 across the
+      switches): a new layer that keeps much more than its matmuls' inputs goes past 1.6."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    config = {**TINY, "seq_len": 64, "n_layers": 3, **switch}
+    torch.manual_seed(0)
+    model = CrammedBert(**config)
+    batch = mask_tokens(torch.randint(0, 296, (4, 64)), 0.25, 299, 296)  # (inputs, positions, labels)
+    tokens = batch[0].numel()
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(*batch)[0].backward()
+    assert counter.get_total_flops() / tokens == model.config.flops_per_token(0.25)
+
+    assert model.config.parameters_at_least() == model.num_params(matmul_only=True) + model.tok_emb.weight.numel()
+    in_blocks = sum(m.weight.numel() for m in model.blocks.modules() if isinstance(m, torch.nn.Linear))
+    assert model.config.n_layers * model.config.layer_weights() == in_blocks  # the budget's size of a shape
+
+    kept, params = {}, {p.untyped_storage().data_ptr() for p in model.parameters()}
+    def keep(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(*batch)
+    per_sequence, estimate = sum(kept.values()) / len(batch[0]), model.config.step_bytes(0.25, 4)
+    assert estimate <= per_sequence <= 1.6 * estimate, per_sequence / estimate
