@@ -1,6 +1,6 @@
 # Corpus for the 24-hour reference run: about 10B tokens of educational web text, streamed
-# from the Hugging Face hub (needs internet; about 20 GB on disk). A 24-hour run on a fast GPU
-# sees 10-50B tokens, so a smaller corpus would be repeated many times (see "The recipe" in the README).
+# from the Hugging Face hub (needs internet; about 20 GB on disk). A day on an H100 trains about 22B tokens
+# at the shape the budget picks, two passes of it; the paper's shape pinned trains 50B (docs/data.md).
 # python prepare.py config/prepare_fineweb.py
 dataset = "HuggingFaceFW/fineweb-edu"
 hf_config = "sample-10BT"

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from conftest import TINY_MODEL, run_script, slow
+from conftest import ROOT, TINY_MODEL, run_script, slow
 from model import ModelConfig
 from cram.budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps, lr_for_width,
                          shape_for_budget, shape_of, step_efficiency)
@@ -30,14 +30,14 @@ def pick(seconds, matmul_flops, data_tokens, tokens=0, gpu=None):
 @pytest.mark.parametrize("where,seconds,matmul,data,shape,batch,lr", [
     # 20 minutes of a 2-core CPU (a float32 matmul at 0.37 TFLOP/s) on 67M tokens of books
     ("a CPU's 20 minutes", 1200, 370e9, 67e6, (4, 256), 64, 1.73e-3),
-    # six H100 minutes, about 1.2e17 FLOPs, with ample data: 8 x 512 (ELECTRA-Small's class, 21M in the blocks)
-    ("1e17 FLOPs", 360, 650e12, FINEWEB, (8, 512), 1024, 1.22e-3),
+    # six H100 minutes, about 1e17 FLOPs, with ample data: 8 x 512 (ELECTRA-Small's class, 21M in the blocks)
+    ("1e17 FLOPs", 360, 688e12, FINEWEB, (8, 512), 1024, 1.22e-3),
     # an RTX A6000's bfloat16 matmul at about 100 TFLOP/s (65% of its 155 TFLOP/s peak, as an H100 reaches of its
     # own): the paper's shape and rate, the published 4k batch (the paper's best for GLUE; Izsak et al. 2021)
     ("the paper's day", DAY, 100e12, FINEWEB, (16, 768), 4096, 1e-3),
-    # an H100 (a 2048^3 bfloat16 matmul at about 650 TFLOP/s): 6.5x the compute, BERT-Large's shape, the batch
-    # levelled off within 2x of Izsak's 4k at that compute, a rate below the paper's as large models' are
-    ("an H100's day", DAY, 650e12, FINEWEB, (24, 1024), 8192, 8.66e-4),
+    # an H100 (a 2048^3 bfloat16 matmul at 688 TFLOP/s, as the README's lines): 8x the compute, BERT-Large's shape,
+    # the batch levelled off within 2x of Izsak's 4k at that compute, a rate below the paper's as large models' are
+    ("an H100's day", DAY, 688e12, FINEWEB, (24, 1024), 8192, 8.66e-4),
 ])
 def test_the_rule_s_picks_shape_batch_and_rate(where, seconds, matmul, data, shape, batch, lr):
     rung, _, _, final = pick(seconds, matmul, data)
@@ -52,7 +52,7 @@ def test_a_cpu_budget_in_bfloat16_buys_the_step_s_gain_not_the_matmul_s():
 
 
 def test_about_1e17_flops_picks_a_small_model_and_many_steps():
-    # six H100 minutes, about 1.2e17 FLOPs, with ample data: 8 x 512 (ELECTRA-Small's class, 21M in the blocks)
+    # six H100 minutes, about 1e17 FLOPs, with ample data: 8 x 512 (ELECTRA-Small's class, 21M in the blocks)
     rung, nearest, tokens, batch = pick(360, 650e12, FINEWEB)
     assert rung == nearest == (8, 512) and batch == 1024 and 5e8 < tokens < 1e9
     assert expected_steps(tokens / 128, 512, batch, 0.6) > 1000  # the paper's shape would take about 300
@@ -248,3 +248,22 @@ def test_the_picture_of_the_best_shape_against_compute(prepared, tmp_path):
     png.unlink()
     run_script("tools/shape_plot.py", f"--points={points}", f"--png={png}", "--batch_png=")  # from the kept points alone
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_readme_s_start_up_lines_for_an_h100_s_day_are_the_budget_s():
+    """The README quotes the start-up lines of a day on an H100 (its 2048^3 bfloat16 matmul at 688 TFLOP/s, FineWeb-Edu's
+    10B tokens), docs/training.md its compute and tokens: they are what the budget prints for those figures, so a
+    change to the rule shows in the docs."""
+    import train
+    from cram.budget import pick_for, start_lines
+    config = dict(BOOKS, budget_hours=24.0, budget_tokens=0, mask_rate=train.mask_rate, micro_batch=0,
+                  batch_ramp=train.batch_ramp, batch_ramp_start=128)
+    share = functools.partial(step_efficiency, gpu=True)
+    settled, picked = pick_for(DAY * 688e12, config, {}, dict(vocab_size=32768, seq_len=128), FINEWEB, 1, share)
+    config.update(settled, lr=lr_for_width(settled["d_model"]))
+    pick = dict(picked, matmul_flops=688e12, matmul_dtype="bfloat16")
+    lines = start_lines(pick, config, 128, lr_given=False)
+    readme = open(f"{ROOT}/README.md").read().splitlines()
+    assert [line for line in readme if line.startswith(("budget: 24 h x 688", "lr: 0.000866"))] == lines
+    row = f"| 24 h, H100 (688 TFLOP/s) | {picked['compute']:.1e} | 24 x 1024 (BERT-Large's) | {picked['tokens'] / 1e9:.1f}B |"
+    assert row.replace("e+", "e") in open(f"{ROOT}/docs/training.md").read()
