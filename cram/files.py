@@ -398,6 +398,9 @@ def checkpoint_problem(checkpoint, path):
     for key, kinds in RECORD.items():  # the rest is optional (a user's conversion holds only the four), but typed
         if key in checkpoint and type(checkpoint[key]) not in kinds:
             return f"its {key} is {type(checkpoint[key]).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
+    watch = checkpoint.get("spike_watch", {})  # guard.SpikeWatch's state, which a resume unpacks
+    if set(watch) - {"mean", "var", "count", "last"} or not all(type(v) in (float, int) and v >= 0 for v in watch.values()):
+        return "its spike_watch is not the mean, var, count and last of a run's losses (numbers, none negative)"
     problem = model_args_problem(args) or meta_problem(checkpoint["meta"])
     if problem:
         return problem

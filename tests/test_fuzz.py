@@ -179,6 +179,9 @@ def damaged(checkpoint):
                         ("a weight of another shape", weight[:-1]), ("a weight in float16", weight.half()),
                         ("a weight of integers", weight.long())):
         cases[case] = dict(ckpt, model=dict(ckpt["model"], **{name: value}))
+    watch = ckpt["spike_watch"]
+    cases.update({"spike_watch with an unknown key": dict(ckpt, spike_watch=dict(watch, momentum=0.9)),
+                  "spike_watch with a negative spread": dict(ckpt, spike_watch=dict(watch, var=-1.0))})
     cases["the four required keys alone"] = {k: ckpt[k] for k in ("model", "model_args", "meta", "tokenizer")}
     data = checkpoint.read_bytes()
     cases.update({"an empty file": b"", "a file cut short": data[:len(data) // 2], "a list": [1, 2],
@@ -206,7 +209,8 @@ CHECKPOINT_CASES = ["no model", "no optimizer", "no step", "no config", "no meta
                     "model_args of another type", "data_dir of another type", "a NaN weight", "an inf weight",
                     "a weight of another shape", "a weight in float16", "a weight of integers", "an empty file",
                     "a file cut short", "a list", "a pickle that runs code", "the four required keys alone",
-                    "no spike_watch", "spike_watch of another type"]
+                    "no spike_watch", "spike_watch of another type", "spike_watch with an unknown key",
+                    "spike_watch with a negative spread"]
 
 
 @pytest.mark.parametrize("reader,case", sample([(r, c) for r in READERS for c in CHECKPOINT_CASES], 6))
