@@ -264,19 +264,22 @@ def test_cpu_warning_for_a_gpu_sized_run():
     assert cpu_warning(0.02e9 * 64 * 128, threads=2) is None  # the quickstart: about a second
 
 
-def test_compiled_run_compiles_once(prepared, tmp_path):
-    """A whole short run with compile on (batch ramp, evaluations, checkpoints, resume) builds one
-    graph per process: no recompilation from the growing batch, evaluation or resuming."""
+@pytest.mark.parametrize("micro,graphs", [(16, 1), (32, 2)])
+def test_compiled_run_compiles_once(micro, graphs, prepared, tmp_path):
+    """A whole short run with compile on (batch ramp, evaluations, checkpoints, resume) builds one graph per
+    process, or two where the micro-batch is larger than the ramp's start (its steps then split, 48 as 32 + 16):
+    no recompilation from the growing batch, evaluation or resuming."""
     args = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=True",
-            "--batch_size=64", "--batch_ramp_start=16", "--batch_ramp=1e-5", "--budget_hours=0.05", "--log_interval=1",
-            "--eval_interval_minutes=0.002", "--ckpt_interval_minutes=0.002"]
+            f"--micro_batch={micro}", "--batch_size=64", "--batch_ramp_start=16", "--budget_tokens=7808",
+            "--log_interval=1", "--eval_interval_minutes=0.002", "--ckpt_interval_minutes=0.002"]
     first = run_script(*args, "--max_steps=6").stdout
-    # a ramp over the first 2 ms: the first step at one micro-batch, the next ones accumulate four
-    assert re.findall(r"\| batch (\d+) \|", first)[:2] == ["16", "64"], first
+    # 244 sequences of 32 tokens, ramped over 60% of them: 16 four times, then 32, 32 | 48, 64, 64 after the resume
+    assert re.findall(r"\| batch (\d+) \|", first) == ["16"] * 4 + ["32"] * 2, first
     assert len(re.findall(r"^eval ", first, re.M)) >= 3, first
-    assert "torch.compile built 1 graph(s)" in first, first
-    second = run_script(*args, "--max_steps=9", "--resume=True").stdout
-    assert "resuming" in second and "torch.compile built 1 graph(s)" in second, second
+    assert f"torch.compile built {graphs} graph(s)" in first, first
+    second = run_script(*args, "--resume=True").stdout
+    assert re.findall(r"\| batch (\d+) \|", second) == ["48", "64", "64"], second
+    assert "resuming" in second and f"torch.compile built {graphs} graph(s)" in second, second
     assert re.search(r"final: step 9 \|", second)
 
 
