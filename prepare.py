@@ -303,12 +303,6 @@ class SequenceWriter:
         os.replace(self.path + ".tmp", self.path)
 
 
-def is_validation(doc_index, val_fraction):
-    """Spread val_fraction of the documents evenly over the corpus (deterministic): by position in
-    the source, so the filters do not move the held-out documents."""
-    return int((doc_index + 1) * val_fraction) > int(doc_index * val_fraction)
-
-
 class SeenTexts:
     """Exact de-duplication in 8 bytes per document: 64-bit hashes of the text, lower-cased and
     without whitespace, in a sorted array, the newest in a set merged into it every million. The
@@ -431,7 +425,8 @@ class TokenFiles:
                 self.stats["duplicate_documents"] += 1
                 self.stats["duplicate_tokens"] += len(ids)
             else:
-                split = "val" if is_validation(index, self.val_fraction) else "train"
+                # val_fraction of the documents held out, spread evenly by source position: the filters do not move them
+                split = "val" if int((index + 1) * self.val_fraction) > int(index * self.val_fraction) else "train"
                 self.writers[split].add(ids, self.sep)
                 self.stats[f"{split}_tokens"] += len(ids) + 1
         self.stats["documents"] += end - self.read
@@ -460,14 +455,6 @@ class TokenFiles:
         if self.seen:
             self.seen.close()
         return self.stats
-
-
-def unread_documents(documents, progress, read):
-    """The source after its first `read` documents: a RowStream continues from the position the progress record
-    holds; any other source is read again and those documents skipped (cheap next to encoding)."""
-    if progress and progress.get("source_state"):
-        return documents(progress["source_state"])
-    return itertools.islice(documents(), read, None)
 
 
 def batches(texts, position, min_doc_chars):
@@ -513,7 +500,10 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
     order) while the next one encodes: reading, writing and encoding overlap. `files.read` counts
     the documents written; a record first writes every batch in flight, so it is exact."""
     encode = functools.partial(encode_document, enc, files.seen is not None)
-    texts = unread_documents(documents, progress, files.read)
+    # the documents not read yet: a RowStream continues from its progress record's position; any other source is
+    # read again and those skipped (cheap next to encoding)
+    state = progress and progress.get("source_state")
+    texts = documents(state) if state else itertools.islice(documents(), files.read, None)
     bar = process.progress(desc="encoding", unit=" docs", initial=files.read)
     pool = start_pool(workers or runtime.usable_cpus())
     jobs, last_record = deque(), time.time()

@@ -368,10 +368,9 @@ def finish(ev, state, signum, saves):
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     final = run_eval(ev, step, tokens, seconds) if state["final"] else None
     saves.save_if_sound(ev, state, eval_mask_rate, at_end=True)
-    ckpt_path = saves.path
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
-        print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {ckpt_path}; "
+        print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {saves.path}; "
               f"continue with the same command and --resume=True")
         return
     if ev.rt.compile:
@@ -381,7 +380,7 @@ def finish(ev, state, signum, saves):
         for line in fill_in(ev.model, ev.val_tokens, meta, enc, ev.rt, fill_in_examples, seed):
             print(line)
     print(f"final: step {step} | val loss {final[0]:.4f} (at init {state['init_val_loss']:.4f}) | masked-token "
-          f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {ckpt_path}")
+          f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {saves.path}")
 
 
 if __name__ == "__main__":

@@ -297,10 +297,6 @@ def read_ranks(path):
         return parse_ranks(f.read(), path)
 
 
-def save_checkpoint(path, state):
-    write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
-
-
 SERIES = re.compile(r"ckpt_(\d{8,})\.pt")  # the older checkpoints of a run's series beside its ckpt.pt
 
 
@@ -320,7 +316,7 @@ def save_in_series(path, state, keep, held):
             os.link(path, aside)
         except OSError:
             os.replace(path, aside)
-    save_checkpoint(path, state)
+    write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
     older = [p for step, p in checkpoint_series(folder) if step < state["step"]]
     for old in older[:max(0, len(older) - (keep - 1))]:
         os.remove(old)

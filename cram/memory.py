@@ -2,6 +2,7 @@
 cannot fit (check_memory, by lower estimates), and the micro-batch (choose_micro_batch: on a GPU the largest that
 fits, found by a probe): train.py and finetune_glue.py ask before any work, the benchmarks for their tables.
 """
+import contextlib
 import functools
 import os
 
@@ -78,14 +79,10 @@ def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
     except (AttributeError, ValueError, OSError):
         return None
     for folder in cgroup_folders("memory", cgroup, own):
-        for name in ("memory.max", "memory.limit_in_bytes"):
-            try:
-                with open(os.path.join(folder, name), encoding="utf-8") as f:
-                    limit = f.read().strip()
-            except OSError:
-                continue
-            if limit.isdigit():
-                total = min(total, int(limit))
+        for name in ("memory.max", "memory.limit_in_bytes"):  # a file that cannot be read holds no limit
+            with contextlib.suppress(OSError), open(os.path.join(folder, name), encoding="utf-8") as f:
+                limit = f.read().strip()
+                total = min(total, int(limit)) if limit.isdigit() else total
     return total
 
 
