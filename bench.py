@@ -181,20 +181,19 @@ def time_by_kind(events, device_type, micro_batches):
         f"{kind} {us / 1e3 / micro_batches:.1f} ({100 * us / whole:.0f}%)" for kind, us in totals.items())
 
 
-def matmul_flops_per_s(dims, micro, rt, repeats=0, rounds=3):
+def matmul_flops_per_s(dims, micro, rt):
     """The device's own matmul speed at the model's shapes, in the run's precision: the blocks' four products for
     micro x seq_len tokens and the output layer for the predicted share of them (MASK_RATE), each timed alone (the
-    fastest of `rounds`, as a ceiling should be) and weighted by how often a step does it."""
+    fastest of 3 rounds, as a ceiling should be) and weighted by how often a step does it."""
     n_tokens, d, ffn = micro * seq_len, dims["d_model"], dims["d_ffn"]
     shapes = [(n_tokens, k, n, dims["n_layers"]) for k, n in ((d, 3 * d), (d, d), (d, ffn), (ffn // 2, d))]
     shapes.append((round(MASK_RATE * n_tokens), d, dims["vocab_size"], 1))  # (m, k, n, how often a step does it)
-    repeats = repeats or (20 if rt.device.type == "cuda" else 5)
-    total_flops = total_seconds = 0.0
+    repeats, total_flops, total_seconds = (20 if rt.device.type == "cuda" else 5), 0.0, 0.0
     for m, k, n, count in shapes:
         a, b = (torch.randn(*shape, device=rt.device, dtype=rt.dtype) for shape in ((m, k), (k, n)))
         out = torch.empty(m, n, device=rt.device, dtype=rt.dtype)
         torch.mm(a, b, out=out)  # warm-up: library handles, kernel choice, first touch of the memory
-        total_seconds += count * runtime.best_seconds(functools.partial(torch.mm, a, b, out=out), rt, repeats, rounds)
+        total_seconds += count * runtime.best_seconds(functools.partial(torch.mm, a, b, out=out), rt, repeats, rounds=3)
         total_flops += count * 2 * m * k * n
     return total_flops / total_seconds
 

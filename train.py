@@ -177,7 +177,6 @@ def main(config):
     ckpt_path = os.path.join(out_dir, "ckpt.pt")  # the newest checkpoint, which a resume continues unless resume_from
     rt, rank, checkpoint, source = setup_device(config, world, ddp)
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
-    refuse_taken(ckpt_path, checkpoint, master)  # before any work: the budget's timing, a GPU's probe
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows, data_args = meta["seq_len"], len(train_tokens), dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=n_rows * seq_len, rt=rt,
@@ -277,6 +276,10 @@ def setup_device(config, world, ddp):
     rank = runtime.join_process_group(rt.device) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     config.update(device=rt.device.type, dtype=rt.dtype_name())
+    if rank == 0 and os.path.isdir(out_dir):  # before any work, a folder another run holds (open_out_dir makes a new one)
+        claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
+    if not checkpoint:  # ... or, for a fresh run, a checkpoint it would replace
+        refuse_overwrite(os.path.join(out_dir, "ckpt.pt"))
     return rt, rank, checkpoint, source
 
 
@@ -299,15 +302,6 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     if checkpoint:
         trainer.load_state_dict(checkpoint)
     return trainer
-
-
-def refuse_taken(ckpt_path, checkpoint, master):
-    """A one-line error before any work for a folder another run holds (a new folder is made only once
-    the run surely fits: open_out_dir) or, for a fresh run, a checkpoint it would replace."""
-    if master and os.path.isdir(out_dir):
-        claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
-    if not checkpoint:
-        refuse_overwrite(ckpt_path)
 
 
 def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp):

@@ -42,12 +42,6 @@ def wire_dtype(p, dtype):
     return dtype if p.dim() >= 2 else torch.float32
 
 
-def host_like(p, dtype, pin):
-    """An empty host tensor of p's shape, pinned (page-locked) when it crosses the bus to a GPU."""
-    t = torch.empty(p.shape, dtype=dtype)
-    return t.pin_memory() if pin else t
-
-
 def device_rng(device):
     """The RNG state dropout draws from on `device`."""
     return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
@@ -88,8 +82,8 @@ class HostBlocks:
         self.masters = [list(block.parameters()) for block in blocks]
         self.optimizers = [torch.optim.AdamW(param_groups(block, weight_decay), lr=lr, betas=betas, eps=eps,
                                              fused=True) for block in blocks]
-        self.send = [[host_like(p, wire_dtype(p, rt.dtype), cuda) for p in params] if rt.dtype != torch.float32
-                     else params for params in self.masters]
+        self.send = [[torch.empty(p.shape, dtype=wire_dtype(p, rt.dtype), pin_memory=cuda) for p in params]
+                     if rt.dtype != torch.float32 else params for params in self.masters]  # pinned: they cross the bus
         for i in range(len(self)):
             self.refresh_send(i)
         self.updater, self.updates = ThreadPoolExecutor(max_workers=1), [None] * len(self)
@@ -156,8 +150,8 @@ class BlockStreamer:
         self.templates = [t.to_empty(device=rt.device) for t in templates]
         for p in (p for t in self.templates for p in t.parameters()):
             p.data = p.data.to(wire_dtype(p, rt.dtype))
-        self.staging = [[host_like(p, p.dtype, pin=True) for p in self.templates[0].parameters()] if self.cuda
-                        else None for _ in range(2)]
+        self.staging = [[torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in self.templates[0].parameters()]
+                        if self.cuda else None for _ in range(2)]
         self.resident = [None, None]  # which block's current weights each template holds
         if self.cuda:
             self.compute, self.h2d, self.d2h = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
