@@ -29,6 +29,8 @@ except FileNotFoundError:  # none writable: /tmp, /var/tmp, the working folder (
 CONFIG_TYPES = (bool, int, float, str, tuple)
 SETTINGS_RULE = "# " + "-" * 77  # the line above and below a script's settings
 NUMBER = r"-?(?:inf|\d[\d_]*\.?\d*(?:e-?\d+)?)"
+SCRIPT_SETTING = r"(\w+)\s*=\s*[^#]*?(?:#\s*(.*))?$"  # a script's setting line, and a settings dataclass's field
+FIELD = r"\s+(\w+): \w+ = [^#]*?(?:#\s*(.*))?$"
 ALLOWED = re.compile(rf"(?:(>=?) ?({NUMBER})|([\[(])({NUMBER}), ?({NUMBER})([\])])|\{{([^}}]*)\}})(?::|$)")
 
 
@@ -160,10 +162,6 @@ def script_block(namespace):
     return source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []
 
 
-SCRIPT_SETTING = r"(\w+)\s*=\s*[^#]*?(?:#\s*(.*))?$"
-FIELD = r"\s+(\w+): \w+ = [^#]*?(?:#\s*(.*))?$"
-
-
 def dataclass_settings(cls, skip=()):
     """The fields of a settings dataclass (model.ModelConfig) as {name: default}, less `skip`."""
     return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in skip} if cls else {}
@@ -195,12 +193,13 @@ def settings_help(namespace, known, cls=None, skip=()):
     return "\n".join(lines)
 
 
-def configure(namespace, argv, cls=None, skip=()):
+def configure(namespace, argv, cls=None, skip=(), given=None):
     """Apply config files and --key=value overrides from argv to namespace (a script's globals()), then check every
     value against what its comment allows. Returns every setting as a dict: the script's globals, and the fields of
     `cls` (a settings dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
-    defaults in the dataclass and live only in the dict. --help or -h prints them and exits."""
-    known = {**dataclass_settings(cls, skip), **config_keys(namespace)}
+    defaults in the dataclass and live only in the dict; `given` (a set), if passed, gets the keys a config file or
+    argument set. --help or -h prints them and exits."""
+    known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, set() if given is None else given
     defaults = dict(known)
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))
@@ -212,9 +211,11 @@ def configure(namespace, argv, cls=None, skip=()):
                 raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
             expected = type(known[key]) if key in known else str
             known[key] = _check(key, _parse(key, raw, expected), known)
+            given.add(key)
         else:
             for key, value in read_config_file(arg).items():
                 known[key] = _check(key, value, known)
+                given.add(key)
     for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
         rule = allowed(rest[1]) if kind == "setting" else None
         problem = f"{rest[0]} must be {rule[1]}" if rule and not rule[0](known[rest[0]]) else \

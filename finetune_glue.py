@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from cram import memory, process, runtime
 from cram.data import MASK_RATE, make_encoding
-from cram.files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, unfound, write_json
+from cram.files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, unfound, weights_digest, write_json
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
@@ -163,13 +163,10 @@ def read_glue_tsv(path, spec):
     else:
         text_cols, label_col = list(spec["text"]), spec["label"]
     width = max(*text_cols, label_col) + 1
-    texts, labels, skipped = [], [], 0
-    for line, row in enumerate(rows, start=2 if spec.get("header", True) else 1):
-        if len(row) < width:
-            skipped += 1
-            continue
-        texts.append(tuple(row[c] for c in text_cols))
-        labels.append(parse_label(row[label_col], spec, f"{path}:{line}"))
+    kept = [(line, row) for line, row in enumerate(rows, start=2 if spec.get("header", True) else 1) if len(row) >= width]
+    texts = [tuple(row[c] for c in text_cols) for _, row in kept]
+    labels = [parse_label(row[label_col], spec, f"{path}:{line}") for line, row in kept]
+    skipped = len(rows) - len(kept)
     if skipped > max(10, len(rows) // 100):
         raise SystemExit(f"error: {path} is not in the GLUE layout: {skipped} of {len(rows)} rows have too few columns")
     return texts, labels
@@ -244,11 +241,8 @@ def train_batches(lengths, size, generator, grouped):
     order = torch.randperm(len(lengths), generator=generator).tolist()
     if not grouped:
         return [order[start:start + size] for start in range(0, len(order), size)]
-    pool = 64 * size
-    batches = []
-    for start in range(0, len(order), pool):
-        rows = sorted(order[start:start + pool], key=lengths.__getitem__)
-        batches += [rows[i:i + size] for i in range(0, len(rows), size)]
+    pools = [sorted(order[start:start + 64 * size], key=lengths.__getitem__) for start in range(0, len(order), 64 * size)]
+    batches = [rows[i:i + size] for rows in pools for i in range(0, len(rows), size)]
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
@@ -261,9 +255,7 @@ def collate(sequences, pad_id, device):
 # ---------------------------------------------------------------- fine-tuning
 def cosine_with_warmup(step, total):
     warm = max(1, int(warmup * total))
-    if step < warm:
-        return step / warm
-    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+    return step / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
 def eval_size(rt):
@@ -275,17 +267,16 @@ def predict(model, encoded, pad_id, rt, regression):
     model.eval()
     size = eval_size(rt)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths pad less
-    out = [None] * len(encoded)
+    out = {}
     for start in range(0, len(order), size):
         rows = order[start:start + size]
         ids, mask = collate([encoded[i] for i in rows], pad_id, rt.device)
         with rt.autocast():
             logits = model(ids, mask).float()
         values = logits[:, 0] if regression else logits.argmax(-1)
-        for i, v in zip(rows, values.tolist()):
-            out[i] = v
+        out.update(zip(rows, values.tolist()))
     model.train()
-    return out
+    return [out[i] for i in range(len(encoded))]
 
 
 def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
@@ -458,8 +449,8 @@ def run_files(path):
 
 
 def same_checkpoint(record, identity):
-    """Whether a run's file or glue.json holds this checkpoint's scores: its step and tokens (not its path,
-    which may move)."""
+    """Whether a run's file or glue.json holds this checkpoint's scores: its weights' digest, step and tokens (not its
+    path, which may move)."""
     return all(record.get(k) == v for k, v in identity.items() if k != "checkpoint")
 
 
@@ -579,8 +570,8 @@ def main(config):
     path, group = results_path(), GROUPS[from_scratch]
     for file in (path, os.path.join(runs_folder(path), group, "probe.json")):
         check_writable(file, "--out_json")  # now, not after an hour of fine-tuning
-    identity = dict(checkpoint=os.path.abspath(checkpoint), checkpoint_step=ckpt.get("step"),
-                    checkpoint_tokens=ckpt.get("tokens"))
+    identity = dict(checkpoint=os.path.abspath(checkpoint), checkpoint_digest=weights_digest(ckpt["model"]),
+                    checkpoint_step=ckpt.get("step"), checkpoint_tokens=ckpt.get("tokens"))
     check_earlier(path, identity)
     facts = pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint)))
     earlier = read_runs(run_files(path), identity)

@@ -505,13 +505,13 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
     texts = documents(state) if state else itertools.islice(documents(), files.read, None)
     bar = process.progress(desc="encoding", unit=" docs", initial=files.read)
     pool = start_pool(workers or runtime.usable_cpus())
-    jobs, last_record = deque(), time.time()
+    jobs, last_record = deque(), time.monotonic()
     try:
         for batch, end, short, last in batches(texts, files.read, min_doc_chars):
             jobs.append((batch, pool.map(encode, [text for _, text in batch]), end, short))
             if last:
                 break
-            due = time.time() - last_record >= progress_minutes * 60
+            due = time.monotonic() - last_record >= progress_minutes * 60
             stop = write_in_flight(files, jobs, 0 if due else 1, max_tokens)
             bar.update(files.read - bar.n)
             bar.set_postfix(train_tokens=f"{files.stats['train_tokens']:,}")
@@ -519,7 +519,7 @@ def encode_documents(files, documents, progress, enc, workers, min_doc_chars, ma
                 return
             if due:
                 files.record(documents.state() if isinstance(documents, RowStream) else None)
-                last_record = time.time()
+                last_record = time.monotonic()
         write_in_flight(files, jobs, 0, max_tokens)  # the end of the source: the batches left, up to max_tokens
     finally:
         pool.shutdown(cancel_futures=True)
@@ -620,7 +620,7 @@ def main():
         print(f"{out} is already prepared (delete it to start over)")
         return
 
-    t0 = time.time()
+    t0 = time.monotonic()
     ranks = load_or_train_tokenizer(documents, os.path.join(out, TOKENIZER_FILE), vocab_size, tokenizer_train_chars,
                                     local=not source.startswith("hub:"))
     n_regular = len(ranks)
@@ -628,7 +628,7 @@ def main():
         print(f"note: the corpus only supports {n_regular + len(SPECIAL_TOKENS)} tokens (asked for {vocab_size})")
     specials = special_ids(n_regular)
     enc = make_encoding(ranks, specials)
-    t1 = time.time()
+    t1 = time.monotonic()
     dtype = token_dtype(enc.n_vocab)
     # the reference's compression filter, relative to this corpus' median (why not its absolute 0.25: docs/data.md)
     median = median_tokens_per_char(documents, enc, min_doc_chars) if max_compression else 0.0
@@ -640,13 +640,13 @@ def main():
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
     meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=specials,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
-                tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.time() - t1, 1))
+                tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.monotonic() - t1, 1))
     write_json(meta_path, meta)
     for name in (PROGRESS_FILE, TOKENIZER_FILE + ".source"):  # the work is done: records no longer needed
         if os.path.exists(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
     print(f"wrote {out}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "
-          f"of {seq_len} tokens, vocabulary {enc.n_vocab}, in {time.time() - t0:.0f}s")
+          f"of {seq_len} tokens, vocabulary {enc.n_vocab}, in {time.monotonic() - t0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prep
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 budget_hours = 24.0       # > 0: training time, compilation included; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock (reproducible runs)
-max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only)
-resume = False            # continue from out_dir/ckpt.pt
+max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only); this command's, not kept
+resume = False            # continue from out_dir/ckpt.pt, with its run's settings unless given (cram/budget.py)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
 # model: the budget picks the shape and the final batch (cram/budget.py) unless given; a resumed run keeps its checkpoint's
 n_layers = 0              # >= 0: 0: by the budget
@@ -172,10 +172,10 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
                 final=final, spike_watch=watch.state_dict())
 
 
-def main(config):
+def main(config, given):
     ddp, world = runtime.launcher()  # under torchrun, or one process
     ckpt_path = os.path.join(out_dir, "ckpt.pt")  # the newest checkpoint, which a resume continues unless resume_from
-    rt, rank, checkpoint, source = setup_device(config, world, ddp)
+    rt, rank, checkpoint, source = setup_device(config, world, ddp, given)  # a resume's settings its checkpoint's
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows, data_args = meta["seq_len"], len(train_tokens), dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
@@ -184,7 +184,7 @@ def main(config):
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
     check_settings(world, config, rt)  # with the shape and batch settled
     model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    check_resumable(checkpoint, source, model_args, tokenizer_text, log, ddp)  # before a GPU's probe
+    check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before a GPU's probe
     micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
                                                               mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
     opening = () if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what the budget picked
@@ -263,12 +263,16 @@ def main(config):
         process.exit_stopped(stop_request.signum or signal.SIGTERM)
 
 
-def setup_device(config, world, ddp):
-    """(the Runtime, this process's rank, the checkpoint a resume continues or None, its file): loaded first, as dtype=auto
-    keeps its precision; the settings checked before torchrun's processes join (a refusal leaves none waiting); rank 0's
-    precision on every rank, into `config`."""
+def setup_device(config, world, ddp, given):
+    """(the Runtime, this process's rank, the checkpoint a resume continues or None, its file): loaded first, its run's
+    settings kept unless `given` (budget.resume_settings; into `config` and the globals) and dtype=auto its precision;
+    the settings checked before torchrun's processes join (a refusal leaves none waiting); rank 0's precision on every
+    rank, into `config`."""
     source = resume_from if os.path.dirname(resume_from) else os.path.join(out_dir, resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if resume else None
+    carried, said = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
+    config.update(carried)
+    globals().update({k: carried[k] for k in carried.keys() & globals().keys()})
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(device, dtype, compile and not offload, compile_mode,  # off-load: eager blocks
                        (saved.get("device"), saved.get("dtype")))
@@ -276,6 +280,8 @@ def setup_device(config, world, ddp):
     rank = runtime.join_process_group(rt.device) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     config.update(device=rt.device.type, dtype=rt.dtype_name())
+    if rank == 0 and said:
+        print("\n".join(said))
     if rank == 0 and os.path.isdir(out_dir):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
     if not checkpoint:  # ... or, for a fresh run, a checkpoint it would replace
@@ -304,17 +310,21 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     return trainer
 
 
-def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, log, ddp):
+def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log, ddp):
     """A resume (`checkpoint`; None: a fresh run) of the same run (files.check_resume), with budget left:
     one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
     if not checkpoint:
         return
-    check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir)
+    other_data = check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)
+    if other_data:
+        log(other_data)
     if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
         return
+    kind = ("max_steps", max_steps) if budget_spent(0.0, checkpoint["step"]) else \
+        ("budget_tokens", budget_tokens) if budget_tokens else ("budget_hours", budget_hours)
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
-        f"--budget_hours (or --budget_tokens, --max_steps)")
+        f"--{kind[0]} (now {kind[1]:g})")
     if ddp:
         runtime.leave_process_group()
     raise SystemExit(0)
@@ -379,6 +389,6 @@ def finish(ev, state, signum, saves):
 
 if __name__ == "__main__":
     # signals before the loop (StopRequest takes them from there on), a machine's fault anywhere
-    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS)
+    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := set()))
     process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
-                    f"--resume=True (or, if none was saved yet, run the same command again)", settings)
+                    f"--resume=True (or, if none was saved yet, run the same command again)", settings, given)

@@ -39,6 +39,13 @@ LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 RAMP_START = 128  # the batch's ramp starts at the reference's micro-batch, 128 sequences (cramming's impl/_default.yaml)
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
+# A resume's settings (resume_settings): how this command runs is its own; the rest are its run's, and of those a given
+# one that differs is refused but for a budget and those a divergence asks to change (and data_dir: check_resume's)
+SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
+           "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
+           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name")
+ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
+              "keep_checkpoints", "data_dir")
 
 
 def shape_of(rung, given):
@@ -125,6 +132,30 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
     settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
     settled["batch_ramp_start"] = config["batch_ramp_start"] or settled.get("batch_ramp_start") or RAMP_START
     return settled, pick
+
+
+def resume_settings(checkpoint, config, given):
+    """(the settings a resume runs, lines saying what it changed): its run's as its checkpoint saved them unless `given`,
+    the data where it trained. A given budget of the run's kind: the schedules follow it from the share spent and the
+    batch ramp ends at the same tokens or seconds (the batch never shrinks); any other that differs is an error."""
+    run = {k: v for k, v in checkpoint.get("config", {}).items() if k in config and k not in SESSION}
+    changed = sorted(k for k in given & run.keys() if config[k] != run[k])
+    kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
+    for k in (k for k in changed if k not in ADJUSTABLE and (k != kind or not config[k])):
+        extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
+        raise SystemExit(f"error: --{k}={shown(config[k])} differs from its checkpoint's {shown(run[k])}, and a resume "
+                         f"continues its run: leave --{k} out, or start a new run in another --out_dir{extend}")
+    carried = {**run, **{k: config[k] for k in given & run.keys()}}
+    carried["data_dir"] = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
+    extended = ""
+    if kind in changed:
+        spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
+        carried["batch_ramp"] = min(1.0, run.get("batch_ramp", 0.0) * run[kind] / config[kind])
+        extended = (f": the schedules follow it from the share spent, {spent / config[kind]:.0%} (the learning rate is its "
+                    f"schedule's there), and the batch ramp ends where it did (batch_ramp {carried['batch_ramp']:.3g}): "
+                    f"the batch never shrinks")
+    return carried, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(run[k])})"
+                     f"{extended if k == kind else ''}" for k in changed]
 
 
 def budget_compute(config, rt, world, master, ddp):

@@ -6,6 +6,7 @@ Kept free of `datasets` so that training, benchmarking and fine-tuning run on ma
 that only have torch, numpy and tiktoken.
 """
 import functools
+import hashlib
 import os
 import re
 
@@ -112,9 +113,7 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
     """The permutation of the training rows that epoch `epoch` visits. order='file': the first
     epoch reads the file's own order (tools/curriculum.py's); repeats are shuffled."""
-    if order == "file" and epoch == 0:
-        return np.arange(n_rows)
-    return np.random.default_rng((seed, epoch)).permutation(n_rows)
+    return np.arange(n_rows) if order == "file" and epoch == 0 else np.random.default_rng((seed, epoch)).permutation(n_rows)
 
 
 def rows_at(start, count, n_rows, seed, order="shuffled"):
@@ -160,7 +159,10 @@ def load_run_data(path):
                       f"config/train_quickstart.py`")
     meta = load_meta(path)
     tokenizer_text = read_tokenizer(path, meta)[0]
-    return meta, load_tokens(path, "train", meta), load_tokens(path, "val", meta), tokenizer_text
+    train, val = load_tokens(path, "train", meta), load_tokens(path, "val", meta)
+    # the token files' identity, cheaply: each one's rows and its first and last 4,096, hashed; checkpoints keep the meta
+    ends = b"".join(b"%d:" % len(t) + t[:4096].tobytes() + t[-4096:].tobytes() for t in (train, val))
+    return dict(meta, fingerprint=hashlib.blake2b(ends, digest_size=8).hexdigest()), train, val, tokenizer_text
 
 
 def random_tokens(vocab_size, seq_len, seed=0, rows=4096):

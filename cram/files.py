@@ -3,13 +3,16 @@ lock, disk and writability checks; meta.json, the tokenizer's file format, check
 run's metrics.jsonl. The scripts call these; a reader learning how a model trains can skip this file.
 """
 import base64
+import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import re
 import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,7 +23,13 @@ from model import MISSING_FIELD_DEFAULTS, CrammedBert, ModelConfig, param_groups
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
              "val_sequences")  # what readers of meta.json rely on
+# What train.py's checkpoints hold besides the model, its model_args, the data's meta and the tokenizer: each reader
+# asks for these (.get) and finds them of these types when they are there (int is not bool here: type, not isinstance)
+RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,), budget=(dict, type(None)),
+              step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,),
+              spike_watch=(dict,))
 LOCK_FILE = ".lock"
+HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's answers for a lock another process holds
 HELD = {}  # the folders this process has claimed, and their lock files: held until it ends
 
 
@@ -62,12 +71,10 @@ def write_atomically(path, write):
     finally:  # a failed or interrupted write leaves nothing behind
         if os.path.exists(tmp):
             os.remove(tmp)
-    try:  # the rename itself on the disk (POSIX; elsewhere a folder cannot be opened, and need not be)
+    with contextlib.suppress(OSError):  # the rename itself on the disk (POSIX; elsewhere a folder cannot be opened)
         folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         os.fsync(folder)
         os.close(folder)
-    except OSError:
-        pass
 
 
 def check_writable(path, setting):
@@ -103,9 +110,6 @@ def size_text(n_bytes):
     return f"{n_bytes:.0f} bytes"
 
 
-HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's answers for a lock another process holds
-
-
 def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     """Create the folder `path` if needed and lock it for this process, before any work: a one-line
     error when it or the `files` to be written there cannot be written, it has less than need_bytes
@@ -139,10 +143,7 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
 
 
 def write_json(path, obj):
-    def dump(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
-    write_atomically(path, dump)
+    write_atomically(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=1), encoding="utf-8"))
 
 
 def denied(path):
@@ -156,8 +157,7 @@ def denied(path):
     except PermissionError:
         return f"error: permission denied: {path} (another user's? ask its owner to share it, or use a copy of your own)"
     except OSError:
-        pass
-    return None
+        return None
 
 
 def unfound(path, line):
@@ -297,13 +297,10 @@ def read_ranks(path):
         return parse_ranks(f.read(), path)
 
 
-SERIES = re.compile(r"ckpt_(\d{8,})\.pt")  # the older checkpoints of a run's series beside its ckpt.pt
-
-
 def checkpoint_series(folder):
-    """The older checkpoints beside a run's ckpt.pt in `folder`: [(step, path)], by step."""
+    """The older checkpoints beside a run's ckpt.pt in `folder`, its series (ckpt_<step>.pt): [(step, path)], by step."""
     return sorted((int(m[1]), os.path.join(folder, name)) for name in (os.listdir(folder) if os.path.isdir(folder) else [])
-                  if (m := SERIES.fullmatch(name)))
+                  if (m := re.fullmatch(r"ckpt_(\d{8,})\.pt", name)))
 
 
 def save_in_series(path, state, keep, held):
@@ -375,13 +372,6 @@ def refusal(e):
     return f"is not a readable checkpoint ({type(e).__name__}: {why[:160]})"
 
 
-# What train.py's checkpoints hold besides the model, its model_args, the data's meta and the tokenizer: each reader
-# asks for these (.get) and finds them of these types when they are there (int is not bool here: type, not isinstance)
-RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,), budget=(dict, type(None)),
-              step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,),
-              spike_watch=(dict,))
-
-
 def checkpoint_problem(checkpoint, path):
     """What in a loaded checkpoint breaks its readers (train.py's resume, fine-tuning, the export), or None:
     model_args that ModelConfig takes (known fields, their types and declared ranges), weights of exactly the model
@@ -446,6 +436,15 @@ def model_args_problem(args):
     return None
 
 
+def weights_digest(weights):
+    """A checkpoint's identity by content, which results know it by: its weights' names, shapes, dtypes and bytes, hashed."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, t in sorted(weights.items()):
+        digest.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
 def all_finite(state_dict):
     """Whether every floating-point tensor of a state dict is finite (no checkpoint holds one that is not)."""
     return all(v.isfinite().all() for v in state_dict.values() if v.is_floating_point())
@@ -457,20 +456,23 @@ def refuse_overwrite(path):
     if os.path.exists(path) or series:  # only a series: its newest, by name
         path, named = (series[0][1], f" --resume_from={os.path.basename(series[0][1])}") if series else (path, "")
         raise SystemExit(f"error: {path} exists: continue it with --resume=True{named} (a run that has spent its budget "
-                         f"also needs a larger --budget_hours), or choose another --out_dir")
+                         f"also needs a larger one: it says which), or choose another --out_dir")
 
 
-def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir):
+def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta):
     """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` by
     load_checkpoint(path, "resume"), which checked its weights finite) continues the same run: the same model,
-    tokenizer and optimizer (the settings of those names). The autocast dtype may change (a run moved to another GPU)."""
+    tokenizer and optimizer (the settings of those names), and in the folder it trained on the same token files (`meta`'s
+    fingerprint and counts, data.load_run_data's). Returns a line where another folder's differ (a defined
+    continuation: the same place in its order). The autocast dtype may change (a run moved to another GPU)."""
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]
         raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
     if checkpoint["tokenizer"] != tokenizer_text:
-        raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with its own "
-                         f"data, --data_dir={checkpoint.get('data_dir')}")
+        own = ("the data it trained on (prepared again?)" if os.path.abspath(data_dir) == checkpoint.get("data_dir") else
+               f"its own data, --data_dir={checkpoint.get('data_dir')}")
+        raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with {own}")
     trained_with = checkpoint.get("config", {}).get("optim", "adamw")
     if trained_with != optim:
         raise SystemExit(f"error: {path} trained with --optim={trained_with}: resume it with that optimizer (their "
@@ -479,6 +481,13 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir):
     if problem:
         raise SystemExit(f"error: {path}'s optimizer state {problem}: it cannot be resumed; fine-tune it "
                          f"(finetune_glue.py) or export it (tools/export.py) as it is")
+    trained_on = checkpoint["meta"]
+    changed = ", ".join(k for k in ("fingerprint", "train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
+    if changed and os.path.abspath(data_dir) == checkpoint.get("data_dir"):  # prepared again under it: rows read, unread
+        raise SystemExit(f"error: {data_dir} is not the data {path} trained on (its token files differ: {changed}; "
+                         f"prepared again?): resume with that data, or start a new run in another --out_dir")
+    return changed and (f"resuming on {data_dir}, other data than the run's {checkpoint.get('data_dir')} ({changed} "
+                        f"differ): the run reads its rows from the same place in its order")
 
 
 def optimizer_problem(checkpoint, optim):

@@ -3,7 +3,6 @@ cannot fit (check_memory, by lower estimates), and the micro-batch (choose_micro
 fits, found by a probe): train.py and finetune_glue.py ask before any work, the benchmarks for their tables.
 """
 import contextlib
-import functools
 import os
 
 import torch
@@ -44,24 +43,21 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
     return best, tried
 
 
-def probe_peak_bytes(model, optimizer, scaler, size, *, mask_rate, rt):
-    """Peak device bytes of one eager training step at micro-batch `size` (random tokens)."""
-    vocab = model.config.vocab_size
-    batches = RandomBatches(random_tokens(vocab, model.config.seq_len), vocab, size, rt, mask_rate)(1)
-    rt.reset_peak_memory()
-    Trainer(model, optimizer, scaler, autocast=rt.autocast).step(batches, 0.0, 1.0)
-    rt.synchronize()
-    return rt.peak_memory()
-
-
 def probe_micro_batch(model_args, rt, largest, mask_rate):
     """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a throwaway model
     of the real shape, its AdamW state and one eager step per size (eager keeps at least the activations a compiled
     step keeps, so the compiled run fits too). Returns (size, {size: peak bytes or None})."""
     model = CrammedBert(**model_args).to(rt.device)
-    optimizer = rt.optimizer(param_groups(model, 0.0), lr=0.0)
+    optimizer, scaler, vocab = rt.optimizer(param_groups(model, 0.0), lr=0.0), rt.grad_scaler(), model.config.vocab_size
+
+    def peak_bytes(size):  # the peak device bytes of one eager training step at micro-batch `size` (random tokens)
+        batches = RandomBatches(random_tokens(vocab, model.config.seq_len), vocab, size, rt, mask_rate)(1)
+        rt.reset_peak_memory()
+        Trainer(model, optimizer, scaler, autocast=rt.autocast).step(batches, 0.0, 1.0)
+        rt.synchronize()
+        return rt.peak_memory()
+
     try:
-        peak_bytes = functools.partial(probe_peak_bytes, model, optimizer, rt.grad_scaler(), mask_rate=mask_rate, rt=rt)
         return largest_micro_batch(peak_bytes, free_device_memory(rt), largest)
     finally:
         del model, optimizer
@@ -94,12 +90,10 @@ def least_bytes(config, rt, mask_rate, training=True, offload=False):
 
 
 def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, offload=False, capacity=None):
-    """A one-line error, before any work, for a step that cannot fit the device's memory (`capacity`, default
-    memory_capacity's) by lower estimates, so that what is refused surely does not fit: the weights, gradients and AdamW
-    state (16 bytes a parameter; in host memory in off-load mode), a micro-batch's activations (ModelConfig.step_bytes,
-    `training` or not, `offload` or not) and the token ids of a step's batch (inputs, positions, labels: 12 bytes a
-    position, all on the device before the step). micro and batch: (sequences, what chose them, as '--micro_batch=32');
-    an error names it (or the model's shape) and the largest value that fits."""
+    """A one-line error, before any work, for a step that surely cannot fit the device's memory (`capacity`, default
+    memory_capacity's; docs/training.md, "A step that cannot fit"): least_bytes' (off-load's state in host memory) and
+    a step's token ids, 12 bytes a position. micro and batch: (sequences, what chose them, as '--micro_batch=32'); an
+    error names it (or the model's shape) and the largest value that fits."""
     (micro, micro_name), (batch, batch_name) = micro, batch
     capacity = capacity or memory_capacity(rt.device)
     if not capacity:
@@ -107,8 +101,7 @@ def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, off
     params, where = config.parameters_at_least(), f"this {'GPU' if rt.device.type == 'cuda' else 'machine'}'s"
     model_bytes, per_sequence = least_bytes(config, rt, mask_rate, training, offload)
     state, ids = model_bytes * (not offload), 12 * config.seq_len * batch
-    fix = "choose a smaller --n_layers or --d_model" + (", or --offload=True" if rt.device.type == "cuda" and
-                                                         not offload else "")
+    fix = "choose a smaller --n_layers or --d_model" + ", or --offload=True" * (rt.device.type == "cuda" and not offload)
     host = memory_capacity(torch.device("cpu")) if offload else None
     if host and model_bytes > host:  # off-load's masters and AdamW state live in host memory
         state, where, capacity = model_bytes, "the host's", host

@@ -42,16 +42,9 @@ def wire_dtype(p, dtype):
     return dtype if p.dim() >= 2 else torch.float32
 
 
-def device_rng(device):
-    """The RNG state dropout draws from on `device`."""
-    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
-
-
-def set_device_rng(device, state):
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
+def device_generator(device):
+    """The generator dropout draws from on `device` (a GPU's once CUDA is initialised): its get_state(), set_state()."""
+    return torch.cuda.default_generators[device.index] if device.type == "cuda" else torch.default_generator
 
 
 class HostStream:
@@ -128,14 +121,6 @@ class HostBlocks:
             self.updates[i].result()  # raises here what failed on the updater thread
             self.updates[i] = None
 
-    def synchronize(self):
-        for i in range(len(self)):
-            self.wait(i)
-
-    def discard_grads(self):
-        """Empty the accumulators without an update (the step's gradient norm was not finite)."""
-        torch._foreach_zero_([p.grad for params in self.masters for p in params])
-
 
 class BlockStreamer:
     """The device side: runs the blocks of `host` (a HostBlocks) through two device templates, Blocks of the model's
@@ -191,7 +176,7 @@ class BlockStreamer:
                 self.compute.wait_event(ready)
             if inputs is not None:
                 inputs.append(h)
-                rng.append(device_rng(self.rt.device))
+                rng.append(device_generator(self.rt.device).get_state())
             with torch.no_grad(), self.rt.autocast():
                 h = self.templates[i % 2](h)  # (B, T, d)
             self.slot_free[i % 2] = self.compute.record_event()
@@ -221,7 +206,7 @@ class BlockStreamer:
     def _recompute(self, slot, grad, x, rng):
         """The block in template `slot` rerun from its input x and its forward's RNG state (the same dropout masks),
         then its backward from grad; returns x's gradient and the template's weight gradients, taken off it."""
-        set_device_rng(self.rt.device, rng)
+        device_generator(self.rt.device).set_state(rng)
         x = x.requires_grad_()
         with self.rt.autocast():
             y = self.templates[slot](x)  # (B, T, d)
@@ -265,11 +250,9 @@ class StreamedBlocks(nn.Module):
 
 
 class OffloadTrainer:
-    """train.py's trainer for off-load mode: step(micro_batches, lr, clip) -> (mean loss, applied), model.Trainer.step's
-    contract, and state_dict()/load_state_dict() in normal mode's checkpoint format. Takes ownership of `model` (a
-    CrammedBert on the host): its blocks become the float32 masters of a HostBlocks, the rest (the stem: embeddings,
-    final norm, MLM head) moves to the device with a normal AdamW, a BlockStreamer runs the blocks, and `self.model` is
-    the stem with StreamedBlocks in the blocks' place: the model evaluation and fill-in call."""
+    """train.py's trainer for off-load mode: model.Trainer's step, state_dict and load_state_dict (normal mode's
+    checkpoint format). Takes ownership of `model` (a CrammedBert on the host): its blocks become a HostBlocks' masters,
+    the stem moves to the device, and `self.model` is the stem with StreamedBlocks in their place (evaluation's)."""
 
     def __init__(self, model, rt, lr, betas, eps, weight_decay):
         self.rt, self.scaler = rt, rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
@@ -286,14 +269,15 @@ class OffloadTrainer:
 
     def synchronize(self):
         """Wait for the blocks' updates in flight (before reading the masters, or to time a step)."""
-        self.host.synchronize()
+        for i in range(len(self.host)):
+            self.host.wait(i)
 
     def _micro_step(self, inputs, positions, labels, accum_steps, last):
         with self.rt.autocast():
             x = self.stem.embed(inputs)  # (B, T, d), its graph kept for the stem's backward at the end
         block_inputs, rng = [], []
         top = self.streamer.forward(x.detach(), block_inputs, rng)
-        rng_after = device_rng(self.rt.device)
+        rng_after = device_generator(self.rt.device).get_state()
         top.requires_grad_()
         with self.rt.autocast():
             hidden = self.stem.final_norm(top)
@@ -302,13 +286,12 @@ class OffloadTrainer:
         (loss / accum_steps).backward()
         grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last)
         x.backward(grad)
-        set_device_rng(self.rt.device, rng_after)  # the recompute replayed the RNG; continue after the forward
+        device_generator(self.rt.device).set_state(rng_after)  # the recompute replayed the RNG: on from the forward
         return loss.detach(), squares
 
     def step(self, micro_batches, lr, clip, accept=None):
-        """model.Trainer.step's contract: one optimizer step over the micro-batches; the mean loss (a tensor) and
-        whether the update was applied (not with a non-finite gradient norm, nor one `accept` refuses). The stem
-        steps here; the blocks' updates are queued on the host's updater thread."""
+        """model.Trainer.step's contract (the mean loss, whether the update was applied); the stem steps here, the
+        blocks' updates are queued on the host's updater thread."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, batch in enumerate(micro_batches):
             parts = rows / len(batch[0])  # 1 / its share of the step's sequences, as model.Trainer.step
@@ -327,8 +310,8 @@ class OffloadTrainer:
             self.optimizer.step()
             self.streamer.invalidate()
             self.host.start_updates(lr, scale)
-        else:
-            self.host.discard_grads()
+        else:  # no update (a non-finite norm, or refused): the accumulators emptied
+            torch._foreach_zero_([p.grad for params in self.host.masters for p in params])
         self.optimizer.zero_grad(set_to_none=True)
         return total, applied
 

@@ -30,19 +30,19 @@ class LogProgress:
 
     def __init__(self, total, desc, unit, initial, every):
         self.total, self.desc, self.unit, self.n, self.every = total, desc, unit.strip(), initial, every
-        self.start_n, self.start = initial, time.time()
+        self.start_n, self.start = initial, time.monotonic()
         self.last, self.postfix = self.start, ""
 
     def update(self, n=1):
         self.n += n
-        if time.time() - self.last >= self.every:
+        if time.monotonic() - self.last >= self.every:
             self.write()
 
     def set_postfix(self, **values):
         self.postfix = "".join(f", {k}={v}" for k, v in values.items())
 
     def write(self):
-        self.last = time.time()
+        self.last = time.monotonic()
         rate = (self.n - self.start_n) / max(self.last - self.start, 1e-9)
         done = f"{self.n:,}/{self.total:,} {self.unit} ({100 * self.n / self.total:.0f}%)" if self.total else \
             f"{self.n:,} {self.unit}"

@@ -34,6 +34,17 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
                   "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12, "4090": 165e12, "3090": 71e12,
                   "V100": 125e12, "A4000": 76.7e12}
 
+# torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates) kernels; and CUDA
+# graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
+# max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (bench.py
+# --compile_mode=default,max-autotune times them).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
+
+# dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
+# work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
+BF16_PICK_RATIO = 1.5
+
 
 def peak_flops(device, override=0.0):
     """Peak bf16 FLOP/s of a CUDA device, or 0 when unknown (then MFU is not reported)."""
@@ -41,14 +52,6 @@ def peak_flops(device, override=0.0):
         return override or 0.0
     name = torch.cuda.get_device_name(device)  # the longest name first: "L40S" before "L40" and "L4"
     return next((GPU_PEAK_FLOPS[key] for key in sorted(GPU_PEAK_FLOPS, key=len, reverse=True) if key in name), 0.0)
-
-
-# torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates) kernels; and CUDA
-# graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
-# max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (bench.py
-# --compile_mode=default,max-autotune times them).
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
-CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 
 
 def check_compile_mode(mode, device):
@@ -168,11 +171,6 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", con
     return Runtime(dev, DTYPES[dtype], compile, compile_mode, why, speedup)
 
 
-# dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
-# work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
-BF16_PICK_RATIO = 1.5
-
-
 def auto_dtype(device, continues=None, speedup=None):
     """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed). The run it
     continues, `continues` (the device type and dtype its checkpoint trained in, or earlier fine-tuning runs'), on a
@@ -263,17 +261,15 @@ def prepare_inductor():
         config.cpp.simdlen = min((isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()), default=None)
 
 
-TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets in each process
-
-
 def launcher(env=os.environ):
     """(whether this process is one of torchrun's, how many processes there are): torchrun's
     environment whole, or none of it. Part of it (a job wrapper's RANK=0, a LOCAL_RANK left by
     another launcher) is a one-line error naming what is missing, not a guess at either mode."""
-    present = [k for k in TORCHRUN if k in env]
+    torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets in each process
+    present = [k for k in torchrun if k in env]
     if not present:
         return False, 1
-    missing = [k for k in TORCHRUN if k not in env]
+    missing = [k for k in torchrun if k not in env]
     if missing:
         raise SystemExit(f"error: {', '.join(present)} set but not {', '.join(missing)}: not torchrun's environment; "
                          f"launch with torchrun for several processes, or unset {', '.join(present)} for one")

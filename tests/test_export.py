@@ -209,6 +209,16 @@ def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}")
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "GLUE dev scores" in card and "| rte | accuracy (1 seed, 1 epoch) |" in card
+    # another run's checkpoint in its place, of the same step and tokens: the scores beside it are not its own
+    other = torch.load(tmp_path / "ckpt.pt")
+    name = next(iter(other["model"]))
+    other["model"][name] = other["model"][name] + 0.01
+    torch.save(other, tmp_path / "ckpt.pt")
+    run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf2'}")
+    assert "GLUE dev scores" not in (tmp_path / "hf2" / "README.md").read_text()
+    proc = run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
+                      "--epochs=1", "--device=cpu", check=False)
+    assert_one_line_error(proc, "holds the scores of another checkpoint")
 
 
 def test_bad_input_gives_one_line_errors(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import (CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, slow, spawn,
-                      weights_atol)
+                      synthetic_corpus, weights_atol)
 from cram import runtime
 from cram.data import repeat_warning, rows_at
 from cram.files import load_meta, read_jsonl
@@ -67,7 +67,9 @@ def rows_read(args, monkeypatch):
     try:
         with monkeypatch.context() as patch:  # undone after this run, so the next run records only its own rows
             patch.setattr(data, "get_batch", recording)  # what data.Batches reads the training rows with
-            train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS + train.SHAPE_FIELDS))
+            given = set()
+            train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS + train.SHAPE_FIELDS,
+                                 given=given), given)
     finally:
         vars(train).update(settings)
         for s, handler in handlers.items():
@@ -129,13 +131,15 @@ def test_two_processes_train_like_one(prepared, tmp_path, nodes):
 
 def test_the_batch_ramp_is_the_same_on_any_device_and_process_count(prepared, tmp_path):
     """The ramp starts at batch_ramp_start (the reference's 128) whatever the micro-batch and the processes: two
-    processes forced to micro-batches of 1,024 (the final batch's per process: no ramp at all, once) log the
-    batches of one process at 32, from 128 in steps of 128 to the final 8,192 at the ramp's share, and not before."""
+    processes forced to micro-batches of 1,024 (the final batch's per process: no ramp at all, once), stopped mid-ramp
+    and resumed in one process, log the batches of one process at 32, from 128 in steps of 128 to the final 8,192 at
+    the ramp's share, and not before: the number of processes is not part of the run."""
     common = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--batch_size=8192", "--budget_tokens=1048576",
               "--batch_ramp=0.5", "--log_interval=1", "--eval_sequences=32", "--fill_in_examples=0"]
-    two = launch_two([*common, "--micro_batch=1024", f"--out_dir={tmp_path / 'two'}"], nodes=1)
+    two = launch_two([*common, "--micro_batch=1024", f"--out_dir={tmp_path / 'two'}", "--max_steps=10"], nodes=1)
     assert "batch: 128 sequences a step at the start, then 128 more at a time up to 8,192 at 50% of the budget" in two
     assert "micro-batches of 1024 per process (and of 64 for the rest)" in two
+    run_script(*common, "--micro_batch=32", f"--out_dir={tmp_path / 'two'}", "--resume=True")  # in one process
     run_script(*common, "--micro_batch=32", f"--out_dir={tmp_path / 'one'}")
     logs = [[r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["kind"] == "train"] for name in ("two", "one")]
     assert [r["batch"] for r in logs[0]] == [r["batch"] for r in logs[1]] and logs[0][0]["batch"] == 128
@@ -449,10 +453,71 @@ def test_resuming_a_finished_run_says_so_and_rewrites_nothing(prepared, tmp_path
     train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--max_steps=5",
              "--fill_in_examples=0"]
     run_script(*train)
-    assert_one_line_error(run_script(*train, check=False), "continue it with --resume=True", "larger --budget_hours")
+    assert_one_line_error(run_script(*train, check=False), "continue it with --resume=True", "also needs a larger one")
     before = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "metrics.jsonl")}
     again = run_script(*train, "--resume=True")
-    assert "has spent this budget (step 5," in again.stdout and "larger --budget_hours" in again.stdout
+    assert "has spent this budget (step 5," in again.stdout and "a larger --max_steps (now 5)" in again.stdout
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
     run_script(*train, "--resume=True", "--max_steps=8")
     assert torch.load(tmp_path / "ckpt.pt")["step"] == 8
+
+
+def test_a_resume_is_its_run_or_one_line(prepared, tmp_path):
+    """A resume takes its run's settings from its checkpoint: a seed-7 token-budget run stopped at step 6 and resumed
+    with its data, its shape and --resume=True alone logs the steps of the uninterrupted run (seed 0's order and a
+    24-hour clock before). A given setting that would change the run is one line before any work, the checkpoint
+    untouched: the seed, the masking (a case nobody named), the other kind of budget; a stability setting is said. A
+    spent run's advice is a command that works, and its larger budget keeps the final batch."""
+    base = ["train.py", f"--data_dir={prepared}", *TINY_MODEL, "--log_interval=1", "--eval_sequences=32",
+            "--fill_in_examples=0"]
+    run, out = [*base, "--seed=7", "--budget_tokens=16384", "--batch_ramp_start=16"], tmp_path / "run"
+    whole = step_lines(run_script(*run, f"--out_dir={tmp_path / 'whole'}").stdout)
+    run_script(*run, f"--out_dir={out}", "--max_steps=6")
+    resumed = step_lines(run_script(*base, f"--out_dir={out}", "--resume=True").stdout)
+    assert min(resumed) == 7 and max(resumed) == max(whole) and {"16", "32"} <= {b for *_, b in whole.values()}
+    assert all(resumed[s] == whole[s] for s in resumed), (resumed, whole)
+    before = (out / "ckpt.pt").read_bytes()
+    for args, fragment in ((["--seed=3"], "--seed=3 differs from its checkpoint's 7"),
+                           (["--mask_rate=0.3"], "--mask_rate=0.3 differs from its checkpoint's 0.25"),
+                           (["--budget_hours=2"], "to train further, give a larger --budget_tokens")):
+        assert_one_line_error(run_script(*base, f"--out_dir={out}", "--resume=True", *args, check=False), fragment)
+        assert (out / "ckpt.pt").read_bytes() == before, args
+    spent = run_script(*base, f"--out_dir={out}", "--resume=True", "--grad_clip=1.0").stdout
+    advice = re.search(r"resume it with a larger --budget_tokens \(now (\d+)\)", spent)
+    assert advice and "resuming with --grad_clip=1 (its checkpoint's: 0.5)" in spent, spent
+    longer = run_script(*base, f"--out_dir={out}", "--resume=True", f"--budget_tokens={2 * int(advice[1])}").stdout
+    assert "the schedules follow it from the share spent, 50%" in longer and "the batch never shrinks" in longer, longer
+    steps = step_lines(longer)
+    assert steps and {b for *_, b in steps.values()} == {"32"} and torch.load(out / "ckpt.pt")["tokens"] >= 32768
+
+
+def test_a_resume_finds_its_data_and_refuses_other_data(prepared, corpus_file, tmp_path):
+    """A checkpoint records where its data is, and what it is: resumed without --data_dir (from another folder) it
+    finds it; the data prepared again there from more text, or with another validation share (a case nobody named),
+    is one line naming the difference, the checkpoint untouched; other data in another folder given is said."""
+    base, out, data = [*TINY_MODEL, "--fill_in_examples=0", "--eval_sequences=32"], tmp_path / "run", tmp_path / "data"
+    shutil.copytree(prepared, data)
+    run_script(os.path.join(ROOT, "train.py"), f"--data_dir={data}", f"--out_dir={out}", *base, "--max_steps=3")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    found = run_script(os.path.join(ROOT, "train.py"), f"--out_dir={out}", *base, "--resume=True", "--max_steps=4",
+                       cwd=elsewhere).stdout
+    assert "at step 3," in found and torch.load(out / "ckpt.pt")["step"] == 4
+    more, text = tmp_path / "more.txt", corpus_file.read_text()
+    more.write_text(text + "\n" + "\n\n".join(synthetic_corpus(seed=1)) + "\n")  # new documents after the old
+    before = (out / "ckpt.pt").read_bytes()
+    trained = sum(len(doc) for doc in synthetic_corpus())  # the tokenizer trains on the old documents alone
+    for name, args in (("more", [f"--dataset={more}", "--val_fraction=0.05", f"--tokenizer_train_chars={trained}"]),
+                       ("split", [f"--dataset={corpus_file}", "--val_fraction=0.1"])):  # the same tokenizer, other rows
+        shutil.rmtree(data)  # prepared again in its place, as prepare.py advises for a changed corpus
+        run_script("prepare.py", *args, f"--out_dir={data}", "--vocab_size=384", "--seq_len=32")
+        proc = run_script("train.py", f"--out_dir={out}", *base, "--resume=True", check=False)
+        assert_one_line_error(proc, f"{data} is not the data", "its token files differ", "prepared again?")
+        assert (out / "ckpt.pt").read_bytes() == before, name
+    # another folder given: the same files resume as they are (a copy), other ones are a continuation, said
+    same = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={out}", *base, "--resume=True", "--max_steps=5")
+    assert "other data" not in same.stdout and torch.load(out / "ckpt.pt")["step"] == 5
+    os.replace(data, tmp_path / "moved")
+    other = run_script("train.py", f"--data_dir={tmp_path / 'moved'}", f"--out_dir={out}", *base, "--resume=True",
+                       "--max_steps=6")
+    assert f"resuming on {tmp_path / 'moved'}, other data than the run's {prepared}" in other.stdout, other.stdout

@@ -300,8 +300,8 @@ def test_a_resume_refuses_what_would_change_the_run_and_carries_a_dtype_over(pre
     nan["model"]["blocks.0.ffn.up.weight"][0, 0] = float("nan")
     torch.save(nan, tmp_path / "nan.pt")
     refused = [([f"--data_dir={other}"], "ckpt.pt", "trained with another tokenizer"),
-               (["--optim=muon"], "ckpt.pt", "trained with --optim=adamw"),
-               (["--n_layers=3"], "ckpt.pt", "differs from this config in n_layers"),
+               (["--optim=muon"], "ckpt.pt", "--optim=muon differs from its checkpoint's adamw"),
+               (["--n_layers=3"], "ckpt.pt", "--n_layers=3 differs from its checkpoint's 2"),
                ([], "nan.pt", "holds non-finite weights")]
     for i, (args, source, fragment) in enumerate(refused):
         out = tmp_path / f"run{i}"

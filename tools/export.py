@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
 from cram.files import (check_writable, load_checkpoint, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
-                        write_json)
+                        weights_digest, write_json)
 from model import saved_model_args  # noqa: E402
 from cram.process import guarded  # noqa: E402
 
@@ -110,7 +110,7 @@ def training_facts(ckpt, run_dir):
     glue_path = os.path.join(run_dir, "glue.json")
     if os.path.isfile(glue_path):
         glue = read_json(glue_path, "move it away, or run finetune_glue.py again")
-        if isinstance(glue, dict) and glue.get("checkpoint_step") == ckpt.get("step") and "table" in glue:
+        if isinstance(glue, dict) and glue.get("checkpoint_digest") == weights_digest(ckpt["model"]) and "table" in glue:
             lines += ["", "GLUE dev scores (finetune_glue.py; each row says its seeds and epochs; reference: the "
                           "published crammed BERT):", "", glue["table"]]
     return lines
