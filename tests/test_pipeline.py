@@ -476,3 +476,25 @@ def test_a_log_file_gets_each_line_as_it_is_printed(prepared, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_wall_clock_stepped_back_stops_no_progress_record_or_line(tmp_path, monkeypatch, capsys):
+    """Durations are timed on the monotonic clock: with the wall clock running backwards (NTP stepping it, a VM
+    restored), preparation still writes its progress records, and a log's progress lines still come."""
+    import time
+    from conftest import synthetic_corpus
+    from cram import process
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(synthetic_corpus(n_docs=1000, seed=3)) + "\n")
+    backwards = itertools.count(2e9, -1.0)
+    monkeypatch.setattr(time, "time", lambda: next(backwards))
+    for key, value in dict(dataset=str(corpus), vocab_size=300, seq_len=32, tokenizer_train_chars=50000,
+                           progress_minutes=0, workers=1, out_dir=str(tmp_path / "data")).items():
+        monkeypatch.setattr(prepare, key, value)
+    records, write_json = [], prepare.write_json
+    monkeypatch.setattr(prepare, "write_json", lambda path, obj: records.append(path) or write_json(path, obj))
+    prepare.main()
+    assert any(path.endswith(prepare.PROGRESS_FILE) for path in records)
+    bar = process.LogProgress(4, "counting", "steps", 0, every=0.0)
+    bar.update()
+    assert "counting: 1/4" in capsys.readouterr().err
