@@ -315,9 +315,8 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log
     one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
     if not checkpoint:
         return
-    other_data = check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)
-    if other_data:
-        log(other_data)
+    for other_data in filter(None, [check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)]):
+        log(other_data)  # another folder's other token files: a continuation, said
     if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
         return
     kind = ("max_steps", max_steps) if budget_spent(0.0, checkpoint["step"]) else \

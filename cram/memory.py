@@ -66,14 +66,18 @@ def probe_micro_batch(model_args, rt, largest, mask_rate):
 
 
 def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
-    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or its cgroups' lowest limit where
-    lower (v2's memory.max, v1's memory.limit_in_bytes: a container's, a job's); None where unknown (Windows)."""
+    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or the lowest limit on it where lower:
+    its cgroups' (v2's memory.max, v1's memory.limit_in_bytes: a container's, a job's) and the process's own (ulimit
+    -v and -d: RLIMIT_AS, RLIMIT_DATA, as a batch system's h_vmem sets); None where unknown (Windows)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     try:
+        import resource  # POSIX's, as sysconf
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
+    except (AttributeError, ValueError, OSError, ImportError):
         return None
+    for soft, _ in map(resource.getrlimit, (resource.RLIMIT_AS, resource.RLIMIT_DATA)):
+        total = total if soft == resource.RLIM_INFINITY else min(total, soft)
     for folder in cgroup_folders("memory", cgroup, own):
         for name in ("memory.max", "memory.limit_in_bytes"):  # a file that cannot be read holds no limit
             with contextlib.suppress(OSError), open(os.path.join(folder, name), encoding="utf-8") as f:

@@ -446,3 +446,22 @@ def test_stopped_time_is_not_training_time(prepared, tmp_path):
                if r.get("kind") == "train"]
     jumps = [b - a for a, b in zip(seconds, seconds[1:])]
     assert len(seconds) > 30 and max(jumps) < 1.0, jumps
+
+
+@pytest.mark.parametrize("limit", ["RLIMIT_AS", "RLIMIT_DATA"])
+def test_train_py_sees_the_process_s_own_memory_limit(limit, prepared, tmp_path):
+    """ulimit -v (RLIMIT_AS, as SGE's h_vmem sets) or -d (RLIMIT_DATA) of 2.5 GiB, with a model needing more (8 x 1536,
+    3 GB of weights, gradients and AdamW state): one line before any work, not the allocator's traceback; a run that
+    fits trains under the same limit."""
+    import resource
+
+    def limited():
+        resource.setrlimit(getattr(resource, limit), (5 << 29, 5 << 29))
+    args = [sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL,
+            "--max_steps=2", "--fill_in_examples=0"]
+    big = subprocess.run([*args, "--n_layers=8", "--d_model=1536", "--n_heads=12", "--d_ffn=6144"], cwd=ROOT,
+                         preexec_fn=limited, capture_output=True, text=True, timeout=300)
+    assert_one_line_error(big, "needs at least 3.", "more than this machine's 2.7 GB")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    fits = subprocess.run(args, cwd=ROOT, preexec_fn=limited, capture_output=True, text=True, timeout=300)
+    assert fits.returncode == 0, fits.stderr[-2000:]
