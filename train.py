@@ -265,9 +265,8 @@ def main(config, given):
 
 def setup_device(config, world, ddp, given):
     """(the Runtime, this process's rank, the checkpoint a resume continues or None, its file): loaded first, its run's
-    settings kept unless `given` (budget.resume_settings; into `config` and the globals) and dtype=auto its precision;
-    the settings checked before torchrun's processes join (a refusal leaves none waiting); rank 0's precision on every
-    rank, into `config`."""
+    settings kept unless `given` (budget.resume_settings) and dtype=auto its precision, into `config` and the globals;
+    checked before torchrun's processes join (a refusal leaves none waiting); rank 0's precision on every rank."""
     source = resume_from if os.path.dirname(resume_from) else os.path.join(out_dir, resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if resume else None
     carried, said = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
@@ -319,11 +318,10 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log
         log(other_data)  # another folder's other token files: a continuation, said
     if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
         return
-    kind = ("max_steps", max_steps) if budget_spent(0.0, checkpoint["step"]) else \
-        ("budget_tokens", budget_tokens) if budget_tokens else ("budget_hours", budget_hours)
+    kind = "max_steps" if budget_spent(0.0, checkpoint["step"]) else "budget_tokens" if budget_tokens else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
-        f"--{kind[0]} (now {kind[1]:g})")
+        f"--{kind} (now {globals()[kind]:g})")
     if ddp:
         runtime.leave_process_group()
     raise SystemExit(0)

@@ -39,13 +39,11 @@ LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 RAMP_START = 128  # the batch's ramp starts at the reference's micro-batch, 128 sequences (cramming's impl/_default.yaml)
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
-# A resume's settings (resume_settings): how this command runs is its own; the rest are its run's, and of those a given
-# one that differs is refused but for a budget and those a divergence asks to change (and data_dir: check_resume's)
 SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
            "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
-           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name")
+           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name")  # how a command runs: no resume keeps it
 ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
-              "keep_checkpoints", "data_dir")
+              "keep_checkpoints", "data_dir")  # a resume's own where given (said): what a divergence asks to change
 
 
 def shape_of(rung, given):

@@ -462,9 +462,8 @@ def refuse_overwrite(path):
 def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta):
     """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` by
     load_checkpoint(path, "resume"), which checked its weights finite) continues the same run: the same model,
-    tokenizer and optimizer (the settings of those names), and in the folder it trained on the same token files (`meta`'s
-    fingerprint and counts, data.load_run_data's). Returns a line where another folder's differ (a defined
-    continuation: the same place in its order). The autocast dtype may change (a run moved to another GPU)."""
+    tokenizer and optimizer, and in the folder it trained on the same token files (`meta`'s fingerprint and counts); a
+    line where another folder's differ (a continuation: the same place in its order). The autocast dtype may change."""
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]

@@ -3,6 +3,7 @@ output streams that outlive their reader, the scripts a tool starts (they end wi
 lines, and what the machine has (an optional module, the hub). Every script's main runs inside
 guarded(); train.py's loop takes the signals over with StopRequest.
 """
+import contextlib
 import errno
 import importlib
 import os
@@ -186,6 +187,11 @@ def guarded(main, kept, *args):
     stream closed from the start: `>&-`) is dropped, not an error (HangupSafeStream)."""
     take_signals(interrupt)
     follow_parent()
+    with contextlib.suppress(ImportError):  # a CPU-time limit whose soft value is its hard one (ulimit -t) kills at once:
+        import resource  # POSIX's. Its soft one lowered by 5% (at least a minute): SIGXCPU then stops a run that can save
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if soft == hard != resource.RLIM_INFINITY:
+            resource.setrlimit(resource.RLIMIT_CPU, (max(1, hard - max(60, hard // 20)), hard))
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
         sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
     streams = sys.stdout, sys.stderr

@@ -12,7 +12,6 @@ import math
 import os
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -90,7 +89,7 @@ class Runtime:
     bf16_speedup: float = 0.0  # a CPU's bfloat16 matmul speed over float32's where dtype=auto timed it, else 0
 
     def autocast(self):
-        return nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, dtype=self.dtype)
+        return contextlib.nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, dtype=self.dtype)
 
     def grad_scaler(self):
         """Loss scaling for float16, whose small gradients underflow; a pass-through otherwise."""

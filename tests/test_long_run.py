@@ -521,3 +521,16 @@ def test_a_resume_finds_its_data_and_refuses_other_data(prepared, corpus_file, t
     other = run_script("train.py", f"--data_dir={tmp_path / 'moved'}", f"--out_dir={out}", *base, "--resume=True",
                        "--max_steps=6")
     assert f"resuming on {tmp_path / 'moved'}, other data than the run's {prepared}" in other.stdout, other.stdout
+
+
+def test_a_cpu_time_limit_leaves_time_to_save(prepared, tmp_path):
+    """`ulimit -t` sets the soft and hard CPU-time limits to one value (as a batch system's h_cpu does), so the kernel's
+    SIGXCPU comes with its SIGKILL and nothing is saved: a run lowers its soft limit by 5%, at least a minute, and its
+    SIGXCPU then stops the run, which saves and exits with that signal's status."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_CPU, (75, 75))
+    proc = subprocess.run([sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL,
+                           "--budget_hours=1", "--fill_in_examples=0"], cwd=ROOT, preexec_fn=limited,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGXCPU and "stopped by SIGXCPU at step" in proc.stdout, proc.stderr[-2000:]
+    assert torch.load(tmp_path / "ckpt.pt")["step"] > 0
