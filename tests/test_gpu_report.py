@@ -51,12 +51,12 @@ COPIES = ["glue.json", "logs_tail.txt", "report.md", "transfer.md", "transfer_tr
 def one_call(corpus_file, tmp_path, phases, deadline_s, *extra):
     """The first GPU session's call on a CPU with tiny settings (docs/gpu.md): its own deadline, its copies in
     tmp_path/OUT. Returns the seconds it took."""
-    start = time.time()
+    start = time.monotonic()
     run_script("tools/gpu_report.py", f"--phases={phases}", f"--corpus={corpus_file}", f"--data_dir={tmp_path / 'data'}",
                f"--glue_dir={GLUE_FIXTURES}", f"--out_dir={tmp_path / 'report'}", *TINY, *TRANSFER_TASKS,
                f"--deadline_minutes={deadline_s / 60!r}", "--stop_grace_s=2", f"--copy_to={tmp_path / 'OUT'}", *extra,
                check=False)
-    return time.time() - start
+    return time.monotonic() - start
 
 
 def running_under(path):
@@ -220,11 +220,11 @@ def test_a_script_past_its_deadline_and_what_it_started_are_stopped_with_sigterm
         "    'print(\"child up\", flush=True)\\ntime.sleep(100)'])\n"
         "print(f'pid {child.pid}', flush=True)\n"
         "time.sleep(100)\n")
-    start = time.time()
+    start = time.monotonic()
     with pytest.raises(PhaseFailed, match="ran past the phase's time limit"):
-        run_logged([str(script)], tmp_path / "log", time.time() + 4, echo=False)
+        run_logged([str(script)], tmp_path / "log", time.monotonic() + 4, echo=False)
     log = (tmp_path / "log").read_text()
-    assert "child up" in log and "child saved" in log and time.time() - start < 20  # not the 30 s grace
+    assert "child up" in log and "child saved" in log and time.monotonic() - start < 20  # not the 30 s grace
     pid = int(log.split("pid ")[1].split()[0])
     time.sleep(0.5)
     state = open(f"/proc/{pid}/stat").read().split()[2] if os.path.exists(f"/proc/{pid}") else "gone"
@@ -263,7 +263,7 @@ def test_the_sweep_stops_what_a_command_started_in_sessions_of_its_own(monkeypat
     import sys
     from conftest import spawn
     from gpu_report import CALL_ENV, sweep
-    monkeypatch.setenv(CALL_ENV, f"{time.time():.3f} 0 {os.getpid()}")  # what begin_call marks a command with
+    monkeypatch.setenv(CALL_ENV, f"{time.monotonic():.3f} 0 {os.getpid()}")  # what begin_call marks a command with
     child = spawn([sys.executable, "-c", "import subprocess, sys, time\n"
                    "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)'], "
                    "start_new_session=True)\nprint(grandchild.pid, flush=True)\ntime.sleep(100)"],

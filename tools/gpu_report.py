@@ -155,8 +155,8 @@ def stop_group(proc, grace=None):
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    end = time.time() + grace
-    while time.time() < end:
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
         proc.poll()  # reaps the leader once it has ended: only the living count below
         try:
             os.killpg(proc.pid, 0)  # anyone left?
@@ -174,15 +174,15 @@ def begin_call():
     above this one did: returns whether this is that command, the one that sweeps at its end."""
     if CALL_ENV in os.environ:
         return False
-    start = time.time()
+    start = time.monotonic()
     os.environ[CALL_ENV] = f"{start:.3f} {start + 60 * deadline_minutes if deadline_minutes else 0:.3f} {os.getpid()}"
     return True
 
 
 def call_times():
-    """(start, end) of the command under way, as time.time(); end is 0 without a deadline. Outside a
+    """(start, end) of the command under way, as time.monotonic(); end is 0 without a deadline. Outside a
     command (a test calling a phase), now and no deadline."""
-    start, end, _ = os.environ.get(CALL_ENV, f"{time.time()} 0 0").split()
+    start, end, _ = os.environ.get(CALL_ENV, f"{time.monotonic()} 0 0").split()
     return float(start), float(end)
 
 
@@ -271,16 +271,16 @@ def set_aside(paths):
 
 def run_logged(args, log_path, deadline, echo=True, append=False):
     """Run one of the project's scripts (args[0], then its arguments), its output saved to log_path
-    (after what it holds if append; and shown as it comes if echo), killed at `deadline` (time.time()).
+    (after what it holds if append; and shown as it comes if echo), killed at `deadline` (time.monotonic()).
     Returns the output; PhaseFailed if the script failed or ran out of time."""
-    if deadline - time.time() <= 0:
+    if deadline - time.monotonic() <= 0:
         raise PhaseFailed(f"no time left for {args[0]}")
     command = [sys.executable, os.path.join(ROOT, args[0]), *args[1:]]
     proc = subprocess.Popen(command, env=child_env(dict(os.environ, PYTHONUNBUFFERED="1")), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace",
                             start_new_session=True)  # its own process group,
     # which ends with this process, however it ends (child_env: process.follow_parent)
-    timer = threading.Timer(deadline - time.time(), stop_group, (proc,))
+    timer = threading.Timer(deadline - time.monotonic(), stop_group, (proc,))
     timer.daemon = True
     timer.start()
     lines = []
@@ -298,7 +298,7 @@ def run_logged(args, log_path, deadline, echo=True, append=False):
         stop_group(proc)
         raise
     timer.cancel()
-    if code != 0 and time.time() >= deadline:
+    if code != 0 and time.monotonic() >= deadline:
         raise PhaseFailed(f"{args[0]} ran past the phase's time limit (log: {log_path})")
     if code != 0:
         last = [line.strip() for line in lines if line.strip()][-1:] or ["(no output)"]
@@ -342,9 +342,9 @@ def phase_prepare(deadline, logs):
         if not corpus:
             raise PhaseFailed(f"{data_dir} is not prepared and no --corpus was given")
         args = ["prepare.py", f"--dataset={corpus}", f"--out_dir={data_dir}", *shape_args(prepare_args)]
-        start = time.time()
+        start = time.monotonic()
         run_logged(args, os.path.join(logs, "prepare.log"), deadline)
-        how = f"`{command_line(args)}` in {time.time() - start:.0f} s"
+        how = f"`{command_line(args)}` in {time.monotonic() - start:.0f} s"
     else:
         how = "already prepared (nothing to do)"
     meta = load_meta(data_dir)
@@ -387,7 +387,7 @@ TRAIN_LINES = re.compile(r"^(?:budget: |lr: |model: |micro_batch=0: |torch\.comp
 def piece_done(what):
     """Say when a piece of the transfer phase finished, rewrite transfer.md and copy what is done."""
     with PUBLISHING:
-        PIECES.append((what, (time.time() - call_times()[0]) / 60))
+        PIECES.append((what, (time.monotonic() - call_times()[0]) / 60))
         print(f"== {what}: done at {PIECES[-1][1]:.1f} min", flush=True)
         write_transfer_summary()
         publish()
@@ -778,17 +778,17 @@ def train_offloaded(model_args, rt, batches):
     from model import CrammedBert
     from cram.offload import OffloadTrainer
     torch.manual_seed(0)
-    start = time.time()
+    start = time.monotonic()
     trainer = OffloadTrainer(CrammedBert(**model_args), rt, lr=1e-4, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01)
-    print(f"off-load: built the model and its host state in {time.time() - start:.0f} s", flush=True)
+    print(f"off-load: built the model and its host state in {time.monotonic() - start:.0f} s", flush=True)
     seconds, losses = [], []
     for step in range(offload_steps + 1):
-        start = time.time()
+        start = time.monotonic()
         loss, applied = trainer.step(batches(offload_accum), 1e-4, 0.5)
         losses.append(loss.item())
         trainer.synchronize()  # the host updates of the blocks finish before the clock stops
         rt.synchronize()
-        seconds.append(time.time() - start)
+        seconds.append(time.monotonic() - start)
         print(f"off-load step {step}: loss {losses[-1]:.4f} in {seconds[-1]:.1f} s{'' if applied else ' (skipped)'}",
               flush=True)
     return seconds[1:], losses
@@ -913,7 +913,7 @@ def run_phase(name):
     """Run one phase in this process and save its section."""
     logs = os.path.join(out_dir, "logs")
     os.makedirs(logs, exist_ok=True)
-    start = time.time()
+    start = time.monotonic()
     deadline = phase_deadline(start, name)
     print(f"== phase {name} (limit {(deadline - start) / 60:.1f} min)", flush=True)
     try:
@@ -924,7 +924,7 @@ def run_phase(name):
     except Exception as error:  # a bug or a device's fault: said in the section, and the phases after go on
         status, headline = "failed", f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
         body = f"```\n{traceback.format_exc()[-4000:]}\n```"
-    save_section(name, status, headline, body, (time.time() - start) / 60, environment())
+    save_section(name, status, headline, body, (time.monotonic() - start) / 60, environment())
     print(f"== phase {name}: {status}: {headline}", flush=True)
     publish()
 
@@ -934,7 +934,7 @@ def run_in_child(name):
     if os.path.exists(section_path(name)):
         os.remove(section_path(name))
     command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--phases={name}", "--report=False"]
-    start, end = time.time(), call_times()[1]
+    start, end = time.monotonic(), call_times()[1]
     if end and phase_deadline(start, name) <= start:
         return save_section(name, "failed", "no time left before --deadline_minutes", "", 0.0, "")
     wait = min(60 * phase_limit(name) + 120, end - CLOSE_S - start) if end else 60 * phase_limit(name) + 120
@@ -952,7 +952,7 @@ def run_in_child(name):
         stop_group(proc, grace=stop_grace_s + 15)
         raise
     if not os.path.exists(section_path(name)):  # killed or crashed before it could say so
-        save_section(name, "failed", why, "", (time.time() - start) / 60, "")
+        save_section(name, "failed", why, "", (time.monotonic() - start) / 60, "")
 
 
 def read_section(name):
@@ -998,7 +998,7 @@ def main():
         if left:
             print(f"stopped {len(left)} process(es) left running at the end (SIGKILL)", flush=True)
         if top and deadline_minutes:  # what a device call's plan is checked against
-            print(f"== ended {(time.time() - call_times()[0]) / 60:.1f} min after it began (deadline "
+            print(f"== ended {(time.monotonic() - call_times()[0]) / 60:.1f} min after it began (deadline "
                   f"{deadline_minutes:g})", flush=True)
     if report:
         print(f"wrote {write_report()}")
