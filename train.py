@@ -203,7 +203,7 @@ def main(config, given):
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     watch = SpikeWatch(spike_threshold, runtime.mean_over_ranks if ddp else None, **(checkpoint or {}).get("spike_watch", {}))
-    about = dict(model_args=model_args, config=config, data_dir=os.path.abspath(data_dir), meta=meta, tokenizer=tokenizer_text, budget=pick)
+    about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text, budget=pick)
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(ev, step, tokens, seconds)[0] if master else None)
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
@@ -321,7 +321,7 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log
     kind = "max_steps" if budget_spent(0.0, checkpoint["step"]) else "budget_tokens" if budget_tokens else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
-        f"--{kind} (now {globals()[kind]:g})")
+        f"--{kind} (now {globals()[kind]})")
     if ddp:
         runtime.leave_process_group()
     raise SystemExit(0)

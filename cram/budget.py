@@ -39,6 +39,7 @@ LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 RAMP_START = 128  # the batch's ramp starts at the reference's micro-batch, 128 sequences (cramming's impl/_default.yaml)
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
+PICKED = (*SHAPE_FIELDS, "batch_size", "batch_ramp_start", "lr")  # settings whose 0 asks for the rule's pick
 SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
            "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
            "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name")  # how a command runs: no resume keeps it
@@ -137,13 +138,14 @@ def resume_settings(checkpoint, config, given):
     the data where it trained. A given budget of the run's kind: the schedules follow it from the share spent and the
     batch ramp ends at the same tokens or seconds (the batch never shrinks); any other that differs is an error."""
     run = {k: v for k, v in checkpoint.get("config", {}).items() if k in config and k not in SESSION}
-    changed = sorted(k for k in given & run.keys() if config[k] != run[k])
+    given = {k for k in given & run.keys() if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
+    changed = sorted(k for k in given if config[k] != run[k])
     kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
     for k in (k for k in changed if k not in ADJUSTABLE and (k != kind or not config[k])):
         extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
         raise SystemExit(f"error: --{k}={shown(config[k])} differs from its checkpoint's {shown(run[k])}, and a resume "
                          f"continues its run: leave --{k} out, or start a new run in another --out_dir{extend}")
-    carried = {**run, **{k: config[k] for k in given & run.keys()}}
+    carried = {**run, **{k: config[k] for k in given}}
     carried["data_dir"] = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
     extended = ""
     if kind in changed:

@@ -469,7 +469,7 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, 
         changed = [k for k in model_args if saved[k] != model_args[k]]
         raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
     if checkpoint["tokenizer"] != tokenizer_text:
-        own = ("the data it trained on (prepared again?)" if os.path.abspath(data_dir) == checkpoint.get("data_dir") else
+        own = ("the data it trained on (prepared again?)" if os.path.realpath(data_dir) == checkpoint.get("data_dir") else
                f"its own data, --data_dir={checkpoint.get('data_dir')}")
         raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with {own}")
     trained_with = checkpoint.get("config", {}).get("optim", "adamw")
@@ -482,7 +482,7 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, 
                          f"(finetune_glue.py) or export it (tools/export.py) as it is")
     trained_on = checkpoint["meta"]
     changed = ", ".join(k for k in ("fingerprint", "train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
-    if changed and os.path.abspath(data_dir) == checkpoint.get("data_dir"):  # prepared again under it: rows read, unread
+    if changed and os.path.realpath(data_dir) == checkpoint.get("data_dir"):  # prepared again under it: rows read, unread
         raise SystemExit(f"error: {data_dir} is not the data {path} trained on (its token files differ: {changed}; "
                          f"prepared again?): resume with that data, or start a new run in another --out_dir")
     return changed and (f"resuming on {data_dir}, other data than the run's {checkpoint.get('data_dir')} ({changed} "

@@ -66,9 +66,8 @@ def probe_micro_batch(model_args, rt, largest, mask_rate):
 
 
 def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
-    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory, or the lowest limit on it where lower:
-    its cgroups' (v2's memory.max, v1's memory.limit_in_bytes: a container's, a job's) and the process's own (ulimit
-    -v and -d: RLIMIT_AS, RLIMIT_DATA, as a batch system's h_vmem sets); None where unknown (Windows)."""
+    """Bytes a run can hold: a GPU's memory; on a CPU the host's physical memory or a lower limit: its cgroups' (v2's
+    memory.max, v1's memory.limit_in_bytes) or its own (ulimit -v, -d, h_vmem); None where unknown (Windows)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     try:

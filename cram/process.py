@@ -1,7 +1,6 @@
-"""The process around a script's work: the signals that ask it to stop, its faults made one line,
-output streams that outlive their reader, the scripts a tool starts (they end with it), progress
-lines, and what the machine has (an optional module, the hub). Every script's main runs inside
-guarded(); train.py's loop takes the signals over with StopRequest.
+"""The process around a script's work: the signals that ask it to stop, its faults made one line, output streams
+that outlive their reader, the scripts a tool starts (they end with it), progress lines, and what the machine has
+(an optional module, the hub). Every script's main runs inside guarded(); train.py's loop takes the signals over.
 """
 import contextlib
 import errno
@@ -188,10 +187,10 @@ def guarded(main, kept, *args):
     take_signals(interrupt)
     follow_parent()
     with contextlib.suppress(ImportError):  # a CPU-time limit whose soft value is its hard one (ulimit -t) kills at once:
-        import resource  # POSIX's. Its soft one lowered by 5% (at least a minute): SIGXCPU then stops a run that can save
+        import resource  # POSIX's. The soft one lowered by 5%, at least a minute, at most a quarter: SIGXCPU stops first
         soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
         if soft == hard != resource.RLIM_INFINITY:
-            resource.setrlimit(resource.RLIMIT_CPU, (max(1, hard - max(60, hard // 20)), hard))
+            resource.setrlimit(resource.RLIMIT_CPU, (hard - min(max(60, hard // 20), hard // 4), hard))
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
         sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
     streams = sys.stdout, sys.stderr
