@@ -67,6 +67,7 @@ device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: runtime.auto_dtype (a resume keeps its own)
 compile = True            # torch.compile the training step (inductor; on a CPU too)
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
+join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start (one that refused ends the rest)
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                  # [0, 4294967295]: model initialisation, data order and masks (2^32 seeds)
@@ -175,7 +176,7 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
 def main(config, given):
     ddp, world = runtime.launcher()  # under torchrun, or one process
     ckpt_path = os.path.join(out_dir, "ckpt.pt")  # the newest checkpoint, which a resume continues unless resume_from
-    rt, rank, checkpoint, source = setup_device(config, world, ddp, given)  # a resume's settings its checkpoint's
+    rt, rank, checkpoint, source, said = setup_device(config, world, ddp, given)  # a resume's settings its checkpoint's
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
     seq_len, n_rows, data_args = meta["seq_len"], len(train_tokens), dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
@@ -187,7 +188,7 @@ def main(config, given):
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before a GPU's probe
     micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
                                                               mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
-    opening = () if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what the budget picked
+    opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
     globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
     saves = Saves(ckpt_path, keep_checkpoints, checkpoint, source)
     metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
@@ -264,9 +265,9 @@ def main(config, given):
 
 
 def setup_device(config, world, ddp, given):
-    """(the Runtime, this process's rank, the checkpoint a resume continues or None, its file): loaded first, its run's
-    settings kept unless `given` (budget.resume_settings) and dtype=auto its precision, into `config` and the globals;
-    checked before torchrun's processes join (a refusal leaves none waiting); rank 0's precision on every rank."""
+    """(the Runtime, this process's rank, the checkpoint a resume continues or None, its file, lines on what it changed):
+    loaded first, its run's settings kept unless `given` (budget.resume_settings), into `config` and the globals; checked
+    before torchrun's processes join (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
     source = resume_from if os.path.dirname(resume_from) else os.path.join(out_dir, resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if resume else None
     carried, said = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
@@ -276,16 +277,14 @@ def setup_device(config, world, ddp, given):
     rt = runtime.setup(device, dtype, compile and not offload, compile_mode,  # off-load: eager blocks
                        (saved.get("device"), saved.get("dtype")))
     check_settings(world, config, rt)
-    rank = runtime.join_process_group(rt.device) if ddp else 0
+    rank = runtime.join_process_group(rt.device, join_minutes) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     config.update(device=rt.device.type, dtype=rt.dtype_name())
-    if rank == 0 and said:
-        print("\n".join(said))
     if rank == 0 and os.path.isdir(out_dir):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
     if not checkpoint:  # ... or, for a fresh run, a checkpoint it would replace
         refuse_overwrite(os.path.join(out_dir, "ckpt.pt"))
-    return rt, rank, checkpoint, source
+    return rt, rank, checkpoint, source, said
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):

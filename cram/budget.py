@@ -42,7 +42,7 @@ SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fiel
 PICKED = (*SHAPE_FIELDS, "batch_size", "batch_ramp_start", "lr")  # settings whose 0 asks for the rule's pick
 SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
            "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
-           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name")  # how a command runs: no resume keeps it
+           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes")  # how a command runs
 ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
               "keep_checkpoints", "data_dir")  # a resume's own where given (said): what a divergence asks to change
 
@@ -147,13 +147,12 @@ def resume_settings(checkpoint, config, given):
                          f"continues its run: leave --{k} out, or start a new run in another --out_dir{extend}")
     carried = {**run, **{k: config[k] for k in given}}
     carried["data_dir"] = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
-    extended = ""
+    spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
     if kind in changed:
-        spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
         carried["batch_ramp"] = min(1.0, run.get("batch_ramp", 0.0) * run[kind] / config[kind])
-        extended = (f": the schedules follow it from the share spent, {spent / config[kind]:.0%} (the learning rate is its "
-                    f"schedule's there), and the batch ramp ends where it did (batch_ramp {carried['batch_ramp']:.3g}): "
-                    f"the batch never shrinks")
+    extended = (f": the schedules follow it from the share spent, {spent / config[kind]:.0%} (the learning rate is its "
+                f"schedule's there), and the batch ramp ends where it did (batch_ramp {carried['batch_ramp']:.3g}): the "
+                f"batch never shrinks") if kind in changed else ""
     return carried, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(run[k])})"
                      f"{extended if k == kind else ''}" for k in changed]
 

@@ -149,8 +149,8 @@ class Batches:
 
 
 def load_run_data(path):
-    """meta.json, the train and val tokens and the tokenizer's text (checkpoints carry it, so
-    fine-tuning needs nothing else), each checked; a one-line error names the command that prepares `path`."""
+    """meta.json (with a cheap fingerprint of the token files: their rows and first and last 4,096, hashed), the train and
+    val tokens and the tokenizer's text (checkpoints carry both), each checked; a one-line error names how to prepare."""
     if not os.path.isfile(os.path.join(path, "meta.json")):
         how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
             f"python prepare.py --out_dir={path} --dataset=..."
@@ -160,7 +160,6 @@ def load_run_data(path):
     meta = load_meta(path)
     tokenizer_text = read_tokenizer(path, meta)[0]
     train, val = load_tokens(path, "train", meta), load_tokens(path, "val", meta)
-    # the token files' identity, cheaply: each one's rows and its first and last 4,096, hashed; checkpoints keep the meta
     ends = b"".join(b"%d:" % len(t) + t[:4096].tobytes() + t[-4096:].tobytes() for t in (train, val))
     return dict(meta, fingerprint=hashlib.blake2b(ends, digest_size=8).hexdigest()), train, val, tokenizer_text
 

@@ -86,8 +86,7 @@ def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
 
 
 def least_bytes(config, rt, mask_rate, training=True, offload=False):
-    """The lower estimates check_memory refuses by: (the model's weights, gradients and AdamW state at
-    16 bytes a parameter, one sequence's activations in rt's precision: ModelConfig.step_bytes)."""
+    """check_memory's lower estimates: (weights, gradients and AdamW state, 16 bytes a parameter; a sequence's activations)."""
     value_bytes = 4 if rt.dtype == torch.float32 else 2
     return 16 * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
 

@@ -12,6 +12,7 @@ import math
 import os
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -321,9 +322,12 @@ def fit_threads():
         torch.set_num_threads(cpus)
 
 
-def join_process_group(device):
-    """Under torchrun: this process joins the others (NCCL on GPUs, gloo on CPUs); returns its rank."""
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+def join_process_group(device, minutes):
+    """Under torchrun: this process joins the others (NCCL on GPUs, gloo on CPUs) within `minutes`, or ends in one line
+    (one that refused or died ends the rest: process.guarded); then waits on them as torch does; returns its rank."""
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=minutes))
+    dist.barrier()  # all here: the work's waits (rank 0 evaluates and saves alone) are gloo's default
+    dist.distributed_c10d._set_pg_timeout(timedelta(minutes=30))
     return dist.get_rank()
 
 

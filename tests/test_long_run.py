@@ -534,3 +534,32 @@ def test_a_cpu_time_limit_leaves_time_to_save(prepared, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 128 + signal.SIGXCPU and "stopped by SIGXCPU at step" in proc.stdout, proc.stderr[-2000:]
     assert torch.load(tmp_path / "ckpt.pt")["step"] > 0
+
+
+def test_a_node_that_refuses_ends_the_other_within_its_join_wait(prepared, tmp_path):
+    """docs/gpu.md's two-node command where node B's disk lacks the checkpoint that node A resumes: B says why in one
+    line and ends before joining; A, which loaded it, waited in the join for gloo's 30 minutes and now ends after
+    --join_minutes with one line saying another process of the run ended."""
+    import socket
+    nodes = {name: tmp_path / name for name in ("a", "b")}
+    run_script("train.py", f"--data_dir={prepared}", f"--out_dir={nodes['a'] / 'run'}", *TINY_MODEL, "--max_steps=2")
+    nodes["b"].mkdir()
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    started, procs = time.monotonic(), {}
+    for name, folder in nodes.items():  # A first: it holds the rendezvous, as the first node does
+        procs[name] = spawn([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                             "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=cram",
+                             f"--log-dir={folder / 'logs'}", "--redirects=3", os.path.join(ROOT, "train.py"),
+                             f"--data_dir={prepared}", "--out_dir=run", *TINY_MODEL, "--resume=True",
+                             "--join_minutes=0.25"], cwd=folder, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3)
+    for proc in procs.values():
+        proc.wait(timeout=120)
+    assert time.monotonic() - started < 60 and all(proc.returncode for proc in procs.values())
+    last = {name: [line for line in next(folder.glob("logs/*/attempt_0/0/stderr.log")).read_text().splitlines()
+                   if line.strip()][-1] for name, folder in nodes.items()}
+    assert last["b"].startswith("error:") and "run/ckpt.pt" in last["b"], last
+    assert last["a"].startswith("error: another process of this run ended"), last
