@@ -185,7 +185,7 @@ def main(config, given):
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
     check_settings(world, config, rt)  # with the shape and batch settled
     model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before a GPU's probe
+    said += check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before any probe
     micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
                                                               mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
     opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
@@ -309,14 +309,13 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
 
 
 def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log, ddp):
-    """A resume (`checkpoint`; None: a fresh run) of the same run (files.check_resume), with budget left:
-    one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
+    """A resume (`checkpoint`; None: a fresh run) of the same run (files.check_resume; returns its lines to say), with
+    budget left: one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
     if not checkpoint:
-        return
-    for other_data in filter(None, [check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)]):
-        log(other_data)  # another folder's other token files: a continuation, said
+        return []
+    said = check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)  # another folder's data
     if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
-        return
+        return said
     kind = "max_steps" if budget_spent(0.0, checkpoint["step"]) else "budget_tokens" if budget_tokens else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "

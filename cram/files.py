@@ -462,14 +462,15 @@ def refuse_overwrite(path):
 def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta):
     """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` by
     load_checkpoint(path, "resume"), which checked its weights finite) continues the same run: the same model,
-    tokenizer and optimizer, and in the folder it trained on the same token files (`meta`'s fingerprint and counts); a
-    line where another folder's differ (a continuation: the same place in its order). The autocast dtype may change."""
+    tokenizer and optimizer, and in the folder it trained on the same token files (`meta`'s fingerprint and counts); the
+    lines to say: where another folder's differ (a continuation: the same place in its order). The dtype may change."""
+    same_folder = os.path.realpath(data_dir) == checkpoint.get("data_dir")  # where it trained (its real path)
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]
         raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
     if checkpoint["tokenizer"] != tokenizer_text:
-        own = ("the data it trained on (prepared again?)" if os.path.realpath(data_dir) == checkpoint.get("data_dir") else
+        own = ("the data it trained on (prepared again?)" if same_folder else
                f"its own data, --data_dir={checkpoint.get('data_dir')}")
         raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with {own}")
     trained_with = checkpoint.get("config", {}).get("optim", "adamw")
@@ -482,11 +483,11 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, 
                          f"(finetune_glue.py) or export it (tools/export.py) as it is")
     trained_on = checkpoint["meta"]
     changed = ", ".join(k for k in ("fingerprint", "train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
-    if changed and os.path.realpath(data_dir) == checkpoint.get("data_dir"):  # prepared again under it: rows read, unread
+    if changed and same_folder:  # prepared again under it: rows read, unread
         raise SystemExit(f"error: {data_dir} is not the data {path} trained on (its token files differ: {changed}; "
                          f"prepared again?): resume with that data, or start a new run in another --out_dir")
-    return changed and (f"resuming on {data_dir}, other data than the run's {checkpoint.get('data_dir')} ({changed} "
-                        f"differ): the run reads its rows from the same place in its order")
+    return [f"resuming on {data_dir}, other data than the run's {checkpoint.get('data_dir')} ({changed} differ): the run "
+            f"reads its rows from the same place in its order"] if changed else []
 
 
 def optimizer_problem(checkpoint, optim):
