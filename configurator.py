@@ -19,6 +19,7 @@ import os
 import re
 import tempfile
 import traceback
+from pathlib import Path
 
 try:  # every script imports this module before torch, whose import asks for a temporary folder (dill, with datasets)
     tempfile.gettempdir()
@@ -37,8 +38,7 @@ ALLOWED = re.compile(rf"(?:(>=?) ?({NUMBER})|([\[(])({NUMBER}), ?({NUMBER})([\])
 def config_keys(namespace):
     """The overridable settings of a script: its public lower-case globals of plain types
     (UPPER_CASE names are constants)."""
-    return {k: v for k, v in namespace.items()
-            if not k.startswith("_") and not k.isupper() and type(v) in CONFIG_TYPES}
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and not k.isupper() and type(v) in CONFIG_TYPES}
 
 
 def shown(value, limit=60):
@@ -80,8 +80,7 @@ def read_config_file(path):
     """The settings a config file assigns (names starting with _ and imports left out); an error in
     the file is one line naming the file and the line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
+        source = Path(path).read_text(encoding="utf-8")
     except PermissionError:  # another user's file, or in a folder of theirs
         raise SystemExit(f"error: permission denied: config file {path}")
     except OSError:  # not there, or a folder
@@ -96,8 +95,7 @@ def read_config_file(path):
     except Exception as e:
         line = [frame.lineno for frame in traceback.extract_tb(e.__traceback__) if frame.filename == path][-1:]
         raise SystemExit(f"error: {path}:{line[0] if line else '?'}: {type(e).__name__}: {e}")
-    return {k: v for k, v in assigned.items()
-            if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
+    return {k: v for k, v in assigned.items() if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 
 
 def unusable(value, default, comment):
@@ -156,8 +154,7 @@ def script_block(namespace):
     """The lines between the script's two SETTINGS_RULE lines."""
     if "__file__" not in namespace:
         return []
-    with open(namespace["__file__"], encoding="utf-8") as f:
-        source = f.read().splitlines()
+    source = Path(namespace["__file__"]).read_text(encoding="utf-8").splitlines()
     rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
     return source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []
 

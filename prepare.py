@@ -26,6 +26,7 @@ import time
 import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -255,8 +256,7 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
     now (checked for local and embedded corpora: a hub dataset is not read twice), else those of a new tokenizer."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
         try:
-            with open(path + ".source", encoding="utf-8") as f:
-                trained_on = json.load(f)["digest"]
+            trained_on = json.loads(Path(path + ".source").read_text(encoding="utf-8"))["digest"]
         except (OSError, ValueError, TypeError, KeyError, RecursionError):  # a damaged record proves nothing: train again
             trained_on = None
         if trained_on and (not local or trained_on == training_text_digest(documents, train_chars)):
@@ -351,8 +351,7 @@ def read_progress(out_dir, dedup, seq_len, itemsize):
         return None
     path = os.path.join(out_dir, PROGRESS_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            progress = json.load(f)
+        progress = json.loads(Path(path).read_text(encoding="utf-8"))
         problem = progress_problem(progress, out_dir, dedup, seq_len, itemsize)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
         problem = f"{type(e).__name__}: {str(e)[:120]}"
@@ -493,39 +492,6 @@ def write_in_flight(files, jobs, keep, max_tokens):
     return False
 
 
-def encode_documents(files, documents, progress, enc, workers, min_doc_chars, max_tokens, progress_minutes):
-    """Encode and write the documents that `files` has not read yet, with a progress record every
-    progress_minutes. Batches go to the workers as they are read, and each is written (here, in
-    order) while the next one encodes: reading, writing and encoding overlap. `files.read` counts
-    the documents written; a record first writes every batch in flight, so it is exact."""
-    encode = functools.partial(encode_document, enc, files.seen is not None)
-    # the documents not read yet: a RowStream continues from its progress record's position; any other source is
-    # read again and those skipped (cheap next to encoding)
-    state = progress and progress.get("source_state")
-    texts = documents(state) if state else itertools.islice(documents(), files.read, None)
-    bar = process.progress(desc="encoding", unit=" docs", initial=files.read)
-    pool = start_pool(workers or runtime.usable_cpus())
-    jobs, last_record = deque(), time.monotonic()
-    try:
-        for batch, end, short, last in batches(texts, files.read, min_doc_chars):
-            jobs.append((batch, pool.map(encode, [text for _, text in batch]), end, short))
-            if last:
-                break
-            due = time.monotonic() - last_record >= progress_minutes * 60
-            stop = write_in_flight(files, jobs, 0 if due else 1, max_tokens)
-            bar.update(files.read - bar.n)
-            bar.set_postfix(train_tokens=f"{files.stats['train_tokens']:,}")
-            if stop:
-                return
-            if due:
-                files.record(documents.state() if isinstance(documents, RowStream) else None)
-                last_record = time.monotonic()
-        write_in_flight(files, jobs, 0, max_tokens)  # the end of the source: the batches left, up to max_tokens
-    finally:
-        pool.shutdown(cancel_futures=True)
-        bar.close()
-
-
 def start_pool(workers):
     """A pool of `workers` threads, or of as many as could start now (a container's process limit,
     Docker's --pids-limit, counts threads), said in a line; with none, one that encodes in this
@@ -549,7 +515,9 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
     max_tokens_per_char tokens per character are dropped (0: none are); `settings`: prepare.py's of
     these names: workers, seq_len, val_fraction, min_doc_chars, dedup, max_tokens, progress_minutes.
-    Resumes from the last progress record of an interrupted run; the result is byte for byte an uninterrupted run's."""
+    Resumes from the last progress record of an interrupted run; the result is byte for byte an uninterrupted run's.
+    Batches go to the workers as they are read, each written (here, in order) while the next one encodes; a progress
+    record (every progress_minutes) first writes every batch in flight, so it is exact."""
     s = settings
     progress = read_progress(out_dir, s["dedup"], s["seq_len"], np.dtype(dtype).itemsize)
     files = TokenFiles(out_dir, dtype, s["seq_len"], special_ids["[SEP]"], max_tokens_per_char, s["val_fraction"],
@@ -557,8 +525,32 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     if progress:
         print(f"resuming an interrupted preparation after {files.read:,} documents "
               f"({files.stats['train_tokens']:,} train tokens)")
-    encode_documents(files, documents, progress, enc, s["workers"], s["min_doc_chars"], s["max_tokens"],
-                     s["progress_minutes"])
+    encode = functools.partial(encode_document, enc, files.seen is not None)
+    # the documents not read yet: a RowStream continues from its progress record's position; any other source is
+    # read again and those skipped (cheap next to encoding)
+    state = progress and progress.get("source_state")
+    texts = documents(state) if state else itertools.islice(documents(), files.read, None)
+    bar = process.progress(desc="encoding", unit=" docs", initial=files.read)
+    pool = start_pool(s["workers"] or runtime.usable_cpus())
+    jobs, last_record = deque(), time.monotonic()
+    try:
+        for batch, end, short, last in batches(texts, files.read, s["min_doc_chars"]):
+            jobs.append((batch, pool.map(encode, [text for _, text in batch]), end, short))
+            if last:  # the end of the source: the batches left, up to max_tokens
+                write_in_flight(files, jobs, 0, s["max_tokens"])
+                break
+            due = time.monotonic() - last_record >= s["progress_minutes"] * 60
+            stop = write_in_flight(files, jobs, 0 if due else 1, s["max_tokens"])
+            bar.update(files.read - bar.n)
+            bar.set_postfix(train_tokens=f"{files.stats['train_tokens']:,}")
+            if stop:
+                break
+            if due:
+                files.record(documents.state() if isinstance(documents, RowStream) else None)
+                last_record = time.monotonic()
+    finally:
+        pool.shutdown(cancel_futures=True)
+        bar.close()
     return files.finish()
 
 

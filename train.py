@@ -67,7 +67,7 @@ device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: runtime.auto_dtype (a resume keeps its own)
 compile = True            # torch.compile the training step (inductor; on a CPU too)
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
-join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start (one that refused ends the rest)
+join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start and set up (one that refused ends the rest)
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                  # [0, 4294967295]: model initialisation, data order and masks (2^32 seeds)
@@ -204,7 +204,8 @@ def main(config, given):
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     watch = SpikeWatch(spike_threshold, runtime.mean_over_ranks if ddp else None, **(checkpoint or {}).get("spike_watch", {}))
-    about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text, budget=pick)
+    about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
+                 budget=pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(ev, step, tokens, seconds)[0] if master else None)
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
@@ -302,6 +303,7 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
         if ddp:
             device_ids = [rt.device.index] if rt.device.type == "cuda" else None
             step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
+            runtime.set_waits(30)  # set up (DDP's broadcast the last wait of join_minutes): the work's waits
         trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
     if checkpoint:
         trainer.load_state_dict(checkpoint)
@@ -345,7 +347,7 @@ def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, openin
     for line in opening:
         print(line)
     wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
-    return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config)
+    return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config, (checkpoint or {}).get("run"))
 
 
 def log_step(metrics, rt, record, epoch, progress):

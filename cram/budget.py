@@ -6,6 +6,7 @@ points and how their compute was estimated; BENCHMARKS.md the CPU sweeps and the
 import dataclasses
 import functools
 import math
+import os
 
 import torch
 
@@ -42,9 +43,10 @@ SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fiel
 PICKED = (*SHAPE_FIELDS, "batch_size", "batch_ramp_start", "lr")  # settings whose 0 asks for the rule's pick
 SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
            "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
-           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes")  # how a command runs
+           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes",
+           "data_dir")  # how a command runs; a resume's data, where it is, is files.check_resume's to judge
 ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
-              "keep_checkpoints", "data_dir")  # a resume's own where given (said): what a divergence asks to change
+              "keep_checkpoints")  # a resume's own where given (said): what a divergence asks to change
 
 
 def shape_of(rung, given):
@@ -137,23 +139,27 @@ def resume_settings(checkpoint, config, given):
     """(the settings a resume runs, lines saying what it changed): its run's as its checkpoint saved them unless `given`,
     the data where it trained. A given budget of the run's kind: the schedules follow it from the share spent and the
     batch ramp ends at the same tokens or seconds (the batch never shrinks); any other that differs is an error."""
-    run = {k: v for k, v in checkpoint.get("config", {}).items() if k in config and k not in SESSION}
+    saved = checkpoint.get("config", {})
+    data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
+    if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
+        raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
+    run = {k: v for k, v in saved.items() if k in config and k not in SESSION}
     given = {k for k in given & run.keys() if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
-    changed = sorted(k for k in given if config[k] != run[k])
+    asked = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))  # an extension scaled the ramp
+    changed = sorted(k for k in given if config[k] != asked[k])
     kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
     for k in (k for k in changed if k not in ADJUSTABLE and (k != kind or not config[k])):
         extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
-        raise SystemExit(f"error: --{k}={shown(config[k])} differs from its checkpoint's {shown(run[k])}, and a resume "
+        raise SystemExit(f"error: --{k}={shown(config[k])} differs from its checkpoint's {shown(asked[k])}, and a resume "
                          f"continues its run: leave --{k} out, or start a new run in another --out_dir{extend}")
-    carried = {**run, **{k: config[k] for k in given}}
-    carried["data_dir"] = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
+    carried = {**run, **{k: config[k] for k in changed}, "recipe_ramp": asked["batch_ramp"], "data_dir": data_dir}
     spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
     if kind in changed:
         carried["batch_ramp"] = min(1.0, run.get("batch_ramp", 0.0) * run[kind] / config[kind])
     extended = (f": the schedules follow it from the share spent, {spent / config[kind]:.0%} (the learning rate is its "
                 f"schedule's there), and the batch ramp ends where it did (batch_ramp {carried['batch_ramp']:.3g}): the "
                 f"batch never shrinks") if kind in changed else ""
-    return carried, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(run[k])})"
+    return carried, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(asked[k])})"
                      f"{extended if k == kind else ''}" for k in changed]
 
 

@@ -5,6 +5,7 @@ loss and fill-in examples. Writing and checking cram's own files (checkpoints, J
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
 """
+import contextlib
 import functools
 import hashlib
 import os
@@ -172,12 +173,10 @@ def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
 
 def benchmark_tokens(data_dir, vocab_size, seq_len, seed):
     """(tokens, where from): data_dir's prepared sequences when they match the shape, else random regular tokens."""
-    try:
+    with contextlib.suppress(SystemExit):  # no usable data there
         meta = load_meta(data_dir)
         if meta["vocab_size"] == vocab_size and meta["seq_len"] == seq_len:
             return load_tokens(data_dir, "train", meta), data_dir
-    except SystemExit:
-        pass
     return random_tokens(vocab_size, seq_len, seed), "random tokens"
 
 
@@ -217,8 +216,7 @@ def evaluate(model, tokens, meta, batch, rt, n_sequences, mask_rate):
     loss_sum, correct, predicted = 0.0, 0, 0
     for start in range(0, n, batch):
         idx = get_batch(tokens, np.arange(start, min(n, start + batch)), rt.device)
-        inputs, positions, labels = mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"],
-                                                meta["n_regular"], generator)
+        inputs, positions, labels = mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], generator)
         with rt.autocast():
             loss, hits = model(inputs, positions, labels)
         loss_sum += loss.item() * labels.numel()

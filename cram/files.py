@@ -168,8 +168,7 @@ def unfound(path, line):
 def read_json(path, remedy):
     """A JSON file that cram wrote, or a one-line error naming it damaged, with `remedy`: what to do."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:  # cut, garbled, not UTF-8, nested past the parser's depth
         raise SystemExit(denied(path) or f"error: {path} is damaged ({type(e).__name__}: {str(e)[:120]}): {remedy}")
 
@@ -177,8 +176,7 @@ def read_json(path, remedy):
 def read_jsonl(path):
     """The records of a JSON-lines file. A last line without its newline that does not parse is the
     trace of a process killed mid-write, not damage: it is left out. Any other bad line is an error."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = f.read().split("\n")
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
     records = []
     for number, line in enumerate(lines, 1):
         try:
@@ -198,10 +196,12 @@ class MetricsLog:
     """A run's log and evaluation lines as JSON in metrics.jsonl, and to Weights & Biases when `wandb_run` (its project
     and name) is given. A fresh run starts the file, a resumed one appends (steps redone after a hard kill appear twice;
     the later line counts). Both start with the first line: a run that fails before it leaves the file as it was and no
-    empty W&B run, and W&B records `config` as the run has settled it by then (train.py's chosen micro-batch)."""
+    empty W&B run, and W&B records `config` as the run has settled it by then (train.py's chosen micro-batch). Each line
+    names its `run` (an id its checkpoints keep), so a reader matches a checkpoint's lines, not another run's at its step."""
 
-    def __init__(self, path, fresh, wandb_run=None, config=None):
+    def __init__(self, path, fresh, wandb_run=None, config=None, run=None):
         self.path, self.fresh, self.wandb_run, self.config, self.started = path, fresh, wandb_run, config, False
+        self.run = run or os.urandom(8).hex()  # a new run's id
 
     def write(self, fields):
         """One line. A line cut short by a kill of the run (the file not ending in a newline) is dropped
@@ -220,7 +220,7 @@ class MetricsLog:
                 tail = f.read()
                 if tail and not tail.endswith(b"\n"):  # keep up to the last whole line (none: rfind gives -1)
                     f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
-                f.write((json.dumps(fields) + "\n").encode())
+                f.write((json.dumps(dict(fields, run=self.run)) + "\n").encode())
         except OSError as e:
             raise cannot_write(self.path, e)
         if self.wandb_run:
@@ -293,8 +293,7 @@ def parse_ranks(text, where="the tokenizer"):
 
 
 def read_ranks(path):
-    with open(path, encoding="utf-8") as f:
-        return parse_ranks(f.read(), path)
+    return parse_ranks(Path(path).read_text(encoding="utf-8"), path)
 
 
 def checkpoint_series(folder):
@@ -505,9 +504,7 @@ def optimizer_problem(checkpoint, optim):
         return f"has parameter groups of {counts} parameters where the model's optimizer has {[len(g) for g in groups]}"
     params = [p for g in groups for p in g]
     for index, state in saved["state"].items():
-        shapes = [v.shape for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0] \
-            if isinstance(state, dict) else None
-        if not isinstance(index, int) or not 0 <= index < len(params) or shapes is None or \
-                any(shape != params[index].shape for shape in shapes):
+        if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(state, dict) and all(
+                v.shape == params[index].shape for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)):
             return f"does not fit the model's parameters (entry {index})"
     return None

@@ -166,12 +166,10 @@ class HangupSafeStream:
 
     def lost(self):
         self.gone = True
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self.stream.fileno())
             os.close(null)
-        except (OSError, ValueError, AttributeError):
-            pass
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
@@ -184,6 +182,7 @@ def guarded(main, kept, *args):
     train.py's loop installs StopRequest over this, which finishes its step and saves), and an OSError from the
     machine, such as a full disk ('error: ...', status 1). Output whose reader is gone (a closed terminal or pipe, a
     stream closed from the start: `>&-`) is dropped, not an error (HangupSafeStream)."""
+    told = kept if callable(kept) else lambda: kept
     take_signals(interrupt)
     follow_parent()
     with contextlib.suppress(ImportError):  # a CPU-time limit whose soft value is its hard one (ulimit -t) kills at once:
@@ -204,21 +203,19 @@ def guarded(main, kept, *args):
         stop = e if isinstance(e, KeyboardInterrupt) else e.__context__
         if isinstance(e, RuntimeError) and re.search(r"^Dist|by peer", f"{type(e).__name__} {e}"):  # gloo, NCCL
             raise SystemExit(f"error: another process of this run ended (killed? out of memory?), and this one cannot "
-                             f"go on alone ({str(e).split(' This is')[0][-120:]}); {kept() if callable(kept) else kept}")
+                             f"go on alone ({str(e).split(' This is')[0][-120:]}); {told()}")
         if not isinstance(stop, KeyboardInterrupt):
             raise
         signum = stop.args[0] if stop.args and stop.args[0] in STOP_SIGNALS else signal.SIGINT
         e.__traceback__ = stop.__traceback__ = None  # frees the stopped frames: their progress bars close before the line
         sys.stdout.flush()
-        print(f"stopped by {signal.Signals(signum).name}: {kept() if callable(kept) else kept}", file=sys.stderr,
-              flush=True)
+        print(f"stopped by {signal.Signals(signum).name}: {told()}", file=sys.stderr, flush=True)
         exit_stopped(signum)
     except OSError as e:
         full = " (free space on that disk)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         where = f" on {e.filename}" if e.filename else ""
         sys.stdout.flush()
-        raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; "
-                         f"{kept() if callable(kept) else kept}")
+        raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; {told()}")
     finally:  # the streams the script was given (a test runs several scripts in one process)
         sys.stdout, sys.stderr = streams
 

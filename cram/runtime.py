@@ -324,11 +324,15 @@ def fit_threads():
 
 def join_process_group(device, minutes):
     """Under torchrun: this process joins the others (NCCL on GPUs, gloo on CPUs) within `minutes`, or ends in one line
-    (one that refused or died ends the rest: process.guarded); then waits on them as torch does; returns its rank."""
+    (one that refused or died ends the rest: process.guarded; gloo's at once, NCCL's after its wait); returns its rank.
+    The setup's waits are as long; the work's, set_waits(30), torch's (rank 0 evaluates and saves alone)."""
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=minutes))
-    dist.barrier()  # all here: the work's waits (rank 0 evaluates and saves alone) are gloo's default
-    dist.distributed_c10d._set_pg_timeout(timedelta(minutes=30))
+    dist.barrier()
     return dist.get_rank()
+
+
+def set_waits(minutes):
+    dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes))
 
 
 def mean_over_ranks(value):

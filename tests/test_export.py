@@ -214,11 +214,31 @@ def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     name = next(iter(other["model"]))
     other["model"][name] = other["model"][name] + 0.01
     torch.save(other, tmp_path / "ckpt.pt")
-    run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf2'}")
+    said = run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf2'}").stdout
     assert "GLUE dev scores" not in (tmp_path / "hf2" / "README.md").read_text()
+    assert "glue.json holds another checkpoint's scores (or an older cram's): the card shows none" in said, said
     proc = run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
                       "--epochs=1", "--device=cpu", check=False)
     assert_one_line_error(proc, "holds the scores of another checkpoint")
+
+
+def test_a_run_in_place_of_another_keeps_its_own_validation(prepared, tmp_path):
+    """A checkpoint set aside (`mv ckpt.pt ckpt_seed0.pt`) and a new run of the same steps in its folder: the new run's
+    metrics.jsonl has a line at the old checkpoint's step, which is not its validation, so neither the export's card
+    nor finetune_glue's facts (the plot's) show it; the new checkpoint's own are shown."""
+    import finetune_glue
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", "--n_layers=1", "--d_model=32", "--n_heads=1",
+             "--d_ffn=64", "--batch_size=16", "--micro_batch=16", "--max_steps=2", "--device=cpu", "--compile=False",
+             "--dtype=float32", "--eval_sequences=16", "--fill_in_examples=0"]
+    run_script(*train)
+    (tmp_path / "ckpt.pt").rename(tmp_path / "ckpt_seed0.pt")
+    run_script(*train, "--seed=1")
+    for name, shown in (("ckpt_seed0", False), ("ckpt", True)):
+        run_script("tools/export.py", f"--checkpoint={tmp_path / name}.pt", f"--out_dir={tmp_path / name}")
+        card = (tmp_path / name / "README.md").read_text()
+        assert ("- Validation at step 2: MLM loss" in card) == shown, (name, card)
+        facts = finetune_glue.pretraining_facts(load_checkpoint(str(tmp_path / f"{name}.pt")), str(tmp_path))
+        assert (facts["val_loss"] is not None) == shown, (name, facts)
 
 
 def test_bad_input_gives_one_line_errors(tmp_path):

@@ -210,7 +210,7 @@ CHECKPOINT_CASES = ["no model", "no optimizer", "no step", "no config", "no meta
                     "a weight of another shape", "a weight in float16", "a weight of integers", "an empty file",
                     "a file cut short", "a list", "a pickle that runs code", "the four required keys alone",
                     "no spike_watch", "spike_watch of another type", "spike_watch with an unknown key",
-                    "spike_watch with a negative spread"]
+                    "spike_watch with a negative spread", "no run", "run of another type"]
 
 
 @pytest.mark.parametrize("reader,case", sample([(r, c) for r in READERS for c in CHECKPOINT_CASES], 6))

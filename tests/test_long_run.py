@@ -485,12 +485,14 @@ def test_a_resume_is_its_run_or_one_line(prepared, tmp_path):
     spent = run_script(*base, f"--out_dir={out}", "--resume=True").stdout
     advice = re.search(r"resume it with a larger --budget_tokens \(now (\d+)\)", spent)
     assert advice, spent
-    longer = run_script(*base, f"--out_dir={out}", "--resume=True", f"--budget_tokens={2 * int(advice[1])}",
-                        "--grad_clip=1.0").stdout
+    extend = [*base, f"--out_dir={out}", "--resume=True", f"--budget_tokens={2 * int(advice[1])}", "--grad_clip=1.0",
+              "--batch_ramp=0.6"]  # the run's ramp, which the extension scales: the same command again is the same run
+    longer = run_script(*extend).stdout
     assert "the schedules follow it from the share spent, 50%" in longer and "the batch never shrinks" in longer, longer
     assert "resuming with --grad_clip=1 (its checkpoint's: 0.5)" in longer, longer
     steps = step_lines(longer)
     assert steps and {b for *_, b in steps.values()} == {"32"} and torch.load(out / "ckpt.pt")["tokens"] >= 32768
+    assert "has spent this budget" in run_script(*extend).stdout
 
 
 def test_a_resume_finds_its_data_and_refuses_other_data(prepared, corpus_file, tmp_path):
@@ -523,6 +525,11 @@ def test_a_resume_finds_its_data_and_refuses_other_data(prepared, corpus_file, t
     other = run_script("train.py", f"--data_dir={tmp_path / 'moved'}", f"--out_dir={out}", *base, "--resume=True",
                        "--max_steps=6")
     assert f"resuming on {tmp_path / 'moved'}, other data than the run's {prepared}" in other.stdout, other.stdout
+    os.replace(tmp_path / "moved", data)  # the folder it trained on moved: a resume names the setting that finds it
+    moved = run_script("train.py", f"--out_dir={out}", *base, "--resume=True", "--max_steps=7", check=False)
+    assert_one_line_error(moved, f"error: {tmp_path / 'moved'}, the data the run trained on, is not there", "--data_dir")
+    found = run_script("train.py", f"--data_dir={data}", f"--out_dir={out}", *base, "--resume=True", "--max_steps=7")
+    assert "other data" not in found.stdout and torch.load(out / "ckpt.pt")["step"] == 7
 
 
 def test_a_cpu_time_limit_leaves_time_to_save(prepared, tmp_path):
@@ -538,14 +545,18 @@ def test_a_cpu_time_limit_leaves_time_to_save(prepared, tmp_path):
     assert torch.load(tmp_path / "ckpt.pt")["step"] > 0
 
 
-def test_a_node_that_refuses_ends_the_other_within_its_join_wait(prepared, tmp_path):
+@pytest.mark.parametrize("lacks", ["checkpoint", "data"])
+def test_a_node_that_refuses_ends_the_other_within_its_join_wait(prepared, tmp_path, lacks):
     """docs/gpu.md's two-node command where node B's disk lacks the checkpoint that node A resumes: B says why in one
     line and ends before joining; A, which loaded it, waited in the join for gloo's 30 minutes and now ends after
-    --join_minutes with one line saying another process of the run ended."""
+    --join_minutes with one line saying another process of the run ended. B's disk lacking the data (a case nobody
+    named) refuses after the join, before the work: A ends as soon, with the same line."""
     import socket
     nodes = {name: tmp_path / name for name in ("a", "b")}
     run_script("train.py", f"--data_dir={prepared}", f"--out_dir={nodes['a'] / 'run'}", *TINY_MODEL, "--max_steps=2")
     nodes["b"].mkdir()
+    if lacks == "data":
+        shutil.copytree(nodes["a"] / "run", nodes["b"] / "run")
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
@@ -554,7 +565,8 @@ def test_a_node_that_refuses_ends_the_other_within_its_join_wait(prepared, tmp_p
         procs[name] = spawn([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                              "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=cram",
                              f"--log-dir={folder / 'logs'}", "--redirects=3", os.path.join(ROOT, "train.py"),
-                             f"--data_dir={prepared}", "--out_dir=run", *TINY_MODEL, "--resume=True",
+                             f"--data_dir={prepared if name == 'a' or lacks != 'data' else folder / 'data'}",
+                             "--out_dir=run", *TINY_MODEL, "--resume=True",
                              "--join_minutes=0.25"], cwd=folder, env=dict(os.environ, OMP_NUM_THREADS="1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(3)
@@ -563,5 +575,5 @@ def test_a_node_that_refuses_ends_the_other_within_its_join_wait(prepared, tmp_p
     assert time.monotonic() - started < 60 and all(proc.returncode for proc in procs.values())
     last = {name: [line for line in next(folder.glob("logs/*/attempt_0/0/stderr.log")).read_text().splitlines()
                    if line.strip()][-1] for name, folder in nodes.items()}
-    assert last["b"].startswith("error:") and "run/ckpt.pt" in last["b"], last
+    assert last["b"].startswith("error:") and ("run/ckpt.pt" if lacks == "checkpoint" else "not prepared") in last["b"], last
     assert last["a"].startswith("error: another process of this run ended"), last

@@ -103,7 +103,7 @@ def training_facts(ckpt, run_dir):
              f"- Objective: masked language modelling, {100 * config.get('mask_rate', float('nan')):g}% of the tokens "
              f"masked (80% [MASK], 10% random, 10% kept)"]
     evals = read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) else []  # one a step
-    last = next((r for r in evals if r["step"] == ckpt.get("step")), None)  # these weights' (not a later, unsaved step's)
+    last = next((r for r in evals if (r["step"], r.get("run")) == (ckpt.get("step"), ckpt.get("run"))), None)  # its own
     if last:
         lines.append(f"- Validation at step {last['step']:,}: MLM loss {last['val_loss']:.4f}, masked-token accuracy "
                      f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', MASK_RATE):g}% of held-out tokens masked)")
@@ -113,6 +113,8 @@ def training_facts(ckpt, run_dir):
         if isinstance(glue, dict) and glue.get("checkpoint_digest") == weights_digest(ckpt["model"]) and "table" in glue:
             lines += ["", "GLUE dev scores (finetune_glue.py; each row says its seeds and epochs; reference: the "
                           "published crammed BERT):", "", glue["table"]]
+        else:  # said, so a card without scores is not a surprise
+            print(f"{glue_path} holds another checkpoint's scores (or an older cram's): the card shows none")
     return lines
 
 
