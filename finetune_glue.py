@@ -3,11 +3,14 @@
     python finetune_glue.py --checkpoint=out/reference/ckpt.pt                  # all 8 tasks, hub data
     python finetune_glue.py --checkpoint=out/quickstart/ckpt.pt --glue_dir=glue_data --tasks=rte,mrpc
     python finetune_glue.py --checkpoint=... --seeds=5                          # median of 5, as published
+    python finetune_glue.py --checkpoint=... --protocol=grid                    # each task's best of a grid on dev
+    python finetune_glue.py --checkpoint=... --predict=True                     # and the GLUE server's test files
 
-Every task uses the same hyperparameters (the reference's): batch 16, lr 4e-5, AdamW (0.9, 0.98), eps 1e-6, no
-weight decay, cosine decay after a 10% warm-up, 5 epochs, dropout 0.1, the head on the first token (as the
-reference's GLUE config: `zero_index`; `--pooling=mean` averages the tokens), and is scored on its dev set after the
-last epoch. Prints a markdown table beside the published row and writes every number to a JSON file.
+The batch, rate and epochs follow the checkpoint's width and the task's size (settings_for: the reference's at its
+width, ELECTRA-Small's below it) where not given; the rest is the reference's for every task: AdamW (0.9, 0.98), eps
+1e-6, no weight decay, cosine decay after a 10% warm-up, dropout 0.1, the head on the first token (the reference's GLUE
+config: `zero_index`; `--pooling=mean` averages the tokens), scored on its dev set after the last epoch. Prints a
+markdown table beside the published row and writes every number to a JSON file.
 
     python finetune_glue.py --checkpoint=... --tasks=stsb,rte --seeds=3 --from_scratch=True
 
@@ -19,9 +22,11 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from configurator import configure  # first: it checks for the temporary folder that torch's import needs
@@ -30,21 +35,22 @@ import torch.nn.functional as F
 
 from cram import memory, process, runtime
 from cram.data import MASK_RATE, make_encoding
-from cram.files import check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, unfound, weights_digest, write_json
+from cram.files import (check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, unfound, weights_digest,
+                        write_atomically, write_json)
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"
 tasks = "cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte"  # wnli on request
 glue_dir = ""           # a folder in the original GLUE layout (<dir>/<TASK>/train.tsv ...); empty: the hub
-seeds = 1               # [1, 100000]: fine-tuning seeds per task; the reference reports the median of 5
-batch_size = 16         # >= 1
-lr = 4e-5               # > 0
+seeds = 0               # [0, 100000]: fine-tuning seeds per task, their median reported (the reference's: 5); 0: 5 on a GPU, 1 on a CPU
+batch_size = 0          # >= 0: 0: by the checkpoint's width (settings_for)
+lr = 0.0                # >= 0: 0: by the checkpoint's width (settings_for)
 beta1 = 0.9             # [0, 1)
 beta2 = 0.98            # [0, 1)
 eps = 1e-6              # >= 0
 weight_decay = 0.0      # >= 0
-epochs = 5              # >= 1
+epochs = 0              # >= 0: 0: by the checkpoint's width and the task's training examples (settings_for)
 warmup = 0.1            # [0, 1): share of the steps
 dropout = 0.1           # [0, 1)
 pooling = "first"       # {first, mean}: the head reads the first token's state (original BERT's [CLS], the reference's GLUE setting) or the mean of the real tokens'
@@ -56,6 +62,10 @@ out_json = ""           # default: glue.json beside the checkpoint
 device = "auto"         # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py (no compile here: padded lengths vary)
 seed = 0                # [0, 4294967295]: the first fine-tuning seed (seed + s for the others)
+protocol = "fixed"      # {fixed, grid}: fixed: each task's settings by the rule, given ones as given; grid: each task's best on dev over grid_lr x grid_batch (the miniatures' protocol), said so
+grid_lr = "3e-4,1e-4,5e-5,3e-5"  # --protocol=grid's learning rates (Turc et al. 2019's), in place of lr
+grid_batch = "8,16,32,64,128"    # --protocol=grid's batch sizes (Turc et al. 2019's), in place of batch_size
+predict = False         # also the test sets' predictions, as the GLUE server takes them: <glue>_test/, each task's median seed's
 # -----------------------------------------------------------------------------
 
 # Each task: its folder and columns in the GLUE distribution (header names, or indices where the file has no header),
@@ -85,11 +95,39 @@ TASKS = {
     "wnli": dict(folder="WNLI", text=("sentence1", "sentence2"), label="label", hub_text=("sentence1", "sentence2"),
                  labels=("0", "1"), dev={"wnli": ("dev.tsv", "validation")}, metrics=("accuracy",)),
 }
+# The training examples of each task's train.tsv (GLUE's distribution)
+TRAIN_EXAMPLES = dict(cola=8551, sst2=67349, mrpc=3668, stsb=5749, qqp=363846, mnli=392702, qnli=104743, rte=2490, wnli=635)
+# Fine-tuning's rule: the reference's settings (batch 16, lr 4e-5, 5 epochs: its GLUE config for its 16 x 768) at its
+# width and above; below it ELECTRA-Small's (Clark et al. 2020, width 256: batch 32, lr 3e-4, 3 epochs, 10 for its
+# small tasks), the rate geometric in the width between the two and at most 3e-4, the top of the miniatures' grid
+# (Turc et al. 2019). Small: under 8,000 examples (RTE, MRPC, STS-B, WNLI). The GPU grid (BENCHMARKS.md) refines it.
+REFERENCE_SETTINGS, SMALL_WIDTH_SETTINGS, SMALL_TASK = dict(width=768, batch_size=16, lr=4e-5, epochs=5), \
+    dict(width=256, batch_size=32, lr=3e-4, epochs=3, small_task_epochs=10), 8000
+
+
+def settings_for(width, train_examples, given):
+    """{batch_size, lr, epochs} for an encoder of `width` on a task of `train_examples`: the rule above, each of `given`
+    that is non-zero (a setting given) in its place."""
+    ref, small = REFERENCE_SETTINGS, SMALL_WIDTH_SETTINGS
+    if width >= ref["width"]:
+        rule = {k: ref[k] for k in ("batch_size", "lr", "epochs")}
+    else:
+        slope = math.log(small["lr"] / ref["lr"]) / math.log(ref["width"] / small["width"])
+        rule = dict(batch_size=small["batch_size"], lr=min(small["lr"], ref["lr"] * (ref["width"] / width) ** slope),
+                    epochs=small["small_task_epochs"] if train_examples < SMALL_TASK else small["epochs"])
+    return {k: given.get(k) or (float(f"{v:.2g}") if k == "lr" else v) for k, v in rule.items()}
+
+
+# The test sets that --predict scores: the file the GLUE server takes -> (the task folder's file, the hub's configuration
+# and split). AX, the diagnostic set, is scored by MNLI's model. Each file's header names its columns, an index first.
+TEST_SETS = {name: {folder: ("test.tsv", name, "test")} for name, folder in (("cola", "CoLA"), ("sst2", "SST-2"), (
+    "mrpc", "MRPC"), ("stsb", "STS-B"), ("qqp", "QQP"), ("qnli", "QNLI"), ("rte", "RTE"), ("wnli", "WNLI"))}
+TEST_SETS["mnli"] = {"MNLI-m": ("test_matched.tsv", "mnli", "test_matched"), "AX": (os.path.join(
+    "..", "diagnostic", "diagnostic.tsv"), "ax", "test"), "MNLI-mm": ("test_mismatched.tsv", "mnli", "test_mismatched")}
 # Published crammed BERT (A6000, 24 h, reference model card), GLUE dev; its average is over these nine.
 REFERENCE = {"mnli-m": 84.1, "mnli-mm": 84.6, "qqp": 87.5, "qnli": 90.2, "sst2": 92.0, "cola": 53.3,
              "stsb": 87.4, "mrpc": 88.9, "rte": 58.5}
-METRIC_NAMES = {"mcc": "Matthews corr.", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson",
-                "spearman": "Spearman"}
+METRIC_NAMES = {"mcc": "Matthews corr.", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
 
 
 # ---------------------------------------------------------------- metrics (float64, as percentages / 100)
@@ -187,22 +225,28 @@ def parse_label(raw, spec, where):
     return spec["labels"].index(raw)
 
 
-def load_task(name):
-    """{'train': (texts, labels), <dev score name>: (texts, labels), ...} from glue_dir or the hub."""
+def load_task(name, tests=False):
+    """{'train': (texts, labels), <dev score name>: (texts, labels), ...} from glue_dir or the hub; with `tests`, also
+    {'test:<the server's file>': (texts, indices)} (TEST_SETS)."""
     spec = TASKS[name]
-    splits = {"train": ("train.tsv", "train"), **spec["dev"]}
+    splits = {"train": ("train.tsv", name, "train"), **{k: (f, name, hub) for k, (f, hub) in spec["dev"].items()},
+              **{f"test:{k}": v for k, v in TEST_SETS[name].items() if tests}}
+    test_spec = dict(spec, header=True, text=("sentence",) if name == "cola" else spec["text"], labels=None,
+                     label="id" if name == "qqp" else "index")  # a test file's columns: an index, no label
     if glue_dir:
         folder = os.path.join(glue_dir, spec["folder"])
         if not os.path.isdir(folder):
             raise unfound(folder, f"error: no folder {folder} for task {name} (expected "
                                   f"<glue_dir>/{spec['folder']}/train.tsv)")
-        return {split: read_glue_tsv(os.path.join(folder, file), spec) for split, (file, _) in splits.items()}
+        return {split: read_glue_tsv(os.path.join(folder, file), test_spec if split.startswith("test:") else spec)
+                for split, (file, _, _) in splits.items()}
     if not process.hub_reachable():
         raise SystemExit("error: the Hugging Face hub cannot be reached; offline, pass --glue_dir= with the GLUE "
                          "tasks in their original layout (<dir>/CoLA/train.tsv, ...)")
     import datasets
-    rows = {s: datasets.load_dataset("nyu-mll/glue", name, split=hub_split) for s, (_, hub_split) in splits.items()}
-    return {s: (list(zip(*(r[c] for c in spec["hub_text"]))), list(r["label"])) for s, r in rows.items()}
+    rows = {s: datasets.load_dataset("nyu-mll/glue", config, split=hub) for s, (_, config, hub) in splits.items()}
+    return {s: (list(zip(*(r[c] for c in spec["hub_text"]))), list(r["idx" if s.startswith("test:") else "label"]))
+            for s, r in rows.items()}
 
 
 def check_task(name, data):
@@ -211,7 +255,7 @@ def check_task(name, data):
     for split, (texts, labels) in data.items():
         if not texts:
             raise SystemExit(f"error: task {name} has no {split} examples in {where}")
-        if split != "train" and TASKS[name]["labels"] is None and len(set(labels)) < 2:
+        if split in TASKS[name]["dev"] and TASKS[name]["labels"] is None and len(set(labels)) < 2:
             raise SystemExit(f"error: task {name}'s {split} scores are all {labels[0]} in {where}: a correlation "
                              f"cannot be measured")
     return data
@@ -263,7 +307,7 @@ def eval_size(rt):
 
 
 @torch.no_grad()
-def predict(model, encoded, pad_id, rt, regression):
+def predictions_of(model, encoded, pad_id, rt, regression):
     model.eval()
     size = eval_size(rt)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths pad less
@@ -279,11 +323,12 @@ def predict(model, encoded, pad_id, rt, regression):
     return [out[i] for i in range(len(encoded))]
 
 
-def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
-    """Fine-tune a fresh copy of the checkpoint on one task's encoded splits (split -> (ids, labels));
-    pretrained=False starts from a fresh initialisation of its shape instead (seeded by run_seed, as
-    the head is). Returns {score name: {metric: value}} on its dev sets, and the training's counts:
-    tokens (real), padded_tokens (what the model computed) and train_seconds."""
+def finetune(name, encoded, ckpt, run_seed, rt, hp, pretrained=True):
+    """Fine-tune a fresh copy of the checkpoint on one task's encoded splits (split -> (ids, labels)) with `hp`'s
+    batch_size, lr and epochs; pretrained=False starts from a fresh initialisation of its shape instead (seeded by
+    run_seed, as the head is). Returns {score name: {metric: value}} on its dev sets, and the training's counts:
+    tokens (real), padded_tokens (what the model computed) and train_seconds; and its predictions on the test sets
+    among the splits ('test:<file>' -> a label's index, or STS-B's score)."""
     spec = TASKS[name]
     regression = spec["labels"] is None
     pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
@@ -295,9 +340,9 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
         encoder.load_state_dict(ckpt["model"])
     model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout,
                                pooling=pooling).to(rt.device)
-    optimizer = rt.optimizer(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    optimizer = rt.optimizer(model.parameters(), lr=hp["lr"], betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     scaler = rt.grad_scaler()
-    total = epochs * math.ceil(len(train_ids) / batch_size)
+    total = hp["epochs"] * math.ceil(len(train_ids) / hp["batch_size"])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))
     targets = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     generator = torch.Generator().manual_seed(run_seed)
@@ -305,8 +350,8 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
     counts = dict(tokens=0, padded_tokens=0)
     start_time = time.perf_counter()
     bar = process.progress(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
-    for _ in range(epochs):
-        for rows in train_batches(lengths, batch_size, generator, group_by_length):
+    for _ in range(hp["epochs"]):
+        for rows in train_batches(lengths, hp["batch_size"], generator, group_by_length):
             ids, mask = collate([train_ids[i] for i in rows], pad_id, rt.device)
             counts["tokens"] += int(mask.sum())
             counts["padded_tokens"] += mask.numel()
@@ -323,9 +368,10 @@ def finetune(name, encoded, ckpt, run_seed, rt, pretrained=True):
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
     counts["train_seconds"] = time.perf_counter() - start_time
-    predictions = {s: predict(model, encoded[s][0], pad_id, rt, regression) for s in spec["dev"]}  # by score name
+    predictions = {s: predictions_of(model, encoded[s][0], pad_id, rt, regression) for s in spec["dev"]}  # by score name
     scores = {s: {m: 100 * METRICS[m](pred, encoded[s][1]) for m in spec["metrics"]} for s, pred in predictions.items()}
-    return scores, counts
+    tests = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in encoded.items() if s.startswith("test:")}
+    return scores, counts, tests
 
 
 # ---------------------------------------------------------------- results: a file per run, glue.json their summary
@@ -357,14 +403,18 @@ def how_made(entry):
     'median of 3 seeds, 5 epochs', with a cap on the training examples if there was one."""
     settings, n_seeds, n_epochs = entry["settings"], len(entry["seeds"]), entry["settings"]["epochs"]
     cap = f", first {entry['train_examples']:,} train examples" if settings["max_train_examples"] else ""
-    return f"{'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap}"
+    best = f"best of {entry['grid_size']} on dev: lr {settings['lr']:g}, batch {settings['batch_size']}, " * bool(entry.get("grid_size"))
+    return f"{best}{'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap}"
 
 
-def cell(metrics, main, others, named=True):
-    """'58.1 (F1 70.1)': the main metric, the others in brackets; '-' when there is none."""
+def cell(metrics, main, others, named=True, spread=None):
+    """'58.1 [55.0-60.2] (F1 70.1)': the main metric, its seeds' lowest and highest if more than one (`spread`), the
+    others in brackets; '-' when there is none."""
     if metrics is None:
         return "-"
-    return f"{metrics[main]:.1f}" + "".join(f" ({METRIC_NAMES[m] + ' ' if named else ''}{metrics[m]:.1f})" for m in others)
+    low, high = (spread or {}).get(main, (None, None))
+    return f"{metrics[main]:.1f}" + (f" [{low:.1f}-{high:.1f}]" if low != high else "") + "".join(
+        f" ({METRIC_NAMES[m] + ' ' if named else ''}{metrics[m]:.1f})" for m in others)
 
 
 def table(results, names=None):
@@ -388,8 +438,11 @@ def table(results, names=None):
                 if metrics is not None:
                     columns[column][score_name] = metrics[main]
             reference = f"{REFERENCE[score_name]:.1f}" if score_name in REFERENCE else "-"
-            lines.append(f"| {score_name} | {METRIC_NAMES[main]} ({how}) | {cell(found['ours'], main, others)} | "
-                         f"{cell(found['no_pretraining'], main, others)}{floor_how if found['no_pretraining'] else ''} | "
+            spread = {c: r.get(name, {}).get("spread", {}).get(score_name) for c, r in (("ours", ours), ("floor", scratch))}
+            lines.append(f"| {score_name} | {METRIC_NAMES[main]} ({how}) | "
+                         f"{cell(found['ours'], main, others, True, spread['ours'])} | "
+                         f"{cell(found['no_pretraining'], main, others, True, spread['floor'])}"
+                         f"{floor_how if found['no_pretraining'] else ''} | "
                          f"{cell(found['majority'], main, others, named=False)} | {reference} |")
     counted = [s for s in REFERENCE if s in columns["ours"]] or [s for s in REFERENCE if s in columns["no_pretraining"]]
     averages = {column: statistics.mean(scores[s] for s in counted) if counted and all(s in scores for s in counted)
@@ -402,12 +455,12 @@ def table(results, names=None):
 def pretraining_facts(ckpt, run_dir):
     """What a plot of GLUE against pretraining compute needs (tools/glue_plot.py): the checkpoint's shape, tokens,
     hours and FLOPs (model.py's flops_per_token at its final masking rate x tokens; under a masking-rate schedule,
-    an estimate), and its validation loss and accuracy if the run's metrics.jsonl beside it logged them at its step."""
+    an estimate), and its validation loss and accuracy if its run's metrics.jsonl beside it logged them at its step."""
     args = saved_model_args(ckpt["model_args"])
     per_token = ModelConfig(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", MASK_RATE))
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    at_step = [r for r in read_jsonl(metrics) if r.get("kind") == "eval" and r.get("step") == ckpt.get("step")
-               ] if os.path.isfile(metrics) else []
+    at_step = [r for r in read_jsonl(metrics) if r.get("kind") == "eval" and r.get("step") == ckpt.get("step") and
+               r.get("run") == ckpt.get("run")] if os.path.isfile(metrics) else []
     last = at_step[-1] if at_step else {}  # after a resume the later line counts (files.read_metrics)
     return dict(shape=f"{args['n_layers']}x{args['d_model']}", vocab_size=args["vocab_size"], tokens=ckpt.get("tokens"),
                 hours=round(ckpt.get("elapsed", 0.0) / 3600, 4), flops_per_token=per_token,
@@ -458,9 +511,8 @@ def is_run(run):
     """Whether a run file's record has what the summary reads, of the types it reads."""
     return (isinstance(run, dict) and RUN_KEYS <= run.keys() and isinstance(run["seed"], int)
             and isinstance(run["finished"], (int, float)) and isinstance(run.get("chosen", 0), (int, float))
-            and isinstance(run.get("order", 0), int)
             and all(isinstance(run[k], dict) for k in ("settings", "scores", "facts", "counts"))
-            and {"epochs", "max_train_examples"} <= run["settings"].keys())
+            and {"epochs", "max_train_examples"} <= run["settings"].keys() and isinstance(run.get("order", 0), int))
 
 
 def read_runs(files, identity):
@@ -478,19 +530,37 @@ def read_runs(files, identity):
     return found
 
 
+def grid_name():
+    """How runs of --protocol=grid know their grid (a run's `grid`), or None."""
+    return f"lr {grid_lr} x batch {grid_batch}" if protocol == "grid" else None
+
+
 def task_entry(runs):
-    """A task's entry in glue.json: the seeds run with the settings of its latest run, or of the latest
-    command that found its runs done (`chosen`): a rerun with other settings supersedes the older runs (their
-    files stay) until a command asks for those again. Their scores and median, the seconds and counts
-    (finetune's: tokens, padded_tokens, train_seconds) summed, and how they were made."""
-    settings = max(runs, key=latest)["settings"]
-    runs = list({r["seed"]: r for r in sorted((r for r in runs if r["settings"] == settings), key=latest)}.values())
+    """A task's entry in glue.json: the seeds run with the settings of its latest run, or of the latest command that
+    found its runs done (`chosen`): a rerun with other settings supersedes the older runs (their files stay) until a
+    command asks for those again; after a grid's command, the best on dev of that grid's settings (by the median of
+    the first dev set's main metric), its size said."""
+    last = max(runs, key=latest)
+    pool = [r for r in runs if last.get("grid") and r.get("grid") == last["grid"]] or [last]
+    plans = {json.dumps(r["settings"], sort_keys=True): r["settings"] for r in pool}.values()
+    entries = [settings_entry([r for r in runs if r["settings"] == settings]) for settings in plans]
+    best = max(entries, key=lambda e: next(iter(next(iter(e["median"].values())).values())))
+    best = dict(best, grid=last.get("grid"), grid_size=len(entries) if last.get("grid") else 0)
+    return dict(best, how=how_made(best))  # what tools/glue_plot.py shows
+
+
+def settings_entry(runs):
+    """The entry of one setting's runs: each seed's latest, their scores and median, the seconds and counts (finetune's:
+    tokens, padded_tokens, train_seconds) summed."""
+    runs, settings = list({r["seed"]: r for r in sorted(runs, key=latest)}.values()), runs[0]["settings"]
     runs.sort(key=lambda r: r["seed"])  # each seed once: its latest run with these settings
     entry = dict(settings=settings, seeds=[r["seed"] for r in runs], per_seed=[r["scores"] for r in runs],
                  median={name: {m: statistics.median(r["scores"][name][m] for r in runs) for m in metrics}
+                         for name, metrics in runs[0]["scores"].items()},
+                 spread={name: {m: [f(r["scores"][name][m] for r in runs) for f in (min, max)] for m in metrics}
                          for name, metrics in runs[0]["scores"].items()}, **runs[-1]["facts"],
                  **{k: round(sum(r["counts"][k] for r in runs), 1) for k in runs[0]["counts"]})
-    return dict(entry, how=how_made(entry))  # what tools/glue_plot.py shows
+    return entry
 
 
 def write_summary(path, identity, facts):
@@ -519,27 +589,89 @@ def summary(name, entry):
     main = TASKS[name]["metrics"][0]
     scores = ", ".join(f"{'' if score_name == name else score_name + ' '}{METRIC_NAMES[main]} {v[main]:.1f}"
                        for score_name, v in entry["median"].items())
-    speed = (f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, "
-             f"{entry['tokens'] / entry['padded_tokens']:.0%} of them not padding"
-             if entry.get("train_seconds") else "")  # (0.0: runs too short to time)
+    speed = (f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, {entry['tokens'] / entry['padded_tokens']:.0%} "
+             f"of them not padding" if entry.get("train_seconds") else "")  # (0.0: runs too short to time)
     return f"{scores} ({how_made(entry)}, {entry['seconds']:.0f} s{speed})"
 
 
-def remaining_seeds(names, runs, settings, path, group, order):
-    """task -> the seeds it still needs, given the runs of `group` this one adds to: a rerun redoes no run
-    whose file holds the same settings (it says so, and marks them chosen, with this command's `order`: glue.json
-    shows what was asked)."""
-    wanted, todo = [seed + s for s in range(seeds)], {}
-    for name in names:
-        finished = [r for r in runs.get(name, []) if r["settings"] == settings]
-        missing = [s for s in wanted if s not in {r["seed"] for r in finished}]
-        if missing:
-            todo[name] = missing
-            continue
-        for run in finished:
-            write_json(run_file(path, group, name, run["seed"], settings), dict(run, chosen=time.time(), order=order))
-        print(f"{name}: done earlier, in {path}: {summary(name, task_entry(finished))}")
+def remaining_seeds(per_task, n_seeds, runs, path, group, order):
+    """task -> [(settings, the seeds they still need)], given the runs of `group` this one adds to: a rerun redoes no
+    run whose file holds the same settings (`per_task`'s: it says so, and marks them chosen, with this command's
+    `order` and grid: glue.json shows what was asked)."""
+    wanted, todo, grid = [seed + s for s in range(n_seeds)], {}, grid_name()
+    for name, plans in per_task.items():
+        done = []
+        for settings in plans:
+            finished = [r for r in runs.get(name, []) if r["settings"] == settings and (  # with --predict, its predictions
+                group != "tasks" or not predict or os.path.isdir(run_file(path, group, name, r["seed"], settings)[:-5] + ".test"))]
+            missing = [s for s in wanted if s not in {r["seed"] for r in finished}]
+            todo.setdefault(name, []).extend([(settings, missing)] if missing else [])
+            for run in finished:
+                done.append(dict(run, chosen=time.time(), order=order, grid=grid))
+                write_json(run_file(path, group, name, run["seed"], settings), done[-1])
+        if not todo[name]:
+            del todo[name]
+            print(f"{name}: done earlier, in {path}: {summary(name, task_entry(done))}")
     return todo
+
+
+def plans_for(names, width, settings, given):
+    """task -> the settings of its runs: one, by settings_for (`given` ones in their place), or with --protocol=grid one
+    for each rate and batch of grid_lr x grid_batch; a one-line error for a grid that is not lists of numbers."""
+    try:
+        points = [dict(lr=float(r), batch_size=int(b)) for r in grid_lr.split(",") for b in grid_batch.split(",")]
+    except ValueError:
+        points = []
+    if protocol == "grid" and not all(p["lr"] > 0 and p["batch_size"] > 0 for p in points) or not points:
+        raise SystemExit(f"error: --grid_lr={grid_lr!r} and --grid_batch={grid_batch!r} must be lists of rates > 0 and "
+                         f"batch sizes >= 1, each comma-separated (3e-4,1e-4 and 16,32)")
+    return {name: [dict(settings, **settings_for(width, min(TRAIN_EXAMPLES[name], max_train_examples or math.inf),
+                                                 {**given, **point})) for point in (points if protocol == "grid" else [{}])]
+            for name in names}
+
+
+def settings_line(todo, per_task, given):
+    """What the rule picked for the tasks to run, tasks of the same picks together: 'rte, mrpc: batch 32, lr 8.4e-05,
+    10 epochs; sst2: ... (by the encoder's width and the task's size; given: lr)'; a grid's as its size."""
+    picks = {}
+    for name in todo:
+        (b, r, e), n = (per_task[name][0][k] for k in ("batch_size", "lr", "epochs")), len(per_task[name])
+        shown = f"{n} settings (lr {grid_lr} x batch {grid_batch})" if n > 1 else f"batch {b}, lr {r:g}"
+        picks.setdefault(f"{shown}, {e} epoch{'s' * (e != 1)}", []).append(name)
+    mine = [k for k in ("batch_size", "lr", "epochs") if given[k]]
+    return "; ".join(f"{', '.join(names)}: {shown}" for shown, names in picks.items()) + \
+        f" (by the encoder's width and the task's size{'; given: ' * bool(mine)}{', '.join(mine)})"
+
+
+def write_predictions(folder, name, data, predicted):
+    """A run's test-set predictions as the GLUE server takes them, a file each (test:CoLA -> CoLA.tsv): a header, then
+    each example's index (data's) and prediction (a label's name; STS-B's score, clipped to its 0-5 scale)."""
+    labels = TASKS[name]["labels"]
+    os.makedirs(folder, exist_ok=True)
+    for split, values in predicted.items():
+        rows = "".join(f"{int(i)}\t{labels[v] if labels else f'{min(5.0, max(0.0, v)):.3f}'}\n"
+                       for i, v in zip(data[split][1], values))
+        write_atomically(os.path.join(folder, f"{split[5:]}.tsv"),
+                         lambda tmp: Path(tmp).write_text("index\tprediction\n" + rows, encoding="utf-8"))
+
+
+def write_submission(path, identity, chosen_settings):
+    """<glue>_test/, the folder to zip for the GLUE server: each task's files from its median seed on dev of its
+    `chosen_settings` (glue.json's: a grid's best; of two middles, the lower), beside earlier commands' tasks; a line
+    saying what it still lacks."""
+    runs, folder = read_runs(run_files(path), identity).get("tasks", {}), os.path.splitext(path)[0] + "_test"
+    os.makedirs(folder, exist_ok=True)
+    for name, settings in chosen_settings.items():
+        mine, main = [r for r in runs[name] if r["settings"] == settings], TASKS[name]["metrics"][0]
+        score = next(iter(TASKS[name]["dev"]))  # MNLI: matched
+        chosen = sorted(mine, key=lambda r: (r["scores"][score][main], r["seed"]))[(len(mine) - 1) // 2]
+        for file in TEST_SETS[name]:
+            shutil.copyfile(os.path.join(run_file(path, "tasks", name, chosen["seed"], settings)[:-5] + ".test",
+                                         f"{file}.tsv"), os.path.join(folder, f"{file}.tsv"))
+    missing = [f for sets in TEST_SETS.values() for f in sets if not os.path.isfile(os.path.join(folder, f"{f}.tsv"))]
+    return (f"wrote {folder}: the test sets' predictions, each task's median seed on dev; the GLUE server takes all "
+            f"{sum(map(len, TEST_SETS.values()))} files" + (f", and these are missing: {', '.join(missing)} "
+                                                           f"(--tasks= those with --predict=True)" if missing else ""))
 
 
 def earlier_precision(runs):
@@ -576,20 +708,25 @@ def main(config):
     facts = pretraining_facts(ckpt, os.path.dirname(os.path.abspath(checkpoint)))
     earlier = read_runs(run_files(path), identity)
     rt = runtime.setup(device, dtype, compile=False, continues=earlier_precision(earlier))
-    shape = ModelConfig(**saved_model_args(ckpt["model_args"]))  # a batch that surely cannot fit fails before any work
-    memory.check_memory(shape, rt, 0.0, (batch_size, f"--batch_size={batch_size}"))
+    settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
+    per_task = plans_for(names, ckpt["model_args"]["d_model"], settings, config)  # the same for the floor
+    most = max(s["batch_size"] for plans in per_task.values() for s in plans)
+    shape = ModelConfig(**saved_model_args(ckpt["model_args"]))
+    memory.check_memory(shape, rt, 0.0, (most, f"--batch_size={most}"))  # a batch that surely cannot fit fails now
     size = eval_size(rt)
     memory.check_memory(shape, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
-    settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
     order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
-    todo = remaining_seeds(names, earlier.get(group, {}), settings, path, group, order)
+    n_seeds = seeds or (5 if rt.device.type == "cuda" else 1)
+    todo = remaining_seeds(per_task, n_seeds, earlier.get(group, {}), path, group, order)
     enc = make_encoding(parse_ranks(ckpt["tokenizer"]), ckpt["meta"]["special_ids"])
     print(f"fine-tuning {'a never-pretrained encoder of the shape of ' * from_scratch}{checkpoint} (step "
           f"{ckpt.get('step')}, {ckpt['model_args']['n_layers']}x{ckpt['model_args']['d_model']}) on "
-          f"{', '.join(todo) or 'nothing left to do'} with {seeds} seed(s) on {rt.describe()}")
+          f"{', '.join(todo) or 'nothing left to do'} with {n_seeds} seed(s){'' if seeds else ' (5 on a GPU, 1 on a CPU)'}"
+          f" on {rt.describe()}" + f"\n{settings_line(todo, per_task, config)}" * bool(todo))
 
-    datasets_by_task = {name: check_task(name, load_task(name)) for name in todo}  # bad data fails before any training
-    for name, missing in todo.items():
+    tests = predict and not from_scratch  # the model's, not the floor's
+    datasets_by_task = {name: check_task(name, load_task(name, tests)) for name in todo}  # bad data fails before training
+    for name, work in todo.items():
         data = datasets_by_task[name]
         if max_train_examples:
             data["train"] = tuple(column[:max_train_examples] for column in data["train"])
@@ -597,14 +734,16 @@ def main(config):
                            labels) for split, (texts, labels) in data.items()}
         task_facts = dict(train_examples=len(data["train"][0]), majority=majority_scores(name, data),
                           dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
-        for run_seed in missing:  # each seed has its file, and is in glue.json, as soon as it is scored
+        for settings, run_seed in ((s, seed) for s, missing in work for seed in missing):  # each run in glue.json at once
             t0 = time.monotonic()
-            scores, counts = finetune(name, encoded, ckpt, run_seed, rt, pretrained=not from_scratch)
+            scores, counts, predicted = finetune(name, encoded, ckpt, run_seed, rt, settings, not from_scratch)
             run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=scores, facts=task_facts,
-                       counts=dict(counts, seconds=time.monotonic() - t0), finished=time.time(), order=order)
+                       counts=dict(counts, seconds=time.monotonic() - t0), finished=time.time(), order=order, grid=grid_name())
             file = run_file(path, group, name, run_seed, settings)
             os.makedirs(os.path.dirname(file), exist_ok=True)
             write_json(file, run)
+            if predicted:
+                write_predictions(file[:-5] + ".test", name, data, predicted)
             results = write_summary(path, identity, facts)
         print(f"{name}{' (no pretraining)' * from_scratch}: {summary(name, results[group][name])}")
 
@@ -612,6 +751,8 @@ def main(config):
     print(table(results, names)[0])
     others = sorted({n for g in GROUPS for n in results[g]} - set(names))
     print(f"wrote {path}" + (f" (it also holds {', '.join(others)})" if others else ""))
+    if tests:
+        print(write_submission(path, identity, {name: results["tasks"][name]["settings"] for name in names}))
     if not from_scratch and any(n not in results["no_pretraining"] for n in names):
         print("no pretraining: '-' where not measured; the same command with --from_scratch=True fine-tunes a "
               "never-pretrained encoder of this shape, the floor these scores should beat")

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import random
 import re
@@ -128,7 +129,7 @@ def test_padding_does_not_change_the_logits(monkeypatch):
     assert len(set(expected)) == len(expected)
     for batch in (1, 2, 5):
         monkeypatch.setattr(glue, "eval_batch_size", batch)
-        got = glue.predict(model, encoded, 256, runtime.setup("cpu", "float32", compile=False), True)
+        got = glue.predictions_of(model, encoded, 256, runtime.setup("cpu", "float32", compile=False), True)
         assert got == pytest.approx(expected, abs=1e-5)
 
 
@@ -177,19 +178,27 @@ def marker_task(tmp_path, marker="dog"):
     return tmp_path
 
 
+def median_cell(group, task="sst2", metric="accuracy"):
+    """A table's cell for a task of glue.json's `group`: the median over seeds, and their lowest and highest beside it."""
+    low, high = group[task]["spread"][task][metric]
+    return f"{group[task]['median'][task][metric]:.1f}" + (f" [{low:.1f}-{high:.1f}]" if low != high else "")
+
+
 def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     glue_dir = marker_task(tmp_path)
     out = tmp_path / "glue.json"
     proc = run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={glue_dir}", "--tasks=sst2",
-                      "--lr=1e-3", f"--out_json={out}", "--seeds=3", "--device=cpu")
+                      "--lr=1e-3", "--batch_size=16", "--epochs=5", f"--out_json={out}", "--seeds=3", "--device=cpu")
     results = json.loads(out.read_text())
     per_seed = [run["sst2"]["accuracy"] for run in results["tasks"]["sst2"]["per_seed"]]
     assert results["tasks"]["sst2"]["seeds"] == [0, 1, 2] and len(per_seed) == 3
     assert results["tasks"]["sst2"]["median"]["sst2"]["accuracy"] == sorted(per_seed)[1] >= 90.0
+    assert results["tasks"]["sst2"]["spread"]["sst2"]["accuracy"] == [min(per_seed), max(per_seed)]  # beside the median
     assert "| sst2 | accuracy (median of 3 seeds, 5 epochs) |" in proc.stdout and "| 92.0 |" in proc.stdout
     assert results["tasks"]["sst2"]["majority"] == {"sst2": {"accuracy": 50.0}}  # half the sentences have the marker
     # the no-pretraining column is there, not yet measured, and the output says how to measure it
-    assert re.search(r"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| [\d.]+ \| - \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
+    assert re.search(rf"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| {re.escape(median_cell(results['tasks']))} \| - \| "
+                     r"50.0 \| 92.0 \|$", proc.stdout, re.M)
     assert "--from_scratch=True" in proc.stdout.splitlines()[-1]
     assert results["scores"] == {"sst2": results["tasks"]["sst2"]["median"]["sst2"]["accuracy"]}
     assert results["majority"] == {"sst2": 50.0}
@@ -229,7 +238,8 @@ def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoin
     encoded = {"train": ([[cls, 5, sep], [cls, 6, 7, sep]], [0, 1]), "rte": ([[cls, 5, sep]], [0])}
     rt = runtime.setup("cpu", "float32", compile=False)
     for pretrained_encoder in (True, False):
-        scores, _ = glue.finetune("rte", encoded, ckpt, 3, rt, pretrained=pretrained_encoder)
+        scores, _, _ = glue.finetune("rte", encoded, ckpt, 3, rt, dict(batch_size=16, lr=4e-5, epochs=1),
+                                    pretrained=pretrained_encoder)
         assert 0.0 <= scores["rte"]["accuracy"] <= 100.0
     torch.manual_seed(3)
     fresh = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": glue.dropout}).state_dict()
@@ -259,8 +269,13 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     # the precision that ran, not "auto": seeds fine-tuned in two precisions are never merged as one
     precisions = [results[g]["sst2"]["settings"]["dtype"] for g in ("tasks", "no_pretraining")]
     assert precisions[0] == precisions[1] in ("float32", "bfloat16")  # decided once for the command
+    # the same settings as the scores it is the floor of: the rule's by the width (64), the given epochs as given
+    picked = [{k: results[g]["sst2"]["settings"][k] for k in ("batch_size", "lr", "epochs")} for g in ("tasks", "no_pretraining")]
+    assert picked[0] == picked[1] == dict(batch_size=32, lr=3e-4, epochs=1), picked
+    assert "sst2: batch 32, lr 0.0003, 1 epoch (by the encoder's width and the task's size; given: epochs)" in proc.stdout
     assert f"| average (1 of 9) | | {ours:.1f} | {floor:.1f} | 50.0 | 92.0 |" in proc.stdout
-    row = rf"^\| sst2 \| accuracy \(median of 2 seeds, 1 epoch, first 96 train examples\) \| {ours:.1f} \| {floor:.1f} \| 50.0 \| 92.0 \|$"
+    row = (rf"^\| sst2 \| accuracy \(median of 2 seeds, 1 epoch, first 96 train examples\) \| "
+           rf"{re.escape(median_cell(results['tasks']))} \| {re.escape(median_cell(results['no_pretraining']))} \| 50.0 \| 92.0 \|$")
     assert re.search(row, proc.stdout, re.M) and re.search(row, results["table"], re.M)
     assert "--from_scratch=True" not in proc.stdout.splitlines()[-1]  # measured: no hint
     again = run_script(*args, "--from_scratch=True")  # each group resumes on its own: nothing to redo
@@ -269,8 +284,9 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
         {g: results[g] for g in ("tasks", "no_pretraining")}
     # three seeds of the model, two of the control: the floor's cell says how it was made
     proc = run_script(*args[:5], "--seeds=3", *args[6:])
-    assert re.search(rf"^\| sst2 \| accuracy \(median of 3 seeds, 1 epoch, first 96 train examples\) \| [\d.]+ \| "
-                     rf"{floor:.1f} \(median of 2 seeds, 1 epoch, first 96 train examples\) \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
+    assert re.search(rf"^\| sst2 \| accuracy \(median of 3 seeds, 1 epoch, first 96 train examples\) \| [^|]+ \| "
+                     rf"{re.escape(median_cell(results['no_pretraining']))} \(median of 2 seeds, 1 epoch, first 96 train "
+                     rf"examples\) \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
     # a task with only the control: its row shows the floor alone
     run_script(*args[:3], "--tasks=mrpc", *args[4:], "--seeds=1", f"--glue_dir={FIXTURES}", "--from_scratch=True")
     results = json.loads(out.read_text())
@@ -336,6 +352,79 @@ def test_bad_input_errors(pretrained, tmp_path):
                               "--tasks=rte", check=False), "not a readable checkpoint")
 
 
+def test_predictions_for_the_glue_server_come_from_each_task_s_median_seed(pretrained, tmp_path):
+    """--predict=True: the server's 11 files (the nine tasks, MNLI's two test sets and AX, the diagnostic set, which
+    MNLI's model scores) in <glue>_test/, each a header and every test example's index, in its file's order, with a
+    label's name (STS-B: a score on its 0-5 scale), from the seed whose dev score is the median; the floor makes none."""
+    out, test = tmp_path / "glue.json", tmp_path / "glue_test"
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}", "--epochs=1", "--device=cpu",
+            f"--out_json={out}", "--predict=True"]
+    proc = run_script(*args, "--tasks=rte,mnli", "--seeds=3")
+    assert f"wrote {test}: the test sets' predictions" in proc.stdout and "these are missing: CoLA, SST-2, MRPC" in proc.stdout
+    runs = json.loads(out.read_text())["tasks"]["rte"]["per_seed"]
+    median_seed = sorted(range(3), key=lambda s: (runs[s]["rte"]["accuracy"], s))[1]
+    seeds_file = next((tmp_path / "glue_runs" / "tasks" / "rte").glob(f"seed{median_seed}-*.test")) / "RTE.tsv"
+    assert (test / "RTE.tsv").read_text() == seeds_file.read_text()
+    proc = run_script(*args, "--tasks=cola,sst2,mrpc,stsb,qqp,qnli,rte,wnli", "--seeds=1")
+    assert "missing" not in proc.stdout and (test / "RTE.tsv").read_text() == seeds_file.read_text()  # the 3 seeds' median
+    allowed = dict(MNLI=("entailment", "neutral", "contradiction"), AX=("entailment", "neutral", "contradiction"),
+                   QNLI=("entailment", "not_entailment"), RTE=("entailment", "not_entailment"))
+    sources = dict(AX="diagnostic/diagnostic.tsv", **{"MNLI-m": "MNLI/test_matched.tsv", "MNLI-mm": "MNLI/test_mismatched.tsv"})
+    assert sorted(p.name for p in test.iterdir()) == sorted(f"{f}.tsv" for f in ("CoLA", "SST-2", "MRPC", "STS-B", "QQP",
+                                                                                "MNLI-m", "MNLI-mm", "QNLI", "RTE", "WNLI", "AX"))
+    for file in test.iterdir():
+        name = file.stem
+        header, *rows = file.read_text().splitlines()
+        source = open(os.path.join(FIXTURES, sources.get(name, f"{name}/test.tsv")), encoding="utf-8").read().splitlines()
+        assert header == "index\tprediction" and [r.split("\t")[0] for r in rows] == [line.split("\t")[0] for line in source[1:]]
+        for value in (r.split("\t")[1] for r in rows):
+            if name == "STS-B":
+                assert 0.0 <= float(value) <= 5.0 and re.fullmatch(r"\d\.\d{3}", value), value
+            else:
+                assert value in allowed.get(name.split("-")[0], ("0", "1")), (name, value)
+    floor = run_script(*args, "--tasks=rte", "--seeds=1", "--from_scratch=True").stdout
+    assert "test sets" not in floor and not list((tmp_path / "glue_runs" / "no_pretraining").rglob("*.test"))
+
+
+def test_the_grid_protocol_reports_each_task_s_best_on_dev_and_says_so(pretrained, tmp_path):
+    """--protocol=grid: every rate and batch of the grid per task, the floor on the same grid, and each task's entry the
+    setting with the best median on dev, its row saying 'best of N on dev' and which; a later fixed command's settings
+    are shown again; a grid that is not lists of numbers is one line."""
+    out = tmp_path / "glue.json"
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}", "--tasks=rte,stsb", "--epochs=1",
+            "--seeds=1", "--device=cpu", f"--out_json={out}", "--protocol=grid", "--grid_lr=1e-3,1e-5", "--grid_batch=2,4"]
+    proc = run_script(*args)
+    assert "rte, stsb: 4 settings (lr 1e-3,1e-5 x batch 2,4), 1 epoch" in proc.stdout
+    run_script(*args, "--from_scratch=True")
+    results = json.loads(out.read_text())
+    for group, name, metric in (("tasks", "rte", "accuracy"), ("no_pretraining", "rte", "accuracy"), ("tasks", "stsb", "pearson")):
+        files = [json.loads(f.read_text()) for f in (tmp_path / "glue_runs" / group / name).glob("*.json")]
+        assert len(files) == 4 and {(f["settings"]["lr"], f["settings"]["batch_size"]) for f in files} == \
+            {(1e-3, 2), (1e-3, 4), (1e-5, 2), (1e-5, 4)}
+        entry = results[group][name]
+        assert entry["median"][name][metric] == max(f["scores"][name][metric] for f in files) and entry["grid_size"] == 4
+        assert entry["how"].startswith(f"best of 4 on dev: lr {entry['settings']['lr']:g}, batch {entry['settings']['batch_size']}, 1 seed")
+    assert f"| rte | accuracy ({results['tasks']['rte']['how']}) |" in results["table"]
+    fixed = run_script(*args[:-3], "--batch_size=4", "--lr=1e-5")  # one of the grid's settings: done, and shown alone
+    assert "rte: done earlier" in fixed.stdout and json.loads(out.read_text())["tasks"]["rte"]["grid_size"] == 0
+    assert_one_line_error(run_script(*args[:-1], "--grid_batch=2,x", check=False), "--grid_batch='2,x' must be lists")
+
+
+def test_the_settings_follow_the_width_and_the_task_s_size_and_a_given_one_wins():
+    """The reference's batch, rate and epochs at its width and above; ELECTRA-Small's at 256 and below (10 epochs on a
+    task under 8,000 examples, 3 on a larger one), the rate geometric between; a given (non-zero) setting in its place."""
+    for width in (768, 1024):
+        for examples in (2490, 67349):
+            assert glue.settings_for(width, examples, {}) == dict(batch_size=16, lr=4e-5, epochs=5)
+    assert glue.settings_for(256, 2490, {}) == glue.settings_for(128, 2490, {}) == dict(batch_size=32, lr=3e-4, epochs=10)
+    assert glue.settings_for(256, 67349, {}) == dict(batch_size=32, lr=3e-4, epochs=3)
+    middle = glue.settings_for(512, 5749, {})
+    assert middle["batch_size"] == 32 and middle["epochs"] == 10 and 4e-5 < middle["lr"] < 3e-4
+    assert middle["lr"] == pytest.approx(4e-5 * 7.5 ** (math.log(1.5) / math.log(3)), rel=0.01)  # geometric in the width
+    assert glue.settings_for(512, 5749, dict(lr=1e-3, batch_size=0, epochs=2)) == dict(batch_size=32, lr=1e-3, epochs=2)
+    assert glue.settings_for(512, 5749, dict(lr=0.0)) == middle  # 0: by the rule
+
+
 def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_supersedes(tmp_path):
     """glue.json is rebuilt from glue_runs/ after each run: seeds sorted, counts summed, the median over
     the seeds of the latest run's settings (an older run's file stays, left out); a glue.json that is not
@@ -362,10 +451,10 @@ def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_
     entry = glue.write_summary(path, identity, facts={})["tasks"]["rte"]
     assert entry["seeds"] == [1] and entry["median"] == {"rte": {"accuracy": 25.0}} and entry["settings"]["epochs"] == 2
     assert (tmp_path / "glue_runs" / "tasks" / "rte" / "seed0.json").exists()
-    # a command asking for 5 epochs again (seed 0, finetune_glue's default) finds it done: nothing to run, and
+    # a command asking for 5 epochs again (seed 0) finds it done: nothing to run, and
     # the summary shows what it asked for, not the later 2 epochs
     runs = glue.read_runs(glue.run_files(path), identity)["tasks"]
-    assert glue.remaining_seeds(["rte"], runs, dict(settings, epochs=5), path, "tasks", 1) == {}
+    assert glue.remaining_seeds({"rte": [dict(settings, epochs=5)]}, 1, runs, path, "tasks", 1) == {}
     # dtype=auto goes on in the latest run's precision; an older cram's files, without the device, leave it open
     assert glue.earlier_precision({"tasks": runs}) is None
     later = dict(runs["rte"][0], device="cpu", settings=dict(settings, dtype="bfloat16"), finished=20)

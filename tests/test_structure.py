@@ -68,11 +68,12 @@ def test_imports_go_one_way_with_no_circle():
 
 
 def test_the_core_stays_small():
-    """The six top-level files and the package: at most 4,900 lines, train.py at most 400; each main() at most 90
+    """The six top-level files and the package: at most 5,100 lines (issue 78's 4,900, and issue 77's fine-tuning
+    protocols and test-set predictions), train.py at most 400; each main() at most 90
     lines, every other function at most 60 and 8 parameters (self and cls not counted)."""
     core = (*SCRIPTS, *TOP_MODULES, *package_files())
     lines = {path: open(os.path.join(ROOT, path), encoding="utf-8").read() for path in core}
-    assert sum(len(text.splitlines()) for text in lines.values()) <= 4900
+    assert sum(len(text.splitlines()) for text in lines.values()) <= 5100
     assert len(lines["train.py"].splitlines()) <= 400
     for path, text in lines.items():
         for node in ast.walk(ast.parse(text)):
