@@ -62,7 +62,7 @@ out_json = ""           # default: glue.json beside the checkpoint
 device = "auto"         # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py (no compile here: padded lengths vary)
 seed = 0                # [0, 4294967295]: the first fine-tuning seed (seed + s for the others)
-protocol = "fixed"      # {fixed, grid}: fixed: each task's settings by the rule, given ones as given; grid: each task's best on dev over grid_lr x grid_batch (the miniatures' protocol), said so
+protocol = "fixed"      # {fixed, grid, mnli_start}: fixed: each task's settings by the rule, given ones as given; grid: each task's best on dev over grid_lr x grid_batch (the miniatures' protocol), said so; mnli_start: as fixed, RTE, MRPC and STS-B from the same seed's MNLI fine-tune (RoBERTa's)
 grid_lr = "3e-4,1e-4,5e-5,3e-5"  # --protocol=grid's learning rates (Turc et al. 2019's), in place of lr
 grid_batch = "8,16,32,64,128"    # --protocol=grid's batch sizes (Turc et al. 2019's), in place of batch_size
 predict = False         # also the test sets' predictions, as the GLUE server takes them: <glue>_test/, each task's median seed's
@@ -124,6 +124,7 @@ TEST_SETS = {name: {folder: ("test.tsv", name, "test")} for name, folder in (("c
     "mrpc", "MRPC"), ("stsb", "STS-B"), ("qqp", "QQP"), ("qnli", "QNLI"), ("rte", "RTE"), ("wnli", "WNLI"))}
 TEST_SETS["mnli"] = {"MNLI-m": ("test_matched.tsv", "mnli", "test_matched"), "AX": (os.path.join(
     "..", "diagnostic", "diagnostic.tsv"), "ax", "test"), "MNLI-mm": ("test_mismatched.tsv", "mnli", "test_mismatched")}
+MNLI_STARTED = {"rte", "mrpc", "stsb"}  # --protocol=mnli_start's: started from MNLI's fine-tune (RoBERTa, MosaicBERT)
 # Published crammed BERT (A6000, 24 h, reference model card), GLUE dev; its average is over these nine.
 REFERENCE = {"mnli-m": 84.1, "mnli-mm": 84.6, "qqp": 87.5, "qnli": 90.2, "sst2": 92.0, "cola": 53.3,
              "stsb": 87.4, "mrpc": 88.9, "rte": 58.5}
@@ -323,12 +324,12 @@ def predictions_of(model, encoded, pad_id, rt, regression):
     return [out[i] for i in range(len(encoded))]
 
 
-def finetune(name, encoded, ckpt, run_seed, rt, hp, pretrained=True):
-    """Fine-tune a fresh copy of the checkpoint on one task's encoded splits (split -> (ids, labels)) with `hp`'s
-    batch_size, lr and epochs; pretrained=False starts from a fresh initialisation of its shape instead (seeded by
-    run_seed, as the head is). Returns {score name: {metric: value}} on its dev sets, and the training's counts:
+def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
+    """Fine-tune an encoder of the checkpoint's shape on one task's encoded splits (split -> (ids, labels)) with `hp`'s
+    batch_size, lr and epochs, starting from the weights `start` (the checkpoint's, or MNLI's fine-tune of them) or,
+    None, a fresh initialisation (seeded by run_seed, as the head is). Returns {score name: {metric: value}} on its dev sets, and the training's counts:
     tokens (real), padded_tokens (what the model computed) and train_seconds; and its predictions on the test sets
-    among the splits ('test:<file>' -> a label's index, or STS-B's score)."""
+    among the splits ('test:<file>' -> a label's index, or STS-B's score); and the fine-tuned encoder's weights."""
     spec = TASKS[name]
     regression = spec["labels"] is None
     pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
@@ -336,8 +337,8 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, pretrained=True):
 
     torch.manual_seed(run_seed)
     encoder = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": dropout})
-    if pretrained:
-        encoder.load_state_dict(ckpt["model"])
+    if start is not None:
+        encoder.load_state_dict(start)
     model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout,
                                pooling=pooling).to(rt.device)
     optimizer = rt.optimizer(model.parameters(), lr=hp["lr"], betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
@@ -371,7 +372,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, pretrained=True):
     predictions = {s: predictions_of(model, encoded[s][0], pad_id, rt, regression) for s in spec["dev"]}  # by score name
     scores = {s: {m: 100 * METRICS[m](pred, encoded[s][1]) for m in spec["metrics"]} for s, pred in predictions.items()}
     tests = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in encoded.items() if s.startswith("test:")}
-    return scores, counts, tests
+    return scores, counts, tests, model.encoder.state_dict()
 
 
 # ---------------------------------------------------------------- results: a file per run, glue.json their summary
@@ -404,6 +405,7 @@ def how_made(entry):
     settings, n_seeds, n_epochs = entry["settings"], len(entry["seeds"]), entry["settings"]["epochs"]
     cap = f", first {entry['train_examples']:,} train examples" if settings["max_train_examples"] else ""
     best = f"best of {entry['grid_size']} on dev: lr {settings['lr']:g}, batch {settings['batch_size']}, " * bool(entry.get("grid_size"))
+    best += "from the seed's MNLI fine-tune, " * bool(settings.get("start_from"))
     return f"{best}{'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap}"
 
 
@@ -487,8 +489,11 @@ def runs_folder(path):
 
 def run_file(path, group, name, seed, settings):
     """<glue>_runs/<group>/<task>/seed<N>-<settings digest>.json: a rerun with other settings keeps older files."""
-    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-    return os.path.join(runs_folder(path), group, name, f"seed{seed}-{digest}.json")
+    return os.path.join(runs_folder(path), group, name, f"seed{seed}-{settings_digest(settings)}.json")
+
+
+def settings_digest(settings):
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def latest(run):
@@ -602,8 +607,8 @@ def remaining_seeds(per_task, n_seeds, runs, path, group, order):
     for name, plans in per_task.items():
         done = []
         for settings in plans:
-            finished = [r for r in runs.get(name, []) if r["settings"] == settings and (  # with --predict, its predictions
-                group != "tasks" or not predict or os.path.isdir(run_file(path, group, name, r["seed"], settings)[:-5] + ".test"))]
+            finished = [r for r in runs.get(name, []) if r["settings"] == settings and all(map(os.path.exists, kept_files(
+                run_file(path, group, name, r["seed"], settings), name, group)))]
             missing = [s for s in wanted if s not in {r["seed"] for r in finished}]
             todo.setdefault(name, []).extend([(settings, missing)] if missing else [])
             for run in finished:
@@ -625,9 +630,19 @@ def plans_for(names, width, settings, given):
     if protocol == "grid" and not all(p["lr"] > 0 and p["batch_size"] > 0 for p in points) or not points:
         raise SystemExit(f"error: --grid_lr={grid_lr!r} and --grid_batch={grid_batch!r} must be lists of rates > 0 and "
                          f"batch sizes >= 1, each comma-separated (3e-4,1e-4 and 16,32)")
-    return {name: [dict(settings, **settings_for(width, min(TRAIN_EXAMPLES[name], max_train_examples or math.inf),
-                                                 {**given, **point})) for point in (points if protocol == "grid" else [{}])]
-            for name in names}
+    plans = {name: [dict(settings, **settings_for(width, min(TRAIN_EXAMPLES[name], max_train_examples or math.inf),
+                                                  {**given, **point})) for point in (points if protocol == "grid" else [{}])]
+             for name in names}
+    for name in MNLI_STARTED & plans.keys() if protocol == "mnli_start" else ():  # MNLI's settings name the start
+        plans[name] = [dict(plan, start_from=f"mnli {settings_digest(plans['mnli'][0])}") for plan in plans[name]]
+    return plans
+
+
+def kept_files(file, name, group):
+    """What a run of `file` must leave beside it for this command: with --predict, its test-set predictions (the
+    model's); with --protocol=mnli_start, MNLI's encoder, which RTE, MRPC and STS-B start from."""
+    return [file[:-5] + ".test"] * (predict and group == "tasks") + \
+        [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
 
 
 def settings_line(todo, per_task, given):
@@ -694,6 +709,7 @@ def check_earlier(path, identity):
 
 def main(config):
     names = [t.strip().lower() for t in tasks.split(",") if t.strip()]
+    names = ["mnli", *(n for n in names if n != "mnli")] if protocol == "mnli_start" else names  # MNLI first
     unknown = [t for t in names if t not in TASKS]
     if unknown or not names:
         raise SystemExit(f"error: unknown task {', '.join(map(repr, unknown)) or '(none given)'} "
@@ -736,7 +752,11 @@ def main(config):
                           dev_examples={k: len(data[k][0]) for k in TASKS[name]["dev"]})
         for settings, run_seed in ((s, seed) for s, missing in work for seed in missing):  # each run in glue.json at once
             t0 = time.monotonic()
-            scores, counts, predicted = finetune(name, encoded, ckpt, run_seed, rt, settings, not from_scratch)
+            start = None if from_scratch else ckpt["model"]
+            if settings.get("start_from"):  # this seed's MNLI fine-tune (of this group), whose settings it names
+                mnli = run_file(path, group, "mnli", run_seed, per_task["mnli"][0])
+                start = torch.load(f"{mnli[:-5]}.encoder.pt", map_location="cpu")
+            scores, counts, predicted, tuned = finetune(name, encoded, ckpt, run_seed, rt, settings, start)
             run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=scores, facts=task_facts,
                        counts=dict(counts, seconds=time.monotonic() - t0), finished=time.time(), order=order, grid=grid_name())
             file = run_file(path, group, name, run_seed, settings)
@@ -744,6 +764,8 @@ def main(config):
             write_json(file, run)
             if predicted:
                 write_predictions(file[:-5] + ".test", name, data, predicted)
+            if protocol == "mnli_start" and name == "mnli":
+                torch.save(tuned, f"{file[:-5]}.encoder.pt")
             results = write_summary(path, identity, facts)
         print(f"{name}{' (no pretraining)' * from_scratch}: {summary(name, results[group][name])}")
 

@@ -238,8 +238,8 @@ def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoin
     encoded = {"train": ([[cls, 5, sep], [cls, 6, 7, sep]], [0, 1]), "rte": ([[cls, 5, sep]], [0])}
     rt = runtime.setup("cpu", "float32", compile=False)
     for pretrained_encoder in (True, False):
-        scores, _, _ = glue.finetune("rte", encoded, ckpt, 3, rt, dict(batch_size=16, lr=4e-5, epochs=1),
-                                    pretrained=pretrained_encoder)
+        scores, _, _, _ = glue.finetune("rte", encoded, ckpt, 3, rt, dict(batch_size=16, lr=4e-5, epochs=1),
+                                        ckpt["model"] if pretrained_encoder else None)
         assert 0.0 <= scores["rte"]["accuracy"] <= 100.0
     torch.manual_seed(3)
     fresh = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": glue.dropout}).state_dict()
@@ -408,6 +408,33 @@ def test_the_grid_protocol_reports_each_task_s_best_on_dev_and_says_so(pretraine
     fixed = run_script(*args[:-3], "--batch_size=4", "--lr=1e-5")  # one of the grid's settings: done, and shown alone
     assert "rte: done earlier" in fixed.stdout and json.loads(out.read_text())["tasks"]["rte"]["grid_size"] == 0
     assert_one_line_error(run_script(*args[:-1], "--grid_batch=2,x", check=False), "--grid_batch='2,x' must be lists")
+
+
+def test_mnli_start_begins_rte_from_the_same_seed_s_mnli_fine_tune(pretrained, tmp_path, monkeypatch, capsys):
+    """--protocol=mnli_start: MNLI is fine-tuned first (added to the tasks), its encoder kept beside its run, and RTE's
+    run of each seed starts from that seed's MNLI encoder (RoBERTa's protocol), its settings and row saying so."""
+    from configurator import config_keys
+    starts = []
+
+    class Spy(SequenceClassifier):
+        def __init__(self, encoder, *args, **kwargs):
+            starts.append({k: v.clone() for k, v in encoder.state_dict().items()})
+            super().__init__(encoder, *args, **kwargs)
+    monkeypatch.setattr(glue, "SequenceClassifier", Spy)
+    for key, value in dict(checkpoint=str(pretrained), glue_dir=FIXTURES, tasks="rte", epochs=3, seeds=2, device="cpu",
+                           dtype="float32", out_json=str(tmp_path / "glue.json"), protocol="mnli_start").items():
+        monkeypatch.setattr(glue, key, value)
+    glue.main(config_keys(vars(glue)))
+    assert "on mnli, rte with 2 seed(s)" in capsys.readouterr().out
+    kept = sorted((tmp_path / "glue_runs" / "tasks" / "mnli").glob("seed*.encoder.pt"))
+    assert [p.name.split("-")[0] for p in kept] == ["seed0", "seed1"] and len(starts) == 4  # mnli 0, 1, then rte 0, 1
+    for seed, file in enumerate(kept):
+        tuned = torch.load(file)
+        assert all(torch.equal(starts[2 + seed][k], tuned[k]) for k in tuned)  # rte's start: that seed's MNLI encoder
+        assert not all(torch.equal(starts[seed][k], tuned[k]) for k in tuned)  # which MNLI's fine-tuning moved
+    results = json.loads((tmp_path / "glue.json").read_text())
+    assert results["tasks"]["rte"]["settings"]["start_from"].startswith("mnli ")
+    assert "from the seed's MNLI fine-tune, median of 2 seeds, 3 epochs" in results["tasks"]["rte"]["how"]
 
 
 def test_the_settings_follow_the_width_and_the_task_s_size_and_a_given_one_wins():
