@@ -124,6 +124,8 @@ TEST_SETS = {name: {folder: ("test.tsv", name, "test")} for name, folder in (("c
     "mrpc", "MRPC"), ("stsb", "STS-B"), ("qqp", "QQP"), ("qnli", "QNLI"), ("rte", "RTE"), ("wnli", "WNLI"))}
 TEST_SETS["mnli"] = {"MNLI-m": ("test_matched.tsv", "mnli", "test_matched"), "AX": (os.path.join(
     "..", "diagnostic", "diagnostic.tsv"), "ax", "test"), "MNLI-mm": ("test_mismatched.tsv", "mnli", "test_mismatched")}
+PROTOCOLS = dict(fixed="settings fixed before any look at dev", grid="each the best of a grid on dev",
+                 mnli_start="fixed settings, started from MNLI's fine-tune")  # as a table says them
 MNLI_STARTED = {"rte", "mrpc", "stsb"}  # --protocol=mnli_start's: started from MNLI's fine-tune (RoBERTa, MosaicBERT)
 # Published crammed BERT (A6000, 24 h, reference model card), GLUE dev; its average is over these nine.
 REFERENCE = {"mnli-m": 84.1, "mnli-mm": 84.6, "qqp": 87.5, "qnli": 90.2, "sst2": 92.0, "cola": 53.3,
@@ -451,6 +453,10 @@ def table(results, names=None):
                 else float("nan") for column, scores in columns.items()}
     lines.append(f"| average ({len(counted)} of 9) | | " +
                  " | ".join("-" if math.isnan(v) else f"{v:.1f}" for v in averages.values()) + " |")
+    protocols = {}
+    for name in names:
+        protocols.setdefault(PROTOCOLS[(ours.get(name) or scratch[name]).get("protocol", "fixed")], []).append(name)
+    lines += ["", "Dev sets; " + "; ".join(f"{', '.join(n)}: {p}" for p, n in protocols.items()) + " (docs/glue.md)."]
     return "\n".join(lines), averages, counted
 
 
@@ -550,7 +556,8 @@ def task_entry(runs):
     plans = {json.dumps(r["settings"], sort_keys=True): r["settings"] for r in pool}.values()
     entries = [settings_entry([r for r in runs if r["settings"] == settings]) for settings in plans]
     best = max(entries, key=lambda e: next(iter(next(iter(e["median"].values())).values())))
-    best = dict(best, grid=last.get("grid"), grid_size=len(entries) if last.get("grid") else 0)
+    best = dict(best, grid=last.get("grid"), grid_size=len(entries) if last.get("grid") else 0,
+                protocol="grid" if last.get("grid") else "mnli_start" if best["settings"].get("start_from") else "fixed")
     return dict(best, how=how_made(best))  # what tools/glue_plot.py shows
 
 

@@ -199,7 +199,8 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     # the no-pretraining column is there, not yet measured, and the output says how to measure it
     assert re.search(rf"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| {re.escape(median_cell(results['tasks']))} \| - \| "
                      r"50.0 \| 92.0 \|$", proc.stdout, re.M)
-    assert "--from_scratch=True" in proc.stdout.splitlines()[-1]
+    assert "--from_scratch=True" in proc.stdout.splitlines()[-1] and results["tasks"]["sst2"]["protocol"] == "fixed"
+    assert "Dev sets; sst2: settings fixed before any look at dev (docs/glue.md)." in proc.stdout  # the protocol, said
     assert results["scores"] == {"sst2": results["tasks"]["sst2"]["median"]["sst2"]["accuracy"]}
     assert results["majority"] == {"sst2": 50.0}
     pretraining = results["pretraining"]  # what the plot against compute reads
@@ -404,7 +405,8 @@ def test_the_grid_protocol_reports_each_task_s_best_on_dev_and_says_so(pretraine
         entry = results[group][name]
         assert entry["median"][name][metric] == max(f["scores"][name][metric] for f in files) and entry["grid_size"] == 4
         assert entry["how"].startswith(f"best of 4 on dev: lr {entry['settings']['lr']:g}, batch {entry['settings']['batch_size']}, 1 seed")
-    assert f"| rte | accuracy ({results['tasks']['rte']['how']}) |" in results["table"]
+    assert f"| rte | accuracy ({results['tasks']['rte']['how']}) |" in results["table"] and results["tasks"]["rte"]["protocol"] == "grid"
+    assert "Dev sets; stsb, rte: each the best of a grid on dev (docs/glue.md)." in results["table"]  # in TASKS order
     fixed = run_script(*args[:-3], "--batch_size=4", "--lr=1e-5")  # one of the grid's settings: done, and shown alone
     assert "rte: done earlier" in fixed.stdout and json.loads(out.read_text())["tasks"]["rte"]["grid_size"] == 0
     assert_one_line_error(run_script(*args[:-1], "--grid_batch=2,x", check=False), "--grid_batch='2,x' must be lists")
