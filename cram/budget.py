@@ -121,7 +121,7 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
     rate and ramp's start, each given (non-zero) as given, else a resumed run's; a fresh run's by the rule (pick_for)."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
-    if checkpoint:  # from before the budget picked: train.py's batch then; before the ramp's start: its micro-batch
+    if checkpoint:  # its run's (resume_settings carried them); from before the ramp's start: its micro-batch
         settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved.get("batch_size", 8192),
                        batch_ramp_start=saved.get("batch_ramp_start", saved.get("micro_batch")))
     elif len(given) < len(SHAPE_FIELDS) + 1:
