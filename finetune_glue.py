@@ -17,6 +17,7 @@ markdown table beside the published row and writes every number to a JSON file.
 fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same settings and seeds:
 the floor that pretraining must beat, shown beside the model's scores in the same table and glue.json.
 """
+import contextlib
 import glob
 import hashlib
 import json
@@ -552,7 +553,7 @@ def task_entry(runs):
     command asks for those again; after a grid's command, the best on dev of that grid's settings (by the median of
     the first dev set's main metric), its size said."""
     last = max(runs, key=latest)
-    pool = [r for r in runs if last.get("grid") and r.get("grid") == last["grid"]] or [last]
+    pool = [r for r in runs if last.get("grid") and (r.get("grid"), latest(r)[0]) == (last["grid"], latest(last)[0])] or [last]
     plans = {json.dumps(r["settings"], sort_keys=True): r["settings"] for r in pool}.values()
     entries = [settings_entry([r for r in runs if r["settings"] == settings]) for settings in plans]
     best = max(entries, key=lambda e: next(iter(next(iter(e["median"].values())).values())))
@@ -630,15 +631,16 @@ def remaining_seeds(per_task, n_seeds, runs, path, group, order):
 def plans_for(names, width, settings, given):
     """task -> the settings of its runs: one, by settings_for (`given` ones in their place), or with --protocol=grid one
     for each rate and batch of grid_lr x grid_batch; a one-line error for a grid that is not lists of numbers."""
-    try:
-        points = [dict(lr=float(r), batch_size=int(b)) for r in grid_lr.split(",") for b in grid_batch.split(",")]
+    try:  # each point once (3e-4 and 0.0003 are one)
+        points = list({(float(r), int(b)): None for r in grid_lr.split(",") for b in grid_batch.split(",")})
     except ValueError:
         points = []
-    if protocol == "grid" and not all(p["lr"] > 0 and p["batch_size"] > 0 for p in points) or not points:
+    if protocol == "grid" and (not points or not all(r > 0 and b > 0 for r, b in points)):
         raise SystemExit(f"error: --grid_lr={grid_lr!r} and --grid_batch={grid_batch!r} must be lists of rates > 0 and "
                          f"batch sizes >= 1, each comma-separated (3e-4,1e-4 and 16,32)")
     plans = {name: [dict(settings, **settings_for(width, min(TRAIN_EXAMPLES[name], max_train_examples or math.inf),
-                                                  {**given, **point})) for point in (points if protocol == "grid" else [{}])]
+                                                  {**given, **point})) for point in ([dict(lr=r, batch_size=b) for r, b in
+                                                                                      points] if protocol == "grid" else [{}])]
              for name in names}
     for name in MNLI_STARTED & plans.keys() if protocol == "mnli_start" else ():  # MNLI's settings name the start
         plans[name] = [dict(plan, start_from=f"mnli {settings_digest(plans['mnli'][0])}") for plan in plans[name]]
@@ -648,8 +650,8 @@ def plans_for(names, width, settings, given):
 def kept_files(file, name, group):
     """What a run of `file` must leave beside it for this command: with --predict, its test-set predictions (the
     model's); with --protocol=mnli_start, MNLI's encoder, which RTE, MRPC and STS-B start from."""
-    return [file[:-5] + ".test"] * (predict and group == "tasks") + \
-        [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
+    tests = [os.path.join(file[:-5] + ".test", f"{f}.tsv") for f in TEST_SETS[name]]  # each: a stop may come between
+    return tests * (predict and group == "tasks") + [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
 
 
 def settings_line(todo, per_task, given):
@@ -660,7 +662,7 @@ def settings_line(todo, per_task, given):
         (b, r, e), n = (per_task[name][0][k] for k in ("batch_size", "lr", "epochs")), len(per_task[name])
         shown = f"{n} settings (lr {grid_lr} x batch {grid_batch})" if n > 1 else f"batch {b}, lr {r:g}"
         picks.setdefault(f"{shown}, {e} epoch{'s' * (e != 1)}", []).append(name)
-    mine = [k for k in ("batch_size", "lr", "epochs") if given[k]]
+    mine = [k for k in ("batch_size", "lr", "epochs") if given[k] and (protocol != "grid" or k == "epochs")]
     return "; ".join(f"{', '.join(names)}: {shown}" for shown, names in picks.items()) + \
         f" (by the encoder's width and the task's size{'; given: ' * bool(mine)}{', '.join(mine)})"
 
@@ -678,22 +680,25 @@ def write_predictions(folder, name, data, predicted):
 
 
 def write_submission(path, identity, chosen_settings):
-    """<glue>_test/, the folder to zip for the GLUE server: each task's files from its median seed on dev of its
-    `chosen_settings` (glue.json's: a grid's best; of two middles, the lower), beside earlier commands' tasks; a line
-    saying what it still lacks."""
+    """<glue>_test/, the folder to zip for the GLUE server: each task's files from its median seed on dev (of the seeds
+    of its `chosen_settings`, glue.json's, with predictions; of two middles, the lower); a line saying what it lacks."""
     runs, folder = read_runs(run_files(path), identity).get("tasks", {}), os.path.splitext(path)[0] + "_test"
     os.makedirs(folder, exist_ok=True)
     for name, settings in chosen_settings.items():
-        mine, main = [r for r in runs[name] if r["settings"] == settings], TASKS[name]["metrics"][0]
-        score = next(iter(TASKS[name]["dev"]))  # MNLI: matched
-        chosen = sorted(mine, key=lambda r: (r["scores"][score][main], r["seed"]))[(len(mine) - 1) // 2]
-        for file in TEST_SETS[name]:
-            shutil.copyfile(os.path.join(run_file(path, "tasks", name, chosen["seed"], settings)[:-5] + ".test",
-                                         f"{file}.tsv"), os.path.join(folder, f"{file}.tsv"))
+        files = {r["seed"]: [os.path.join(run_file(path, "tasks", name, r["seed"], settings)[:-5] + ".test", f"{f}.tsv")
+                             for f in TEST_SETS[name]] for r in runs[name] if r["settings"] == settings}
+        mine = [r for r in runs[name] if r["settings"] == settings and all(map(os.path.exists, files[r["seed"]]))]
+        main, score = TASKS[name]["metrics"][0], next(iter(TASKS[name]["dev"]))  # MNLI: matched
+        for file in TEST_SETS[name]:  # the median seed's, or none: never another setting's left from before
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, f"{file}.tsv"))
+        for source in files[sorted(mine, key=lambda r: (r["scores"][score][main], r["seed"]))[(len(mine) - 1) // 2]["seed"]
+                            ] if mine else []:
+            shutil.copyfile(source, os.path.join(folder, os.path.basename(source)))
     missing = [f for sets in TEST_SETS.values() for f in sets if not os.path.isfile(os.path.join(folder, f"{f}.tsv"))]
-    return (f"wrote {folder}: the test sets' predictions, each task's median seed on dev; the GLUE server takes all "
-            f"{sum(map(len, TEST_SETS.values()))} files" + (f", and these are missing: {', '.join(missing)} "
-                                                           f"(--tasks= those with --predict=True)" if missing else ""))
+    return (f"wrote {folder}: the test sets' predictions, each task's median seed on dev of those predicted; the GLUE server takes all "
+            f"{sum(map(len, TEST_SETS.values()))} files" + (f", and these are missing: {', '.join(missing)} (--tasks= "
+                                                           f"those with --predict=True and their settings)" if missing else ""))
 
 
 def earlier_precision(runs):
@@ -781,7 +786,9 @@ def main(config):
     others = sorted({n for g in GROUPS for n in results[g]} - set(names))
     print(f"wrote {path}" + (f" (it also holds {', '.join(others)})" if others else ""))
     if tests:
-        print(write_submission(path, identity, {name: results["tasks"][name]["settings"] for name in names}))
+        print(write_submission(path, identity, {name: entry["settings"] for name, entry in results["tasks"].items()}))
+    elif predict:
+        print("--predict=True with --from_scratch=True: the floor writes no test-set predictions, the model's do")
     if not from_scratch and any(n not in results["no_pretraining"] for n in names):
         print("no pretraining: '-' where not measured; the same command with --from_scratch=True fine-tunes a "
               "never-pretrained encoder of this shape, the floor these scores should beat")

@@ -360,6 +360,10 @@ def test_predictions_for_the_glue_server_come_from_each_task_s_median_seed(pretr
     out, test = tmp_path / "glue.json", tmp_path / "glue_test"
     args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}", "--epochs=1", "--device=cpu",
             f"--out_json={out}", "--predict=True"]
+    run_script(*args[:-1], "--tasks=rte", "--seeds=3")  # scored earlier without predictions: seed 0 alone is redone
+    run_script(*args, "--tasks=rte,mnli", "--seeds=1")
+    seed0 = next((tmp_path / "glue_runs" / "tasks" / "rte").glob("seed0-*.test")) / "RTE.tsv"
+    assert (test / "RTE.tsv").read_text() == seed0.read_text()  # the median of the seeds predicted, not a seed without
     proc = run_script(*args, "--tasks=rte,mnli", "--seeds=3")
     assert f"wrote {test}: the test sets' predictions" in proc.stdout and "these are missing: CoLA, SST-2, MRPC" in proc.stdout
     runs = json.loads(out.read_text())["tasks"]["rte"]["per_seed"]
@@ -384,7 +388,7 @@ def test_predictions_for_the_glue_server_come_from_each_task_s_median_seed(pretr
             else:
                 assert value in allowed.get(name.split("-")[0], ("0", "1")), (name, value)
     floor = run_script(*args, "--tasks=rte", "--seeds=1", "--from_scratch=True").stdout
-    assert "test sets" not in floor and not list((tmp_path / "glue_runs" / "no_pretraining").rglob("*.test"))
+    assert "the floor writes no test-set predictions" in floor and not list((tmp_path / "glue_runs" / "no_pretraining").rglob("*.test"))
 
 
 def test_the_grid_protocol_reports_each_task_s_best_on_dev_and_says_so(pretrained, tmp_path):
@@ -393,9 +397,9 @@ def test_the_grid_protocol_reports_each_task_s_best_on_dev_and_says_so(pretraine
     are shown again; a grid that is not lists of numbers is one line."""
     out = tmp_path / "glue.json"
     args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}", "--tasks=rte,stsb", "--epochs=1",
-            "--seeds=1", "--device=cpu", f"--out_json={out}", "--protocol=grid", "--grid_lr=1e-3,1e-5", "--grid_batch=2,4"]
-    proc = run_script(*args)
-    assert "rte, stsb: 4 settings (lr 1e-3,1e-5 x batch 2,4), 1 epoch" in proc.stdout
+            "--seeds=1", "--device=cpu", f"--out_json={out}", "--protocol=grid", "--grid_lr=1e-3,1e-5,0.001", "--grid_batch=2,4"]
+    proc = run_script(*args)  # 0.001 is 1e-3: each point once
+    assert "rte, stsb: 4 settings (lr 1e-3,1e-5,0.001 x batch 2,4), 1 epoch" in proc.stdout
     run_script(*args, "--from_scratch=True")
     results = json.loads(out.read_text())
     for group, name, metric in (("tasks", "rte", "accuracy"), ("no_pretraining", "rte", "accuracy"), ("tasks", "stsb", "pearson")):
@@ -410,6 +414,9 @@ def test_the_grid_protocol_reports_each_task_s_best_on_dev_and_says_so(pretraine
     fixed = run_script(*args[:-3], "--batch_size=4", "--lr=1e-5")  # one of the grid's settings: done, and shown alone
     assert "rte: done earlier" in fixed.stdout and json.loads(out.read_text())["tasks"]["rte"]["grid_size"] == 0
     assert_one_line_error(run_script(*args[:-1], "--grid_batch=2,x", check=False), "--grid_batch='2,x' must be lists")
+    run_script(*args[:4], "--epochs=3", *args[5:])  # the same grid with other epochs: its own best of 4, not of 8
+    entry = json.loads(out.read_text())["tasks"]["rte"]
+    assert entry["grid_size"] == 4 and entry["settings"]["epochs"] == 3
 
 
 def test_mnli_start_begins_rte_from_the_same_seed_s_mnli_fine_tune(pretrained, tmp_path, monkeypatch, capsys):
