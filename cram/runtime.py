@@ -5,6 +5,7 @@ its signals, faults and progress lines, is cram/process.py.)
 Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and float16, AdamW has a fused CPU
 kernel (torch >= 2.4), the grad scaler works; so tests run the GPU's code path anywhere, only the device differing.
 """
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -327,7 +328,8 @@ def join_process_group(device, minutes):
     (one that refused or died ends the rest: process.guarded; gloo's at once, NCCL's after its wait); returns its rank.
     The setup's waits are as long; the work's, set_waits(30), torch's (rank 0 evaluates and saves alone)."""
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=minutes))
-    dist.barrier()
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # a refusal's exit: the group's
+    dist.barrier()  # threads end before the interpreter's, which would abort it ("terminate called without ...")
     return dist.get_rank()
 
 
