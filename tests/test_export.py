@@ -204,8 +204,9 @@ def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     assert export.usage(str(exported["folder"])) in card  # the lines docs/export.md runs
     # with finetune_glue.py's glue.json beside the checkpoint, the card shows its scores
     shutil.copy(pretrained, tmp_path / "ckpt.pt")
-    run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
-               "--epochs=1", "--device=cpu")
+    tuned = run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
+                       "--epochs=1", "--device=cpu").stdout
+    assert "with 1 seed(s) (5 on a GPU, 1 on a CPU) on cpu" in tuned  # no --seeds: by where it runs, said
     run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}")
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "GLUE dev scores" in card and "| rte | accuracy (1 seed, 1 epoch) |" in card
