@@ -221,20 +221,25 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert f"{entry['tokens'] / entry['train_seconds']:,.0f} tokens/s" in proc.stdout
 
 
+def spy_on_start_weights(monkeypatch):
+    """A list that gets a copy of each fine-tuned encoder's weights as its classifier is built: where it started."""
+    starts = []
+
+    class Spy(SequenceClassifier):
+        def __init__(self, encoder, *args, **kwargs):
+            starts.append({k: v.clone() for k, v in encoder.state_dict().items()})
+            super().__init__(encoder, *args, **kwargs)
+    monkeypatch.setattr(glue, "SequenceClassifier", Spy)
+    return starts
+
+
 def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoints_shape(pretrained, monkeypatch):
     """--from_scratch=True: the encoder fine-tuned is a fresh initialisation of the checkpoint's
     shape, seeded by the fine-tuning seed as the head is; without it, the checkpoint's weights."""
     from cram.files import load_checkpoint
     from model import saved_model_args
     ckpt = load_checkpoint(str(pretrained))
-    start_weights = []
-
-    class Spy(SequenceClassifier):
-        def __init__(self, encoder, *args, **kwargs):
-            start_weights.append({k: v.clone() for k, v in encoder.state_dict().items()})
-            super().__init__(encoder, *args, **kwargs)
-    monkeypatch.setattr(glue, "SequenceClassifier", Spy)
-    monkeypatch.setattr(glue, "epochs", 1)
+    start_weights = spy_on_start_weights(monkeypatch)
     cls, sep = ckpt["meta"]["special_ids"]["[CLS]"], ckpt["meta"]["special_ids"]["[SEP]"]
     encoded = {"train": ([[cls, 5, sep], [cls, 6, 7, sep]], [0, 1]), "rte": ([[cls, 5, sep]], [0])}
     rt = runtime.setup("cpu", "float32", compile=False)
@@ -423,13 +428,7 @@ def test_mnli_start_begins_rte_from_the_same_seed_s_mnli_fine_tune(pretrained, t
     """--protocol=mnli_start: MNLI is fine-tuned first (added to the tasks), its encoder kept beside its run, and RTE's
     run of each seed starts from that seed's MNLI encoder (RoBERTa's protocol), its settings and row saying so."""
     from configurator import config_keys
-    starts = []
-
-    class Spy(SequenceClassifier):
-        def __init__(self, encoder, *args, **kwargs):
-            starts.append({k: v.clone() for k, v in encoder.state_dict().items()})
-            super().__init__(encoder, *args, **kwargs)
-    monkeypatch.setattr(glue, "SequenceClassifier", Spy)
+    starts = spy_on_start_weights(monkeypatch)
     for key, value in dict(checkpoint=str(pretrained), glue_dir=FIXTURES, tasks="rte", epochs=3, seeds=2, device="cpu",
                            dtype="float32", out_json=str(tmp_path / "glue.json"), protocol="mnli_start").items():
         monkeypatch.setattr(glue, key, value)
