@@ -536,14 +536,11 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     try:
         for batch, end, short, last in batches(texts, files.read, s["min_doc_chars"]):
             jobs.append((batch, pool.map(encode, [text for _, text in batch]), end, short))
-            if last:  # the end of the source: the batches left, up to max_tokens
-                write_in_flight(files, jobs, 0, s["max_tokens"])
-                break
             due = time.monotonic() - last_record >= s["progress_minutes"] * 60
-            stop = write_in_flight(files, jobs, 0 if due else 1, s["max_tokens"])
+            stop = write_in_flight(files, jobs, 0 if due or last else 1, s["max_tokens"])
             bar.update(files.read - bar.n)
             bar.set_postfix(train_tokens=f"{files.stats['train_tokens']:,}")
-            if stop:
+            if stop or last:
                 break
             if due:
                 files.record(documents.state() if isinstance(documents, RowStream) else None)
