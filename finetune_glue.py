@@ -327,12 +327,17 @@ def predictions_of(model, encoded, pad_id, rt, regression):
     return [out[i] for i in range(len(encoded))]
 
 
+TRAIN_SCORED = 2000  # training examples scored after training (the first ones): a run's fit, beside its dev scores
+
+
 def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     """Fine-tune an encoder of the checkpoint's shape on one task's encoded splits (split -> (ids, labels)) with `hp`'s
     batch_size, lr and epochs, starting from the weights `start` (the checkpoint's, or MNLI's fine-tune of them) or,
-    None, a fresh initialisation (seeded by run_seed, as the head is). Returns {score name: {metric: value}} on its dev sets, and the training's counts:
-    tokens (real), padded_tokens (what the model computed) and train_seconds; and its predictions on the test sets
-    among the splits ('test:<file>' -> a label's index, or STS-B's score); and the fine-tuned encoder's weights."""
+    None, a fresh initialisation (seeded by run_seed, as the head is). Returns a dict: scores, {score name: {metric:
+    value}} on its dev sets; fit, {metric: value} on the first TRAIN_SCORED training examples (under-fitting, or what
+    pretraining lacks?); counts, the training's tokens (real), padded_tokens (what the model computed) and
+    train_seconds; tests, its predictions on the test sets among the splits ('test:<file>' -> a label's index, or
+    STS-B's score); encoder, the fine-tuned encoder's weights."""
     spec = TASKS[name]
     regression = spec["labels"] is None
     pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
@@ -356,9 +361,10 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     bar = process.progress(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
     for _ in range(hp["epochs"]):
         for rows in train_batches(lengths, hp["batch_size"], generator, group_by_length):
-            ids, mask = collate([train_ids[i] for i in rows], pad_id, rt.device)
-            counts["tokens"] += int(mask.sum())
-            counts["padded_tokens"] += mask.numel()
+            batch = [train_ids[i] for i in rows]
+            ids, mask = collate(batch, pad_id, rt.device)
+            counts["tokens"] += sum(map(len, batch))  # counted on the host: no step waits for the device
+            counts["padded_tokens"] += len(batch) * max(map(len, batch))
             y = targets[rows].to(rt.device)
             with rt.autocast():
                 out = model(ids, mask).float()
@@ -369,13 +375,15 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
             optimizer.zero_grad(set_to_none=True)
             schedule.step()
             bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if bar.n % 25 == 1:  # .item() waits for the device: a launch-bound step would wait every time
+                bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
     counts["train_seconds"] = time.perf_counter() - start_time
-    predictions = {s: predictions_of(model, encoded[s][0], pad_id, rt, regression) for s in spec["dev"]}  # by score name
-    scores = {s: {m: 100 * METRICS[m](pred, encoded[s][1]) for m in spec["metrics"]} for s, pred in predictions.items()}
+    scored = {s: encoded[s] for s in spec["dev"]} | {"train": (train_ids[:TRAIN_SCORED], labels[:TRAIN_SCORED])}
+    predicted = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in scored.items()}
+    scores = {s: {m: 100 * METRICS[m](predicted[s], scored[s][1]) for m in spec["metrics"]} for s in scored}
     tests = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in encoded.items() if s.startswith("test:")}
-    return scores, counts, tests, model.encoder.state_dict()
+    return dict(fit=scores.pop("train"), scores=scores, counts=counts, tests=tests, encoder=model.encoder.state_dict())
 
 
 # ---------------------------------------------------------------- results: a file per run, glue.json their summary
@@ -563,8 +571,9 @@ def task_entry(runs):
 
 
 def settings_entry(runs):
-    """The entry of one setting's runs: each seed's latest, their scores and median, the seconds and counts (finetune's:
-    tokens, padded_tokens, train_seconds) summed."""
+    """The entry of one setting's runs: each seed's latest, their scores and median, the median fit on the training
+    examples (if each run has one: older runs lack it), the seconds and counts (finetune's: tokens, padded_tokens,
+    train_seconds) summed."""
     runs, settings = list({r["seed"]: r for r in sorted(runs, key=latest)}.values()), runs[0]["settings"]
     runs.sort(key=lambda r: r["seed"])  # each seed once: its latest run with these settings
     entry = dict(settings=settings, seeds=[r["seed"] for r in runs], per_seed=[r["scores"] for r in runs],
@@ -572,6 +581,8 @@ def settings_entry(runs):
                          for name, metrics in runs[0]["scores"].items()},
                  spread={name: {m: [f(r["scores"][name][m] for r in runs) for f in (min, max)] for m in metrics}
                          for name, metrics in runs[0]["scores"].items()}, **runs[-1]["facts"],
+                 fit={m: statistics.median(r["fit"][m] for r in runs) for m in runs[0]["fit"]}
+                 if all("fit" in r for r in runs) else {},
                  **{k: round(sum(r["counts"][k] for r in runs), 1) for k in runs[0]["counts"]})
     return entry
 
@@ -597,11 +608,11 @@ def write_summary(path, identity, facts):
 
 
 def summary(name, entry):
-    """A task's main scores and how they were made: 'accuracy 58.1 (median of 3 seeds, 5 epochs, 386 s,
-    4,100 tokens/s, 96% of them not padding)'."""
+    """A task's main scores, its fit on the training examples, and how they were made: 'accuracy 58.1, train 97.2
+    (median of 3 seeds, 5 epochs, 386 s, 4,100 tokens/s, 96% of them not padding)'."""
     main = TASKS[name]["metrics"][0]
     scores = ", ".join(f"{'' if score_name == name else score_name + ' '}{METRIC_NAMES[main]} {v[main]:.1f}"
-                       for score_name, v in entry["median"].items())
+                       for score_name, v in entry["median"].items()) + (f", train {entry['fit'][main]:.1f}" if entry.get("fit") else "")
     speed = (f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, {entry['tokens'] / entry['padded_tokens']:.0%} "
              f"of them not padding" if entry.get("train_seconds") else "")  # (0.0: runs too short to time)
     return f"{scores} ({how_made(entry)}, {entry['seconds']:.0f} s{speed})"
@@ -768,16 +779,17 @@ def main(config):
             if settings.get("start_from"):  # this seed's MNLI fine-tune (of this group), whose settings it names
                 mnli = run_file(path, group, "mnli", run_seed, per_task["mnli"][0])
                 start = torch.load(f"{mnli[:-5]}.encoder.pt", map_location="cpu")
-            scores, counts, predicted, tuned = finetune(name, encoded, ckpt, run_seed, rt, settings, start)
-            run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=scores, facts=task_facts,
-                       counts=dict(counts, seconds=time.monotonic() - t0), finished=time.time(), order=order, grid=grid_name())
+            out = finetune(name, encoded, ckpt, run_seed, rt, settings, start)
+            run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=out["scores"],
+                       fit=out["fit"], facts=task_facts, counts=dict(out["counts"], seconds=time.monotonic() - t0),
+                       finished=time.time(), order=order, grid=grid_name())
             file = run_file(path, group, name, run_seed, settings)
             os.makedirs(os.path.dirname(file), exist_ok=True)
             write_json(file, run)
-            if predicted:
-                write_predictions(file[:-5] + ".test", name, data, predicted)
+            if out["tests"]:
+                write_predictions(file[:-5] + ".test", name, data, out["tests"])
             if protocol == "mnli_start" and name == "mnli":
-                torch.save(tuned, f"{file[:-5]}.encoder.pt")
+                torch.save(out["encoder"], f"{file[:-5]}.encoder.pt")
             results = write_summary(path, identity, facts)
         print(f"{name}{' (no pretraining)' * from_scratch}: {summary(name, results[group][name])}")
 

@@ -194,6 +194,9 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert results["tasks"]["sst2"]["seeds"] == [0, 1, 2] and len(per_seed) == 3
     assert results["tasks"]["sst2"]["median"]["sst2"]["accuracy"] == sorted(per_seed)[1] >= 90.0
     assert results["tasks"]["sst2"]["spread"]["sst2"]["accuracy"] == [min(per_seed), max(per_seed)]  # beside the median
+    fits = [json.loads(f.read_text())["fit"]["accuracy"] for f in (tmp_path / "glue_runs" / "tasks" / "sst2").glob("*.json")]
+    assert len(fits) == 3 and results["tasks"]["sst2"]["fit"] == {"accuracy": sorted(fits)[1]} and min(fits) >= 90.0
+    assert f"accuracy {sorted(per_seed)[1]:.1f}, train {sorted(fits)[1]:.1f} (median of 3 seeds" in proc.stdout
     assert "| sst2 | accuracy (median of 3 seeds, 5 epochs) |" in proc.stdout and "| 92.0 |" in proc.stdout
     assert results["tasks"]["sst2"]["majority"] == {"sst2": {"accuracy": 50.0}}  # half the sentences have the marker
     # the no-pretraining column is there, not yet measured, and the output says how to measure it
@@ -244,9 +247,9 @@ def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoin
     encoded = {"train": ([[cls, 5, sep], [cls, 6, 7, sep]], [0, 1]), "rte": ([[cls, 5, sep]], [0])}
     rt = runtime.setup("cpu", "float32", compile=False)
     for pretrained_encoder in (True, False):
-        scores, _, _, _ = glue.finetune("rte", encoded, ckpt, 3, rt, dict(batch_size=16, lr=4e-5, epochs=1),
-                                        ckpt["model"] if pretrained_encoder else None)
-        assert 0.0 <= scores["rte"]["accuracy"] <= 100.0
+        out = glue.finetune("rte", encoded, ckpt, 3, rt, dict(batch_size=16, lr=4e-5, epochs=1),
+                            ckpt["model"] if pretrained_encoder else None)
+        assert 0.0 <= out["scores"]["rte"]["accuracy"] <= 100.0 and out["fit"]["accuracy"] in (0.0, 50.0, 100.0)
     torch.manual_seed(3)
     fresh = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": glue.dropout}).state_dict()
     loaded, scratch = start_weights
