@@ -126,6 +126,34 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
     assert "![GLUE average against pretraining" in found["transfer"]["body"]
 
 
+def test_the_grid_phase_scores_each_point_on_dev_and_train_beside_the_floor(corpus_file, tmp_path):
+    """The grid phase: pretraining to a token budget (reproducible), then each task at each rate and epoch count,
+    model and floor, a process each; grid.md a row per point with its dev and train scores, each task's best on dev
+    marked; grid.json every number; the copies of a call among them."""
+    out, _, _, found = run_phases(
+        corpus_file, tmp_path, "grid", "--grid_tasks=rte,sst2,cola", "--grid_lr=1e-3,1e-5", "--grid_epochs=2",
+        "--grid_sst2_epochs=1", "--grid_glue_args=--max_train_examples=8", f"--copy_to={tmp_path / 'OUT'}",
+        f"--grid_train_args={' '.join(TINY_MODEL)} --fill_in_examples=0 --budget_tokens=30000")
+    ckpt = torch.load(out / "grid" / "ckpt.pt", weights_only=True)
+    assert 30000 <= ckpt["tokens"] < 30000 + 32 * 32 and ckpt["model_args"]["d_model"] == 64  # the tokens given
+    points = json.load(open(out / "grid.json"))["points"]
+    assert sorted((p["task"], p["lr"], p["epochs"], p["group"]) for p in points) == sorted(
+        (t, lr, e, g) for t, e in (("rte", 2), ("sst2", 1), ("cola", 2)) for lr in (1e-3, 1e-5)
+        for g in ("tasks", "no_pretraining"))
+    for p in points:  # the dev set's metrics and the training examples' fit, main metric first
+        assert list(p["fit"]) == {"rte": ["accuracy"], "sst2": ["accuracy"], "cola": ["mcc"]}[p["task"]] and p["batch"] == 32
+        assert list(p["dev"]) == [p["task"]] and list(p["dev"][p["task"]]) == list(p["fit"])
+    grid = (out / "grid.md").read_text()
+    for task in ("rte", "sst2", "cola"):
+        rows = re.findall(rf"^\| {task} \| (1e-05|0.001) \| [12] \| (\**)-?[\d.]+\** \| -?[\d.]+ \| -?[\d.]+ \| -?[\d.]+ \|$",
+                          grid, re.M)
+        assert len(rows) == 2 and sorted(bold for _, bold in rows) == ["", "**"], grid  # the best of two, marked
+    assert re.fullmatch(r"best on dev: rte [\d.]+ at lr (1e-05|0.001), 2 epochs, sst2 [\d.]+ at lr (1e-05|0.001), 1 epochs, "
+                        r"cola -?[\d.]+ at lr (1e-05|0.001), 2 epochs \(grid.md\)", found["grid"]["headline"])
+    assert "final: step" in grid and "| rte | 0.001 | 2 |" in found["grid"]["body"]
+    assert sorted(os.listdir(tmp_path / "OUT")) == ["grid.json", "grid.md", "grid_train.log", "logs_tail.txt", "report.md"]
+
+
 @slow
 def test_the_speed_phases_bench_compile_and_offload(corpus_file, tmp_path):
     out, data, report, found = run_phases(corpus_file, tmp_path, "prepare,bench,compile,offload")
@@ -252,7 +280,7 @@ def test_a_phase_that_fails_keeps_what_it_measured_and_one_that_crashes_says_whe
 
 def test_bad_phase_names_are_one_line_errors(tmp_path):
     assert_one_line_error(run_script("tools/gpu_report.py", "--phases=bench,train", f"--out_dir={tmp_path}", check=False),
-                          "unknown phase 'train'", "health, transfer, prepare, bench, compile, float16, recipes, glue, offload")
+                          "unknown phase 'train'", "health, transfer, grid, prepare, bench, compile, float16, recipes, glue, offload")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the sweep reads Linux's /proc")

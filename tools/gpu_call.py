@@ -36,6 +36,8 @@ vocab_size = 32768         # >= 260: the carried data's vocabulary (docs/gpu.md'
 seq_len = 128              # >= 2: its sequence length
 tokenizer_train_chars = 120_000_000  # >= 1: text the tokenizer trains on: about the text 28M tokens come from
 limit_mib = 64.0           # > 0: what a device call sends at most: the working tree and the carried paths
+phases = "health,transfer"  # the call's tools/gpu_report.py phases: health,transfer (the first call), or health,grid
+                           # (fine-tuning's rate and epochs at the transfer run's width: with --deadline_minutes=9 --timeout_s=600)
 transfer_minutes = 3.5     # > 0: the call's pretraining budget (train.py's budget rule picks the shape and batch)
 deadline_minutes = 8.0     # > 0: the call's own deadline: everything it started has ended by then
 stop_grace_s = 15.0        # > 0: SIGTERM to SIGKILL for a script stopped at the deadline (train.py saves on it)
@@ -150,7 +152,7 @@ def check_data(data):
 def the_call(carry):
     """The device call: its command, carry and timeout_s."""
     where = os.path.relpath(carry, ROOT)
-    command = (f"PYTHONUNBUFFERED=1 python3 tools/gpu_report.py --phases=health,transfer --device=cuda "
+    command = (f"PYTHONUNBUFFERED=1 python3 tools/gpu_report.py --phases={phases} --device=cuda "
                f"--data_dir={where}/corpus --glue_dir={where}/glue --transfer_minutes={transfer_minutes:g} "
                f"--deadline_minutes={deadline_minutes:g} --stop_grace_s={stop_grace_s:g} --copy_to=$OUT")
     return dict(command=command, carry=[where], timeout_s=timeout_s)

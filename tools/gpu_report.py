@@ -46,6 +46,8 @@ device_memory_gib then simulates the GPU's memory for the off-load phase.
 """
 import functools
 import gc
+import glob
+import math
 import os
 import platform
 import re
@@ -72,7 +74,7 @@ corpus = ""                # text for the prepare phase (prepare.py's formats); 
 data_dir = "data/gpu_report"  # the prepared corpus every phase reads
 glue_dir = ""              # a local GLUE folder (original layout); empty: the glue phase fails with a hint
 out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and logs, the recipes' runs
-phases = "health,transfer,prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
+phases = "health,transfer,grid,prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
 # transfer: pretraining, then GLUE beside the no-pretraining floor (the first question a GPU answers)
 transfer_minutes = 6.0     # > 0: train.py's pretraining budget (compilation included), which picks its shape and batch
 transfer_train_args = ""   # more train.py settings for its pretraining (a shape given here replaces the budget's)
@@ -81,6 +83,18 @@ transfer_control = "stsb,mrpc,rte,sst2"  # empty: none; also fine-tuned from scr
 transfer_jobs = 0          # >= 0: fine-tuning processes at once; 0: 8 on a GPU (batches of 16 leave it mostly idle), 1 on a CPU
 transfer_glue_args = ""    # more finetune_glue.py settings for its fine-tuning
 transfer_limit_minutes = 15.0  # > 0: the phase's time limit (deadline_minutes may end it sooner); a rerun continues
+# grid: fine-tuning's rate and epochs at one pretrained width, the floor beside (which settings fit a small encoder?)
+grid_train_args = "--n_layers=8 --d_model=512 --batch_size=512 --batch_ramp=0 --lr=0.00122 --budget_tokens=310100000"
+                           # more train.py settings (the H100 transfer run's shape, batch, rate and tokens: reproducible)
+grid_tasks = "stsb,mrpc,rte,sst2"  # those present in glue_dir, in this order of priority
+grid_lr = "4e-5,1e-4,3e-4"  # each point's finetune_glue.py --lr
+grid_epochs = "5,10"       # each point's --epochs, for the tasks but SST-2
+grid_sst2_epochs = "1"     # SST-2's (67k examples: its runs are the grid's longest)
+grid_batch = 32            # >= 1: every point's --batch_size
+grid_control = True        # the floor (--from_scratch=True) on the same grid
+grid_jobs_at_once = 0      # >= 0: fine-tuning processes at once; 0: 12 on a GPU (16 cores), 1 on a CPU
+grid_glue_args = ""        # more finetune_glue.py settings for every point
+grid_limit_minutes = 20.0  # > 0: the phase's time limit (deadline_minutes may end it sooner); a rerun continues
 # prepare
 prepare_args = "--vocab_size=32768"  # more prepare.py settings, space-separated (empty: none)
 prepare_minutes = 3.0      # > 0: the phase's time limit
@@ -120,7 +134,7 @@ device = "auto"
 report = True              # write report.md after the phases (a phase run by the full command leaves it to it)
 # -----------------------------------------------------------------------------
 # in order of value per GPU minute (docs/gpu.md): health and speed first, then the decisions they feed
-PHASES = ("health", "transfer", "prepare", "bench", "compile", "float16", "recipes", "glue", "offload")
+PHASES = ("health", "transfer", "grid", "prepare", "bench", "compile", "float16", "recipes", "glue", "offload")
 GLUE_FOLDERS = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA", "sst2": "SST-2", "qnli": "QNLI",
                 "qqp": "QQP", "mnli": "MNLI", "wnli": "WNLI"}
 # the one call: CALL_ENV marks every process a command starts ("<start> <end> <pid>", end 0 without a deadline);
@@ -128,10 +142,12 @@ GLUE_FOLDERS = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA", "
 # start CUDA: a second or two), then the command's sweep, report and copies (milliseconds)
 CALL_ENV = "CRAM_GPU_REPORT_CALL"
 SETTLE_S, CLOSE_S = 5.0, 3.0
-# what copy_to gets (flat, under their own names), each piece as it finishes; logs_tail.txt is written there besides:
-# 7 files, within a device call's 8. The GLUE-against-compute picture is not among them: glue_plot.py redraws it
-# from glue.json on any machine
-COPIED = ("report.md", "transfer.md", "logs/transfer_train.log", "transfer/glue.json", "recipes.png", "float16.png")
+# what copy_to gets (flat, under their own names), each piece as it finishes: the first 7 of these that exist, and
+# logs_tail.txt besides: within a device call's 8. The GLUE-against-compute picture is not among them: glue_plot.py
+# redraws it from glue.json on any machine
+COPIED = ("report.md", "transfer.md", "grid.md", "grid.json", "logs/transfer_train.log", "transfer/glue.json",
+          "logs/grid_train.log", "recipes.png", "float16.png")
+COPIES_AT_MOST = 7
 TAIL_FILE, TAIL_LINES = "logs_tail.txt", 12
 WIDTHS = (4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128, 64)  # off-load shapes to try, widest first
 
@@ -242,11 +258,13 @@ def publish():
         os.makedirs(copy_to, exist_ok=True)
         for stale in (f for f in os.listdir(copy_to) if f.endswith(".tmp")):  # a writer killed mid-copy left it
             os.remove(os.path.join(copy_to, stale))
-        for name in COPIED:
-            source = os.path.join(out_dir, name)
-            if os.path.isfile(source):
-                write_atomically(os.path.join(copy_to, os.path.basename(name)),
-                                 functools.partial(shutil.copyfile, source))
+        chosen = [name for name in COPIED if os.path.isfile(os.path.join(out_dir, name))][:COPIES_AT_MOST]
+        for name in COPIED:  # one copied before that a file of more value now displaces: removed
+            if name not in chosen and os.path.isfile(os.path.join(copy_to, os.path.basename(name))):
+                os.remove(os.path.join(copy_to, os.path.basename(name)))
+        for name in chosen:
+            write_atomically(os.path.join(copy_to, os.path.basename(name)),
+                             functools.partial(shutil.copyfile, os.path.join(out_dir, name)))
         logs = os.path.join(out_dir, "logs")
         tails = [f"==> {name} <==\n{log_tail(os.path.join(logs, name))}" for name in sorted(os.listdir(logs))
                  ] if os.path.isdir(logs) else []
@@ -384,12 +402,12 @@ TRAIN_LINES = re.compile(r"^(?:budget: |lr: |model: |micro_batch=0: |torch\.comp
                          r"|.* has spent this budget).*$", re.M)  # train.py's start-up and final lines
 
 
-def piece_done(what):
-    """Say when a piece of the transfer phase finished, rewrite transfer.md and copy what is done."""
+def piece_done(what, write_summary):
+    """Say when a piece of a phase (transfer, grid) finished, rewrite its summary and copy what is done."""
     with PUBLISHING:
         PIECES.append((what, (time.monotonic() - call_times()[0]) / 60))
         print(f"== {what}: done at {PIECES[-1][1]:.1f} min", flush=True)
-        write_transfer_summary()
+        write_summary()
         publish()
 
 
@@ -420,6 +438,27 @@ def job_name(job):
     return task + " (no pretraining)" * ("--from_scratch=True" in args)
 
 
+def pretrain(phase, train_args, deadline, logs, write_summary):
+    """train.py's recipe for transfer_minutes into <out_dir>/<phase> (train_args added), resumed if its checkpoint is
+    there; the fine-tuning scores of a checkpoint it replaces are set aside. Returns the run's folder and train.py's
+    arguments."""
+    run = os.path.join(out_dir, phase)
+    os.makedirs(run, exist_ok=True)
+    resume = os.path.isfile(os.path.join(run, "ckpt.pt"))
+    train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={run}", f"--budget_hours={transfer_minutes / 60!r}",
+             "--eval_interval_minutes=1", "--ckpt_interval_minutes=2", f"--device={device}", f"--resume={resume}",
+             *shape_args(train_args)]
+    try:  # a resume's log follows the earlier runs': the start-up lines of the checkpoint's first run stay in it
+        trained = run_logged(train, os.path.join(logs, f"{phase}_train.log"), deadline, append=resume)
+    except PhaseFailed as failure:
+        write_summary()  # its start-up lines, for the copies
+        raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
+    piece_done("pretraining", write_summary)
+    if "has spent this budget" not in trained:  # the scores of the checkpoint this one replaced are kept aside
+        set_aside([os.path.join(run, name) for name in ("glue.json", "glue_runs", "grid")])
+    return run, train
+
+
 def phase_transfer(deadline, logs):
     """train.py's recipe pretrained for transfer_minutes on data_dir, then the transfer tasks
     fine-tuned once (and the control tasks from scratch too, the floor) into one glue.json, in
@@ -429,21 +468,8 @@ def phase_transfer(deadline, logs):
     if not present:
         raise PhaseFailed(f"none of {transfer_tasks} is in {glue_dir}")
     prepared = phase_prepare(deadline, logs)[0]
-    run = os.path.join(out_dir, "transfer")
-    os.makedirs(run, exist_ok=True)
-    resume = os.path.isfile(os.path.join(run, "ckpt.pt"))
-    train = ["train.py", f"--data_dir={data_dir}", f"--out_dir={run}", f"--budget_hours={transfer_minutes / 60!r}",
-             "--eval_interval_minutes=1", "--ckpt_interval_minutes=2", f"--device={device}", f"--resume={resume}",
-             *shape_args(transfer_train_args)]
-    try:  # a resume's log follows the earlier runs': the start-up lines of the checkpoint's first run stay in it
-        trained = run_logged(train, os.path.join(logs, "transfer_train.log"), deadline, append=resume)
-    except PhaseFailed as failure:
-        write_transfer_summary()  # its start-up lines, for the copies
-        raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
-    piece_done("pretraining")
+    run, train = pretrain("transfer", transfer_train_args, deadline, logs, write_transfer_summary)
     results = os.path.join(run, "glue.json")
-    if "has spent this budget" not in trained:  # the scores of the checkpoint this one replaced are kept aside
-        set_aside([results, os.path.join(run, "glue_runs")])
     base = ["finetune_glue.py", f"--checkpoint={os.path.join(run, 'ckpt.pt')}", f"--glue_dir={glue_dir}",
             f"--out_json={results}", "--seeds=1", f"--device={device}", *shape_args(transfer_glue_args)]
     jobs = [([*base, f"--tasks={t}", *(["--from_scratch=True"] * scratch), *(["--epochs=1"] if t == "sst2" else [])],
@@ -451,7 +477,7 @@ def phase_transfer(deadline, logs):
             for scratch, tasks in ((False, present), (True, control))
             for t in sorted(tasks, key=lambda t: t != "sst2")]  # the longest first: parallel jobs end together
     failures = run_jobs(jobs, transfer_jobs or (8 if device_kind() == "GPU" else 1), deadline,
-                        lambda job: piece_done(job_name(job)))
+                        lambda job: piece_done(job_name(job), write_transfer_summary))
     if failures:  # the section keeps the scores that did finish
         partial = read_json(results, "delete it and run the phase again").get("table", "") \
             if os.path.isfile(results) else ""
@@ -471,6 +497,99 @@ def phase_transfer(deadline, logs):
                          "\n".join(f"`{command_line(args)}`" for args, _ in jobs), scores["table"],
                          glue_points(deadline, logs)])
     return headline, body
+
+
+def grid_jobs(logs):
+    """The grid phase's fine-tuning runs, (args, log path) each, in their order of priority: by grid_tasks' order, the
+    longest first within a task, the floor beside the model; each point's runs in a glue.json of its own."""
+    folder, jobs = os.path.join(out_dir, "grid", "grid"), []
+    for task in glue_present(grid_tasks):
+        epochs = sorted(map(int, (grid_sst2_epochs if task == "sst2" else grid_epochs).split(",")), reverse=True)
+        for n, lr in ((n, float(lr)) for n in epochs for lr in grid_lr.split(",")):
+            point = f"{task}-lr{lr:g}-e{n}"
+            for scratch in (False, True)[:1 + grid_control]:
+                jobs.append((["finetune_glue.py", f"--checkpoint={os.path.join(out_dir, 'grid', 'ckpt.pt')}",
+                              f"--glue_dir={glue_dir}", f"--out_json={os.path.join(folder, point + '.json')}", "--seeds=1",
+                              f"--device={device}", f"--tasks={task}", f"--lr={lr!r}", f"--batch_size={grid_batch}",
+                              f"--epochs={n}", *(["--from_scratch=True"] * scratch), *shape_args(grid_glue_args)],
+                             os.path.join(logs, f"grid_{point}{'_scratch' * scratch}.log")))
+    return jobs
+
+
+def grid_points():
+    """Each point's scores so far: [{task, lr, batch, epochs, group, dev: {score: {metric: median}}, fit: {metric:
+    median} on the training examples, seconds}], from the points' glue.json files."""
+    points = []
+    for path in sorted(glob.glob(os.path.join(out_dir, "grid", "grid", "*.json"))):
+        results = read_json(path, "delete it and run the phase again")
+        for group in ("tasks", "no_pretraining"):
+            for task, entry in results.get(group, {}).items():
+                settings = entry["settings"]
+                points.append(dict(task=task, lr=settings["lr"], batch=settings["batch_size"], epochs=settings["epochs"],
+                                   group=group, dev=entry["median"], fit=entry.get("fit", {}), seconds=entry["seconds"]))
+    return points
+
+
+def grid_cell(point, key):
+    """A point's scores, main metric first, the others in brackets: '81.2 (70.1)'; '-' where it did not finish."""
+    if point is None:
+        return "-"
+    values = [list(point["fit"].values())] if key == "fit" else [list(m.values()) for m in point["dev"].values()]
+    return " / ".join(f"{v[0]:.1f}" + "".join(f" ({o:.1f})" for o in v[1:]) for v in values)
+
+
+def write_grid_summary():
+    """<out_dir>/grid.md and grid.json: the pretraining's lines, then a row per task and point (rate, epochs): dev and
+    train scores of the model and of the floor, each task's best point on dev marked; and the minutes as each ended."""
+    log = os.path.join(out_dir, "logs", "grid_train.log")
+    trained = TRAIN_LINES.findall(Path(log).read_text(errors="replace")) if os.path.isfile(log) else []
+    points = grid_points() if PIECES else []  # (before this command's pretraining ends, an older model's)
+    found = {(p["task"], p["lr"], p["epochs"], p["group"]): p for p in points}
+    best = {}
+    for p in points:  # a task's best on its first dev set's main metric
+        if p["group"] == "tasks" and grid_score(p) > grid_score(best.get(p["task"])):
+            best[p["task"]] = p
+    lines = ["# cram grid: fine-tuning's rate and epochs at this width, beside the no-pretraining floor", "",
+             "Pretraining (logs/grid_train.log):", "", *(f"    {line}" for line in trained or ["(no line yet)"]), "",
+             f"Batch {grid_batch}, 1 seed each; main metric, the others in brackets (MRPC: F1 (accuracy); STS-B: Pearson "
+             f"(Spearman)); train: the first 2,000 training examples; **bold**: the task's best on dev.", "",
+             "| task | lr | epochs | dev | train | floor: dev | floor: train |", "|---|---|---|---|---|---|---|"]
+    for task, lr, epochs in sorted({(p["task"], p["lr"], p["epochs"]) for p in points}):
+        ours, floor = found.get((task, lr, epochs, "tasks")), found.get((task, lr, epochs, "no_pretraining"))
+        mark = "**" if ours is not None and ours is best.get(task) else ""
+        lines.append(f"| {task} | {lr:g} | {epochs} | {mark}{grid_cell(ours, 'dev')}{mark} | {grid_cell(ours, 'fit')} | "
+                     f"{grid_cell(floor, 'dev')} | {grid_cell(floor, 'fit')} |")
+    lines += ["", timeline()]
+    write_atomically(os.path.join(out_dir, "grid.md"), lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
+    write_json(os.path.join(out_dir, "grid.json"), dict(train_lines=trained, points=points))
+    return best
+
+
+def grid_score(point):
+    return -math.inf if point is None else next(iter(next(iter(point["dev"].values())).values()))
+
+
+def phase_grid(deadline, logs):
+    """Fine-tuning's settings at a pretrained width: train.py pretrained as grid_train_args says (the transfer run
+    again, reproducibly), then each task fine-tuned at every rate and epoch count of the grid, once, and the floor
+    the same, in parallel processes; grid.md says each point's dev and train scores. A rerun continues."""
+    if not glue_present(grid_tasks):
+        raise PhaseFailed(f"none of {grid_tasks} is in {glue_dir}")
+    prepared = phase_prepare(deadline, logs)[0]
+    _, train = pretrain("grid", grid_train_args, deadline, logs, write_grid_summary)
+    jobs = grid_jobs(logs)
+    failures = run_jobs(jobs, grid_jobs_at_once or (12 if device_kind() == "GPU" else 1), deadline,
+                        lambda job: piece_done(os.path.basename(job[1])[5:-4], write_grid_summary))
+    best = write_grid_summary()
+    grid = Path(out_dir, "grid.md").read_text().split("\n", 2)[2]  # (its title is the section's)
+    body = "\n\n".join([f"Data: {prepared}.", f"`{command_line(train)}`", grid, f"`{command_line(jobs[0][0])}` (and "
+                          f"the other points: --tasks, --lr, --epochs, --from_scratch)" if jobs else ""])
+    if failures:
+        raise PhaseFailed(f"{len(failures)} of {len(jobs)} fine-tuning run(s) did not finish (rerun the phase to "
+                          f"continue): {failures[0]}", body=body)
+    return "best on dev: " + ", ".join(f"{t} {grid_score(p):.1f} at lr {p['lr']:g}, {p['epochs']} epochs"
+                                       for t, p in sorted(best.items(), key=lambda i: grid_tasks.split(",").index(i[0]))
+                                       ) + " (grid.md)", body
 
 
 def phase_bench(deadline, logs):
@@ -864,9 +983,9 @@ def phase_offload(deadline, logs):
 
 
 # ---------------------------------------------------------------- the report
-PHASE_FUNCTIONS = dict(health=phase_health, transfer=phase_transfer, prepare=phase_prepare, bench=phase_bench, compile=phase_compile, float16=phase_float16,
+PHASE_FUNCTIONS = dict(health=phase_health, transfer=phase_transfer, grid=phase_grid, prepare=phase_prepare, bench=phase_bench, compile=phase_compile, float16=phase_float16,
                        recipes=phase_recipes, glue=phase_glue, offload=phase_offload)
-PHASE_MINUTES = dict(health=None, transfer="transfer_limit_minutes", prepare="prepare_minutes", bench="bench_minutes", compile="compile_minutes", float16=None,
+PHASE_MINUTES = dict(health=None, transfer="transfer_limit_minutes", grid="grid_limit_minutes", prepare="prepare_minutes", bench="bench_minutes", compile="compile_minutes", float16=None,
                      recipes=None, glue="glue_minutes", offload="offload_minutes")
 
 
