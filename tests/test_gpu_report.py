@@ -259,6 +259,25 @@ def test_a_script_past_its_deadline_and_what_it_started_are_stopped_with_sigterm
     assert state in ("gone", "Z"), state  # ended (a zombie until init reaps it)
 
 
+def test_a_call_gets_at_most_its_8_files_the_most_valuable_ones(tmp_path, monkeypatch):
+    """publish: of COPIED's files that exist, the first COPIES_AT_MOST, and the logs' tails: within a device call's 8
+    however many phases ran; one displaced by a file of more value that appeared since is removed from the copies."""
+    import gpu_report
+    out, copies = tmp_path / "out", tmp_path / "OUT"
+    monkeypatch.setattr(gpu_report, "out_dir", str(out))
+    monkeypatch.setattr(gpu_report, "copy_to", str(copies))
+    for name in gpu_report.COPIED[1:]:  # all but report.md, the first
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(name)
+    gpu_report.publish()
+    names = [os.path.basename(n) for n in gpu_report.COPIED]
+    assert sorted(os.listdir(copies)) == sorted([*names[1:8], "logs_tail.txt"])
+    (out / "report.md").write_text("report")
+    gpu_report.publish()
+    assert sorted(os.listdir(copies)) == sorted([*names[:7], "logs_tail.txt"])  # the last one gave way
+    assert (copies / "transfer.md").read_text() == "transfer.md"
+
+
 def test_a_phase_that_fails_keeps_what_it_measured_and_one_that_crashes_says_where(tmp_path, monkeypatch):
     import gpu_report
     monkeypatch.setattr(gpu_report, "out_dir", str(tmp_path))
