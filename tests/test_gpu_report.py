@@ -300,6 +300,9 @@ def test_a_phase_that_fails_keeps_what_it_measured_and_one_that_crashes_says_whe
 def test_bad_phase_names_are_one_line_errors(tmp_path):
     assert_one_line_error(run_script("tools/gpu_report.py", "--phases=bench,train", f"--out_dir={tmp_path}", check=False),
                           "unknown phase 'train'", "health, transfer, grid, prepare, bench, compile, float16, recipes, glue, offload")
+    assert_one_line_error(run_script("tools/gpu_report.py", "--phases=grid", f"--out_dir={tmp_path}", "--grid_epochs=5,ten",
+                                     f"--glue_dir={GLUE_FIXTURES}", check=False),
+                          "phase grid failed: --grid_lr='4e-5,1e-4,3e-4', --grid_epochs='5,ten'", "epoch counts >= 1")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the sweep reads Linux's /proc")

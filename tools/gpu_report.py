@@ -552,9 +552,10 @@ def write_grid_summary():
     lines = ["# cram grid: fine-tuning's rate and epochs at this width, beside the no-pretraining floor", "",
              "Pretraining (logs/grid_train.log):", "", *(f"    {line}" for line in trained or ["(no line yet)"]), "",
              f"Batch {grid_batch}, 1 seed each; main metric, the others in brackets (MRPC: F1 (accuracy); STS-B: Pearson "
-             f"(Spearman)); train: the first 2,000 training examples; **bold**: the task's best on dev.", "",
+             f"(Spearman)); train: the training examples finetune_glue.py scores (its fit); **bold**: the task's best on dev.", "",
              "| task | lr | epochs | dev | train | floor: dev | floor: train |", "|---|---|---|---|---|---|---|"]
-    for task, lr, epochs in sorted({(p["task"], p["lr"], p["epochs"]) for p in points}):
+    order = {task: i for i, task in enumerate(grid_tasks.split(","))}
+    for task, lr, epochs in sorted({(p["task"], p["lr"], p["epochs"]) for p in points}, key=lambda k: (order.get(k[0]), k)):
         ours, floor = found.get((task, lr, epochs, "tasks")), found.get((task, lr, epochs, "no_pretraining"))
         mark = "**" if ours is not None and ours is best.get(task) else ""
         lines.append(f"| {task} | {lr:g} | {epochs} | {mark}{grid_cell(ours, 'dev')}{mark} | {grid_cell(ours, 'fit')} | "
@@ -575,6 +576,14 @@ def phase_grid(deadline, logs):
     the same, in parallel processes; grid.md says each point's dev and train scores. A rerun continues."""
     if not glue_present(grid_tasks):
         raise PhaseFailed(f"none of {grid_tasks} is in {glue_dir}")
+    try:
+        epochs = f"{grid_epochs},{grid_sst2_epochs}".split(",")
+        valid = min(map(float, grid_lr.split(","))) > 0 and min(map(int, epochs)) > 0
+    except ValueError:
+        valid = False
+    if not valid:
+        raise PhaseFailed(f"--grid_lr={grid_lr!r}, --grid_epochs={grid_epochs!r} and --grid_sst2_epochs="
+                          f"{grid_sst2_epochs!r} must be comma-separated rates > 0 and epoch counts >= 1")
     prepared = phase_prepare(deadline, logs)[0]
     _, train = pretrain("grid", grid_train_args, deadline, logs, write_grid_summary)
     jobs = grid_jobs(logs)
