@@ -353,5 +353,16 @@ def test_gpu_call_builds_the_carry_folder_checks_it_and_prints_the_call(corpus_f
         assert sorted(os.listdir(os.path.join(ROOT, carry, "glue"))) == ["MRPC", "RTE", "SST-2", "STS-B"]
         # a rerun checks what it finds: another vocabulary than the one there is refused, not carried
         assert_one_line_error(run_script(*ready, check=False), "vocab_size 384 (not 32768)")
+        # or the text itself, xz-compressed, which the call prepares on the GPU machine: the corpus's text, whole here
+        shutil.rmtree(os.path.join(ROOT, carry, "corpus"))
+        assert_one_line_error(run_script(*ready, "--carry_text=True", "--corpus=books.jsonl", check=False),
+                              "--carry_text=True takes a text file")
+        call = json.loads(run_script(*ready, "--carry_text=True", "--vocab_size=384").stdout.splitlines()[-1])
+        assert call["command"].startswith("PYTHONUNBUFFERED=1 python3 tools/gpu_report.py --phases=health,transfer "
+                                          f"--device=cuda --corpus={carry}/corpus.txt.xz --data_dir=data/gpu_prepared "
+                                          "\"--prepare_args=--vocab_size=384 --seq_len=32 --tokenizer_train_chars=100000\" ")
+        import lzma
+        assert lzma.open(os.path.join(ROOT, carry, "corpus.txt.xz"), "rt").read() == open(corpus_file).read()
+        assert not os.path.exists(os.path.join(ROOT, carry, "corpus"))
     finally:
         shutil.rmtree(os.path.join(ROOT, carry), ignore_errors=True)

@@ -7,6 +7,9 @@ and untracked files that git does not ignore) plus the ignored paths a call name
 all. So everything the call needs that costs CPU time is made here, on any CPU, before a GPU is lent:
   - <carry_dir>/corpus: the corpus prepared by prepare.py (a 32k vocabulary, sequences of 128), as many
     train tokens as fit beside the tree and GLUE (uint16: 2 bytes a token), unless max_tokens says
+  - or, with carry_text, <carry_dir>/corpus.txt.xz: the corpus's text from its start, xz-compressed, as much as fits
+    (English books: about 1.8 times the tokens of the uint16 files), which the call prepares on the GPU machine
+    (tools/gpu_report.py's prepare phase, at this vocabulary and sequence length: about half a minute on 16 cores)
   - <carry_dir>/glue: GLUE's RTE, MRPC, STS-B and SST-2 (train.tsv and dev.tsv), copied from glue_dir
 Then it checks what the call will find: the prepared data as train.py reads it (meta.json, the token
 files' sizes, every id below the vocabulary, the tokenizer) at the vocabulary and sequence length asked
@@ -15,11 +18,15 @@ timeout_s): tools/gpu_report.py's health check and transfer phase, ended by its 
 or more before timeout_s, its files copied into $OUT as each piece finishes (docs/gpu.md, "The first
 GPU session"). A rerun keeps a prepared corpus that passes the checks; delete the folder to remake it.
 """
+import bz2
+import gzip
 import json
+import lzma
 import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -36,6 +43,7 @@ vocab_size = 32768         # >= 260: the carried data's vocabulary (docs/gpu.md'
 seq_len = 128              # >= 2: its sequence length
 tokenizer_train_chars = 120_000_000  # >= 1: text the tokenizer trains on: about the text 28M tokens come from
 limit_mib = 64.0           # > 0: what a device call sends at most: the working tree and the carried paths
+carry_text = False         # carry the text (xz) and prepare it on the GPU machine, not token files: more tokens a MiB
 phases = "health,transfer"  # the call's tools/gpu_report.py phases: health,transfer (the first call), or health,grid
                            # (fine-tuning's rate and epochs at the transfer run's width: with --deadline_minutes=9 --timeout_s=600)
 transfer_minutes = 3.5     # > 0: the call's pretraining budget (train.py's budget rule picks the shape and batch)
@@ -43,6 +51,8 @@ deadline_minutes = 8.0     # > 0: the call's own deadline: everything it started
 stop_grace_s = 15.0        # > 0: SIGTERM to SIGKILL for a script stopped at the deadline (train.py saves on it)
 timeout_s = 540            # [1, 600]: the device call's limit, at least a minute above the deadline
 # -----------------------------------------------------------------------------
+TEXT_OPENERS = {".txt": open, ".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # carry_text's corpus, by suffix
+TEXT_CHUNK = 8_000_000     # carry_text's characters compressed at once, a core each (xz's streams concatenate)
 GLUE_FOLDERS = ("RTE", "MRPC", "STS-B", "SST-2")  # what the transfer phase fine-tunes (stsb, mrpc, rte, sst2)
 GLUE_FILES = ("train.tsv", "dev.tsv")
 MIB = 2 ** 20
@@ -98,7 +108,11 @@ def check_inputs(carry):
     if not glue_dir or missing:
         raise SystemExit(f"error: --glue_dir={glue_dir!r} lacks {', '.join(missing) or 'everything'}: give a GLUE "
                          f"folder in the original layout")
-    if not os.path.isfile(os.path.join(carry, "corpus", "meta.json")) and not (corpus and os.path.exists(corpus)):
+    done = os.path.join(carry, "corpus.txt.xz" if carry_text else os.path.join("corpus", "meta.json"))
+    if carry_text and not os.path.isfile(done) and not corpus.endswith((".txt", ".txt.gz", ".txt.bz2", ".txt.xz")):
+        raise SystemExit(f"error: --carry_text=True takes a text file (.txt, .txt.gz, .txt.bz2, .txt.xz), not "
+                         f"--corpus={corpus}")
+    if not os.path.isfile(done) and not (corpus and os.path.exists(corpus)):
         raise SystemExit(f"error: --corpus={corpus!r} is not there: give the text to prepare")
     if transfer_minutes + BESIDE_PRETRAINING > deadline_minutes:
         print(f"warning: --transfer_minutes={transfer_minutes:g} leaves under {BESIDE_PRETRAINING:g} minutes of "
@@ -139,6 +153,36 @@ def prepare(data, tokens):
         raise SystemExit(f"error: prepare.py failed (above); fix it and run this again (delete {data} to start over)")
 
 
+def carry_corpus_text(path, room):
+    """`path`: the corpus's text from its start, in xz streams of TEXT_CHUNK characters compressed on every core, as
+    many as fit `room` bytes; one there already is kept. Returns its characters and bytes."""
+    if os.path.isfile(path):
+        print(f"{path} is there already: checking it")
+        try:
+            with lzma.open(path, "rt", encoding="utf-8") as f:
+                chars = sum(map(len, iter(lambda: f.read(TEXT_CHUNK), "")))
+        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+            raise SystemExit(f"error: {path} is damaged ({e}): delete it and run this again")
+        return chars, os.path.getsize(path)
+    chars, written, full = 0, 0, False
+    with TEXT_OPENERS[os.path.splitext(corpus)[1]](corpus, "rt", encoding="utf-8", errors="replace") as source, \
+            open(path + ".tmp", "wb") as out, ThreadPoolExecutor(os.cpu_count()) as pool:
+        while not full:
+            texts = [t for t in (source.read(TEXT_CHUNK) for _ in range(os.cpu_count())) if t]
+            packed = pool.map(lambda text: lzma.compress(text.encode("utf-8"), preset=9), texts)  # (releases the GIL)
+            for text, data in zip(texts, packed):
+                full = full or written + len(data) > room
+                if not full:
+                    out.write(data)
+                    chars, written = chars + len(text), written + len(data)
+            full = full or not texts
+    if not written:
+        os.remove(path + ".tmp")
+        raise SystemExit(f"error: no room for {TEXT_CHUNK:,} characters of the corpus beside the working tree and GLUE")
+    os.replace(path + ".tmp", path)  # whole, or not there: a rerun keeps only a finished file
+    return chars, written
+
+
 def check_data(data):
     """The prepared data as train.py will read it, at the vocabulary and sequence length asked for: its train tokens."""
     meta, train, _, _ = load_run_data(data)  # meta.json, the token files' sizes and ids, the tokenizer: one-line errors
@@ -152,8 +196,10 @@ def check_data(data):
 def the_call(carry):
     """The device call: its command, carry and timeout_s."""
     where = os.path.relpath(carry, ROOT)
+    data = (f"--corpus={where}/corpus.txt.xz --data_dir=data/gpu_prepared \"--prepare_args=--vocab_size={vocab_size} "
+            f"--seq_len={seq_len} --tokenizer_train_chars={tokenizer_train_chars}\"") if carry_text else f"--data_dir={where}/corpus"
     command = (f"PYTHONUNBUFFERED=1 python3 tools/gpu_report.py --phases={phases} --device=cuda "
-               f"--data_dir={where}/corpus --glue_dir={where}/glue --transfer_minutes={transfer_minutes:g} "
+               f"{data} --glue_dir={where}/glue --transfer_minutes={transfer_minutes:g} "
                f"--deadline_minutes={deadline_minutes:g} --stop_grace_s={stop_grace_s:g} --copy_to=$OUT")
     return dict(command=command, carry=[where], timeout_s=timeout_s)
 
@@ -163,15 +209,20 @@ def main():
     check_inputs(carry)
     tree = tree_bytes()
     glue = copy_glue(carry)
-    prepare(os.path.join(carry, "corpus"), tokens_to_prepare(tree + glue))
-    tokens = check_data(os.path.join(carry, "corpus"))
+    if carry_text:
+        chars, size = carry_corpus_text(os.path.join(carry, "corpus.txt.xz"), limit_mib * MIB - tree - glue - SPARE_BYTES)
+        what = f"{chars / 1e6:,.1f}M characters of text in {size / MIB:.1f} MiB of xz, which the call prepares"
+    else:
+        prepare(os.path.join(carry, "corpus"), tokens_to_prepare(tree + glue))
+        tokens = check_data(os.path.join(carry, "corpus"))
+        what = f"{tokens / 1e6:.1f}M train tokens (vocabulary {vocab_size}, sequences of {seq_len})"
     total = tree + bytes_under([""], carry)
     if total > limit_mib * MIB:
         raise SystemExit(f"error: the working tree ({tree / MIB:.1f} MiB) and {carry_dir} ({(total - tree) / MIB:.1f} "
                          f"MiB) are {total / MIB:.1f} MiB, over a call's {limit_mib:g}: delete {carry_dir}/corpus and "
                          f"run this with a smaller --max_tokens")
-    print(f"ready: {carry_dir} with the working tree is {total / MIB:.1f} MiB of {limit_mib:g}: {tokens / 1e6:.1f}M "
-          f"train tokens (vocabulary {vocab_size}, sequences of {seq_len}), GLUE's {', '.join(GLUE_FOLDERS)}")
+    print(f"ready: {carry_dir} with the working tree is {total / MIB:.1f} MiB of {limit_mib:g}: {what}, GLUE's "
+          f"{', '.join(GLUE_FOLDERS)}")
     print("the device call (the session's first; then give the machine back; docs/gpu.md, \"The first GPU session\"):")
     print(json.dumps(the_call(carry)))
 
