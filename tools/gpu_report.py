@@ -14,6 +14,10 @@ that each have their own time limit and settings and can run alone:
             STS-B, MRPC, RTE and SST-2 fine-tuned once each, and each also from scratch (the
             no-pretraining floor), beside the published rows; its point on the picture of GLUE
             against compute. Resumable: rerun it and the checkpoint and scored seeds are kept
+  grid      which fine-tuning settings fit a small encoder? grid_train_args' pretraining (the transfer
+            run's 8 x 512 again, to its token count), then each task at every rate x epochs point, once,
+            the floor too, 12 processes at a time in order of value: grid.md, each point's dev score
+            and its fit on the training examples, the model's and the floor's. Resumable
   prepare   the corpus with a 32k vocabulary into data_dir, unless it is prepared already
   bench     bench.py at the reference shape: tokens/s, MFU, share of the measured matmul speed,
             the original-BERT and HF ratios, and the micro-batch probe
