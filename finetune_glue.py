@@ -294,10 +294,16 @@ def train_batches(lengths, size, generator, grouped):
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
+def to_device(tensor, device):
+    """On a GPU from pinned memory without waiting (a copy from pageable memory waits for the device's queue)."""
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
+
+
 def collate(sequences, pad_id, device):
     """Right-padded (B, T) ids and the (B, T) mask of real tokens."""
     ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in sequences], batch_first=True, padding_value=pad_id)
-    return ids.to(device), (ids != pad_id).to(device)
+    ids = to_device(ids, device)
+    return ids, ids != pad_id
 
 
 # ---------------------------------------------------------------- fine-tuning
@@ -365,7 +371,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
             ids, mask = collate(batch, pad_id, rt.device)
             counts["tokens"] += sum(map(len, batch))  # counted on the host: no step waits for the device
             counts["padded_tokens"] += len(batch) * max(map(len, batch))
-            y = targets[rows].to(rt.device)
+            y = to_device(targets[rows], rt.device)
             with rt.autocast():
                 out = model(ids, mask).float()
             loss = F.mse_loss(out[:, 0], y) if regression else F.cross_entropy(out, y)

@@ -152,6 +152,14 @@ def test_the_grid_phase_scores_each_point_on_dev_and_train_beside_the_floor(corp
                         r"cola -?[\d.]+ at lr (1e-05|0.001), 2 epochs \(grid.md\)", found["grid"]["headline"])
     assert "final: step" in grid and "| rte | 0.001 | 2 |" in found["grid"]["body"]
     assert sorted(os.listdir(tmp_path / "OUT")) == ["grid.json", "grid.md", "grid_train.log", "logs_tail.txt", "report.md"]
+    # a rerun with fewer tasks: the pretraining spent, its points done, the others' rows kept after them
+    proc = run_script("tools/gpu_report.py", "--phases=grid", f"--corpus={corpus_file}", f"--data_dir={tmp_path / 'data'}",
+                      f"--glue_dir={GLUE_FIXTURES}", f"--out_dir={out}", *TINY, "--grid_tasks=sst2", "--grid_lr=1e-3,1e-5",
+                      "--grid_sst2_epochs=1", "--grid_glue_args=--max_train_examples=8",
+                      f"--grid_train_args={' '.join(TINY_MODEL)} --fill_in_examples=0 --budget_tokens=30000")
+    assert torch.load(out / "grid" / "ckpt.pt", weights_only=True)["tokens"] == ckpt["tokens"] and "best on dev: sst2" in proc.stdout
+    assert [line.split(" | ")[0] for line in (out / "grid.md").read_text().splitlines() if line.startswith("| ") and
+            "epochs" not in line] == ["| sst2"] * 2 + ["| cola"] * 2 + ["| rte"] * 2
 
 
 @slow
@@ -354,10 +362,13 @@ def test_gpu_call_builds_the_carry_folder_checks_it_and_prints_the_call(corpus_f
         # a rerun checks what it finds: another vocabulary than the one there is refused, not carried
         assert_one_line_error(run_script(*ready, check=False), "vocab_size 384 (not 32768)")
         # or the text itself, xz-compressed, which the call prepares on the GPU machine: the corpus's text, whole here
+        assert_one_line_error(run_script(*ready, "--carry_text=True", check=False), "corpus is there from a call without")
         shutil.rmtree(os.path.join(ROOT, carry, "corpus"))
-        assert_one_line_error(run_script(*ready, "--carry_text=True", "--corpus=books.jsonl", check=False),
-                              "--carry_text=True takes a text file")
-        call = json.loads(run_script(*ready, "--carry_text=True", "--vocab_size=384").stdout.splitlines()[-1])
+        text = [*ready, "--carry_text=True", "--max_tokens=0"]  # as much text as fits
+        assert_one_line_error(run_script(*text, "--corpus=books.jsonl", check=False), "--carry_text=True takes a text file")
+        assert_one_line_error(run_script(*text, "--max_tokens=9", check=False), "--max_tokens is for the token files")
+        assert_one_line_error(run_script(*text, "--phases=health,gird", check=False), "names gird: not among")
+        call = json.loads(run_script(*text, "--vocab_size=384").stdout.splitlines()[-1])
         assert call["command"].startswith("PYTHONUNBUFFERED=1 python3 tools/gpu_report.py --phases=health,transfer "
                                           f"--device=cuda --corpus={carry}/corpus.txt.xz --data_dir=data/gpu_prepared "
                                           "\"--prepare_args=--vocab_size=384 --seq_len=32 --tokenizer_train_chars=100000\" ")

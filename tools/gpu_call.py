@@ -14,9 +14,10 @@ all. So everything the call needs that costs CPU time is made here, on any CPU, 
 Then it checks what the call will find: the prepared data as train.py reads it (meta.json, the token
 files' sizes, every id below the vocabulary, the tokenizer) at the vocabulary and sequence length asked
 for, and the tree plus the carry folder within limit_mib; and prints the device call (command, carry,
-timeout_s): tools/gpu_report.py's health check and transfer phase, ended by its own deadline a minute
-or more before timeout_s, its files copied into $OUT as each piece finishes (docs/gpu.md, "The first
-GPU session"). A rerun keeps a prepared corpus that passes the checks; delete the folder to remake it.
+timeout_s): tools/gpu_report.py's phases (the health check and the transfer phase, or another), ended by
+its own deadline a minute or more before timeout_s, its files copied into $OUT as each piece finishes
+(docs/gpu.md, "The first GPU session"). A rerun keeps a prepared corpus that passes the checks, and a
+carried text that reads whole (whatever --corpus says then); delete the folder to remake it.
 """
 import bz2
 import gzip
@@ -33,6 +34,8 @@ sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import load_run_data  # noqa: E402
 from cram.process import guarded  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from gpu_report import PHASES  # noqa: E402  (the phases a call may name)
 
 # -----------------------------------------------------------------------------
 corpus = ""                # the text to prepare (prepare.py's local formats: .txt.gz, .jsonl, ...); its start is used
@@ -94,6 +97,10 @@ def tree_bytes():
 
 def check_inputs(carry):
     """One-line errors for what the call could not use, before any work."""
+    unknown = [p for p in phases.split(",") if p not in PHASES]
+    if unknown:
+        raise SystemExit(f"error: --phases={phases} names {', '.join(unknown)}: not among tools/gpu_report.py's "
+                         f"{', '.join(PHASES)}")
     if deadline_minutes * 60 + 60 > timeout_s or timeout_s > 600:
         raise SystemExit(f"error: --timeout_s={timeout_s} must be at least a minute above --deadline_minutes="
                          f"{deadline_minutes:g} ({deadline_minutes * 60 + 60:.0f} s) and at most 600 (a call's limit)")
@@ -109,6 +116,12 @@ def check_inputs(carry):
         raise SystemExit(f"error: --glue_dir={glue_dir!r} lacks {', '.join(missing) or 'everything'}: give a GLUE "
                          f"folder in the original layout")
     done = os.path.join(carry, "corpus.txt.xz" if carry_text else os.path.join("corpus", "meta.json"))
+    other = os.path.join(carry, "corpus" if carry_text else "corpus.txt.xz")  # the other form would travel too
+    if os.path.exists(other):
+        raise SystemExit(f"error: {other} is there from a call {'without' if carry_text else 'with'} --carry_text: "
+                         f"delete it (a call's 64 MiB carry one form of the corpus)")
+    if carry_text and max_tokens:
+        raise SystemExit("error: --max_tokens is for the token files; --carry_text=True carries as much text as fits")
     if carry_text and not os.path.isfile(done) and not corpus.endswith((".txt", ".txt.gz", ".txt.bz2", ".txt.xz")):
         raise SystemExit(f"error: --carry_text=True takes a text file (.txt, .txt.gz, .txt.bz2, .txt.xz), not "
                          f"--corpus={corpus}")
@@ -164,12 +177,13 @@ def carry_corpus_text(path, room):
         except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
             raise SystemExit(f"error: {path} is damaged ({e}): delete it and run this again")
         return chars, os.path.getsize(path)
-    chars, written, full = 0, 0, False
+    chars, written, full, cores = 0, 0, False, min(len(os.sched_getaffinity(0)), 8)
+    filters = [dict(id=lzma.FILTER_LZMA2, preset=9, dict_size=2 * TEXT_CHUNK)]  # a chunk's text (xz -9 would take 64 MiB)
     with TEXT_OPENERS[os.path.splitext(corpus)[1]](corpus, "rt", encoding="utf-8", errors="replace") as source, \
-            open(path + ".tmp", "wb") as out, ThreadPoolExecutor(os.cpu_count()) as pool:
+            open(path + ".tmp", "wb") as out, ThreadPoolExecutor(cores) as pool:
         while not full:
-            texts = [t for t in (source.read(TEXT_CHUNK) for _ in range(os.cpu_count())) if t]
-            packed = pool.map(lambda text: lzma.compress(text.encode("utf-8"), preset=9), texts)  # (releases the GIL)
+            texts = [t for t in (source.read(TEXT_CHUNK) for _ in range(cores)) if t]
+            packed = pool.map(lambda text: lzma.compress(text.encode("utf-8"), filters=filters), texts)  # (frees the GIL)
             for text, data in zip(texts, packed):
                 full = full or written + len(data) > room
                 if not full:

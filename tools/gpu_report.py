@@ -41,9 +41,9 @@ there) and saves its section, so phases run in separate sessions end up in one r
 
 With deadline_minutes, everything the command starts has ended that many minutes after it began, on
 a machine lent by the call (docs/gpu.md, "The first GPU session": tools/gpu_call.py prepares its data and
-prints it); with copy_to, a small fixed set of files (COPIED: the report, the transfer table, the
-pretraining log, ...) is copied there as each piece finishes, so a call cut short returns every piece
-finished by then.
+prints it); with copy_to, the first 7 of a fixed list of files that exist (COPIED, by value: the report,
+the transfer table, the grid's, the pretraining logs, ...) are copied there as each piece finishes, so a
+call cut short returns every piece finished by then.
 
 On a CPU the same command runs end to end with tiny settings (tests/test_gpu_report.py):
 device_memory_gib then simulates the GPU's memory for the off-load phase.
@@ -78,7 +78,8 @@ corpus = ""                # text for the prepare phase (prepare.py's formats); 
 data_dir = "data/gpu_report"  # the prepared corpus every phase reads
 glue_dir = ""              # a local GLUE folder (original layout); empty: the glue phase fails with a hint
 out_dir = "out/gpu_report"  # report.md, its pictures, each phase's section and logs, the recipes' runs
-phases = "health,transfer,grid,prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
+phases = "health,transfer,prepare,bench,compile,float16,recipes,glue,offload"  # which phases to run, in this order
+                           # (grid on request: its 8 x 512 and 48 fine-tuning runs want a GPU call of their own)
 # transfer: pretraining, then GLUE beside the no-pretraining floor (the first question a GPU answers)
 transfer_minutes = 6.0     # > 0: train.py's pretraining budget (compilation included), which picks its shape and batch
 transfer_train_args = ""   # more train.py settings for its pretraining (a shape given here replaces the budget's)
@@ -360,6 +361,12 @@ def phase_health(deadline, logs):
 def phase_prepare(deadline, logs):
     """data_dir prepared from the corpus unless meta.json says it is done."""
     meta_path = os.path.join(data_dir, "meta.json")
+    if os.path.isfile(meta_path) and corpus:  # a warm machine's folder from another call's text or settings
+        meta, asked = load_meta(data_dir), dict(a[2:].split("=", 1) for a in shape_args(prepare_args) if "=" in a)
+        other = [f"{k} {meta[k]}" for k in ("vocab_size", "seq_len") if k in asked and str(meta[k]) != asked[k]]
+        if os.path.abspath(meta["source"]) != os.path.abspath(corpus) or other:
+            raise PhaseFailed(f"{data_dir} was prepared from {meta['source']}{', ' * bool(other)}{', '.join(other)}: "
+                              f"not --corpus={corpus} --prepare_args={prepare_args!r}; give another --data_dir")
     if not os.path.isfile(meta_path):
         if not corpus:
             raise PhaseFailed(f"{data_dir} is not prepared and no --corpus was given")
@@ -443,9 +450,9 @@ def job_name(job):
 
 
 def pretrain(phase, train_args, deadline, logs, write_summary):
-    """train.py's recipe for transfer_minutes into <out_dir>/<phase> (train_args added), resumed if its checkpoint is
-    there; the fine-tuning scores of a checkpoint it replaces are set aside. Returns the run's folder and train.py's
-    arguments."""
+    """train.py's recipe for transfer_minutes (train_args added: a --budget_tokens there sets the length instead) into
+    <out_dir>/<phase>, resumed if its checkpoint is there; the fine-tuning scores of a checkpoint it replaces are set
+    aside. Returns the run's folder and train.py's arguments."""
     run = os.path.join(out_dir, phase)
     os.makedirs(run, exist_ok=True)
     resume = os.path.isfile(os.path.join(run, "ckpt.pt"))
@@ -457,9 +464,9 @@ def pretrain(phase, train_args, deadline, logs, write_summary):
     except PhaseFailed as failure:
         write_summary()  # its start-up lines, for the copies
         raise PhaseFailed(f"{failure}; run the phase again to continue (its checkpoint is saved every 2 minutes)")
-    piece_done("pretraining", write_summary)
-    if "has spent this budget" not in trained:  # the scores of the checkpoint this one replaced are kept aside
+    if "has spent this budget" not in trained:  # the scores of the checkpoint this one replaced, before any summary
         set_aside([os.path.join(run, name) for name in ("glue.json", "glue_runs", "grid")])
+    piece_done("pretraining", write_summary)
     return run, train
 
 
@@ -536,9 +543,10 @@ def grid_points():
 
 def grid_cell(point, key):
     """A point's scores, main metric first, the others in brackets: '81.2 (70.1)'; '-' where it did not finish."""
-    if point is None:
+    values = [] if point is None else [list(point["fit"].values())] if key == "fit" else [
+        list(m.values()) for m in point["dev"].values()]
+    if not values or not all(values):  # (a run from before fits were scored has none)
         return "-"
-    values = [list(point["fit"].values())] if key == "fit" else [list(m.values()) for m in point["dev"].values()]
     return " / ".join(f"{v[0]:.1f}" + "".join(f" ({o:.1f})" for o in v[1:]) for v in values)
 
 
@@ -558,8 +566,7 @@ def write_grid_summary():
              f"Batch {grid_batch}, 1 seed each; main metric, the others in brackets (MRPC: F1 (accuracy); STS-B: Pearson "
              f"(Spearman)); train: the training examples finetune_glue.py scores (its fit); **bold**: the task's best on dev.", "",
              "| task | lr | epochs | dev | train | floor: dev | floor: train |", "|---|---|---|---|---|---|---|"]
-    order = {task: i for i, task in enumerate(grid_tasks.split(","))}
-    for task, lr, epochs in sorted({(p["task"], p["lr"], p["epochs"]) for p in points}, key=lambda k: (order.get(k[0]), k)):
+    for task, lr, epochs in sorted({(p["task"], p["lr"], p["epochs"]) for p in points}, key=lambda k: (grid_order(k[0]), k)):
         ours, floor = found.get((task, lr, epochs, "tasks")), found.get((task, lr, epochs, "no_pretraining"))
         mark = "**" if ours is not None and ours is best.get(task) else ""
         lines.append(f"| {task} | {lr:g} | {epochs} | {mark}{grid_cell(ours, 'dev')}{mark} | {grid_cell(ours, 'fit')} | "
@@ -568,6 +575,12 @@ def write_grid_summary():
     write_atomically(os.path.join(out_dir, "grid.md"), lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
     write_json(os.path.join(out_dir, "grid.json"), dict(train_lines=trained, points=points))
     return best
+
+
+def grid_order(task):
+    """A task's place in grid_tasks (one an earlier command's grid had: after them)."""
+    names = grid_tasks.split(",")
+    return names.index(task) if task in names else len(names)
 
 
 def grid_score(point):
@@ -601,7 +614,7 @@ def phase_grid(deadline, logs):
         raise PhaseFailed(f"{len(failures)} of {len(jobs)} fine-tuning run(s) did not finish (rerun the phase to "
                           f"continue): {failures[0]}", body=body)
     return "best on dev: " + ", ".join(f"{t} {grid_score(p):.1f} at lr {p['lr']:g}, {p['epochs']} epochs"
-                                       for t, p in sorted(best.items(), key=lambda i: grid_tasks.split(",").index(i[0]))
+                                       for t, p in sorted(best.items(), key=lambda i: grid_order(i[0]))
                                        ) + " (grid.md)", body
 
 
