@@ -333,15 +333,15 @@ def predictions_of(model, encoded, pad_id, rt, regression):
     return [out[i] for i in range(len(encoded))]
 
 
-TRAIN_SCORED = 2000  # training examples scored after training (the first ones): a run's fit, beside its dev scores
+TRAIN_SCORED = 2000  # training examples scored after training, spread evenly over the file: a run's fit, beside dev
 
 
 def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     """Fine-tune an encoder of the checkpoint's shape on one task's encoded splits (split -> (ids, labels)) with `hp`'s
     batch_size, lr and epochs, starting from the weights `start` (the checkpoint's, or MNLI's fine-tune of them) or,
     None, a fresh initialisation (seeded by run_seed, as the head is). Returns a dict: scores, {score name: {metric:
-    value}} on its dev sets; fit, {metric: value} on the first TRAIN_SCORED training examples (under-fitting, or what
-    pretraining lacks?); counts, the training's tokens (real), padded_tokens (what the model computed) and
+    value}} on its dev sets; fit, {metric: value} on at most TRAIN_SCORED training examples, every k-th (under-fitting,
+    or what pretraining lacks?); counts, the training's tokens (real), padded_tokens (what the model computed) and
     train_seconds; tests, its predictions on the test sets among the splits ('test:<file>' -> a label's index, or
     STS-B's score); encoder, the fine-tuned encoder's weights."""
     spec = TASKS[name]
@@ -385,7 +385,8 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
                 bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
     counts["train_seconds"] = time.perf_counter() - start_time
-    scored = {s: encoded[s] for s in spec["dev"]} | {"train": (train_ids[:TRAIN_SCORED], labels[:TRAIN_SCORED])}
+    every = -(-len(train_ids) // TRAIN_SCORED)  # a file in some order (by source, by label) is sampled throughout
+    scored = {s: encoded[s] for s in spec["dev"]} | {"train": (train_ids[::every], labels[::every])}
     predicted = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in scored.items()}
     scores = {s: {m: 100 * METRICS[m](predicted[s], scored[s][1]) for m in spec["metrics"]} for s in scored}
     tests = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in encoded.items() if s.startswith("test:")}

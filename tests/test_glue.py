@@ -259,6 +259,22 @@ def test_the_no_pretraining_control_starts_from_a_fresh_encoder_of_the_checkpoin
     assert sum(not torch.equal(fresh[n], ckpt["model"][n]) for n in fresh) > len(fresh) // 2  # pretraining moved them
 
 
+def test_the_fit_samples_the_whole_training_file(pretrained, monkeypatch):
+    """A run's fit scores TRAIN_SCORED training examples spread over the file, every k-th: a file sorted by label (or by
+    source) still gives each label its share, where its first rows would hold one label."""
+    from cram.files import load_checkpoint
+    ckpt = load_checkpoint(str(pretrained))
+    cls, sep = ckpt["meta"]["special_ids"]["[CLS]"], ckpt["meta"]["special_ids"]["[SEP]"]
+    train = [[cls, 10 + i, sep] for i in range(9)]
+    encoded = {"train": (train, [0] * 5 + [1] * 4), "rte": ([[cls, 5, sep]], [0])}  # sorted by label
+    seen, predict = [], glue.predictions_of
+    monkeypatch.setattr(glue, "TRAIN_SCORED", 3)
+    monkeypatch.setattr(glue, "predictions_of", lambda model, ids, *a: seen.append(ids) or predict(model, ids, *a))
+    glue.finetune("rte", encoded, ckpt, 0, runtime.setup("cpu", "float32", compile=False),
+                  dict(batch_size=4, lr=1e-4, epochs=1), ckpt["model"])
+    assert seen[-1] == [train[0], train[3], train[6]]  # 9 examples, 3 scored: every 3rd, both labels among them
+
+
 def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     """The control goes into the same glue.json, beside the model's scores (which it keeps), and
     into the same table, the picture's table and the model card; each is resumed on its own."""
