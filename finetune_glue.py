@@ -668,8 +668,13 @@ def plans_for(names, width, settings, given):
 def kept_files(file, name, group):
     """What a run of `file` must leave beside it for this command: with --predict, its test-set predictions (the
     model's); with --protocol=mnli_start, MNLI's encoder, which RTE, MRPC and STS-B start from."""
-    tests = [os.path.join(file[:-5] + ".test", f"{f}.tsv") for f in TEST_SETS[name]]  # each: a stop may come between
+    tests = list(prediction_files(file, name).values())  # each: a stop may come between
     return tests * (predict and group == "tasks") + [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
+
+
+def prediction_files(file, name):
+    """Where the run of `file` keeps its test-set predictions: the server's file -> <run>.test/<that file>.tsv."""
+    return {f: os.path.join(file[:-5] + ".test", f"{f}.tsv") for f in TEST_SETS[name]}
 
 
 def settings_line(todo, per_task, given):
@@ -685,15 +690,16 @@ def settings_line(todo, per_task, given):
         f" (by the encoder's width and the task's size{'; given: ' * bool(mine)}{', '.join(mine)})"
 
 
-def write_predictions(folder, name, data, predicted):
-    """A run's test-set predictions as the GLUE server takes them, a file each (test:CoLA -> CoLA.tsv): a header, then
-    each example's index (data's) and prediction (a label's name; STS-B's score, clipped to its 0-5 scale)."""
-    labels = TASKS[name]["labels"]
-    os.makedirs(folder, exist_ok=True)
+def write_predictions(file, name, data, predicted):
+    """The test-set predictions of the run of `file` as the GLUE server takes them, a file each (test:CoLA -> CoLA.tsv,
+    prediction_files'): a header, then each example's index (data's) and prediction (a label's name; STS-B's score, clipped
+    to its 0-5 scale)."""
+    labels, paths = TASKS[name]["labels"], prediction_files(file, name)
     for split, values in predicted.items():
         rows = "".join(f"{int(i)}\t{labels[v] if labels else f'{min(5.0, max(0.0, v)):.3f}'}\n"
                        for i, v in zip(data[split][1], values))
-        write_atomically(os.path.join(folder, f"{split[5:]}.tsv"),
+        os.makedirs(os.path.dirname(paths[split[5:]]), exist_ok=True)
+        write_atomically(paths[split[5:]],
                          lambda tmp: Path(tmp).write_text("index\tprediction\n" + rows, encoding="utf-8"))
 
 
@@ -703,8 +709,8 @@ def write_submission(path, identity, chosen_settings):
     runs, folder = read_runs(run_files(path), identity).get("tasks", {}), os.path.splitext(path)[0] + "_test"
     os.makedirs(folder, exist_ok=True)
     for name, settings in chosen_settings.items():
-        files = {r["seed"]: [os.path.join(run_file(path, "tasks", name, r["seed"], settings)[:-5] + ".test", f"{f}.tsv")
-                             for f in TEST_SETS[name]] for r in runs[name] if r["settings"] == settings}
+        files = {r["seed"]: list(prediction_files(run_file(path, "tasks", name, r["seed"], settings), name).values())
+                 for r in runs[name] if r["settings"] == settings}
         mine = [r for r in runs[name] if r["settings"] == settings and all(map(os.path.exists, files[r["seed"]]))]
         main, score = TASKS[name]["metrics"][0], next(iter(TASKS[name]["dev"]))  # MNLI: matched
         for file in TEST_SETS[name]:  # the median seed's, or none: never another setting's left from before
@@ -794,7 +800,7 @@ def main(config):
             os.makedirs(os.path.dirname(file), exist_ok=True)
             write_json(file, run)
             if out["tests"]:
-                write_predictions(file[:-5] + ".test", name, data, out["tests"])
+                write_predictions(file, name, data, out["tests"])
             if protocol == "mnli_start" and name == "mnli":
                 torch.save(out["encoder"], f"{file[:-5]}.encoder.pt")
             results = write_summary(path, identity, facts)
