@@ -19,8 +19,6 @@ its own deadline a minute or more before timeout_s, its files copied into $OUT a
 (docs/gpu.md, "The first GPU session"). A rerun keeps a prepared corpus that passes the checks, and a
 carried text that reads whole (whatever --corpus says then); delete the folder to remake it.
 """
-import bz2
-import gzip
 import json
 import lzma
 import os
@@ -34,6 +32,7 @@ sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import load_run_data  # noqa: E402
 from cram.process import guarded  # noqa: E402
+from prepare import OPENERS  # noqa: E402  (a text file's compression, by its last suffix, as prepare.py reads it)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from gpu_report import PHASES  # noqa: E402  (the phases a call may name)
 
@@ -54,7 +53,7 @@ deadline_minutes = 8.0     # > 0: the call's own deadline: everything it started
 stop_grace_s = 15.0        # > 0: SIGTERM to SIGKILL for a script stopped at the deadline (train.py saves on it)
 timeout_s = 540            # [1, 600]: the device call's limit, at least a minute above the deadline
 # -----------------------------------------------------------------------------
-TEXT_OPENERS = {".txt": open, ".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # carry_text's corpus, by suffix
+TEXT_FILES = (".txt", *(".txt" + suffix for suffix in OPENERS))  # the corpora carry_text takes: prepare.py's text files
 TEXT_CHUNK = 8_000_000     # carry_text's characters compressed at once, a core each (xz's streams concatenate)
 GLUE_FOLDERS = ("RTE", "MRPC", "STS-B", "SST-2")  # what the transfer phase fine-tunes (stsb, mrpc, rte, sst2)
 GLUE_FILES = ("train.tsv", "dev.tsv")
@@ -122,9 +121,8 @@ def check_inputs(carry):
                          f"delete it (a call's 64 MiB carry one form of the corpus)")
     if carry_text and max_tokens:
         raise SystemExit("error: --max_tokens is for the token files; --carry_text=True carries as much text as fits")
-    if carry_text and not os.path.isfile(done) and not corpus.endswith((".txt", ".txt.gz", ".txt.bz2", ".txt.xz")):
-        raise SystemExit(f"error: --carry_text=True takes a text file (.txt, .txt.gz, .txt.bz2, .txt.xz), not "
-                         f"--corpus={corpus}")
+    if carry_text and not os.path.isfile(done) and not corpus.endswith(TEXT_FILES):
+        raise SystemExit(f"error: --carry_text=True takes a text file ({', '.join(TEXT_FILES)}), not --corpus={corpus}")
     if not os.path.isfile(done) and not (corpus and os.path.exists(corpus)):
         raise SystemExit(f"error: --corpus={corpus!r} is not there: give the text to prepare")
     if transfer_minutes + BESIDE_PRETRAINING > deadline_minutes:
@@ -179,7 +177,7 @@ def carry_corpus_text(path, room):
         return chars, os.path.getsize(path)
     chars, written, full, cores = 0, 0, False, min(len(os.sched_getaffinity(0)), 8)
     filters = [dict(id=lzma.FILTER_LZMA2, preset=9, dict_size=2 * TEXT_CHUNK)]  # a chunk's text (xz -9 would take 64 MiB)
-    with TEXT_OPENERS[os.path.splitext(corpus)[1]](corpus, "rt", encoding="utf-8", errors="replace") as source, \
+    with OPENERS.get(os.path.splitext(corpus)[1], open)(corpus, "rt", encoding="utf-8", errors="replace") as source, \
             open(path + ".tmp", "wb") as out, ThreadPoolExecutor(cores) as pool:
         while not full:
             texts = [t for t in (source.read(TEXT_CHUNK) for _ in range(cores)) if t]

@@ -413,6 +413,12 @@ TRAIN_LINES = re.compile(r"^(?:budget: |lr: |model: |micro_batch=0: |torch\.comp
                          r"|.* has spent this budget).*$", re.M)  # train.py's start-up and final lines
 
 
+def train_lines(phase):
+    """The start-up and final lines of a phase's pretraining, from logs/<phase>_train.log (none before it starts)."""
+    log = os.path.join(out_dir, "logs", f"{phase}_train.log")
+    return TRAIN_LINES.findall(Path(log).read_text(errors="replace")) if os.path.isfile(log) else []
+
+
 def piece_done(what, write_summary):
     """Say when a piece of a phase (transfer, grid) finished, rewrite its summary and copy what is done."""
     with PUBLISHING:
@@ -426,8 +432,7 @@ def write_transfer_summary():
     """<out_dir>/transfer.md, the transfer phase's answer so far in one file: the pretraining's start-up
     and final lines (the budget's pick, the validation loss), the fine-tuning table beside the floor
     with the runs finished so far, and the minutes since the command began at which each piece ended."""
-    log = os.path.join(out_dir, "logs", "transfer_train.log")
-    trained = TRAIN_LINES.findall(Path(log).read_text(errors="replace")) if os.path.isfile(log) else []
+    trained = train_lines("transfer")
     results = os.path.join(out_dir, "transfer", "glue.json")
     table = read_json(results, "delete it and run the phase again").get("table", "") \
         if PIECES and os.path.isfile(results) else ""  # (before this command's pretraining ends, an older model's)
@@ -553,8 +558,7 @@ def grid_cell(point, key):
 def write_grid_summary():
     """<out_dir>/grid.md and grid.json: the pretraining's lines, then a row per task and point (rate, epochs): dev and
     train scores of the model and of the floor, each task's best point on dev marked; and the minutes as each ended."""
-    log = os.path.join(out_dir, "logs", "grid_train.log")
-    trained = TRAIN_LINES.findall(Path(log).read_text(errors="replace")) if os.path.isfile(log) else []
+    trained = train_lines("grid")
     points = grid_points() if PIECES else []  # (before this command's pretraining ends, an older model's)
     found = {(p["task"], p["lr"], p["epochs"], p["group"]): p for p in points}
     best = {}
