@@ -10,9 +10,7 @@ and meta.json, which is written last and marks the work as done. Documents are s
 tokens written as they come, so memory does not grow with the corpus.
 """
 import ast
-import bz2
 import functools
-import gzip
 import hashlib
 import itertools
 import json
@@ -33,7 +31,7 @@ import numpy as np
 
 from configurator import config_keys, configure  # first: it checks for the temporary folder torch's import needs
 from cram import process, runtime
-from cram.data import SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
+from cram.data import OPENERS, SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
 from cram.files import (cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically,
                         unfound, write_json, write_ranks)
 
@@ -59,7 +57,6 @@ SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding (dedup.bin: with dedup)
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2", ".txt.xz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
-OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # a text file's compression, by its last suffix
 # The most text the tokenizer, its trainer and the de-duplication see at once (text_file_documents, pieces).
 MAX_DOC_CHARS = 1_000_000
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there

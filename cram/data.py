@@ -5,9 +5,12 @@ loss and fill-in examples. Writing and checking cram's own files (checkpoints, J
 Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
 that only have torch, numpy and tiktoken.
 """
+import bz2
 import contextlib
 import functools
+import gzip
 import hashlib
+import lzma
 import os
 import re
 
@@ -21,6 +24,7 @@ from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids, unfound 
 # so a BPE trained there gives identical ids through tiktoken.
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
+OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # a text file's compression, by its last suffix
 MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
 
 

@@ -30,9 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from cram.data import load_run_data  # noqa: E402
+from cram.data import OPENERS, load_run_data  # noqa: E402
 from cram.process import guarded  # noqa: E402
-from prepare import OPENERS  # noqa: E402  (a text file's compression, by its last suffix, as prepare.py reads it)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from gpu_report import PHASES  # noqa: E402  (the phases a call may name)
 
