@@ -202,8 +202,10 @@ def guarded(main, kept, *args):
     except (KeyboardInterrupt, RuntimeError) as e:  # a stop inside a lock's wait (a thread pool's) can end as RuntimeError
         stop = e if isinstance(e, KeyboardInterrupt) else e.__context__
         if isinstance(e, RuntimeError) and re.search(r"^Dist|by peer", f"{type(e).__name__} {e}"):  # gloo, NCCL
-            raise SystemExit(f"error: another process of this run ended (killed? out of memory?), and this one cannot "
-                             f"go on alone ({str(e).split(' This is')[0][-120:]}); {told()}")
+            sys.stdout.flush()
+            print(printable(f"error: another process of this run ended (killed? out of memory?), and this one cannot go "
+                            f"on alone ({str(e).split(' This is')[0][-120:]}); {told()}"), file=sys.stderr, flush=True)
+            os._exit(1)  # no teardown: a group whose peer is gone can abort the interpreter's ("terminate called ...")
         if not isinstance(stop, KeyboardInterrupt):
             raise
         signum = stop.args[0] if stop.args and stop.args[0] in STOP_SIGNALS else signal.SIGINT
