@@ -1,0 +1,70 @@
+"""The house style's sizes, checked by CI after the tests (.ci/run), not by the tests a fork runs: a fork's honest
+change (a switch, a setting, a helper of any size) passes `python -m pytest tests`; the maintainers keep these.
+
+    python tools/style.py            # prints each figure against its limit; exit status 1 if one is over
+
+The limits: the core (the top-level scripts and modules and cram/) at most CORE_LINES lines in all, train.py at most
+TRAIN_LINES (nanoGPT's is 336: one flat loop read at once), each main() at most MAIN_LINES, every other function at
+most FUNCTION_LINES lines and FUNCTION_PARAMETERS parameters (self and cls not counted).
+"""
+import ast
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configurator import configure  # noqa: E402  (the core sits one folder up)
+
+# -----------------------------------------------------------------------------
+root = ROOT                # the checkout to measure
+# -----------------------------------------------------------------------------
+CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5100, 400, 90, 60, 8
+
+
+def core_files(root):
+    """The core's paths relative to root: the top level's .py files and the cram package's."""
+    top = [name for name in os.listdir(root) if name.endswith(".py")]
+    package = [f"cram/{name}" for name in os.listdir(os.path.join(root, "cram")) if name.endswith(".py")]
+    return sorted(top + package)
+
+
+def oversized(path, text):
+    """'path:line name: why' for each function of `text` over its length or parameter limit."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
+            params += [a.arg for a in (args.vararg, args.kwarg) if a]
+            lines, most = node.end_lineno - node.lineno + 1, MAIN_LINES if node.name == "main" else FUNCTION_LINES
+            if lines > most:
+                found.append(f"{path}:{node.lineno} {node.name}: {lines} lines (at most {most})")
+            if len(params) > FUNCTION_PARAMETERS:
+                found.append(f"{path}:{node.lineno} {node.name}: {len(params)} parameters (at most {FUNCTION_PARAMETERS})")
+    return found
+
+
+def report(root):
+    """(the figures' lines, the problems' lines) of the checkout at root."""
+    texts = {path: open(os.path.join(root, path), encoding="utf-8").read() for path in core_files(root)}
+    total, train = sum(len(t.splitlines()) for t in texts.values()), len(texts.get("train.py", "").splitlines())
+    figures = [f"the core: {total:,} lines (at most {CORE_LINES:,}) in {len(texts)} files",
+               f"train.py: {train} lines (at most {TRAIN_LINES})"]
+    problems = [line for line, over in ((figures[0], total > CORE_LINES), (figures[1], train > TRAIN_LINES)) if over]
+    for path, text in texts.items():
+        problems += oversized(path, text)
+    return figures, problems
+
+
+def main():
+    configure(globals(), sys.argv[1:])
+    figures, problems = report(root)
+    print("\n".join(figures))
+    for line in problems:
+        print(f"over: {line}")
+    print("the house style holds" if not problems else f"{len(problems)} over the house style's limits")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
