@@ -356,7 +356,8 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
         encoder.load_state_dict(start)
     model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout,
                                pooling=pooling).to(rt.device)
-    optimizer = rt.optimizer(model.parameters(), lr=hp["lr"], betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    groups = [dict(params=list(model.parameters()), weight_decay=weight_decay)]  # the reference decays all of them
+    optimizer = rt.optimizer(groups, lr=hp["lr"], betas=(beta1, beta2), eps=eps)
     scaler = rt.grad_scaler()
     total = hp["epochs"] * math.ceil(len(train_ids) / hp["batch_size"])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))

@@ -96,7 +96,8 @@ def batch_for_budget(tokens, seq_len):
 
 
 def lr_for_width(d_model):
-    """The peak learning rate of a model of width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT."""
+    """The peak learning rate of a model of width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT. Fitted for
+    AdamW (Muon scales its updates to AdamW's); another optimizer's rate is its own: give --lr."""
     return LR_AT_768 * (d_model / 768) ** LR_WIDTH_EXPONENT
 
 

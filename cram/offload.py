@@ -7,6 +7,7 @@ has the mechanism, its precision and its arithmetic. On a CPU the streams are Ho
 same code runs (and is tested) there. The parts, one job each: HostBlocks (the host side), BlockStreamer (the
 device side), StreamedBlocks (the blocks' place in the model) and OffloadTrainer, which composes them with the stem.
 """
+import inspect
 import math
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -17,6 +18,10 @@ import torch.nn as nn
 from model import Block, at_positions, param_groups
 
 
+STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's, as encode passes them: the
+# input, and what off-load's batches leave None (no padding, no narrowed layers)
+
+
 def check_settings(world, config, optim, dtype):
     """One-line errors for what off-load mode does not run with (config: the model, a ModelConfig)."""
     if world > 1:
@@ -24,6 +29,10 @@ def check_settings(world, config, optim, dtype):
     if config.full_layer_count() < config.n_layers:
         raise SystemExit("error: --offload=True streams whole layers: it does not combine with narrowed layers "
                          "(--full_layers)")
+    extra = [name for name in inspect.signature(Block.forward).parameters if name not in STREAMED_INPUTS]
+    if extra:  # a fork's block that takes more (rotary tables, say) than the streamer gives it
+        raise SystemExit(f"error: --offload=True streams blocks given their input alone: model.py's Block.forward "
+                         f"also takes {', '.join(extra)}")
     if optim != "adamw":
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
     if dtype == torch.float16:
@@ -239,8 +248,8 @@ class StreamedBlocks(nn.Module):
         super().__init__()
         self.streamer = streamer  # not a module: the templates hold no weights of the model's own
 
-    def forward(self, x, attn_mask=None, context=None):
-        assert attn_mask is None and context is None, "off-load mode encodes unpadded MLM batches, all layers full"
+    def forward(self, x, *inputs):
+        assert all(i is None for i in inputs), "off-load mode encodes unpadded MLM batches, all layers full"
         return self.streamer.forward(x)
 
     def train(self, mode=True):

@@ -39,6 +39,15 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 # graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
 # max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (bench.py
 # --compile_mode=default,max-autotune times them).
+# The optimizers train.py's --optim names, in one place: each takes model.param_groups' groups (weight decay in them)
+# and the run's lr, betas and eps, and uses what it needs. A new one is a row here and its name in train.py's `optim`.
+# (The memory check counts AdamW's state for all: 16 bytes a parameter with the weights and gradients.)
+OPTIMIZERS = {
+    # fused: one launch for all parameters on a GPU, vectorised on a CPU
+    "adamw": lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
+    # Muon on the groups param_groups(..., optim="muon") marks, AdamW on the rest (below)
+    "muon": lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps),
+}
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 
@@ -97,10 +106,9 @@ class Runtime:
         """Loss scaling for float16, whose small gradients underflow; a pass-through otherwise."""
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
-    def optimizer(self, params, kind="adamw", **kwargs):
-        """AdamW with its fused kernel: one launch for all parameters on a GPU, vectorised on a CPU;
-        kind='muon': Muon, below (its groups: model.param_groups(..., optim="muon"))."""
-        return Muon(params, **kwargs) if kind == "muon" else torch.optim.AdamW(params, fused=True, **kwargs)
+    def optimizer(self, params, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        """The optimizer OPTIMIZERS names `kind` over `params` (model.param_groups' groups, weight decay in them)."""
+        return OPTIMIZERS[kind](params, lr, betas, eps)
 
     def compile_model(self, model, fullgraph=True):
         """torch.compile when enabled. fullgraph=True makes a graph break an error instead of a silent slowdown (our

@@ -15,7 +15,7 @@ from conftest import assert_one_line_error, run_script
 from cram.data import make_encoding
 from cram.files import load_checkpoint, parse_ranks
 import export  # tools/export.py
-from model import CrammedBert
+from model import CrammedBert, saved_model_args
 from test_glue import FIXTURES
 
 # every kind of character: ASCII words and contractions, digits, punctuation runs, whitespace runs,
@@ -196,6 +196,8 @@ def test_the_documented_snippet_runs_as_written(exported):
 def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     card = (exported["folder"] / "README.md").read_text()
     ckpt = exported["ckpt"]
+    args = saved_model_args(ckpt["model_args"])  # every switch by its name, from the config: a fork's new one too
+    assert all(f"{k}={args[k]}" in card for k in args if k not in ("n_layers", "d_model", "n_heads", "d_ffn", "seq_len", "vocab_size"))
     assert f"trained {ckpt['step']:,} steps, {ckpt['tokens'] / 1e6:,.1f}M tokens in" in card
     assert f"- Data: {ckpt['meta']['source']} ({ckpt['meta']['train_sequences']:,} training sequences" in card
     assert "- Budget: 24 hours or 60 steps, whichever came first" in card  # the fixture stops at --max_steps=60

@@ -74,10 +74,12 @@ def running_under(path):
 def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_call_continues(corpus_file, tmp_path):
     """docs/gpu.md's one call, on a CPU: its deadline falls while rte fine-tunes (for ever: 10^5 epochs), after
     pretraining and sst2 finished. The command has ended everything by its deadline, and its copies hold every
-    finished piece; the same call again (rte's epochs as meant) continues to the whole table, inside its deadline."""
+    finished piece; the same call again (rte's epochs as meant) continues to the whole table, inside its deadline.
+    The deadlines leave a loaded machine room (pretraining and sst2 take about 25 s of an idle one's 90): the margins
+    are for a slow start and exit, not this machine's speed."""
     out, copies = tmp_path / "report", tmp_path / "OUT"
-    took = one_call(corpus_file, tmp_path, "health,transfer", 50, "--transfer_glue_args=--epochs=100000 --max_train_examples=8")
-    assert took < 50 + 3, took  # (the fork server's start and exit)
+    took = one_call(corpus_file, tmp_path, "health,transfer", 90, "--transfer_glue_args=--epochs=100000 --max_train_examples=8")
+    assert took < 90 + 10, took  # (the fork server's start and exit)
     assert not running_under(tmp_path)  # fine-tuning runs in sessions of its own, stopped all the same
     assert sorted(os.listdir(copies)) == COPIES  # flat, whole files: no temporary ones
     report = (copies / "report.md").read_text()
@@ -95,8 +97,8 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
     ckpt_before = (out / "transfer" / "ckpt.pt").stat().st_mtime_ns
 
     # the same call again: pretraining is found spent and kept, sst2 too, rte and the floor are done
-    took = one_call(corpus_file, tmp_path, "transfer", 60)
-    assert took < 60 and not running_under(tmp_path)
+    took = one_call(corpus_file, tmp_path, "transfer", 300)  # ends when its pieces do: the deadline is a bound
+    assert took < 300 and not running_under(tmp_path)
     assert sorted(os.listdir(copies)) == COPIES
     logs = out / "logs"
     assert "has spent this budget" in (logs / "transfer_train.log").read_text()
@@ -112,7 +114,7 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
     assert transfer["no_pretraining"]["sst2"]["settings"]["epochs"] == 1
     assert torch.load(out / "transfer" / "ckpt.pt", weights_only=True)["budget"]["rung"] == [2, 128]
     evals = [r for r in map(json.loads, (out / "transfer" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-    assert 3 <= evals[-1]["elapsed"] < 6 and evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert 3 <= evals[-1]["elapsed"] < 3 + 15 and evals[-1]["val_loss"] < evals[0]["val_loss"]  # its budget: 3 s
     assert re.fullmatch(r"rte [\d.]+, sst2 [\d.]+ \(no pretraining [\d.]+\) after [\d.]+M tokens, [\d.]+e\+\d+ FLOPs",
                         found["transfer"]["headline"]), found["transfer"]["headline"]
     answer = (copies / "transfer.md").read_text()  # the whole table, beside the floor, and still the first run's lines

@@ -160,3 +160,18 @@ def test_offload_refuses_what_it_does_not_support(prepared, tmp_path, monkeypatc
     for name, value in dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
         monkeypatch.setenv(name, value)  # as torchrun sets them: refused before joining the others
     assert_one_line_error(run_script(*train, check=False), "--offload=True", "torchrun")
+
+
+def test_a_block_that_takes_more_than_its_input_is_refused_by_the_general_rule(monkeypatch):
+    """A fork's Block.forward with an input of its own (rotary tables, say), which off-load's streamer does not give:
+    one line naming it, found from the signature, with no list of switches to edit."""
+    from cram import offload
+    from model import Block, ModelConfig
+
+    def forward(self, x, attn_mask=None, context=None, rotary=None):
+        return x
+    monkeypatch.setattr(Block, "forward", forward)
+    with pytest.raises(SystemExit, match=r"^error: --offload=True streams blocks given their input alone: model\.py's "
+                                         r"Block\.forward also takes rotary$"):
+        offload.check_settings(1, ModelConfig(n_layers=2, d_model=64, n_heads=2, d_ffn=128), "adamw", torch.float32)
+

@@ -17,6 +17,7 @@ scripts read raw text with encode_ordinary, where they are plain text); "[MASK]"
 before it, as RoBERTa's <mask>: pretraining masked whole tokens, space included (" True"), so the
 model's guesses carry their space and "import [MASK] as np" fills in as "import True as np".
 """
+import dataclasses
 import functools
 import hashlib
 import math
@@ -32,7 +33,7 @@ from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
 from cram.files import (check_writable, load_checkpoint, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
                         weights_digest, write_json)
-from model import saved_model_args  # noqa: E402
+from model import ModelConfig, saved_model_args  # noqa: E402
 from cram.process import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -118,16 +119,21 @@ def training_facts(ckpt, run_dir):
     return lines
 
 
+def model_settings(args):
+    """The model's other settings, each ModelConfig field (model.py) by its name, so a new switch shows here with no
+    list to edit; one that differs from its default says the default."""
+    defaults = dataclasses.asdict(ModelConfig())
+    return ", ".join(f"{k}={v}" + ("" if v == defaults.get(k, v) else f" (default {defaults[k]})") for k, v in args.items()
+                     if k not in ("n_layers", "d_model", "n_heads", "d_ffn", "seq_len", "vocab_size"))
+
+
 def model_card(ckpt, run_dir, folder_name):
     a = saved_model_args(ckpt["model_args"])
-    shape = (f"{a['n_layers']} layers, width {a['d_model']}, {a['n_heads']} heads, feed-forward {a['d_ffn']}"
-             f"{' (gated GELU)' if a['glu'] else ''}, sequence length {a['seq_len']}")
     return "\n".join([
         "---", "library_name: transformers", "pipeline_tag: fill-mask", "tags: [cram, bert, masked-lm]", "---",
         "", "# A crammed BERT encoder trained from scratch with cram", "",
-        f"{shape}; {'pre' if a['norm_first'] else 'post'}-LayerNorm, "
-        f"{'scaled sinusoidal' if not a['learned_positions'] else 'learned'} positions, "
-        f"{'neighbouring embeddings smeared into each position, ' if a.get('smear') else ''}tied output layer.", "",
+        f"{a['n_layers']} layers, width {a['d_model']}, {a['n_heads']} heads, feed-forward {a['d_ffn']}, sequence length "
+        f"{a['seq_len']}, vocabulary {a['vocab_size']:,}, tied output layer; cram's model settings: {model_settings(a)}.", "",
         "## How it was trained", "", *training_facts(ckpt, run_dir), "",
         "## Use", "", "```python", usage(folder_name).rstrip("\n"), "```", "",
         "`AutoModel` gives the final hidden states, `AutoModelForSequenceClassification` adds the reference GLUE "

@@ -11,12 +11,13 @@ mask <-> our padding mask, and our tensors <-> transformers' output classes.
 import dataclasses
 import inspect
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
-from .model import ClassificationHead, CrammedBert, ModelConfig, sinusoid_table
+from .model import ClassificationHead, CrammedBert, ModelConfig
 
 MODEL_ARGS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}  # the fields and their defaults
 HEAD_ARGS = {name: p.default for name, p in inspect.signature(ClassificationHead).parameters.items()
@@ -55,11 +56,18 @@ class CramPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         """Start what the file does not hold (a new classification head) as model.py starts it, and
-        rebuild the positions table, which is not stored. transformers calls this on each module."""
+        rebuild every buffer that is not stored (the positions table; any a fork's switch adds) as model.py
+        builds it, from a fresh model of the same config. transformers calls this on each module."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             CrammedBert._init_weights(module)
-        elif isinstance(module, CrammedBert) and hasattr(module, "pos_table"):
-            module.pos_table.copy_(sinusoid_table(*module.pos_table.shape))
+        elif isinstance(module, CrammedBert):
+            stored = set(module.state_dict())
+            unstored = [name for name, _ in module.named_buffers() if name not in stored]
+            if unstored:
+                with torch.device("cpu"):
+                    fresh = CrammedBert(**dataclasses.asdict(module.config))
+                for name in unstored:
+                    module.get_buffer(name).copy_(fresh.get_buffer(name))
 
     def get_input_embeddings(self):
         return self.cram.tok_emb
