@@ -280,6 +280,7 @@ def setup_device(config, world, ddp, given):
     check_settings(world, config, rt)
     rank = runtime.join_process_group(rt.device, join_minutes) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
+    rt.optim = optim  # the optimizer rt.optimizer builds and the memory check counts (runtime.OPTIMIZERS)
     config.update(device=rt.device.type, dtype=rt.dtype_name())
     if rank == 0 and os.path.isdir(out_dir):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
@@ -298,7 +299,7 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     else:
         model = model.to(rt.device)
-        optimizer = rt.optimizer(param_groups(model, weight_decay, optim), optim, lr=peak_lr, betas=(beta1, beta2), eps=eps)
+        optimizer = rt.optimizer(param_groups(model, weight_decay, optim), lr=peak_lr, betas=(beta1, beta2), eps=eps)
         step_model = rt.compile_model(model)
         if ddp:
             device_ids = [rt.device.index] if rt.device.type == "cuda" else None

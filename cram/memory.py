@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .data import RandomBatches, random_tokens
 from .files import size_text
-from .runtime import cgroup_folders
+from .runtime import OPTIMIZERS, cgroup_folders
 from model import CrammedBert, ModelConfig, Trainer, param_groups
 
 
@@ -45,10 +45,11 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
 
 def probe_micro_batch(model_args, rt, largest, mask_rate):
     """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a throwaway model
-    of the real shape, its AdamW state and one eager step per size (eager keeps at least the activations a compiled
+    of the real shape, its optimizer's state and one eager step per size (eager keeps at least the activations a compiled
     step keeps, so the compiled run fits too). Returns (size, {size: peak bytes or None})."""
     model = CrammedBert(**model_args).to(rt.device)
-    optimizer, scaler, vocab = rt.optimizer(param_groups(model, 0.0), lr=0.0), rt.grad_scaler(), model.config.vocab_size
+    optimizer = rt.optimizer(param_groups(model, 0.0, rt.optim), lr=0.0)
+    scaler, vocab = rt.grad_scaler(), model.config.vocab_size
 
     def peak_bytes(size):  # the peak device bytes of one eager training step at micro-batch `size` (random tokens)
         batches = RandomBatches(random_tokens(vocab, model.config.seq_len), vocab, size, rt, mask_rate)(1)
@@ -86,9 +87,11 @@ def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
 
 
 def least_bytes(config, rt, mask_rate, training=True, offload=False):
-    """check_memory's lower estimates: (weights, gradients and AdamW state, 16 bytes a parameter; a sequence's activations)."""
+    """check_memory's lower estimates: (float32 weights and gradients, 8 bytes a parameter, and the optimizer's state
+    (runtime.OPTIMIZERS: AdamW's 8 more); a sequence's activations)."""
     value_bytes = 4 if rt.dtype == torch.float32 else 2
-    return 16 * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
+    state_bytes = 8 + OPTIMIZERS[rt.optim][1]
+    return state_bytes * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
 
 
 def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, offload=False, capacity=None):
@@ -109,7 +112,7 @@ def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, off
         state, where, capacity = model_bytes, "the host's", host
     if state + per_sequence > capacity:
         raise SystemExit(f"error: a model of {config.n_layers} x {config.d_model} ({params / 1e6:,.0f}M parameters) "
-                         f"needs at least {size_text(state + per_sequence)} for its weights, gradients and AdamW state "
+                         f"needs at least {size_text(state + per_sequence)} for its weights, gradients and --optim={rt.optim} state "
                          f"and one sequence, more than {where} {size_text(capacity)}: {fix}")
     if state + per_sequence + ids > capacity:
         largest = (capacity - state - per_sequence) // (12 * config.seq_len)

@@ -39,14 +39,14 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 # graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
 # max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (bench.py
 # --compile_mode=default,max-autotune times them).
-# The optimizers train.py's --optim names, in one place: each takes model.param_groups' groups (weight decay in them)
-# and the run's lr, betas and eps, and uses what it needs. A new one is a row here and its name in train.py's `optim`.
-# (The memory check counts AdamW's state for all: 16 bytes a parameter with the weights and gradients.)
+# The optimizers train.py's --optim names, in one place: name -> (build, state): build takes model.param_groups'
+# groups (weight decay in them) and the run's lr, betas and eps, and uses what it needs; state is the bytes a parameter
+# of its state takes at least (the memory check's estimate). A new one is a row here and its name in train.py's `optim`.
 OPTIMIZERS = {
-    # fused: one launch for all parameters on a GPU, vectorised on a CPU
-    "adamw": lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
-    # Muon on the groups param_groups(..., optim="muon") marks, AdamW on the rest (below)
-    "muon": lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps),
+    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
+    "adamw": (lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True), 8),
+    # a momentum on the groups param_groups(..., optim="muon") marks, AdamW's two moments on the rest (below)
+    "muon": (lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4),
 }
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
@@ -98,6 +98,7 @@ class Runtime:
     compile_mode: str = "default"  # one of COMPILE_MODES (checked by setup)
     why: str = ""  # why this dtype: auto's reason (auto_dtype), or "" where the setting named it
     bf16_speedup: float = 0.0  # a CPU's bfloat16 matmul speed over float32's where dtype=auto timed it, else 0
+    optim: str = "adamw"  # the optimizer that optimizer() builds and the memory check counts: a key of OPTIMIZERS
 
     def autocast(self):
         return contextlib.nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, dtype=self.dtype)
@@ -106,9 +107,9 @@ class Runtime:
         """Loss scaling for float16, whose small gradients underflow; a pass-through otherwise."""
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
-    def optimizer(self, params, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-        """The optimizer OPTIMIZERS names `kind` over `params` (model.param_groups' groups, weight decay in them)."""
-        return OPTIMIZERS[kind](params, lr, betas, eps)
+    def optimizer(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        """This run's optimizer (OPTIMIZERS[self.optim]) over `params`: model.param_groups' groups, weight decay in them."""
+        return OPTIMIZERS[self.optim][0](params, lr, betas, eps)
 
     def compile_model(self, model, fullgraph=True):
         """torch.compile when enabled. fullgraph=True makes a graph break an error instead of a silent slowdown (our

@@ -1,5 +1,6 @@
 """The GPU's code path, run on the CPU: compile, autocast, loss scaling, fused AdamW and the
 micro-batch search (and on a GPU too, where one is present)."""
+import dataclasses
 import re
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
 from cram import memory, runtime
 from cram.runtime import cpu_warning
-from model import CrammedBert, Trainer, mask_tokens, param_groups
+from model import CrammedBert, ModelConfig, Trainer, mask_tokens, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,
@@ -314,3 +315,19 @@ def test_without_a_cpp_compiler_a_run_says_so_once_and_trains_eager(prepared, tm
     bench = run_script("bench.py", "--steps=1", "--warmup_steps=1", "--sweep=False", "--baselines=False",
                        "--micro_batch=2", "--accum_steps=1", "--device=cpu")
     assert bench.stdout.count("torch.compile cannot build") == 1 and "Traceback" not in bench.stderr
+
+
+def test_an_optimizer_is_one_row_which_builds_it_and_sizes_its_state_for_the_memory_check(monkeypatch):
+    """runtime.OPTIMIZERS: a fork's optimizer (here SGD, which takes no betas or eps and keeps no state) is a row; the
+    run's optimizer is built from it and the memory check counts its state, not AdamW's, for any optimizer."""
+    config, rt = ModelConfig(n_layers=2, d_model=64, n_heads=2, d_ffn=128, vocab_size=512), runtime.setup("cpu", "float32", False)
+    model = CrammedBert(**dataclasses.asdict(config))
+    adamw = memory.least_bytes(config, rt, 0.15)[0]
+    assert isinstance(rt.optimizer(param_groups(model, 0.01)), torch.optim.AdamW)
+    assert adamw == 16 * config.parameters_at_least()  # float32 weights and gradients, and two moments
+    monkeypatch.setitem(runtime.OPTIMIZERS, "sgd", (lambda groups, lr, betas, eps: torch.optim.SGD(groups, lr=lr), 0))
+    rt.optim = "sgd"
+    assert isinstance(rt.optimizer(param_groups(model, 0.01), lr=0.1), torch.optim.SGD)
+    assert memory.least_bytes(config, rt, 0.15)[0] == adamw // 2
+    rt.optim = "muon"
+    assert memory.least_bytes(config, rt, 0.15)[0] == adamw * 3 // 4  # its momentum on every parameter at least
