@@ -317,12 +317,28 @@ class TiedLookup(torch.autograd.Function):
         return grad_weight.float().index_add_(0, idx.reshape(-1), tokens), None, None
 
 
-def mask_tokens(idx, mask_rate, mask_id, n_regular, generator=None):
+MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
+
+
+@dataclasses.dataclass(frozen=True)
+class Masking:
+    """The objective's settings as one object, from train.py to mask_tokens: each field is the train.py setting of its
+    name (from_settings), so a fork's new one (span lengths, say) is a field here, its use in mask_tokens and a global
+    of that name in train.py, with nothing to pass between them. Validation masks with the defaults at its own rate."""
+    mask_rate: float = MASK_RATE  # (0, 1): share of each row's tokens to predict (train.py's schedule sets it each step)
+
+    @classmethod
+    def from_settings(cls, settings):
+        return cls(**{f.name: settings[f.name] for f in dataclasses.fields(cls) if f.name in settings})
+
+
+def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
     """MLM corruption with a fixed count, exactly round(mask_rate * T) positions per row (static shapes for
     torch.compile): 80% of them become [MASK], 10% a random regular token, 10% stay. Runs on idx's device.
-    Returns (inputs, positions (B, k), labels (B, k))."""
+    masking: a Masking, or its mask_rate alone. Returns (inputs, positions (B, k), labels (B, k))."""
+    masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
-    k = max(1, round(mask_rate * T))
+    k = max(1, round(masking.mask_rate * T))
     positions = torch.rand(B, T, device=idx.device, generator=generator).topk(k, dim=1).indices
     labels = idx.gather(1, positions)
     rule = torch.rand(B, k, device=idx.device, generator=generator)

@@ -27,7 +27,7 @@ from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import MetricsLog, check_resume, claim_folder, load_checkpoint, parse_ranks, refuse_overwrite
 from cram.guard import Saves, SpikeWatch
-from model import DATA_FIELDS, CrammedBert, ModelConfig, Trainer, diverged, param_groups
+from model import DATA_FIELDS, CrammedBert, Masking, ModelConfig, Trainer, diverged, param_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -207,7 +207,7 @@ def main(config, given):
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(ev, step, tokens, seconds)[0] if master else None)
-    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
+    batches, masking = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order), Masking.from_settings(config)
     stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
@@ -227,7 +227,8 @@ def main(config, given):
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
         # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
-        micro_batches = batches.step(tokens // seq_len, micro_batch_sizes(step_batch // world, micro, batch_ramp_start // world), step_mask)
+        micro_batches = batches.step(tokens // seq_len, micro_batch_sizes(step_batch // world, micro, batch_ramp_start // world),
+                                     dataclasses.replace(masking, mask_rate=step_mask))
         # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step) unless
         # the loss over all ranks spikes against the run's recent losses (watch.judge, before the update)
         applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)[1]

@@ -17,7 +17,7 @@ import re
 import numpy as np
 import torch
 
-from model import mask_tokens
+from model import MASK_RATE, mask_tokens  # noqa: F401  (MASK_RATE: the scripts take it from here)
 from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids, unfound  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
 
 # GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
@@ -25,7 +25,6 @@ from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids, unfound 
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
 OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # a text file's compression, by its last suffix
-MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
 
 
 def make_encoding(ranks, special_ids):
@@ -135,7 +134,7 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 class Batches:
-    """step(consumed, sizes, mask_rate): this rank's masked micro-batches of `sizes` in the global batch after `consumed`
+    """step(consumed, sizes, masking): this rank's masked micro-batches of `sizes` in the global batch after `consumed`
     sequences, each the next world x size sequences, ranks disjoint slices of them; rows and masks depend only on the
     place in the run's order and the size (masks drawn at once), so a resume or another rank count sees the same."""
 
@@ -143,14 +142,15 @@ class Batches:
         self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
         self.mask_id, self.n_regular, self.generator = meta["special_ids"]["[MASK]"], meta["n_regular"], torch.Generator(device=device)
 
-    def step(self, consumed, sizes, mask_rate):
+    def step(self, consumed, sizes, masking):
+        """masking: the step's model.Masking (or its mask_rate alone)."""
         starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
-        return [self.at(int(start) + self.rank * size, size, mask_rate) for start, size in zip(starts, sizes)]
+        return [self.at(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 
-    def at(self, start, size, mask_rate):
+    def at(self, start, size, masking):
         idx = get_batch(self.tokens, rows_at(start, size, len(self.tokens), self.seed, self.order), self.device)
         self.generator.manual_seed(int(np.random.default_rng((self.seed, start)).integers(2 ** 62)))
-        return mask_tokens(idx, mask_rate, self.mask_id, self.n_regular, self.generator)
+        return mask_tokens(idx, masking, self.mask_id, self.n_regular, self.generator)
 
 
 def load_run_data(path):

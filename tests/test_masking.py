@@ -1,6 +1,10 @@
+import dataclasses
+
+import numpy as np
 import torch
 
-from model import mask_tokens
+from cram import data
+from model import Masking, mask_tokens
 
 MASK_ID, N_REGULAR = 999, 900
 
@@ -43,3 +47,25 @@ def test_positions_are_uniform():
     idx, inputs, positions, labels = corrupt(B=4000, T=16, rate=0.25)
     counts = torch.bincount(positions.flatten(), minlength=16).float() / positions.numel()
     assert (counts - 1 / 16).abs().max() < 0.01
+
+
+def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch):
+    """A fork's span masking: a field of Masking (here a subclass's) is taken from train.py's settings by its name and
+    reaches mask_tokens whole through Batches, at the step's rate; the same rate alone masks as the object does."""
+    @dataclasses.dataclass(frozen=True)
+    class SpanMasking(Masking):
+        span: int = 1
+
+    masking = SpanMasking.from_settings(dict(mask_rate=0.2, span=3, lr=1e-3, n_layers=2))  # train.py's config
+    assert masking == SpanMasking(mask_rate=0.2, span=3)
+    seen = []
+    monkeypatch.setattr(data, "mask_tokens", lambda idx, m, *rest: seen.append(m) or mask_tokens(idx, m, *rest))
+    tokens = np.random.default_rng(0).integers(0, N_REGULAR, (64, 16)).astype(np.uint16)
+    meta = dict(special_ids={"[MASK]": MASK_ID}, n_regular=N_REGULAR)
+    batches = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
+    step = dataclasses.replace(masking, mask_rate=0.5)
+    (inputs, positions, labels), = batches.step(8, [4], step)
+    assert seen == [SpanMasking(mask_rate=0.5, span=3)] and positions.shape == (4, 8)
+    (same, *_), = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).step(8, [4], 0.5)
+    assert torch.equal(inputs, same)
+
