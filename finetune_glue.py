@@ -635,7 +635,7 @@ def remaining_seeds(per_task, n_seeds, runs, path, group, order):
     for name, plans in per_task.items():
         done = []
         for settings in plans:
-            finished = [r for r in runs.get(name, []) if r["settings"] == settings and all(map(os.path.exists, kept_files(
+            finished = [r for r in runs.get(name, []) if r["settings"] == settings and all(map(whole, kept_files(
                 run_file(path, group, name, r["seed"], settings), name, group)))]
             missing = [s for s in wanted if s not in {r["seed"] for r in finished}]
             todo.setdefault(name, []).extend([(settings, missing)] if missing else [])
@@ -674,6 +674,20 @@ def kept_files(file, name, group):
     return tests * (predict and group == "tasks") + [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
 
 
+def whole(path):
+    """Whether a file a run keeps is there and whole: an encoder's zip index reads (mmap: not its weights), a prediction
+    file ends its last line. One that is not (cut by an older cram's write in place, a disk's fault) is said in a line."""
+    try:
+        if path.endswith(".pt") and torch.load(path, weights_only=True, mmap=True) or Path(path).read_bytes()[-1:] == b"\n":
+            return True
+        raise ValueError("cut short")
+    except FileNotFoundError:
+        return False
+    except Exception as e:  # torch's errors for a cut zip or pickle are of several kinds
+        print(f"warning: {path} is damaged ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}): its run is done again")
+        return False
+
+
 def prediction_files(file, name):
     """Where the run of `file` keeps its test-set predictions: the server's file -> <run>.test/<that file>.tsv."""
     return {f: os.path.join(file[:-5] + ".test", f"{f}.tsv") for f in TEST_SETS[name]}
@@ -700,16 +714,13 @@ def write_predictions(file, name, data, predicted):
     for split, values in predicted.items():
         rows = "".join(f"{int(i)}\t{labels[v] if labels else f'{min(5.0, max(0.0, v)):.3f}'}\n"
                        for i, v in zip(data[split][1], values))
-        os.makedirs(os.path.dirname(paths[split[5:]]), exist_ok=True)
-        write_atomically(paths[split[5:]],
-                         lambda tmp: Path(tmp).write_text("index\tprediction\n" + rows, encoding="utf-8"))
+        write_atomically(paths[split[5:]], lambda tmp: Path(tmp).write_text("index\tprediction\n" + rows, encoding="utf-8"))
 
 
 def write_submission(path, identity, chosen_settings):
     """<glue>_test/, the folder to zip for the GLUE server: each task's files from its median seed on dev (of the seeds
     of its `chosen_settings`, glue.json's, with predictions; of two middles, the lower); a line saying what it lacks."""
     runs, folder = read_runs(run_files(path), identity).get("tasks", {}), os.path.splitext(path)[0] + "_test"
-    os.makedirs(folder, exist_ok=True)
     for name, settings in chosen_settings.items():
         files = {r["seed"]: list(prediction_files(run_file(path, "tasks", name, r["seed"], settings), name).values())
                  for r in runs[name] if r["settings"] == settings}
@@ -720,7 +731,7 @@ def write_submission(path, identity, chosen_settings):
                 os.remove(os.path.join(folder, f"{file}.tsv"))
         for source in files[sorted(mine, key=lambda r: (r["scores"][score][main], r["seed"]))[(len(mine) - 1) // 2]["seed"]
                             ] if mine else []:
-            shutil.copyfile(source, os.path.join(folder, os.path.basename(source)))
+            write_atomically(os.path.join(folder, os.path.basename(source)), lambda tmp: shutil.copyfile(source, tmp))
     missing = [f for sets in TEST_SETS.values() for f in sets if not os.path.isfile(os.path.join(folder, f"{f}.tsv"))]
     return (f"wrote {folder}: the test sets' predictions, each task's median seed on dev of those predicted; the GLUE server takes all "
             f"{sum(map(len, TEST_SETS.values()))} files" + (f", and these are missing: {', '.join(missing)} (--tasks= "
@@ -799,12 +810,11 @@ def main(config):
                        fit=out["fit"], facts=task_facts, counts=dict(out["counts"], seconds=time.monotonic() - t0),
                        finished=time.time(), order=order, grid=grid_name())
             file = run_file(path, group, name, run_seed, settings)
-            os.makedirs(os.path.dirname(file), exist_ok=True)
-            write_json(file, run)
             if out["tests"]:
                 write_predictions(file, name, data, out["tests"])
             if protocol == "mnli_start" and name == "mnli":
-                torch.save(out["encoder"], f"{file[:-5]}.encoder.pt")
+                write_atomically(f"{file[:-5]}.encoder.pt", lambda tmp: torch.save(out["encoder"], tmp))
+            write_json(file, run)  # last: a run's file says that what it keeps beside it is whole
             results = write_summary(path, identity, facts)
         print(f"{name}{' (no pretraining)' * from_scratch}: {summary(name, results[group][name])}")
 

@@ -32,8 +32,8 @@ import numpy as np
 from configurator import config_keys, configure  # first: it checks for the temporary folder torch's import needs
 from cram import process, runtime
 from cram.data import OPENERS, SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
-from cram.files import (cannot_write, claim_folder, read_json, read_ranks, special_ids, write_atomically,
-                        unfound, write_json, write_ranks)
+from cram.files import (cannot_write, claim_folder, read_json, read_ranks, special_ids, unfound, write_json,
+                        write_ranks)
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -244,7 +244,7 @@ def train_tokenizer(documents, path, vocab_size, train_chars):
     digest = hashlib.blake2b(digest_size=16)
     ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
     write_json(path + ".source", dict(digest=digest.hexdigest()))  # first: a tokenizer without one is not reused
-    write_atomically(path, lambda tmp: write_ranks(tmp, ranks))
+    write_ranks(path, ranks)
     return ranks
 
 
@@ -294,7 +294,8 @@ class SequenceWriter:
         os.fsync(self.file.fileno())
         return dict(bytes=self.file.tell(), pending=self.pending.tolist(), sequences=self.sequences)
 
-    def finish(self):  # the last partial sequence is dropped
+    def finish(self):  # the last partial sequence is dropped; the rest on the disk (state's fsync) before the rename
+        self.state()
         self.file.close()
         os.replace(self.path + ".tmp", self.path)
 

@@ -39,29 +39,29 @@ def special_ids(n_regular):
 
 
 def cannot_write(path, e):
-    """The one-line error for a failed write of `path`: an OSError, or what a library raises for one
-    (torch.save and safetensors report a full disk in their own words)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    full = getattr(e, "errno", None) == errno.ENOSPC or \
-        (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)  # under a MiB left: full
-    first_line = (str(e).splitlines() or [""])[0][:160]
-    reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {first_line}"
-    advice = "the disk is full: free space and run the same command again; " if full else ""
-    return SystemExit(f"error: cannot write {path}: {reason} ({advice}what was written before is intact)")
+    """The one-line error for a failed write of `path`: an OSError, or what a library raises for one (torch.save and
+    safetensors report a full disk in their own words). process.guarded ends it with what its script kept and how to go on."""
+    folder = os.path.dirname(os.path.abspath(path))  # under a MiB left there: full
+    full = getattr(e, "errno", None) == errno.ENOSPC or (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    error = SystemExit(f"error: cannot write {path}: {reason} ({'the disk is full: free space; ' * full}what was written "
+                       f"before is intact)")
+    error.kept = True  # process.guarded's mark
+    return error
 
 
 def temporary_path(path):
-    """Where `path` is written before it is renamed into place: this process's own name, so that
-    processes writing one file in turn never touch each other's."""
+    """Where `path` is written before its rename into place: this process's own (processes writing one file never meet)."""
     return f"{path}.{os.getpid()}.tmp"
 
 
 def write_atomically(path, write):
-    """write(tmp) writes the file at a temporary path; it replaces `path` only once complete and on
-    the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves
-    the old file or the new one, never half of one. Any failure of the write is one line."""
+    """write(tmp) writes the file at a temporary path (its folder made if need be); it replaces `path` only once complete
+    and on the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves the old file
+    or the new one, never half of one. Any failure of the write is one line (cannot_write)."""
     tmp = temporary_path(path)
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -274,10 +274,9 @@ def load_meta(data_dir):
 
 
 def write_ranks(path, ranks):
-    """Save BPE ranks in tiktoken's text format: base64(token bytes) rank, one per line."""
-    with open(path, "w", encoding="utf-8") as f:
-        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-            f.write(f"{base64.b64encode(token).decode()} {rank}\n")
+    """Save BPE ranks (whole or not at all) in tiktoken's text format: base64(token bytes) rank, one per line."""
+    text = "".join(f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def parse_ranks(text, where="the tokenizer"):
@@ -307,12 +306,14 @@ def save_in_series(path, state, keep, held):
     ckpt_<step>.pt (a hard link, or where there are none moved), then the older ones pruned to `keep` - 1."""
     folder = os.path.dirname(path) or "."
     aside = held not in (None, state["step"]) and os.path.join(folder, f"ckpt_{held:08d}.pt")
-    if keep > 1 and aside and os.path.isfile(path) and not os.path.exists(aside):
-        try:
-            os.link(path, aside)
-        except OSError:
-            os.replace(path, aside)
-    write_atomically(path, lambda tmp: torch.save(state, tmp))  # a crash never leaves half a checkpoint
+    def write(tmp):  # the new one whole before the old is set aside: a failed write leaves ckpt.pt as it was
+        torch.save(state, tmp)
+        if keep > 1 and aside and os.path.isfile(path) and not os.path.exists(aside):
+            try:
+                os.link(path, aside)
+            except OSError:  # no hard links there: moved, the new one renamed in at once
+                os.replace(path, aside)
+    write_atomically(path, write)
     older = [p for step, p in checkpoint_series(folder) if step < state["step"]]
     for old in older[:max(0, len(older) - (keep - 1))]:
         os.remove(old)

@@ -197,7 +197,7 @@ def guarded(main, kept, *args):
     try:
         return main(*args)
     except SystemExit as e:  # its line quotes names and values as given: a newline in one is shown as \n, one line
-        e.code = printable(e.code) if isinstance(e.code, str) else e.code
+        e.code = printable(e.code + (f"; {told()}" if getattr(e, "kept", False) else "")) if isinstance(e.code, str) else e.code
         raise
     except (KeyboardInterrupt, RuntimeError) as e:  # a stop inside a lock's wait (a thread pool's) can end as RuntimeError
         stop = e if isinstance(e, KeyboardInterrupt) else e.__context__

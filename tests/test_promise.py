@@ -2,6 +2,7 @@
 the machine gets one line ('error: ...', or the signal's 'stopped by ...'), a non-zero status, no
 traceback, and every file that was there before is byte for byte as it was. Each class has one
 mechanism (named in its banner) and a table of cases here."""
+import fnmatch
 import json
 import os
 import re
@@ -381,6 +382,101 @@ def test_a_write_that_fails_is_one_line_and_keeps_the_last_good_file(pretrained,
         assert_kept(proc, before, 1, "error:", name)
         leftovers = [p for p in snapshot(tmp_path) if p.endswith(".tmp") and p not in before and "data" not in p]
         assert leftovers == []  # no half-written file (prepare keeps its resumable .tmp token files)
+
+
+def faulty(pattern, how, skip, *args):
+    """A script whose writes of files named `pattern` fail midway after `skip` of them (tests/faulty_writes.py)."""
+    return run_script("tests/faulty_writes.py", pattern, how, str(skip), *args, check=False)
+
+
+def assert_failed_write(proc, before, folder, *fragments):
+    """One line (the error, or a stop's), every file of `before` as it was, no temporary file left behind."""
+    assert_kept(proc, before, 143 if "stopped by SIGTERM" in fragments else 1, "stopped" if "stopped by SIGTERM" in
+                fragments else "error:", *fragments)
+    assert [p for p in snapshot(folder) if p.endswith(".tmp") and not p.endswith(".bin.tmp") and p not in before] == []
+
+
+def whole_files(folder):
+    """Every JSON file under `folder` parses and every .pt loads: none is cut."""
+    for path in snapshot(folder):
+        if path.endswith(".json"):
+            json.loads(open(path, encoding="utf-8").read())
+        elif path.endswith(".pt"):
+            torch.load(path)
+
+
+def test_every_writer_failing_midway_keeps_the_old_file_and_its_advice_works(pretrained, prepared, corpus_file, tmp_path):
+    """Each file a command writes, made to fail halfway through its write (a full disk, a SIGTERM), leaves what was there
+    whole and one line; the command that line advises then works. Training: the second save fails on a file system
+    without hard links (the series moved its ckpt.pt aside before the write), and its metrics line."""
+    train = [f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}", *TINY_MODEL, "--max_steps=3",
+             "--ckpt_interval_minutes=0", "--fill_in_examples=0"]
+    proc = faulty("ckpt.pt*", "nolink", 1, "train.py", *train)
+    saved = snapshot(tmp_path / "run")
+    saved.pop(str(tmp_path / "run" / "metrics.jsonl"))
+    assert_failed_write(proc, saved, tmp_path, "ckpt.pt", "what was written before is intact", "--resume=True")
+    assert torch.load(tmp_path / "run" / "ckpt.pt")["step"] == 1
+    run_script("train.py", *train, "--resume=True")  # the advice
+    assert torch.load(tmp_path / "run" / "ckpt.pt")["step"] == 3 and (tmp_path / "run" / "ckpt_00000002.pt").exists()
+    proc = faulty("metrics.jsonl", "full", 0, "train.py", *train[:1], f"--out_dir={tmp_path / 'fresh'}", *train[2:])
+    assert_failed_write(proc, {}, tmp_path, "metrics.jsonl", "run the same command again")
+    run_script("train.py", *train[:1], f"--out_dir={tmp_path / 'fresh'}", *train[2:])
+    # preparation: each of its files, then the same command finishes it as one run would have
+    args = [f"--dataset={corpus_file}", "--vocab_size=384", "--seq_len=32", "--val_fraction=0.05"]
+    for name, fragment in (("settings.json*", "settings.json"), ("tokenizer.tiktoken.[0-9]*", "tokenizer.tiktoken"),
+                           ("train.bin*", "train.bin"), ("meta.json*", "meta.json")):
+        out = tmp_path / fragment.split(".")[0]
+        proc = faulty(name, "full", 0, "prepare.py", *args, f"--out_dir={out}")
+        assert_failed_write(proc, {}, out, fragment, "run the same command")
+        assert not (out / "meta.json").exists()  # not prepared: the rerun finishes it
+        run_script("prepare.py", *args, f"--out_dir={out}")
+        assert all((out / f).read_bytes() == (prepared / f).read_bytes() for f in ("train.bin", "val.bin", "tokenizer.tiktoken"))
+    # the export, over its own earlier export of the same checkpoint
+    hf = tmp_path / "hf"
+    run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={hf}")
+    for name in ("config.json*", "model.safetensors*", "README.md*", ".cram_export.json*"):
+        before = {p: b for p, b in snapshot(hf).items() if not p.endswith(".cram_export.json") or name[0] == "."}
+        proc = faulty(name, "full", 0, "tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={hf}")
+        assert_failed_write(proc, before, hf, name[:-1], "run the same command again")
+        run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={hf}")
+
+
+@pytest.mark.parametrize("name,how", [("glue.json*", "full"), ("seed*.json*", "full"), ("RTE.tsv*", "full"),
+                                      ("seed*.encoder.pt*", "full"), ("seed*.encoder.pt*", "stop")])
+def test_a_finetuning_write_failing_midway_keeps_the_runs_and_the_rerun_ends_them(name, how, pretrained, tmp_path):
+    """glue.json, a run's file (the first rewritten: seed 0's, as a rerun marks it chosen), a prediction file and
+    --protocol=mnli_start's MNLI encoder, each cut midway by a full disk or a SIGTERM: one line, the files before as they
+    were, nothing that says a run is done without what it keeps; the same command then finishes the work."""
+    run = copy_run(pretrained, tmp_path / "run")
+    args = [f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte", "--epochs=1", "--device=cpu",
+            "--predict=True", "--protocol=mnli_start"]
+    run_script("finetune_glue.py", *args, "--seeds=1")
+    before = {p: b for p, b in snapshot(tmp_path).items() if fnmatch.fnmatch(os.path.basename(p), name)}  # what fails
+    proc = faulty(name, how, 0, "finetune_glue.py", *args, "--seeds=2")
+    assert_failed_write(proc, before, tmp_path, *(["stopped by SIGTERM"] if how == "stop" else [name.split("*")[-2]]))
+    whole_files(tmp_path)
+    rerun = run_script("finetune_glue.py", *args, "--seeds=2")
+    assert "Traceback" not in rerun.stderr and "damaged" not in rerun.stdout
+    results = json.loads((run / "glue.json").read_text())
+    assert results["tasks"]["rte"]["seeds"] == [0, 1] and results["tasks"]["mnli"]["seeds"] == [0, 1]
+    assert len(list((run / "glue_runs" / "tasks" / "mnli").glob("seed*.encoder.pt"))) == 2
+
+
+def test_mnli_s_encoder_cut_by_a_file_size_limit_is_one_line_and_a_damaged_one_is_redone(pretrained, tmp_path):
+    """The named case: MNLI's encoder (400 kB) past `ulimit -f` is one line and no run file; an encoder cut beside its
+    finished run file (by an older cram's write in place) is said in a line, and MNLI fine-tuned again."""
+    run = copy_run(pretrained, tmp_path / "run")
+    args = ["finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte", "--epochs=1",
+            "--seeds=1", "--device=cpu", "--protocol=mnli_start"]
+    proc = run_limited(200_000, *args)
+    assert_failed_write(proc, {}, tmp_path, "encoder.pt", "run the same command")
+    assert not (run / "glue_runs" / "tasks" / "mnli").exists() or not list((run / "glue_runs" / "tasks" / "mnli").glob("*"))
+    run_script(*args)
+    encoder = next((run / "glue_runs" / "tasks" / "mnli").glob("seed0-*.encoder.pt"))
+    os.truncate(encoder, encoder.stat().st_size // 2)
+    proc = run_script(*args)
+    assert f"warning: {encoder} is damaged" in proc.stdout and "fine-tuning" in proc.stdout
+    assert set(torch.load(encoder)) and json.loads((run / "glue.json").read_text())["tasks"]["rte"]["seeds"] == [0]
 
 
 def test_a_checkpoint_that_cannot_be_written_is_refused_before_training(prepared, tmp_path):
