@@ -5,17 +5,10 @@
     python finetune_glue.py --checkpoint=... --seeds=5                          # median of 5, as published
     python finetune_glue.py --checkpoint=... --protocol=grid                    # each task's best of a grid on dev
     python finetune_glue.py --checkpoint=... --predict=True                     # and the GLUE server's test files
+    python finetune_glue.py --checkpoint=... --from_scratch=True                # the shape never pretrained: the floor
 
-The batch, rate and epochs follow the checkpoint's width and the task's size (settings_for: the reference's at its
-width, ELECTRA-Small's below it) where not given; the rest is the reference's for every task: AdamW (0.9, 0.98), eps
-1e-6, no weight decay, cosine decay after a 10% warm-up, dropout 0.1, the head on the first token (the reference's GLUE
-config: `zero_index`; `--pooling=mean` averages the tokens), scored on its dev set after the last epoch. Prints a
-markdown table beside the published row and writes every number to a JSON file.
-
-    python finetune_glue.py --checkpoint=... --tasks=stsb,rte --seeds=3 --from_scratch=True
-
-fine-tunes a never-pretrained encoder of the checkpoint's shape and tokenizer instead, with the same settings and seeds:
-the floor that pretraining must beat, shown beside the model's scores in the same table and glue.json.
+The batch, rate and epochs follow the checkpoint's width and the task's size (settings_for), the rest the reference's;
+prints a table beside the published row and the floor, every number in a JSON file. docs/glue.md: more; a task: a row.
 """
 import contextlib
 import glob
@@ -69,35 +62,32 @@ grid_batch = "8,16,32,64,128"    # --protocol=grid's batch sizes (Turc et al. 20
 predict = False         # also the test sets' predictions, as the GLUE server takes them: <glue>_test/, each task's median seed's
 # -----------------------------------------------------------------------------
 
-# Each task: its folder and columns in the GLUE distribution (header names, or indices where the file has no header),
-# its columns on the hub (whose configuration is the task's name), label names in the hub's id order (None:
-# regression), its dev sets (score name -> (file, hub split)) and metrics, main one first.
-TASKS = {
-    "cola": dict(folder="CoLA", header=False, text=(3,), label=1, hub_text=("sentence",), labels=("0", "1"),
-                 dev={"cola": ("dev.tsv", "validation")}, metrics=("mcc",)),
-    "sst2": dict(folder="SST-2", text=("sentence",), label="label", hub_text=("sentence",), labels=("0", "1"),
-                 dev={"sst2": ("dev.tsv", "validation")}, metrics=("accuracy",)),
-    "mrpc": dict(folder="MRPC", text=("#1 String", "#2 String"), label="Quality", hub_text=("sentence1", "sentence2"),
-                 labels=("0", "1"), dev={"mrpc": ("dev.tsv", "validation")}, metrics=("f1", "accuracy")),
-    "stsb": dict(folder="STS-B", text=("sentence1", "sentence2"), label="score", hub_text=("sentence1", "sentence2"),
-                 labels=None, dev={"stsb": ("dev.tsv", "validation")}, metrics=("pearson", "spearman")),
-    "qqp": dict(folder="QQP", text=("question1", "question2"), label="is_duplicate",
-                hub_text=("question1", "question2"), labels=("0", "1"), dev={"qqp": ("dev.tsv", "validation")},
-                metrics=("f1", "accuracy")),
-    "mnli": dict(folder="MNLI", text=("sentence1", "sentence2"), label="gold_label", hub_text=("premise", "hypothesis"),
-                 labels=("entailment", "neutral", "contradiction"),
-                 dev={"mnli-m": ("dev_matched.tsv", "validation_matched"),
-                      "mnli-mm": ("dev_mismatched.tsv", "validation_mismatched")}, metrics=("accuracy",)),
-    "qnli": dict(folder="QNLI", text=("question", "sentence"), label="label", hub_text=("question", "sentence"),
-                 labels=("entailment", "not_entailment"), dev={"qnli": ("dev.tsv", "validation")},
-                 metrics=("accuracy",)),
-    "rte": dict(folder="RTE", text=("sentence1", "sentence2"), label="label", hub_text=("sentence1", "sentence2"),
-                labels=("entailment", "not_entailment"), dev={"rte": ("dev.tsv", "validation")}, metrics=("accuracy",)),
-    "wnli": dict(folder="WNLI", text=("sentence1", "sentence2"), label="label", hub_text=("sentence1", "sentence2"),
-                 labels=("0", "1"), dev={"wnli": ("dev.tsv", "validation")}, metrics=("accuracy",)),
-}
-# The training examples of each task's train.tsv (GLUE's distribution)
-TRAIN_EXAMPLES = dict(cola=8551, sst2=67349, mrpc=3668, stsb=5749, qqp=363846, mnli=392702, qnli=104743, rte=2490, wnli=635)
+# A task is its row, task() filling in GLUE's layout where it is silent: folder under glue_dir, reader (READERS), train file,
+# dev sets (score name -> (file, hub split)), columns (header names, keys, or indices in a file without a header), label
+# names in the hub's id order (None: regression; a jsonl value as str() writes it), metrics (main first), hub dataset,
+# configuration and columns, test sets (server's file -> (file, hub configuration, split); AX is MNLI's) and the
+# published crammed BERT's dev scores (A6000, 24 h, its model card).
+def task(name, folder, **row):
+    text = row.get("text", ("sentence1", "sentence2"))
+    return dict(folder=folder, reader="tsv", train="train.tsv", dev={name: ("dev.tsv", "validation")}, text=text,
+                label="label", hub=("nyu-mll/glue", name), hub_text=text, labels=("0", "1"), metrics=("accuracy",),
+                tests={folder: ("test.tsv", name, "test")}, test_text=text, test_index="index", reference={}) | row
+
+
+TASKS = {name: task(name, **row) for name, row in dict(
+    cola=dict(folder="CoLA", header=False, text=(3,), label=1, hub_text=("sentence",), test_text=("sentence",), metrics=("mcc",), reference={"cola": 53.3}),
+    sst2=dict(folder="SST-2", text=("sentence",), reference={"sst2": 92.0}),
+    mrpc=dict(folder="MRPC", text=("#1 String", "#2 String"), label="Quality", hub_text=("sentence1", "sentence2"), metrics=("f1", "accuracy"), reference={"mrpc": 88.9}),
+    stsb=dict(folder="STS-B", label="score", labels=None, metrics=("pearson", "spearman"), reference={"stsb": 87.4}),
+    qqp=dict(folder="QQP", text=("question1", "question2"), label="is_duplicate", metrics=("f1", "accuracy"), test_index="id", reference={"qqp": 87.5}),
+    mnli=dict(folder="MNLI", label="gold_label", hub_text=("premise", "hypothesis"), labels=("entailment", "neutral", "contradiction"),
+              dev={"mnli-m": ("dev_matched.tsv", "validation_matched"), "mnli-mm": ("dev_mismatched.tsv", "validation_mismatched")},
+              tests={"MNLI-m": ("test_matched.tsv", "mnli", "test_matched"), "AX": (os.path.join("..", "diagnostic", "diagnostic.tsv"),
+                     "ax", "test"), "MNLI-mm": ("test_mismatched.tsv", "mnli", "test_mismatched")}, reference={"mnli-m": 84.1, "mnli-mm": 84.6}),
+    qnli=dict(folder="QNLI", text=("question", "sentence"), labels=("entailment", "not_entailment"), reference={"qnli": 90.2}),
+    rte=dict(folder="RTE", labels=("entailment", "not_entailment"), reference={"rte": 58.5}),
+    wnli=dict(folder="WNLI")).items()}
+REFERENCE = {score: value for row in TASKS.values() for score, value in row["reference"].items()}  # the average's nine
 # Fine-tuning's rule: the reference's settings (batch 16, lr 4e-5, 5 epochs: its GLUE config for its 16 x 768) at its
 # width and above; below it ELECTRA-Small's (Clark et al. 2020, width 256: batch 32, lr 3e-4, 3 epochs, 10 for its
 # small tasks), the rate geometric in the width between the two and at most 3e-4, the top of the miniatures' grid
@@ -120,18 +110,9 @@ def settings_for(width, train_examples, given):
     return {k: given.get(k) or (float(f"{v:.2g}") if k == "lr" else v) for k, v in rule.items()}
 
 
-# The test sets that --predict scores: the file the GLUE server takes -> (the task folder's file, the hub's configuration
-# and split). AX, the diagnostic set, is scored by MNLI's model. Each file's header names its columns, an index first.
-TEST_SETS = {name: {folder: ("test.tsv", name, "test")} for name, folder in (("cola", "CoLA"), ("sst2", "SST-2"), (
-    "mrpc", "MRPC"), ("stsb", "STS-B"), ("qqp", "QQP"), ("qnli", "QNLI"), ("rte", "RTE"), ("wnli", "WNLI"))}
-TEST_SETS["mnli"] = {"MNLI-m": ("test_matched.tsv", "mnli", "test_matched"), "AX": (os.path.join(
-    "..", "diagnostic", "diagnostic.tsv"), "ax", "test"), "MNLI-mm": ("test_mismatched.tsv", "mnli", "test_mismatched")}
 PROTOCOLS = dict(fixed="settings fixed before any look at dev", grid="each the best of a grid on dev",
                  mnli_start="fixed settings, started from MNLI's fine-tune")  # as a table says them
 MNLI_STARTED = {"rte", "mrpc", "stsb"}  # --protocol=mnli_start's: started from MNLI's fine-tune (RoBERTa, MosaicBERT)
-# Published crammed BERT (A6000, 24 h, reference model card), GLUE dev; its average is over these nine.
-REFERENCE = {"mnli-m": 84.1, "mnli-mm": 84.6, "qqp": 87.5, "qnli": 90.2, "sst2": 92.0, "cola": 53.3,
-             "stsb": 87.4, "mrpc": 88.9, "rte": 58.5}
 METRIC_NAMES = {"mcc": "Matthews corr.", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
 
 
@@ -183,36 +164,53 @@ METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spea
 
 
 # ---------------------------------------------------------------- data
-def read_glue_tsv(path, spec):
-    """(texts, labels) from one GLUE file: tab-separated, no quoting (quotes are text), a header except for CoLA.
-    Rows with too few fields (QQP has some) are skipped. A line is split at its tabs, as csv does without quoting, but
-    with no limit on a field's size (csv's is 128 kB): an over-long sentence is truncated after tokenizing."""
+def read_rows(path, parse):
+    """[(line number, parse(line))] of a file, blank lines left out (no row); one line if it is missing, not UTF-8 or bad."""
     if not os.path.isfile(path):
         raise unfound(path, f"error: GLUE file not found: {path}")
+    rows, n = [], 0
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: MRPC starts with a BOM; \r\n and \r read as \n
-            rows = [line.rstrip("\n").split("\t") for line in f]
+            for n, line in enumerate(f, 1):
+                rows += [(n, parse(line.rstrip("\n")))] if line.rstrip("\n") else []
     except UnicodeDecodeError as e:
         raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): the GLUE "
                          f"files are UTF-8; convert it (iconv -t utf-8) or fetch it again")
-    if spec.get("header", True):
-        header, rows = rows[0] if rows else [], rows[1:]
-        missing = [c for c in (*spec["text"], spec["label"]) if c not in header]
+    except ValueError:
+        raise SystemExit(f"error: {path}:{n} is not a JSON line: mend or remove it") from None
+    return rows
+
+
+# A task's reader: a line -> {column: value}. tsv: GLUE's, split at tabs, no quoting (quotes are text), no limit on a field's
+# size (csv's: 128 kB), a header but in CoLA's train and dev files. jsonl: SuperGLUE's, an object a line.
+READERS = {"tsv": lambda line: dict(enumerate(line.split("\t"))), "jsonl": json.loads}
+
+
+def read_task_file(path, spec, test=False):
+    """(texts, labels) of a task's file by its reader. A row without the columns is never dropped unsaid: in a `test`
+    file, each of whose rows needs its prediction, it is a one-line error; in a train or dev file (QQP's train.tsv has
+    a few) it is left out and counted aloud, and past 1% of the rows (or 10) the file is not in the layout: one line."""
+    rows, text, label = read_rows(path, READERS[spec["reader"]]), spec["text"], spec["label"]
+    if spec["reader"] == "tsv" and spec.get("header", True):  # the columns by name
+        header, rows = list(rows[0][1].values()) if rows else [], rows[1:]
+        missing = [c for c in (*text, label) if c not in header]
         if missing:
             raise SystemExit(f"error: {path} is not in the GLUE layout: no column {', '.join(map(repr, missing))} "
                              f"in its header ({', '.join(header[:12])})")
-        text_cols = [header.index(c) for c in spec["text"]]
-        label_col = len(header) - 1 - header[::-1].index(spec["label"])  # MNLI: the last gold_label
-    else:
-        text_cols, label_col = list(spec["text"]), spec["label"]
-    width = max(*text_cols, label_col) + 1
-    kept = [(line, row) for line, row in enumerate(rows, start=2 if spec.get("header", True) else 1) if len(row) >= width]
-    texts = [tuple(row[c] for c in text_cols) for _, row in kept]
-    labels = [parse_label(row[label_col], spec, f"{path}:{line}") for line, row in kept]
-    skipped = len(rows) - len(kept)
-    if skipped > max(10, len(rows) // 100):
-        raise SystemExit(f"error: {path} is not in the GLUE layout: {skipped} of {len(rows)} rows have too few columns")
-    return texts, labels
+        text, label = [header.index(c) for c in text], len(header) - 1 - header[::-1].index(label)  # MNLI: the last
+    short = [n for n, row in rows if not (isinstance(row, dict) and all(c in row for c in (*text, label)))]
+    lines = f"line{'s' * (len(short) > 1)} {', '.join(map(str, short[:5]))}{', ...' * (len(short) > 5)}"
+    if short and test:
+        columns = ", ".join(map(str, (*spec["text"], spec["label"])))
+        raise SystemExit(f"error: {path}: {lines} lack{'s' * (len(short) == 1)} a column of {columns}: a test file needs a "
+                         f"prediction for every row; mend it (a trailing tab trimmed?)")
+    if len(short) > max(10, len(rows) // 100):
+        raise SystemExit(f"error: {path} is not in the GLUE layout: {len(short)} of {len(rows)} rows have too few columns")
+    if short:
+        print(f"{path}: left out {len(short)} of {len(rows)} rows, too short to hold their text and label ({lines})")
+    kept = [(n, row) for n, row in rows if n not in set(short)]
+    return [tuple(str(row[c]) for c in text) for _, row in kept], [parse_label(str(row[label]), spec, f"{path}:{n}")
+                                                                   for n, row in kept]
 
 
 def parse_label(raw, spec, where):
@@ -231,25 +229,24 @@ def parse_label(raw, spec, where):
 
 
 def load_task(name, tests=False):
-    """{'train': (texts, labels), <dev score name>: (texts, labels), ...} from glue_dir or the hub; with `tests`, also
-    {'test:<the server's file>': (texts, indices)} (TEST_SETS)."""
+    """{'train': (texts, labels), <dev score name>: (texts, labels), ...} from glue_dir (by the task's reader) or the hub;
+    with `tests`, also {'test:<the server's file>': (texts, indices)} (the row's tests)."""
     spec = TASKS[name]
-    splits = {"train": ("train.tsv", name, "train"), **{k: (f, name, hub) for k, (f, hub) in spec["dev"].items()},
-              **{f"test:{k}": v for k, v in TEST_SETS[name].items() if tests}}
-    test_spec = dict(spec, header=True, text=("sentence",) if name == "cola" else spec["text"], labels=None,
-                     label="id" if name == "qqp" else "index")  # a test file's columns: an index, no label
+    splits = {"train": (spec["train"], spec["hub"][1], "train"), **{k: (f, spec["hub"][1], hub) for k, (f, hub) in spec[
+        "dev"].items()}, **{f"test:{k}": v for k, v in spec["tests"].items() if tests}}
+    test_spec = dict(spec, header=True, text=spec["test_text"], labels=None, label=spec["test_index"])  # no label
     if glue_dir:
         folder = os.path.join(glue_dir, spec["folder"])
         if not os.path.isdir(folder):
             raise unfound(folder, f"error: no folder {folder} for task {name} (expected "
-                                  f"<glue_dir>/{spec['folder']}/train.tsv)")
-        return {split: read_glue_tsv(os.path.join(folder, file), test_spec if split.startswith("test:") else spec)
+                                  f"<glue_dir>/{spec['folder']}/{spec['train']})")
+        return {split: read_task_file(os.path.join(folder, file), *((test_spec, True) if split.startswith("test:") else (spec,)))
                 for split, (file, _, _) in splits.items()}
     if not process.hub_reachable():
         raise SystemExit("error: the Hugging Face hub cannot be reached; offline, pass --glue_dir= with the GLUE "
                          "tasks in their original layout (<dir>/CoLA/train.tsv, ...)")
     import datasets
-    rows = {s: datasets.load_dataset("nyu-mll/glue", config, split=hub) for s, (_, config, hub) in splits.items()}
+    rows = {s: datasets.load_dataset(spec["hub"][0], config, split=hub) for s, (_, config, hub) in splits.items()}
     return {s: (list(zip(*(r[c] for c in spec["hub_text"]))), list(r["idx" if s.startswith("test:") else "label"]))
             for s, r in rows.items()}
 
@@ -344,12 +341,12 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     value}} on its dev sets; fit, {metric: value} on at most TRAIN_SCORED training examples, every k-th (under-fitting,
     or what pretraining lacks?); counts, the training's tokens (real), padded_tokens (what the model computed) and
     train_seconds; tests, its predictions on the test sets among the splits ('test:<file>' -> a label's index, or
-    STS-B's score); encoder, the fine-tuned encoder's weights."""
+    STS-B's score; none if it diverged); encoder, the fine-tuned encoder's weights; diverged, whether its weights or a
+    score are not finite (those scores None)."""
     spec = TASKS[name]
     regression = spec["labels"] is None
     pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
     train_ids, labels = encoded["train"]
-
     torch.manual_seed(run_seed)
     encoder = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": dropout})
     if start is not None:
@@ -364,7 +361,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     targets = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     generator = torch.Generator().manual_seed(run_seed)
     lengths = [len(ids) for ids in train_ids]
-    counts = dict(tokens=0, padded_tokens=0)
+    counts, losses, shown = dict(tokens=0, padded_tokens=0), torch.zeros((), device=rt.device), 0
     start_time = time.perf_counter()
     bar = process.progress(total=total, desc=f"{name} seed {run_seed}", unit="step", leave=False)
     for _ in range(hp["epochs"]):
@@ -383,16 +380,28 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
             optimizer.zero_grad(set_to_none=True)
             schedule.step()
             bar.update()
-            if bar.n % 25 == 1:  # .item() waits for the device: a launch-bound step would wait every time
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+            losses += loss.detach()  # every step's loss counts: the mean of those since the last shown is shown
+            if bar.n % 25 == 0 or bar.n in (1, total):  # only then, as .item() waits for the device (a launch-bound
+                bar.set_postfix(loss=f"{losses.item() / (bar.n - shown):.3f}")  # step would wait every time)
+                losses, shown = losses.zero_(), bar.n
     bar.close()
     counts["train_seconds"] = time.perf_counter() - start_time
     every = -(-len(train_ids) // TRAIN_SCORED)  # a file in some order (by source, by label) is sampled throughout
     scored = {s: encoded[s] for s in spec["dev"]} | {"train": (train_ids[::every], labels[::every])}
     predicted = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in scored.items()}
-    scores = {s: {m: 100 * METRICS[m](predicted[s], scored[s][1]) for m in spec["metrics"]} for s in scored}
+    scores = {s: {m: finite(100 * METRICS[m](predicted[s], scored[s][1])) for m in spec["metrics"]} for s in scored}
+    diverged = not all(p.isfinite().all() for p in model.parameters()) or any(None in s.values() for s in scores.values())
     tests = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in encoded.items() if s.startswith("test:")}
-    return dict(fit=scores.pop("train"), scores=scores, counts=counts, tests=tests, encoder=model.encoder.state_dict())
+    return dict(fit=scores.pop("train"), scores=scores, counts=counts, tests={} if diverged else tests, diverged=diverged,
+                encoder=model.encoder.state_dict())
+
+
+def finite(score):  # a score, or None where it is not a finite number (a diverged run's: JSON has no NaN)
+    return score if isinstance(score, (int, float)) and math.isfinite(score) else None
+
+
+def diverged(run):  # whether a run diverged: its weights or a score not finite (an older run's file may hold NaN)
+    return run.get("diverged") or any(finite(v) is None for s in run["scores"].values() for v in s.values())
 
 
 # ---------------------------------------------------------------- results: a file per run, glue.json their summary
@@ -420,13 +429,19 @@ def majority_scores(name, data):
 
 
 def how_made(entry):
-    """How a task's scores were made, as the table and tools/glue_plot.py (from glue.json) say it:
-    'median of 3 seeds, 5 epochs', with a cap on the training examples if there was one."""
-    settings, n_seeds, n_epochs = entry["settings"], len(entry["seeds"]), entry["settings"]["epochs"]
-    cap = f", first {entry['train_examples']:,} train examples" if settings["max_train_examples"] else ""
-    best = f"best of {entry['grid_size']} on dev: lr {settings['lr']:g}, batch {settings['batch_size']}, " * bool(entry.get("grid_size"))
+    """How a task's scores were made, as the table and tools/glue_plot.py say it, with any cap on the training examples
+    and what diverged (out of the choice): 'best of 3 on dev, 1 diverged: lr 0.0003, batch 32, median of 2 seeds (1 of 3
+    diverged), 5 epochs'."""
+    settings, e, points, seeds, lost = (entry["settings"], entry["settings"]["epochs"], entry.get("grid_size"),
+                                        len(entry["seeds"]), len(entry.get("diverged", ())))
+    epochs = f", {e} epoch{'s' * (e > 1)}" + f", first {entry['train_examples']:,} train examples" * bool(settings["max_train_examples"])
+    if not entry["median"]:
+        return f"every run diverged: {f'{points} settings x ' * bool(points)}{seeds} seed{'s' * (seeds > 1)}{epochs}"
+    best = (f"best of {points} on dev" + f", {entry.get('grid_diverged')} diverged" * bool(entry.get("grid_diverged")) +
+            f": lr {settings['lr']:g}, batch {settings['batch_size']}, ") * bool(points)
     best += "from the seed's MNLI fine-tune, " * bool(settings.get("start_from"))
-    return f"{best}{'median of ' * (n_seeds > 1)}{n_seeds} seed{'s' * (n_seeds > 1)}, {n_epochs} epoch{'s' * (n_epochs > 1)}{cap}"
+    n = seeds - lost
+    return f"{best}{'median of ' * (n > 1)}{n} seed{'s' * (n > 1)}{f' ({lost} of {seeds} diverged)' * bool(lost)}{epochs}"
 
 
 def cell(metrics, main, others, named=True, spread=None):
@@ -469,7 +484,7 @@ def table(results, names=None):
     counted = [s for s in REFERENCE if s in columns["ours"]] or [s for s in REFERENCE if s in columns["no_pretraining"]]
     averages = {column: statistics.mean(scores[s] for s in counted) if counted and all(s in scores for s in counted)
                 else float("nan") for column, scores in columns.items()}
-    lines.append(f"| average ({len(counted)} of 9) | | " +
+    lines.append(f"| average ({len(counted)} of {len(REFERENCE)}) | | " +
                  " | ".join("-" if math.isnan(v) else f"{v:.1f}" for v in averages.values()) + " |")
     protocols = {}
     for name in names:
@@ -573,27 +588,29 @@ def task_entry(runs):
     pool = [r for r in runs if last.get("grid") and (r.get("grid"), latest(r)[0]) == (last["grid"], latest(last)[0])] or [last]
     plans = {json.dumps(r["settings"], sort_keys=True): r["settings"] for r in pool}.values()
     entries = [settings_entry([r for r in runs if r["settings"] == settings]) for settings in plans]
-    best = max(entries, key=lambda e: next(iter(next(iter(e["median"].values())).values())))
+    best = max((e for e in entries if e["median"]), key=lambda e: next(iter(next(iter(e["median"].values())).values())),
+               default=entries[0])  # a point that diverged is never the best (max keeps a NaN that comes first)
     best = dict(best, grid=last.get("grid"), grid_size=len(entries) if last.get("grid") else 0,
+                grid_diverged=sum(not e["median"] for e in entries) * bool(last.get("grid")),
                 protocol="grid" if last.get("grid") else "mnli_start" if best["settings"].get("start_from") else "fixed")
     return dict(best, how=how_made(best))  # what tools/glue_plot.py shows
 
 
 def settings_entry(runs):
     """The entry of one setting's runs: each seed's latest, their scores and median, the median fit on the training
-    examples (if each run has one: older runs lack it), the seconds and counts (finetune's: tokens, padded_tokens,
-    train_seconds) summed."""
+    examples (if each run has one), the seconds and counts (tokens, padded_tokens, train_seconds) summed."""
     runs, settings = list({r["seed"]: r for r in sorted(runs, key=latest)}.values()), runs[0]["settings"]
     runs.sort(key=lambda r: r["seed"])  # each seed once: its latest run with these settings
-    entry = dict(settings=settings, seeds=[r["seed"] for r in runs], per_seed=[r["scores"] for r in runs],
-                 median={name: {m: statistics.median(r["scores"][name][m] for r in runs) for m in metrics}
-                         for name, metrics in runs[0]["scores"].items()},
-                 spread={name: {m: [f(r["scores"][name][m] for r in runs) for f in (min, max)] for m in metrics}
-                         for name, metrics in runs[0]["scores"].items()}, **runs[-1]["facts"],
-                 fit={m: statistics.median(r["fit"][m] for r in runs) for m in runs[0]["fit"]}
-                 if all("fit" in r for r in runs) else {},
+    good = [r for r in runs if not diverged(r)]  # the median, spread and fit leave out a run that diverged (none: {})
+    return dict(settings=settings, seeds=[r["seed"] for r in runs], diverged=[r["seed"] for r in runs if diverged(r)],
+                 per_seed=[{n: {m: finite(v) for m, v in s.items()} for n, s in r["scores"].items()} for r in runs],
+                 median={name: {m: statistics.median(r["scores"][name][m] for r in good) for m in metrics}
+                         for name, metrics in good[0]["scores"].items()} if good else {},
+                 spread={name: {m: [f(r["scores"][name][m] for r in good) for f in (min, max)] for m in metrics}
+                         for name, metrics in good[0]["scores"].items()} if good else {}, **runs[-1]["facts"],
+                 fit={m: statistics.median(r["fit"][m] for r in good) for m in good[0]["fit"]}
+                 if good and all("fit" in r for r in good) else {},
                  **{k: round(sum(r["counts"][k] for r in runs), 1) for k in runs[0]["counts"]})
-    return entry
 
 
 def write_summary(path, identity, facts):
@@ -620,6 +637,8 @@ def summary(name, entry):
     """A task's main scores, its fit on the training examples, and how they were made: 'accuracy 58.1, train 97.2
     (median of 3 seeds, 5 epochs, 386 s, 4,100 tokens/s, 96% of them not padding)'."""
     main = TASKS[name]["metrics"][0]
+    if not entry["median"]:
+        return f"no score: {how_made(entry)}, {entry['seconds']:.0f} s (a lower --lr or --grid_lr may not)"
     scores = ", ".join(f"{'' if score_name == name else score_name + ' '}{METRIC_NAMES[main]} {v[main]:.1f}"
                        for score_name, v in entry["median"].items()) + (f", train {entry['fit'][main]:.1f}" if entry.get("fit") else "")
     speed = (f", {entry['tokens'] / entry['train_seconds']:,.0f} tokens/s, {entry['tokens'] / entry['padded_tokens']:.0%} "
@@ -636,7 +655,7 @@ def remaining_seeds(per_task, n_seeds, runs, path, group, order):
         done = []
         for settings in plans:
             finished = [r for r in runs.get(name, []) if r["settings"] == settings and all(map(whole, kept_files(
-                run_file(path, group, name, r["seed"], settings), name, group)))]
+                run_file(path, group, name, r["seed"], settings), name, group, diverged(r))))]
             missing = [s for s in wanted if s not in {r["seed"] for r in finished}]
             todo.setdefault(name, []).extend([(settings, missing)] if missing else [])
             for run in finished:
@@ -648,9 +667,10 @@ def remaining_seeds(per_task, n_seeds, runs, path, group, order):
     return todo
 
 
-def plans_for(names, width, settings, given):
-    """task -> the settings of its runs: one, by settings_for (`given` ones in their place), or with --protocol=grid one
-    for each rate and batch of grid_lr x grid_batch; a one-line error for a grid that is not lists of numbers."""
+def plans_for(train_examples, width, settings, given):
+    """task -> the settings of its runs (`train_examples`: task -> the examples it trains on, its file's): one, by
+    settings_for (`given` ones in their place), or with --protocol=grid one for each rate and batch of grid_lr x
+    grid_batch; a one-line error for a grid that is not lists of numbers."""
     try:  # each point once (3e-4 and 0.0003 are one)
         points = list({(float(r), int(b)): None for r in grid_lr.split(",") for b in grid_batch.split(",")})
     except ValueError:
@@ -658,20 +678,18 @@ def plans_for(names, width, settings, given):
     if protocol == "grid" and (not points or not all(r > 0 and b > 0 for r, b in points)):
         raise SystemExit(f"error: --grid_lr={grid_lr!r} and --grid_batch={grid_batch!r} must be lists of rates > 0 and "
                          f"batch sizes >= 1, each comma-separated (3e-4,1e-4 and 16,32)")
-    plans = {name: [dict(settings, **settings_for(width, min(TRAIN_EXAMPLES[name], max_train_examples or math.inf),
-                                                  {**given, **point})) for point in ([dict(lr=r, batch_size=b) for r, b in
-                                                                                      points] if protocol == "grid" else [{}])]
-             for name in names}
+    plans = {name: [dict(settings, **settings_for(width, examples, {**given, **point})) for point in ([dict(lr=r, batch_size=b)
+             for r, b in points] if protocol == "grid" else [{}])] for name, examples in train_examples.items()}
     for name in MNLI_STARTED & plans.keys() if protocol == "mnli_start" else ():  # MNLI's settings name the start
         plans[name] = [dict(plan, start_from=f"mnli {settings_digest(plans['mnli'][0])}") for plan in plans[name]]
     return plans
 
 
-def kept_files(file, name, group):
-    """What a run of `file` must leave beside it for this command: with --predict, its test-set predictions (the
-    model's); with --protocol=mnli_start, MNLI's encoder, which RTE, MRPC and STS-B start from."""
+def kept_files(file, name, group, lost=False):
+    """What a run of `file` must leave beside it for this command: with --predict, its test-set predictions (the model's,
+    unless it diverged: `lost`); with --protocol=mnli_start, MNLI's encoder, which RTE, MRPC and STS-B start from."""
     tests = list(prediction_files(file, name).values())  # each: a stop may come between
-    return tests * (predict and group == "tasks") + [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
+    return tests * (predict and group == "tasks" and not lost) + [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
 
 
 def whole(path):
@@ -690,7 +708,7 @@ def whole(path):
 
 def prediction_files(file, name):
     """Where the run of `file` keeps its test-set predictions: the server's file -> <run>.test/<that file>.tsv."""
-    return {f: os.path.join(file[:-5] + ".test", f"{f}.tsv") for f in TEST_SETS[name]}
+    return {f: os.path.join(file[:-5] + ".test", f"{f}.tsv") for f in TASKS[name]["tests"]}
 
 
 def settings_line(todo, per_task, given):
@@ -712,6 +730,8 @@ def write_predictions(file, name, data, predicted):
     to its 0-5 scale)."""
     labels, paths = TASKS[name]["labels"], prediction_files(file, name)
     for split, values in predicted.items():
+        if len(values) != len(data[split][1]):  # each test row needs its prediction: a file short of one is refused
+            raise SystemExit(f"error: {len(values)} predictions for the {len(data[split][1])} rows of {split[5:]}'s test set")
         rows = "".join(f"{int(i)}\t{labels[v] if labels else f'{min(5.0, max(0.0, v)):.3f}'}\n"
                        for i, v in zip(data[split][1], values))
         write_atomically(paths[split[5:]], lambda tmp: Path(tmp).write_text("index\tprediction\n" + rows, encoding="utf-8"))
@@ -724,17 +744,17 @@ def write_submission(path, identity, chosen_settings):
     for name, settings in chosen_settings.items():
         files = {r["seed"]: list(prediction_files(run_file(path, "tasks", name, r["seed"], settings), name).values())
                  for r in runs[name] if r["settings"] == settings}
-        mine = [r for r in runs[name] if r["settings"] == settings and all(map(os.path.exists, files[r["seed"]]))]
+        mine = [r for r in runs[name] if r["settings"] == settings and not diverged(r) and all(map(os.path.exists, files[r["seed"]]))]
         main, score = TASKS[name]["metrics"][0], next(iter(TASKS[name]["dev"]))  # MNLI: matched
-        for file in TEST_SETS[name]:  # the median seed's, or none: never another setting's left from before
+        for file in TASKS[name]["tests"]:  # the median seed's, or none: never another setting's left from before
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(folder, f"{file}.tsv"))
         for source in files[sorted(mine, key=lambda r: (r["scores"][score][main], r["seed"]))[(len(mine) - 1) // 2]["seed"]
                             ] if mine else []:
             write_atomically(os.path.join(folder, os.path.basename(source)), lambda tmp: shutil.copyfile(source, tmp))
-    missing = [f for sets in TEST_SETS.values() for f in sets if not os.path.isfile(os.path.join(folder, f"{f}.tsv"))]
+    missing = [f for row in TASKS.values() for f in row["tests"] if not os.path.isfile(os.path.join(folder, f"{f}.tsv"))]
     return (f"wrote {folder}: the test sets' predictions, each task's median seed on dev of those predicted; the GLUE server takes all "
-            f"{sum(map(len, TEST_SETS.values()))} files" + (f", and these are missing: {', '.join(missing)} (--tasks= "
+            f"{sum(len(row['tests']) for row in TASKS.values())} files" + (f", and these are missing: {', '.join(missing)} (--tasks= "
                                                            f"those with --predict=True and their settings)" if missing else ""))
 
 
@@ -774,7 +794,12 @@ def main(config):
     earlier = read_runs(run_files(path), identity)
     rt = runtime.setup(device, dtype, compile=False, continues=earlier_precision(earlier))
     settings = dict({k: config[k] for k in SCORE_SETTINGS}, dtype=rt.dtype_name())  # the precision as resolved
-    per_task = plans_for(names, ckpt["model_args"]["d_model"], settings, config)  # the same for the floor
+    tests = predict and not from_scratch  # the model's, not the floor's
+    datasets_by_task = {name: check_task(name, load_task(name, tests)) for name in names}  # bad data fails before training
+    for data in datasets_by_task.values():
+        data["train"] = tuple(column[:max_train_examples or None] for column in data["train"])
+    per_task = plans_for({name: len(data["train"][0]) for name, data in datasets_by_task.items()},
+                         ckpt["model_args"]["d_model"], settings, config)  # the same for the floor
     most = max(s["batch_size"] for plans in per_task.values() for s in plans)
     shape = ModelConfig(**saved_model_args(ckpt["model_args"]))
     memory.check_memory(shape, rt, 0.0, (most, f"--batch_size={most}"))  # a batch that surely cannot fit fails now
@@ -789,12 +814,8 @@ def main(config):
           f"{', '.join(todo) or 'nothing left to do'} with {n_seeds} seed(s){'' if seeds else ' (5 on a GPU, 1 on a CPU)'}"
           f" on {rt.describe()}" + f"\n{settings_line(todo, per_task, config)}" * bool(todo))
 
-    tests = predict and not from_scratch  # the model's, not the floor's
-    datasets_by_task = {name: check_task(name, load_task(name, tests)) for name in todo}  # bad data fails before training
     for name, work in todo.items():
         data = datasets_by_task[name]
-        if max_train_examples:
-            data["train"] = tuple(column[:max_train_examples] for column in data["train"])
         encoded = {split: (encode_examples(enc, texts, ckpt["model_args"]["seq_len"], ckpt["meta"]["special_ids"]),
                            labels) for split, (texts, labels) in data.items()}
         task_facts = dict(train_examples=len(data["train"][0]), majority=majority_scores(name, data),
@@ -806,8 +827,8 @@ def main(config):
                 mnli = run_file(path, group, "mnli", run_seed, per_task["mnli"][0])
                 start = torch.load(f"{mnli[:-5]}.encoder.pt", map_location="cpu")
             out = finetune(name, encoded, ckpt, run_seed, rt, settings, start)
-            run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=out["scores"],
-                       fit=out["fit"], facts=task_facts, counts=dict(out["counts"], seconds=time.monotonic() - t0),
+            run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=out["scores"], fit=out["fit"],
+                       diverged=out["diverged"], facts=task_facts, counts=dict(out["counts"], seconds=time.monotonic() - t0),
                        finished=time.time(), order=order, grid=grid_name())
             file = run_file(path, group, name, run_seed, settings)
             if out["tests"]:

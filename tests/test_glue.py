@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from itertools import permutations
 
 import numpy as np
 import pytest
@@ -555,3 +556,169 @@ def test_reruns_keep_every_run_s_file_and_follow_the_commands_not_the_clock(pret
     assert finetune("--epochs=1", clock=behind)["epochs"] == 1  # done earlier: not run again, but what is shown
     files = sorted(p.name for p in (tmp_path / "glue_runs" / "tasks" / "rte").iterdir())
     assert len(files) == 3 and all(f.startswith("seed0-") for f in files), files
+
+
+def strict_json(path):
+    """A JSON file as a strict reader takes it: NaN and Infinity are not JSON."""
+    def refuse(constant):
+        raise ValueError(f"{constant} in {path}")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_diverged_point_is_never_the_best_nor_a_silent_score(pretrained, tmp_path):
+    """A grid whose first rate diverges (lr 3e4): the point is said diverged and left out of the choice, where max kept
+    the NaN that came first; every run diverged: the task's line says so, its cell is '-', and glue.json has no NaN.
+    A classifier that diverges (NaN weights, argmax's class 0: a finite score) is caught too."""
+    out = tmp_path / "glue.json"
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}", "--tasks=stsb,rte", "--seeds=1",
+            "--epochs=3", "--device=cpu", "--dtype=float32", f"--out_json={out}"]
+    proc = run_script(*args, "--protocol=grid", "--grid_lr=3e4,3e-4,1e-4", "--grid_batch=2")
+    results = strict_json(out)
+    for name, metric in (("stsb", "pearson"), ("rte", "accuracy")):
+        entry = results["tasks"][name]
+        assert entry["settings"]["lr"] != 3e4 and entry["grid_size"] == 3 and entry["grid_diverged"] == 1, entry
+        assert math.isfinite(entry["median"][name][metric]) and entry["how"].startswith("best of 3 on dev, 1 diverged: lr")
+        assert re.search(rf"^{name}: \S+ -?[\d.]+, .*\(best of 3 on dev, 1 diverged: lr 0\.000[13], batch 2, 1 seed",
+                         proc.stdout, re.M), proc.stdout
+    diverged = [json.loads(f.read_text()) for f in (tmp_path / "glue_runs" / "tasks" / "stsb").glob("*.json")]
+    assert [r["diverged"] for r in diverged if r["settings"]["lr"] == 3e4] == [True]
+    assert [r["scores"]["stsb"]["pearson"] for r in diverged if r["settings"]["lr"] == 3e4] == [None]
+    proc = run_script(*args, "--lr=3e4", "--predict=True")  # every run diverged: said, no score, nothing predicted
+    for name in ("stsb", "rte"):
+        assert re.search(rf"^{name}: no score: every run diverged: 1 seed, 3 epochs, \d+ s", proc.stdout, re.M), proc.stdout
+    assert "| stsb | Pearson (every run diverged: 1 seed, 3 epochs) | - |" in proc.stdout
+    results = strict_json(out)
+    assert results["tasks"]["stsb"]["median"] == {} and results["scores"] == {} and results["average"] is None
+    assert not list((tmp_path / "glue_runs").rglob("*.test"))  # a diverged model's predictions are none
+    assert "stsb: done earlier" in run_script(*args, "--lr=3e4", "--predict=True").stdout  # not redone for them
+
+
+def test_a_diverged_seed_is_left_out_of_the_median_and_the_average(tmp_path):
+    """The fixed protocol, one seed of three diverged (an older run's file holds its NaN, a newer one null): the median,
+    spread and fit are the other two's, the row says so, the average is finite and glue.json holds no NaN."""
+    path, identity = tmp_path / "glue.json", dict(checkpoint="/x/ckpt.pt", checkpoint_step=60, checkpoint_tokens=1000)
+    settings = {k: getattr(glue, k) for k in glue.SCORE_SETTINGS}
+    for name, seed, pearson in (("stsb", 0, 40.0), ("stsb", 1, float("nan")), ("stsb", 2, 20.0), ("rte", 0, None)):
+        file = tmp_path / "glue_runs" / "tasks" / name / f"seed{seed}.json"
+        file.parent.mkdir(parents=True, exist_ok=True)
+        metrics = glue.TASKS[name]["metrics"]
+        file.write_text(json.dumps(dict(
+            identity, seed=seed, settings=settings, scores={name: dict.fromkeys(metrics, pearson)},
+            fit=dict.fromkeys(metrics, pearson),
+            facts=dict(train_examples=8, dev_examples={name: 4}, majority={name: dict.fromkeys(metrics, 0.0)}),
+            counts=dict(tokens=100, padded_tokens=125, train_seconds=1.0, seconds=2.5), finished=seed)))
+    results = glue.write_summary(str(path), identity, facts={})
+    stsb = results["tasks"]["stsb"]
+    assert stsb["median"] == {"stsb": {"pearson": 30.0, "spearman": 30.0}}
+    assert stsb["spread"]["stsb"]["pearson"] == [20.0, 40.0] and stsb["fit"]["pearson"] == 30.0 and stsb["diverged"] == [1] and stsb["seeds"] == [0, 1, 2]
+    assert stsb["how"] == "median of 2 seeds (1 of 3 diverged), 1 epoch" if settings["epochs"] == 1 else \
+        stsb["how"].startswith("median of 2 seeds (1 of 3 diverged), ")
+    assert results["average"] == 30.0 and results["average_over"] == ["stsb"]  # rte diverged: no score to average
+    assert strict_json(path)["tasks"]["stsb"]["per_seed"][1] == {"stsb": {"pearson": None, "spearman": None}}
+    assert "| rte | accuracy (every run diverged: 1 seed" in results["table"]
+    # a grid whose diverged point comes first, in whatever order its files are read: never its best
+    run = json.loads((tmp_path / "glue_runs" / "tasks" / "stsb" / "seed0.json").read_text())
+    for points in permutations(((3e4, float("nan")), (3e-4, 10.0), (1e-4, 5.0))):
+        entry = glue.task_entry([dict(run, settings=dict(settings, lr=lr), scores={"stsb": dict(pearson=p, spearman=p)},
+                                      grid="lr 3e4,3e-4,1e-4 x batch 32", order=1) for lr, p in points])
+        assert entry["settings"]["lr"] == 3e-4 and entry["median"]["stsb"]["pearson"] == 10.0 and entry["grid_diverged"] == 1
+
+
+def rte_rows(n, trimmed=()):
+    """An RTE test file of n rows; the rows in `trimmed` have lost their empty last field's tab."""
+    return "index\tsentence1\tsentence2\n" + "".join(f"{i}\tA dog sleeps.{'' if i in trimmed else chr(9)}\n" for i in range(n))
+
+
+def test_no_input_row_is_dropped_unsaid(pretrained, tmp_path):
+    """A test row short of a column (an editor trimmed its trailing tab) is a one-line error, where 37 predictions were
+    written for 40 rows; AX's diagnostic file too; a short training row is left out and said; a prediction file short
+    of a row is refused before it is written."""
+    glue_dir = tmp_path / "glue"
+    shutil.copytree(FIXTURES, glue_dir)
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={glue_dir}", "--epochs=1", "--seeds=1",
+            "--device=cpu", f"--out_json={tmp_path / 'glue.json'}", "--predict=True"]
+    (glue_dir / "RTE" / "test.tsv").write_text(rte_rows(40, trimmed=(3, 15, 28)))
+    assert_one_line_error(run_script(*args, "--tasks=rte", check=False), f"{glue_dir / 'RTE' / 'test.tsv'}: lines 5, 17, 30",
+                          "a test file needs a prediction for every row")
+    (glue_dir / "RTE" / "test.tsv").write_text(rte_rows(40))
+    assert not (tmp_path / "glue_test").exists()
+    diagnostic = glue_dir / "diagnostic" / "diagnostic.tsv"
+    diagnostic.write_text(diagnostic.read_text() + "9\n")
+    assert_one_line_error(run_script(*args, "--tasks=mnli", check=False), "diagnostic.tsv: line ", "lacks a column")
+    train = glue_dir / "RTE" / "train.tsv"
+    train.write_text(train.read_text() + "7\tA lone premise.\n")
+    proc = run_script(*args, "--tasks=rte")
+    assert f"{train}: left out 1 of 3 rows, too short to hold their text and label (line 4)" in proc.stdout
+    assert len((tmp_path / "glue_test" / "RTE.tsv").read_text().splitlines()) == 41  # a header and each row's
+    data = {"test:RTE": ([("a", "b")] * 3, [0, 1, 2])}
+    with pytest.raises(SystemExit, match="2 predictions for the 3 rows of RTE's test set"):
+        glue.write_predictions(str(tmp_path / "run.json"), "rte", data, {"test:RTE": [0, 1]})
+
+
+def test_a_task_is_one_row_even_from_jsonl(pretrained, tmp_path, monkeypatch, capsys):
+    """BoolQ, SuperGLUE's jsonl, added as one row of TASKS (docs/glue.md's): it trains, scores and predicts end to end,
+    its epochs by the examples in its file (12: a small task's 10), and a test line without a key is one line."""
+    from configurator import config_keys
+    folder = tmp_path / "BoolQ"
+    folder.mkdir()
+    rng = random.Random(0)
+
+    def lines(n, test=False):
+        rows = [dict(question=f"is the {rng.choice(OBJECTS)} {rng.choice(PLACES)}", passage=f"a {rng.choice(SUBJECTS)} "
+                     f"{rng.choice(VERBS)} .", idx=i, **({} if test else dict(label=bool(i % 2)))) for i in range(n)]
+        return "".join(json.dumps(row) + "\n" for row in rows)
+    for file, n in (("train.jsonl", 12), ("val.jsonl", 6), ("test.jsonl", 5)):
+        (folder / file).write_text(lines(n, test=file == "test.jsonl"))
+    row = glue.task("boolq", folder="BoolQ", reader="jsonl", train="train.jsonl", dev={"boolq": ("val.jsonl", "validation")},
+                    text=("question", "passage"), labels=("False", "True"), hub=("aps/super_glue", "boolq"),
+                    tests={"BoolQ": ("test.jsonl", "boolq", "test")}, test_index="idx")
+    monkeypatch.setitem(glue.TASKS, "boolq", row)
+    for key, value in dict(checkpoint=str(pretrained), glue_dir=str(tmp_path), tasks="boolq", seeds=1, device="cpu",
+                           dtype="float32", out_json=str(tmp_path / "glue.json"), predict=True).items():
+        monkeypatch.setattr(glue, key, value)
+    glue.main(config_keys(vars(glue)))
+    assert "boolq: batch 32, lr 0.0003, 10 epochs (by the encoder's width" in capsys.readouterr().out
+    entry = json.loads((tmp_path / "glue.json").read_text())["tasks"]["boolq"]
+    assert entry["train_examples"] == 12 and 0 <= entry["median"]["boolq"]["accuracy"] <= 100
+    predicted = (tmp_path / "glue_test" / "BoolQ.tsv").read_text().splitlines()
+    assert predicted[0] == "index\tprediction" and [r.split("\t")[0] for r in predicted[1:]] == list("01234")
+    assert all(r.split("\t")[1] in ("False", "True") for r in predicted[1:])
+    (folder / "test.jsonl").write_text(lines(5, test=True) + '{"question": "a lone one"}\n')
+    monkeypatch.setattr(glue, "seeds", 2)
+    with pytest.raises(SystemExit, match="test.jsonl: line 6 lacks a column of question, passage, idx"):
+        glue.main(config_keys(vars(glue)))
+
+
+def test_the_progress_shows_the_mean_loss_of_every_step(pretrained, monkeypatch):
+    """A 30-step run shows the loss at its first step, the 25th and its last, each the mean of the steps' losses since
+    the one shown before: every step counts, and the device is read three times, not every step."""
+    from types import SimpleNamespace
+    from cram.files import load_checkpoint
+    ckpt = load_checkpoint(str(pretrained))
+    losses, shown = [], []
+
+    class Bar:
+        n = 0
+
+        def update(self):
+            self.n += 1
+
+        def set_postfix(self, loss):
+            shown.append((self.n, float(loss)))
+
+        def close(self):
+            pass
+
+    def cross_entropy(*args):
+        loss = torch.nn.functional.cross_entropy(*args)
+        losses.append(loss.item())
+        return loss
+    monkeypatch.setattr(glue.process, "progress", lambda **kwargs: Bar())
+    monkeypatch.setattr(glue, "F", SimpleNamespace(cross_entropy=cross_entropy))
+    cls, sep = ckpt["meta"]["special_ids"]["[CLS]"], ckpt["meta"]["special_ids"]["[SEP]"]
+    encoded = {"train": ([[cls, 10 + i, sep] for i in range(30)], [i % 2 for i in range(30)]), "rte": ([[cls, 5, sep]], [0])}
+    glue.finetune("rte", encoded, ckpt, 0, runtime.setup("cpu", "float32", compile=False),
+                  dict(batch_size=1, lr=1e-4, epochs=1), ckpt["model"])
+    assert len(losses) == 30 and [n for n, _ in shown] == [1, 25, 30]
+    for (n, value), (start, end) in zip(shown, ((0, 1), (1, 25), (25, 30))):
+        assert value == pytest.approx(np.mean(losses[start:end]), abs=1e-3), n
