@@ -12,7 +12,6 @@ not the step count, so the run ends on time on any hardware. Ctrl-C, SIGTERM, SI
 process.STOP_SIGNALS finish the step, save and exit 128 + the signal; --resume=True continues there.
 """
 import dataclasses
-import math
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ from collections import namedtuple
 from configurator import configure  # first: it checks for the temporary folder that torch's import needs
 import torch
 
-from cram import budget, memory, process, runtime
+from cram import budget, data, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import MetricsLog, check_resume, claim_folder, load_checkpoint, parse_ranks, refuse_overwrite
@@ -58,7 +57,7 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
-micro_batch = 0           # >= 0: sequences per device per forward pass; 0: on a GPU the largest that fits, else 32
+micro_batch = 0           # >= 0: most sequences per device per forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: by the budget
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
 batch_ramp_start = 0      # >= 0: sequences per step at the ramp's start, in steps of it, on any device and process count; 0: 128
@@ -115,13 +114,6 @@ def batch_size_at(progress, start, final, ramp):
     return min(final, int(start + (final - start) * progress / ramp) // start * start)
 
 
-def micro_batch_sizes(batch, micro, start):
-    """A process's `batch` sequences of a step as micro-batches: as many of `micro` as fit, the rest in ones of the
-    largest size that divides both micro and the ramp's steps (`start`, per process): two shapes at most, none larger."""
-    unit = math.gcd(micro, start)
-    return [micro] * (batch // micro) + [unit] * (batch % micro // unit)
-
-
 def budget_progress(tokens, seconds):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
@@ -139,15 +131,9 @@ def check_settings(world, config, rt):
     model = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})
     if wandb_log and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
-    batch, unit = config["batch_size"], f"--micro_batch={micro_batch} times " if micro_batch else ""
-    if batch and batch % ((micro_batch or 1) * world):
-        raise SystemExit(f"error: --batch_size={batch} must be a multiple of {unit}the {world} process(es)")
+    data.split_unit(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
     if resume_from and not resume:
         raise SystemExit(f"error: --resume_from={resume_from} continues a run: add --resume=True")
-    start = config["batch_ramp_start"]
-    if batch_ramp and start < batch and start % world:
-        raise SystemExit(f"error: --batch_ramp_start={start} must be a multiple of the {world} processes (each takes "
-                         f"an equal share of every batch)")
     if offload:
         from cram.offload import check_settings as check_offload
         check_offload(world, model, optim, rt.dtype)
@@ -190,7 +176,7 @@ def main(config, given):
                                                               mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
     opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
     globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
-    saves = Saves(ckpt_path, keep_checkpoints, checkpoint, source)
+    saves, unit = Saves(ckpt_path, keep_checkpoints, checkpoint, source), data.split_unit(world, micro, batch_size, batch_ramp_start, batch_ramp)
     metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
@@ -199,7 +185,7 @@ def main(config, given):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
-        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro, world)}")
+        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro, unit)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
     ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
@@ -226,8 +212,8 @@ def main(config, given):
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)  # schedules: pure functions
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
-        # this rank's masked micro-batches of the global batch that starts after `tokens // seq_len` sequences
-        micro_batches = batches.step(tokens // seq_len, micro_batch_sizes(step_batch // world, micro, batch_ramp_start // world),
+        # this rank's masked micro-batches of its share of the global batch that starts after `tokens // seq_len` sequences
+        micro_batches = batches.step(tokens // seq_len, data.micro_batch_sizes(step_batch, world, micro, unit),
                                      dataclasses.replace(masking, mask_rate=step_mask))
         # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step) unless
         # the loss over all ranks spikes against the run's recent losses (watch.judge, before the update)

@@ -221,13 +221,13 @@ def start_lines(pick, config, seq_len, lr_given):
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
 
 
-def ramp_line(start, final, ramp, micro, world):
-    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (train.micro_batch_sizes)."""
-    unit, micros = math.gcd(micro, start // world), f"micro-batches of {micro} per process"
+def ramp_line(start, final, ramp, micro, unit):
+    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (data.split_unit's)."""
+    micros = f"micro-batches of {micro} per process{f' (and of {unit} for the rest)' * (unit < micro)}"
     if ramp <= 0 or start >= final:
         return f"batch: {final:,} sequences a step throughout; {micros}"
     return (f"batch: {start:,} sequences a step at the start, then {start:,} more at a time up to {final:,} at {ramp:.0%} of the "
-            f"budget (batch_ramp_start, batch_size, batch_ramp); {micros}{f' (and of {unit} for the rest)' * (unit < micro)}")
+            f"budget (batch_ramp_start, batch_size, batch_ramp); {micros}")
 
 
 def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):

@@ -133,10 +133,25 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
     return np.concatenate(parts)
 
 
+def split_unit(world, micro, final, start, ramp):
+    """The size of a process's smaller micro-batches: it divides each one's share of every batch the schedule gives (final;
+    ramping, multiples of start), so at any world the shares add up to it (`micro` a cap); else one line says why."""
+    for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
+        if batch % world:
+            raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
+                             f"of processes that divides {np.gcd(final, start)}, or a new run with a multiple of {world}")
+    return int(np.gcd.reduce([micro, final // world, start // world]))
+
+
+def micro_batch_sizes(batch, world, micro, unit):
+    """A process's micro-batches of a global `batch`: of its share, as many of `micro` as fit, the rest in `unit`s."""
+    return [micro] * (batch // world // micro) + [unit] * (batch // world % micro // unit)
+
+
 class Batches:
-    """step(consumed, sizes, masking): this rank's masked micro-batches of `sizes` in the global batch after `consumed`
-    sequences, each the next world x size sequences, ranks disjoint slices of them; rows and masks depend only on the
-    place in the run's order and the size (masks drawn at once), so a resume or another rank count sees the same."""
+    """step(consumed, sizes, masking): this rank's masked micro-batches of `sizes`, ranks disjoint slices of each next world
+    x size sequences: at any world the step reads rows_at's consumed .. consumed + world x sum(sizes) - 1; a slice's masks
+    follow its place and size (the same on a resume, and in another world wherever the slices are the same)."""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order

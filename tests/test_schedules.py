@@ -1,6 +1,7 @@
 import pytest
 
-from train import batch_size_at, lr_at, micro_batch_sizes
+from cram.data import micro_batch_sizes
+from train import batch_size_at, lr_at
 
 
 def test_triangle_learning_rate():
@@ -41,7 +42,7 @@ def test_the_ramp_starts_at_its_own_start_whatever_the_micro_batch():
     assert batch_size_at(0.59, 100, 250, 0.6) == 200 and batch_size_at(0.6, 100, 250, 0.6) == 250  # final: not a multiple
     assert batch_size_at(0.0, 128, 64, 0.6) == 64  # a start at or above the final batch: no ramp
     for batch in range(64, 8193, 64):  # a process's share under 2 processes, micro-batches of 1,024 (unit 64)
-        parts = micro_batch_sizes(batch, 1024, 64)
+        parts = micro_batch_sizes(2 * batch, 2, 1024, 64)
         assert sum(parts) == batch and set(parts) <= {1024, 64} and max(parts) <= batch
 
 
