@@ -145,6 +145,14 @@ def weights_atol(lr, steps, r=1e-3):
     return r * lr * steps
 
 
+# A fork's quick check (tests/README.md): `python -m pytest -q -m quick tests`, about a minute on 2 cores
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: a fork's quick check: the model, a training run, the configurator, "
+                                       "an export round trip")
+
+
 # The slowest tool tests (1.5-2 minutes each on 2 cores) run on request, keeping CI within its 10 minutes
 slow = pytest.mark.skipif(os.environ.get("CRAM_SLOW") != "1", reason="slow: CRAM_SLOW=1 runs it")
 

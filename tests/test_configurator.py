@@ -7,6 +7,7 @@ def namespace():
     return {"lr": 1e-3, "steps": 10, "compile": True, "dataset": "pydocs", "betas": (0.9, 0.98), "_private": 1}
 
 
+@pytest.mark.quick
 def test_overrides_and_types():
     ns = namespace()
     configure(ns, ["--lr=3e-4", "--steps=20", "--compile=False", "--dataset=books/a.txt", "--betas=(0.9, 0.95)"])
@@ -20,6 +21,7 @@ def test_int_accepted_for_float():
     assert ns["lr"] == 1.0 and type(ns["lr"]) is float
 
 
+@pytest.mark.quick
 def test_unknown_key_is_an_error():
     with pytest.raises(SystemExit, match="unknown config key 'lrr'"):
         configure(namespace(), ["--lrr=1e-3"])
@@ -27,6 +29,7 @@ def test_unknown_key_is_an_error():
         configure(namespace(), ["--_private=2"])
 
 
+@pytest.mark.quick
 def test_wrong_type_is_an_error():
     with pytest.raises(SystemExit, match="--steps expects int"):
         configure(namespace(), ["--steps=2.5"])
@@ -52,6 +55,7 @@ def test_config_file_then_command_line(tmp_path):
         configure(namespace(), [str(tmp_path / "missing.py")])
 
 
+@pytest.mark.quick
 def test_model_settings_come_from_the_dataclass(tmp_path):
     """A settings dataclass (model.ModelConfig) adds its fields, defaults and types to a script's
     settings: config files and --key=value set them, they land in the returned dict only, and the

@@ -134,6 +134,7 @@ def test_a_narrowed_model_exports_equal_to_ours(tmp_path, pretrained):
     test_logits_and_hidden_states_equal_ours(export_and_load(tmp_path, tmp_path / "ckpt.pt"))
 
 
+@pytest.mark.quick
 def test_logits_and_hidden_states_equal_ours(exported):
     ckpt = exported["ckpt"]
     model = CrammedBert(**ckpt["model_args"]).eval()

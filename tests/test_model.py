@@ -30,6 +30,7 @@ def test_original_bert_shape_options():
     assert torch.isfinite(loss)
 
 
+@pytest.mark.quick
 def test_sparse_prediction_equals_dense():
     torch.manual_seed(0)
     sparse = CrammedBert(**TINY, sparse_prediction=True).eval()  # eval mode: the correct count too
@@ -134,6 +135,7 @@ def test_smear_adds_a_map_of_the_neighbours():
         torch.testing.assert_close(model.embed(idx)[:, t], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.quick
 def test_training_reduces_loss_on_a_fixed_batch():
     torch.manual_seed(0)
     model = CrammedBert(**TINY)
