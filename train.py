@@ -24,7 +24,7 @@ import torch
 from cram import budget, data, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
-from cram.files import MetricsLog, check_resume, claim_folder, load_checkpoint, parse_ranks, refuse_overwrite
+from cram.files import MetricsLog, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
 from cram.guard import Saves, SpikeWatch
 from model import DATA_FIELDS, CrammedBert, Masking, ModelConfig, Trainer, diverged, param_groups
 
@@ -171,7 +171,7 @@ def main(config, given):
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
     check_settings(world, config, rt)  # with the shape and batch settled
     model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    said += check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before any probe
+    check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before any probe
     micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
                                                               mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
     opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
@@ -271,8 +271,7 @@ def setup_device(config, world, ddp, given):
     config.update(device=rt.device.type, dtype=rt.dtype_name())
     if rank == 0 and os.path.isdir(out_dir):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
-    if not checkpoint:  # ... or, for a fresh run, a checkpoint it would replace
-        refuse_overwrite(os.path.join(out_dir, "ckpt.pt"))
+    check_own_files(out_dir, checkpoint, source)  # ... or another run's files, which this one would replace or prune
     return rt, rank, checkpoint, source, said
 
 
@@ -299,13 +298,13 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
 
 
 def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log, ddp):
-    """A resume (`checkpoint`; None: a fresh run) of the same run (files.check_resume; returns its lines to say), with
-    budget left: one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
+    """A resume (`checkpoint`; None: a fresh run) of the same run on the same data (files.check_resume), with budget
+    left: one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
     if not checkpoint:
-        return []
-    said = check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)  # another folder's data
+        return
+    check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)
     if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
-        return said
+        return
     kind = "max_steps" if budget_spent(0.0, checkpoint["step"]) else "budget_tokens" if budget_tokens else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
@@ -316,12 +315,15 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log
 
 
 def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, opening):
-    """Rank 0's: out_dir locked, writable, with room for keep_checkpoints checkpoints (weights and AdamW in float32);
+    """Rank 0's: out_dir locked, writable, with room for its saves at their peak (keep_checkpoints and one being written);
     warnings of a run too large for a CPU or its data; the opening lines (`opening`, or where a resume starts: from an
     earlier checkpoint, the later ones set aside, Saves.branch). Returns the MetricsLog."""
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
-    claim_folder(out_dir, need_bytes=keep_checkpoints * 12 * model.num_params(), files=("ckpt.pt", "metrics.jsonl"))
+    each = max(12 * model.num_params() + 32 * model_args["vocab_size"] + 2 ** 20,  # weights, AdamW, tokenizer, records
+               os.path.getsize(saves.last_path) if checkpoint else 0)  # or the resumed one's size
+    claim_folder(out_dir, need_bytes=save_peak_bytes(saves.path, keep_checkpoints, each, saves.last, saves.branched),
+                 files=("ckpt.pt", "metrics.jsonl"))
     step_flops = model.config.flops_per_token(mask_rate) * config["batch_size"] * model_args["seq_len"]
     for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                     repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):

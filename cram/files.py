@@ -319,6 +319,15 @@ def save_in_series(path, state, keep, held):
         os.remove(old)
 
 
+def save_peak_bytes(path, keep, each, resumed_step=None, branched=False):
+    """The room a run's saves of `each` bytes need beside `path` (ckpt.pt): save_in_series writes one whole beside the
+    series (the newest linked aside) before pruning to `keep`, so max(keep, held) + 1 at once, `held` there already: a
+    resume's (resumed_step given) ckpt.pt and series, or, branching from an earlier step, the series up to it."""
+    held = 0 if resumed_step is None else (not branched and os.path.isfile(path)) + sum(
+        not branched or step <= resumed_step for step, _ in checkpoint_series(os.path.dirname(path) or "."))
+    return (max(keep, held) + 1 - held) * each
+
+
 def branch_from(path, step):
     """A run resumed from an earlier checkpoint (of step `step`) than its newest (`path`, ckpt.pt): ckpt.pt and the later
     ones of the series renamed abandoned_<name> (abandoned2_, ...: never over another), out of the series, never pruned."""
@@ -450,28 +459,46 @@ def all_finite(state_dict):
     return all(v.isfinite().all() for v in state_dict.values() if v.is_floating_point())
 
 
-def refuse_overwrite(path):
-    """A fresh run never replaces a checkpoint: a one-line error if one is at `path` or its series beside it."""
-    series = [] if os.path.exists(path) else checkpoint_series(os.path.dirname(path) or ".")[-1:]
-    if os.path.exists(path) or series:  # only a series: its newest, by name
-        path, named = (series[0][1], f" --resume_from={os.path.basename(series[0][1])}") if series else (path, "")
+def check_own_files(out_dir, checkpoint, source):
+    """A run touches only its own files: a fresh run (`checkpoint` None) replaces no checkpoint; a resume (from `source`)
+    prunes, sets aside or appends to none of another run's, by the id its checkpoints and metrics lines name (read
+    without the tensors), nor, from another folder, any of a run unknown (an older cram's: None). A one-line error."""
+    path, run = os.path.join(out_dir, "ckpt.pt"), (checkpoint or {}).get("run")
+    series = [p for _, p in checkpoint_series(out_dir)]
+    if checkpoint is None and (os.path.exists(path) or series):  # only a series: its newest, by name
+        path, named = (series[-1], f" --resume_from={os.path.basename(series[-1])}") if not os.path.exists(path) else (path, "")
         raise SystemExit(f"error: {path} exists: continue it with --resume=True{named} (a run that has spent its budget "
                          f"also needs a larger one: it says which), or choose another --out_dir")
+    home = os.path.realpath(os.path.dirname(os.path.abspath(source or ""))) == os.path.realpath(out_dir)
+    if checkpoint is None or run is None and home:  # an older cram's run in its own folder: known by the folder alone
+        return
+    owners = []
+    for p in [path] * os.path.isfile(path) + series:
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            owners.append((os.path.basename(p), torch.load(p, map_location="cpu", weights_only=True, mmap=True).get("run")))
+    with contextlib.suppress(OSError), open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
+        owners += [("metrics.jsonl", (m := re.search(r'"run": "(\w+)"}\s*$', line)) and m[1]) for line in f]  # cut: None
+    others = sorted({name for name, owner in owners if owner != run and (owner or not home)})
+    if others:
+        raise SystemExit(f"error: {out_dir} holds another run's files ({', '.join(others)}), which resuming {source} "
+                         f"there would prune, set aside or append to: resume it with a fresh --out_dir"
+                         f"{'' if home else f' (or its own, {os.path.dirname(os.path.abspath(source))})'}")
 
 
 def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta):
     """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` by
     load_checkpoint(path, "resume"), which checked its weights finite) continues the same run: the same model,
-    tokenizer and optimizer, and in the folder it trained on the same token files (`meta`'s fingerprint and counts); the
-    lines to say: where another folder's differ (a continuation: the same place in its order). The dtype may change."""
+    tokenizer and optimizer, and the same token files (data_difference), in the folder it trained on or any other (a
+    copy). The dtype may change."""
     same_folder = os.path.realpath(data_dir) == checkpoint.get("data_dir")  # where it trained (its real path)
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
         changed = [k for k in model_args if saved[k] != model_args[k]]
         raise SystemExit(f"error: the checkpoint's model differs from this config in {', '.join(changed)}")
+    own = ("the data it trained on" if same_folder or not os.path.isdir(checkpoint.get("data_dir", "")) else
+           f"its own data, --data_dir={checkpoint['data_dir']}")
     if checkpoint["tokenizer"] != tokenizer_text:
-        own = ("the data it trained on (prepared again?)" if same_folder else
-               f"its own data, --data_dir={checkpoint.get('data_dir')}")
         raise SystemExit(f"error: {path} trained with another tokenizer than {data_dir}'s: resume it with {own}")
     trained_with = checkpoint.get("config", {}).get("optim", "adamw")
     if trained_with != optim:
@@ -481,13 +508,23 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, 
     if problem:
         raise SystemExit(f"error: {path}'s optimizer state {problem}: it cannot be resumed; fine-tune it "
                          f"(finetune_glue.py) or export it (tools/export.py) as it is")
-    trained_on = checkpoint["meta"]
-    changed = ", ".join(k for k in ("fingerprint", "train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
-    if changed and same_folder:  # prepared again under it: rows read, unread
+    changed = data_difference(checkpoint["meta"], meta)
+    if changed:  # rows it trained on would be read as unread, or validated on; or rows it never saw counted as read
         raise SystemExit(f"error: {data_dir} is not the data {path} trained on (its token files differ: {changed}; "
-                         f"prepared again?): resume with that data, or start a new run in another --out_dir")
-    return [f"resuming on {data_dir}, other data than the run's {checkpoint.get('data_dir')} ({changed} differ): the run "
-            f"reads its rows from the same place in its order"] if changed else []
+                         f"prepared again?): resume it with {own}, or start a new run in another --out_dir")
+
+
+def data_difference(trained_on, meta):
+    """How the token files `meta` describes (data.load_run_data's) differ from those a checkpoint's meta (`trained_on`)
+    describes, or '': each split by its digest; a checkpoint without digests (an older cram's) by what it has."""
+    if not isinstance(trained_on.get("digests"), dict):
+        return ", ".join(k for k in ("fingerprint", "train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
+    said = [f"{name} rows: " + (f"{trained_on[k]:,} sequences, now {meta[k]:,}" if trained_on[k] != meta[k] else
+                                f"other ones or in another order, {meta[k]:,} as before")
+            for split, name, k in (("train", "training", "train_sequences"), ("val", "validation", "val_sequences"))
+            if trained_on["digests"].get(split) != meta["digests"][split]]
+    only_validation = len(said) == 1 and said[0].startswith("validation")
+    return "; ".join(said + ["only validation is new, and its losses would not compare with the run's"] * only_validation)
 
 
 def optimizer_problem(checkpoint, optim):

@@ -244,16 +244,16 @@ def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last
     last checkpoint before them, which stays with the keep_checkpoints - 1 before it (and no more), and resumes."""
     train = ["train.py", *TINY_MODEL, "--batch_size=16", "--data_order=file", "--ckpt_interval_minutes=0",
              "--log_interval=1", "--fill_in_examples=0", "--keep_checkpoints=3"]
-    once = run_script(*train, f"--data_dir={with_junk(prepared, tmp_path / 'once', [31])}", f"--out_dir={tmp_path / 'a'}",
-                      "--max_steps=40")
+    data = with_junk(prepared, tmp_path / "once", [31])  # a resume reads the data it trained on, junk and all
+    once = run_script(*train, f"--data_dir={data}", f"--out_dir={tmp_path / 'a'}", "--max_steps=40")
     records = {r["step"]: r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if r["kind"] == "train"}
     assert records[31]["skipped"] == 1 and records[40]["skipped"] == 1 and records[31]["loss"] > records[30]["loss"] + 1
     assert records[31]["loss"] < math.log(384) + 1 and "final:" in once.stdout  # not a divergence by the old test
     assert sorted(os.listdir(tmp_path / "a")) == [".lock", "ckpt.pt", "ckpt_00000038.pt", "ckpt_00000039.pt", "metrics.jsonl"]
     os.replace(tmp_path / "a" / "ckpt.pt", tmp_path / "newest.pt")  # a series alone: a fresh run refuses, saying how to go on
-    fresh = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'a'}", "--max_steps=41", check=False)
+    fresh = run_script(*train, f"--data_dir={data}", f"--out_dir={tmp_path / 'a'}", "--max_steps=41", check=False)
     assert_one_line_error(fresh, "ckpt_00000039.pt exists: continue it with --resume=True --resume_from=ckpt_00000039.pt")
-    advised = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'a'}", "--max_steps=41", "--resume=True",
+    advised = run_script(*train, f"--data_dir={data}", f"--out_dir={tmp_path / 'a'}", "--max_steps=41", "--resume=True",
                          "--resume_from=ckpt_00000039.pt")
     assert "resuming" in advised.stdout and torch.load(tmp_path / "a" / "ckpt.pt")["step"] == 41
     junk = with_junk(prepared, tmp_path / "five", range(31, 36))
@@ -263,10 +263,11 @@ def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last
     assert torch.load(tmp_path / "b" / "ckpt.pt")["step"] == 30
     assert sorted(n for n in os.listdir(tmp_path / "b") if n.endswith(".pt")) == ["ckpt.pt", "ckpt_00000028.pt",
                                                                                   "ckpt_00000029.pt"]
-    resumed = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'b'}", "--max_steps=40", "--resume=True")
+    resumed = run_script(*train, f"--data_dir={junk}", f"--out_dir={tmp_path / 'b'}", "--max_steps=40", "--resume=True",
+                         "--max_skipped_steps=6")  # the five junk batches again: skipped, one short of a stop
     assert "resuming" in resumed.stdout and torch.load(tmp_path / "b" / "ckpt.pt")["step"] == 40
     # an older one by name: the later ones set aside, kept out of the series
-    older = run_script(*train, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'b'}", "--max_steps=45", "--resume=True",
+    older = run_script(*train, f"--data_dir={junk}", f"--out_dir={tmp_path / 'b'}", "--max_steps=45", "--resume=True",
                        "--resume_from=ckpt_00000039.pt")
     assert f"resuming {tmp_path / 'b' / 'ckpt_00000039.pt'} at step 39" in older.stdout and "abandoned_ckpt.pt" in older.stdout
     assert torch.load(tmp_path / "b" / "abandoned_ckpt.pt")["step"] == 40
