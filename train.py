@@ -161,7 +161,6 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
 
 def main(config, given):
     ddp, world = runtime.launcher()  # under torchrun, or one process
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")  # the newest checkpoint, which a resume continues unless resume_from
     rt, rank, checkpoint, source, said = setup_device(config, world, ddp, given)  # a resume's settings its checkpoint's
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
@@ -176,7 +175,8 @@ def main(config, given):
                                                               mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
     opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
     globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
-    saves, unit = Saves(ckpt_path, keep_checkpoints, checkpoint, source), data.split_unit(world, micro, batch_size, batch_ramp_start, batch_ramp)
+    saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
+    unit = data.split_unit(world, micro, batch_size, batch_ramp_start, batch_ramp)  # the size of the smaller micro-batches (data.split_unit)
     metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
@@ -211,10 +211,9 @@ def main(config, given):
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)  # schedules: pure functions
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
-        step_mask = mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels)
+        step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # this rank's masked micro-batches of its share of the global batch that starts after `tokens // seq_len` sequences
-        micro_batches = batches.step(tokens // seq_len, data.micro_batch_sizes(step_batch, world, micro, unit),
-                                     dataclasses.replace(masking, mask_rate=step_mask))
+        micro_batches = batches.step(tokens // seq_len, data.micro_batch_sizes(step_batch, world, micro, unit), step_mask)
         # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step) unless
         # the loss over all ranks spikes against the run's recent losses (watch.judge, before the update)
         applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)[1]
@@ -227,7 +226,7 @@ def main(config, given):
             raise saves.divergence_stop(in_a_row, step, meta["vocab_size"], spike_threshold)
         if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
-            mfu = model.config.flops_per_token(step_mask) * tokens_per_s / world / peak if peak else None
+            mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak if peak else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=watch.loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=skipped), tokens / (n_rows * seq_len), progress)
