@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from cram import memory, process, runtime
 from cram.data import MASK_RATE, make_encoding
-from cram.files import (check_writable, load_checkpoint, parse_ranks, read_json, read_jsonl, unfound, weights_digest,
+from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, unfound, weights_digest,
                         write_atomically, write_json)
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
@@ -407,7 +407,6 @@ def diverged(run):  # whether a run diverged: its weights or a score not finite 
 # ---------------------------------------------------------------- results: a file per run, glue.json their summary
 SCORE_SETTINGS = ("batch_size", "lr", "beta1", "beta2", "eps", "weight_decay", "epochs", "warmup", "dropout", "pooling",
                   "dtype", "max_train_examples", "group_by_length")  # what a score depends on: a run with other values does not reuse it
-DAMAGED = "move it away and run the same command (a run is fine-tuned again, glue.json rebuilt from the runs)"
 GROUPS = ("tasks", "no_pretraining")  # the checkpoint's runs; the --from_scratch control's: each score's floor
 RUN_KEYS = {"seed", "settings", "scores", "facts", "counts", "finished"}  # what a run's file holds (and the identity)
 
@@ -560,13 +559,14 @@ def is_run(run):
 
 
 def read_runs(files, identity):
-    """{group: {task: [run, ...]}} from run files; a one-line error if one is damaged or holds another
-    checkpoint's scores, which a rerun must not replace."""
+    """{group: {task: [run, ...]}} from run files; a damaged one set aside (its run is done again); a one-line error
+    for one that holds another checkpoint's scores, which a rerun must not replace."""
     found = {}
     for file, _ in files:
-        run, (group, name) = read_json(file, DAMAGED), file.split(os.sep)[-3:-1]
-        if not (group in GROUPS and name in TASKS and is_run(run)):
-            raise SystemExit(f"error: {file} is damaged (not a fine-tuning run's record): {DAMAGED}")
+        (run, why), (group, name) = load_json(file), file.split(os.sep)[-3:-1]
+        if why or not (group in GROUPS and name in TASKS and is_run(run)):
+            set_aside(file, why or "not a fine-tuning run's record")
+            continue
         if not same_checkpoint(run, identity):
             raise SystemExit(f"error: {file} holds the scores of another checkpoint: pass --out_json= for this one's, "
                              f"or move it away")
@@ -770,7 +770,9 @@ def earlier_precision(runs):
 def check_earlier(path, identity):
     """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, or
     of an older cram (which kept the scores in glue.json alone), is not replaced."""
-    old = read_json(path, DAMAGED) if os.path.exists(path) else {"runs": True, **identity}
+    old, why = load_json(path) if os.path.exists(path) else ({"runs": True, **identity}, None)
+    if why:  # glue.json is made from its runs' files: made again
+        return set_aside(path, why)
     if not isinstance(old, dict) or "runs" not in old or not same_checkpoint(old, identity):
         raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass "
                          f"--out_json= for this one's, or move it away")

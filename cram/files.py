@@ -173,6 +173,21 @@ def read_json(path, remedy):
         raise SystemExit(denied(path) or f"error: {path} is damaged ({type(e).__name__}: {str(e)[:120]}): {remedy}")
 
 
+def load_json(path):
+    """(the JSON at `path`, None), or (None, why it does not parse: cut, garbled, not UTF-8); an unreadable file raises."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")), None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; RecursionError: nested too deep
+        return None, f"{type(e).__name__}: {str(e)[:120]}"
+
+
+def set_aside(path, why):
+    """A damaged file that a command makes again (cram writes whole files: a disk's fault or a hand's edit did this)
+    renamed <path>.damaged, kept for a look, and said in a line; the caller then makes its piece again."""
+    os.replace(path, path + ".damaged")
+    print(f"warning: {path} is damaged ({why}): set aside as {os.path.basename(path)}.damaged and made again", flush=True)
+
+
 def read_jsonl(path):
     """The records of a JSON-lines file. A last line without its newline that does not parse is the
     trace of a process killed mid-write, not damage: it is left out. Any other bad line is an error."""

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
-from cram.files import (check_writable, load_checkpoint, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
+from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
                         weights_digest, write_json)
 from model import ModelConfig, saved_model_args  # noqa: E402
 from cram.process import guarded  # noqa: E402
@@ -110,10 +110,12 @@ def training_facts(ckpt, run_dir):
                      f"{last['accuracy']:.3f} ({100 * config.get('eval_mask_rate', MASK_RATE):g}% of held-out tokens masked)")
     glue_path = os.path.join(run_dir, "glue.json")
     if os.path.isfile(glue_path):
-        glue = read_json(glue_path, "move it away, or run finetune_glue.py again")
+        glue, why = load_json(glue_path)
         if isinstance(glue, dict) and glue.get("checkpoint_digest") == weights_digest(ckpt["model"]) and "table" in glue:
             lines += ["", "GLUE dev scores (finetune_glue.py; each row says its seeds and epochs; reference: the "
                           "published crammed BERT):", "", glue["table"]]
+        elif why:  # finetune_glue.py's to make again (it sets it aside): the card goes on without it
+            print(f"warning: {glue_path} is damaged ({why}): the card shows no GLUE scores; finetune_glue.py makes it again")
         else:  # said, so a card without scores is not a surprise
             print(f"{glue_path} holds another checkpoint's scores (or an older cram's): the card shows none")
     return lines
