@@ -18,7 +18,7 @@ from configurator import configure  # noqa: E402  (the core sits one folder up)
 # -----------------------------------------------------------------------------
 root = ROOT                # the checkout to measure
 # -----------------------------------------------------------------------------
-CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5100, 400, 90, 60, 8
+CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5300, 400, 90, 60, 8
 
 
 def core_files(root):
