@@ -489,6 +489,62 @@ def test_mnli_s_encoder_cut_by_a_file_size_limit_is_one_line_and_a_damaged_one_i
     assert set(torch.load(encoder)) and json.loads((run / "glue.json").read_text())["tasks"]["rte"]["seeds"] == [0]
 
 
+def tool_writer(case, pretrained, prepared, tmp_path):
+    """A tool's command whose write fails in a case of the test below: (its arguments, the folder whose files must stay
+    as they were, a file of the rerun and bytes it holds, whether an earlier run writes the file first)."""
+    out, data = tmp_path / "out", tmp_path / "data"
+    out.mkdir()
+    if case == "compare_png":  # tools/compare.py plotting runs it has
+        return ["tools/compare.py", f"--runs={pretrained.parent}", f"--png={out / 'pic.png'}"], out, ("pic.png", b"\x89PNG"), True
+    if case in ("shape_plot_svg", "glue_plot_png"):  # the batch picture as an svg: the suffix names the format
+        tool = case.split("_")[0] + "_plot"
+        shutil.copy(os.path.join(ROOT, "docs", f"{case.split('_')[0]}_points.json"), out / "points.json")
+        extra = [f"--batch_png={out / 'batch.svg'}"] if tool == "shape_plot" else []
+        name, start = ("batch.svg", b"<?xml") if extra else ("picture.png", b"\x89PNG")
+        return [f"tools/{tool}.py", f"--points={out / 'points.json'}", f"--png={out / 'picture.png'}", *extra], out, (name, start), True
+    if case == "gpu_report_copies":  # --copy_to, a device call's $OUT: report.md copied there as each phase ends
+        return (["tools/gpu_report.py", "--phases=prepare", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'report'}",
+                 f"--copy_to={out}"], out, ("report.md", b"# cram GPU report"), True)
+    if case == "curriculum":  # its sorted copy, continued by the rerun; train.bin replaced only once it is whole
+        shutil.copytree(prepared, data)
+        return ["tools/curriculum.py", f"--data_dir={data}", "--block=50"], data, ("meta.json", b'"curriculum_block": 50'), False
+    if case == "gpu_call_glue":  # GLUE's files into the carry folder (one of the repository's), replaced by each run
+        carry = os.path.join("data", f"test_faulty_{os.getpid()}")
+        return (["tools/gpu_call.py", f"--corpus={tmp_path / 'text.txt'}", f"--glue_dir={FIXTURES}", f"--carry_dir={carry}",
+                 "--carry_text=True", "--vocab_size=384", "--seq_len=32"], os.path.join(ROOT, carry),
+                ("glue/RTE/dev.tsv", open(os.path.join(FIXTURES, "RTE", "dev.tsv"), "rb").read()), True)
+    base = tmp_path / "base.py"  # compare_done: the file that marks a variant's run finished, with its settings
+    base.write_text(f"data_dir = {str(prepared)!r}\n")
+    return (["tools/compare.py", "--variants=crammed", f"--base={base}", "--budget_minutes=0.05", f"--out_dir={out}",
+             f"--train_args={' '.join(TINY_MODEL)} --max_steps=2"], out, ("results.json", b"{"), False)
+
+
+@pytest.mark.parametrize("case,name,how", [
+    ("compare_png", "pic.png*", "full"), ("shape_plot_svg", "batch.svg*", "stop"), ("glue_plot_png", "picture.png*", "full"),
+    ("gpu_report_copies", "report.md*", "full"), ("curriculum", "train.bin.curriculum*", "full"),
+    ("gpu_call_glue", "dev.tsv*", "full"), ("compare_done", "done*", "full")])
+def test_a_tool_s_write_failing_midway_keeps_the_old_file_and_the_rerun_works(case, name, how, pretrained, prepared,
+                                                                              tmp_path):
+    """Every file a tool writes, cut midway by a full disk or a SIGTERM: one line naming it (or the stop's), the files
+    there before as they were (pictures, the copies into a device call's $OUT, GLUE's files in a call's carry, train.bin
+    under the curriculum), no temporary file left but the curriculum's resumable copy, and the same command then works:
+    a cut done file of compare.py's made the rerun refuse its own run as one of 'other settings'."""
+    (tmp_path / "text.txt").write_text("\n\n".join(synthetic_corpus(40)) + "\n")
+    args, watched, (written, start), first = tool_writer(case, pretrained, prepared, tmp_path)
+    try:
+        if first:
+            run_script(*args)
+        before = snapshot(watched)
+        proc = faulty(name, how, 0, *args)
+        assert_kept(proc, before, *((143, "stopped by SIGTERM") if how == "stop" else (1, "error:", name[:-1])))
+        assert [p for p in snapshot(tmp_path, watched) if p.endswith(".tmp") and ".curriculum-" not in p] == []
+        run_script(*args)
+        assert start in open(os.path.join(watched, written), "rb").read()
+    finally:
+        if case == "gpu_call_glue":
+            shutil.rmtree(watched, ignore_errors=True)
+
+
 def test_a_checkpoint_that_cannot_be_written_is_refused_before_training(prepared, tmp_path):
     (tmp_path / "ckpt.pt").mkdir()  # a folder where the checkpoint goes
     proc = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, check=False)

@@ -26,13 +26,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
 from configurator import configure, read_config_file  # noqa: E402  (the core sits one folder up)
 from cram.files import (check_writable, claim_folder, load_checkpoint, read_jsonl, read_metrics,  # noqa: E402
-                        write_json)
-from measure import held_below  # noqa: E402
+                        write_atomically, write_json)
+from measure import held_below, save_figure  # noqa: E402
 from cram.process import child_env, guarded, installed  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -94,8 +95,8 @@ def train(name, run_dir, *args):
     if code != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{output[-2000:]}")
     print("\n".join(line for line in output.splitlines() if line.startswith(("final:", "torch.compile"))), flush=True)
-    with open(done, "w", encoding="utf-8") as f:
-        f.write(settings)
+    # whole or not at all: a cut one would hold other settings than the command's, and an empty one an older compare.py's
+    write_atomically(done, lambda tmp: Path(tmp).write_text(settings, encoding="utf-8"))
 
 
 def speed(run_dir):
@@ -212,8 +213,7 @@ def plot(curves, path):
         ax.grid(alpha=0.3)
     by_time.legend()
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=80)
+    save_figure(fig, path, dpi=80)
     plt.close(fig)
 
 
@@ -263,4 +263,5 @@ def main():
 
 if __name__ == "__main__":
     configure(globals(), sys.argv[1:])
-    guarded(main, f"finished runs are kept in {out_dir} and reused; run the same command to continue")
+    guarded(main, "the runs are only read; run the same command again" if runs else
+            f"finished runs are kept in {out_dir} and reused; run the same command to continue")

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import load_tokenizer, load_tokens  # noqa: E402
-from cram.files import load_meta, write_json  # noqa: E402
+from cram.files import cannot_write, load_meta, write_json  # noqa: E402
 from cram.process import guarded, progress  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -75,15 +75,18 @@ def write_sorted_copy(tokens, ends, path, block_size):
     start = max(0, whole - 1)  # the last whole block is redone: a power cut may have left it unsynced
     if start:
         print(f"continuing the sorted copy at block {start + 1:,} of {n_blocks:,} (an interrupted pass left it)")
-    with open(path, "ab") as f:
-        f.truncate(start * block_bytes)  # and whatever came after it: a block cut short by the kill
-        bar = progress(total=n_blocks, desc="curriculum", unit=" blocks", initial=start)
-        for i in range(start, n_blocks):
-            f.write(sort_block(np.asarray(tokens[i * block_size:(i + 1) * block_size]), ends).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-            bar.update()
-        bar.close()
+    try:  # a failed write (a full disk) is one line naming the copy, which the rerun continues
+        with open(path, "ab") as f:
+            f.truncate(start * block_bytes)  # and whatever came after it: a block cut short by the kill
+            bar = progress(total=n_blocks, desc="curriculum", unit=" blocks", initial=start)
+            for i in range(start, n_blocks):
+                f.write(sort_block(np.asarray(tokens[i * block_size:(i + 1) * block_size]), ends).tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+                bar.update()
+            bar.close()
+    except OSError as e:
+        raise cannot_write(path, e)
     return n_blocks
 
 

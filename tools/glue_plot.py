@@ -23,10 +23,11 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.files import read_json, write_json  # noqa: E402
 from cram.process import guarded, installed  # noqa: E402
+from measure import save_figure  # noqa: E402
 
 # -----------------------------------------------------------------------------
 points = os.path.join(ROOT, "docs", "glue_points.json")  # the points: read, and written by --add
@@ -183,7 +184,8 @@ def draw(all_points, path):
     ax.set_title("cram: GLUE against pretraining compute", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
+    plt.close(fig)
 
 
 def main():

@@ -19,6 +19,8 @@ its own deadline a minute or more before timeout_s, its files copied into $OUT a
 (docs/gpu.md, "The first GPU session"). A rerun keeps a prepared corpus that passes the checks, and a
 carried text that reads whole (whatever --corpus says then); delete the folder to remake it.
 """
+import functools
+import glob
 import json
 import lzma
 import os
@@ -31,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
 from cram.data import OPENERS, load_run_data  # noqa: E402
+from cram.files import write_atomically  # noqa: E402
 from cram.process import guarded  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from gpu_report import PHASES  # noqa: E402  (the phases a call may name)
@@ -130,11 +133,11 @@ def check_inputs(carry):
 
 
 def copy_glue(carry):
-    """GLUE_FOLDERS' GLUE_FILES into <carry>/glue; returns their bytes."""
+    """GLUE_FOLDERS' GLUE_FILES into <carry>/glue, each whole or not at all (a cut one would travel); returns their bytes."""
     for folder in GLUE_FOLDERS:
-        os.makedirs(os.path.join(carry, "glue", folder), exist_ok=True)
         for name in GLUE_FILES:
-            shutil.copyfile(os.path.join(glue_dir, folder, name), os.path.join(carry, "glue", folder, name))
+            write_atomically(os.path.join(carry, "glue", folder, name),
+                             functools.partial(shutil.copyfile, os.path.join(glue_dir, folder, name)))
     return bytes_under(["glue"], carry)
 
 
@@ -174,24 +177,38 @@ def carry_corpus_text(path, room):
         except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
             raise SystemExit(f"error: {path} is damaged ({e}): delete it and run this again")
         return chars, os.path.getsize(path)
-    chars, written, full, cores = 0, 0, False, min(len(os.sched_getaffinity(0)), 8)
+    for stale in glob.glob(glob.escape(path) + ".*.tmp"):  # a killed run's (SIGKILL): it would travel with the call
+        os.remove(stale)
+    counts = [0, 0]  # characters, bytes
+    write_atomically(path, lambda tmp: compress_text(tmp, room, counts))  # whole, or not there: a rerun keeps only a finished file
+    return tuple(counts)
+
+
+def read_chunks(source, n):
+    """Up to n chunks of TEXT_CHUNK characters of the corpus; a damaged one (a cut .gz) is one line that says so."""
+    try:
+        return [t for t in (source.read(TEXT_CHUNK) for _ in range(n)) if t]
+    except (OSError, EOFError, ValueError) as e:  # (gzip's cut file: EOFError; bz2's garbled one: OSError)
+        raise SystemExit(f"error: cannot read --corpus={corpus}: {e}: give a whole text file")
+
+
+def compress_text(path, room, counts):
+    """carry_corpus_text's writing at `path`: counts gets the characters and bytes written."""
+    full, cores = False, min(len(os.sched_getaffinity(0)), 8)
     filters = [dict(id=lzma.FILTER_LZMA2, preset=9, dict_size=2 * TEXT_CHUNK)]  # a chunk's text (xz -9 would take 64 MiB)
     with OPENERS.get(os.path.splitext(corpus)[1], open)(corpus, "rt", encoding="utf-8", errors="replace") as source, \
-            open(path + ".tmp", "wb") as out, ThreadPoolExecutor(cores) as pool:
+            open(path, "wb") as out, ThreadPoolExecutor(cores) as pool:
         while not full:
-            texts = [t for t in (source.read(TEXT_CHUNK) for _ in range(cores)) if t]
+            texts = read_chunks(source, cores)
             packed = pool.map(lambda text: lzma.compress(text.encode("utf-8"), filters=filters), texts)  # (frees the GIL)
             for text, data in zip(texts, packed):
-                full = full or written + len(data) > room
+                full = full or counts[1] + len(data) > room
                 if not full:
                     out.write(data)
-                    chars, written = chars + len(text), written + len(data)
+                    counts[0], counts[1] = counts[0] + len(text), counts[1] + len(data)
             full = full or not texts
-    if not written:
-        os.remove(path + ".tmp")
+    if not counts[1]:  # (a SystemExit: write_atomically removes the empty file and passes it on)
         raise SystemExit(f"error: no room for {TEXT_CHUNK:,} characters of the corpus beside the working tree and GLUE")
-    os.replace(path + ".tmp", path)  # whole, or not there: a rerun keeps only a finished file
-    return chars, written
 
 
 def check_data(data):

@@ -722,9 +722,9 @@ def train_variants(variants, minutes, phase, folder, deadline, logs, aside=()):
         shutil.rmtree(where, ignore_errors=True)
         os.makedirs(where)
         write_json(record, [*args, data_dir])
-    with open(base, "w", encoding="utf-8") as f:  # what every variant shares: the data, evaluations along the way
-        f.write(f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\n"
-                f"ckpt_interval_minutes = 1e9\n")
+    # what every variant shares (the data, evaluations along the way), whole: each run reads it as its config
+    shared = f"data_dir = {os.path.abspath(data_dir)!r}\neval_interval_minutes = {minutes / 7!r}\nckpt_interval_minutes = 1e9\n"
+    write_atomically(base, lambda tmp: Path(tmp).write_text(shared, encoding="utf-8"))
     return args, run_logged(args, os.path.join(logs, f"{phase}.log"), deadline), runs
 
 
@@ -819,7 +819,7 @@ def glue_points(deadline, logs):
     points = os.path.join(out_dir, "glue_points.json")
     shipped = os.path.join(ROOT, "docs", "glue_points.json")
     if os.path.isfile(shipped):  # afresh each time: the shipped points as they are now, then this report's
-        shutil.copyfile(shipped, points)
+        write_atomically(points, functools.partial(shutil.copyfile, shipped))
     elif os.path.exists(points):
         os.remove(points)
     done = report_glue_files()

@@ -28,7 +28,10 @@ PY
 }
 mkdir -p "$OUT"
 for m in ${@:-15 45}; do
-  [ -e "$OUT/$m.shape" ] || pick "$m" > "$OUT/$m.shape"  # kept: a rerun trains the same shape and tokens
+  if [ ! -e "$OUT/$m.shape" ]; then  # kept, and whole (a stop while it is written leaves none): a rerun trains the same shape and tokens
+    pick "$m" > "$OUT/$m.shape.tmp"
+    mv "$OUT/$m.shape.tmp" "$OUT/$m.shape"
+  fi
   read -r layers width rate tokens < "$OUT/$m.shape"
   [ -n "$tokens" ] || { echo "error: $OUT/$m.shape is an older sweep's pick, without tokens: move it and $OUT/$m away to sweep again" >&2; exit 2; }
   shape="n_layers=$layers+d_model=$width"

@@ -1,8 +1,9 @@
-"""What the tools share: alternating rounds and median (min-max) figures; whether a run's folder is in use."""
+"""What the tools share: alternating rounds and median (min-max) figures; whether a run's folder is in use; a picture
+written whole."""
 import os
 import statistics
 
-from cram.files import HELD_ERRNOS, LOCK_FILE  # the core: each tool puts the repository's folder on sys.path first
+from cram.files import HELD_ERRNOS, LOCK_FILE, write_atomically  # the core: each tool puts the repository's folder on sys.path first
 
 
 def alternate(timers, n_repeats):
@@ -41,3 +42,11 @@ def held_below(folder):
         except OSError:  # gone meanwhile
             continue
     return None
+
+
+def save_figure(fig, path, dpi):
+    """A matplotlib figure written to `path` whole or not at all (write_atomically: a full disk or a stop leaves the
+    picture that was there), in the format its suffix names (.png, .svg, .pdf; none: PNG) as savefig would pick it:
+    the temporary name's own suffix (.tmp) names none."""
+    suffix = os.path.splitext(path)[1][1:].lower()
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=suffix or "png"))

@@ -17,12 +17,13 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
 from configurator import configure  # noqa: E402  (first: it checks for the temporary folder torch's import needs)
 from cram.budget import (BATCH_EXPONENT, MAX_BATCH, MIN_BATCH, PAPER_BATCH, PAPER_COMPUTE, PAPER_SEQUENCES,  # noqa: E402
                          PAPER_WEIGHTS, SIZE_EXPONENT, batch_for_budget)  # (the core sits one folder up)
 from cram.files import check_writable, load_checkpoint, read_json, write_json  # noqa: E402
 from cram.process import guarded  # noqa: E402
+from measure import save_figure  # noqa: E402
 
 # -----------------------------------------------------------------------------
 sweep_dir = ""             # a folder of sweeps to add (tools/shape_sweep.sh's OUT); empty: draw the kept points
@@ -78,7 +79,7 @@ def draw_batch(path):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     plt.close(fig)
 
 
@@ -134,7 +135,7 @@ def draw(columns, path):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     plt.close(fig)
 
 
