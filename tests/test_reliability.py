@@ -132,7 +132,8 @@ def test_a_step_that_cannot_fit_in_memory_names_the_setting_and_the_largest_that
 
 
 def test_finetuning_batches_that_cannot_fit_are_refused_before_the_work(pretrained, tmp_path):
-    args = ["finetune_glue.py", f"--checkpoint={pretrained}", "--glue_dir=nowhere", "--tasks=rte", "--device=cpu",
+    glue_dir = os.path.join(ROOT, "tests", "fixtures", "glue")  # read first: the epochs follow the file's examples
+    args = ["finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={glue_dir}", "--tasks=rte", "--device=cpu",
             f"--out_json={tmp_path / 'glue.json'}"]
     assert "--batch_size=16777216 needs at least" in error_of(*args, "--batch_size=16777216")
     assert "--eval_batch_size=4294967296 needs at least" in error_of(*args, "--eval_batch_size=4294967296")
