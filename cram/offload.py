@@ -144,6 +144,12 @@ class BlockStreamer:
         self.templates = [t.to_empty(device=rt.device) for t in templates]
         for p in (p for t in self.templates for p in t.parameters()):
             p.data = p.data.to(wire_dtype(p, rt.dtype))
+        for name, buffer in host.blocks[0].named_buffers():  # a block's tables (a fork's rotary, say): not streamed,
+            if any(not torch.equal(buffer, block.get_buffer(name)) for block in host.blocks):  # so one for all blocks
+                raise SystemExit(f"error: --offload=True streams a block's parameters, not its buffers: {name} differs "
+                                 f"between the blocks")
+            for t in self.templates:
+                t.get_buffer(name).copy_(buffer)
         self.staging = [[torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in self.templates[0].parameters()]
                         if self.cuda else None for _ in range(2)]
         self.resident = [None, None]  # which block's current weights each template holds

@@ -175,3 +175,24 @@ def test_a_block_that_takes_more_than_its_input_is_refused_by_the_general_rule(m
                                          r"Block\.forward also takes rotary$"):
         offload.check_settings(1, ModelConfig(n_layers=2, d_model=64, n_heads=2, d_ffn=128), "adamw", torch.float32)
 
+
+
+def test_a_block_s_buffer_reaches_off_load_s_templates(monkeypatch):
+    """A fork's block that keeps a table in a buffer (rotary's cos and sin, say; here a scale): off-load streams the
+    parameters, and its templates (built on the meta device) get the blocks' buffers, so it trains as normal mode does;
+    a buffer that differs between blocks, which streaming cannot follow, is one line."""
+    import model as model_py
+    init, forward = model_py.Block.__init__, model_py.Block.forward
+
+    def scaled_init(self, config):
+        init(self, config)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, config.d_model), persistent=False)
+    monkeypatch.setattr(model_py.Block, "__init__", scaled_init)
+    monkeypatch.setattr(model_py.Block, "forward", lambda self, x, *rest: forward(self, x, *rest) * self.scale)
+    tiny = dict(n_layers=2, d_model=32, n_heads=2, d_ffn=128)
+    assert_same_training(*train_both(tiny, n_steps=2, accum=1, clip=0.5), lr=1e-2, n_steps=2)
+    model = CrammedBert(vocab_size=VOCAB, seq_len=SEQ, **tiny)
+    model.blocks[1].scale.mul_(2)
+    with pytest.raises(SystemExit, match="^error: --offload=True streams a block's parameters, not its buffers: scale "
+                                         "differs between the blocks$"):
+        OffloadTrainer(model, runtime.setup("cpu", "float32", compile=False), 1e-2, (0.9, 0.98), 1e-12, 0.01)
