@@ -66,12 +66,12 @@ predict = False         # also the test sets' predictions, as the GLUE server ta
 # dev sets (score name -> (file, hub split)), columns (header names, keys, or indices in a file without a header), label
 # names in the hub's id order (None: regression; a jsonl value as str() writes it), metrics (main first), hub dataset,
 # configuration and columns, test sets (server's file -> (file, hub configuration, split); AX is MNLI's) and the
-# published crammed BERT's dev scores (A6000, 24 h, its model card).
+# published crammed BERT's dev scores (A6000, 24 h, its model card); glue: whether the GLUE server takes its test files.
 def task(name, folder, **row):
     text = row.get("text", ("sentence1", "sentence2"))
     return dict(folder=folder, reader="tsv", train="train.tsv", dev={name: ("dev.tsv", "validation")}, text=text,
                 label="label", hub=("nyu-mll/glue", name), hub_text=text, labels=("0", "1"), metrics=("accuracy",),
-                tests={folder: ("test.tsv", name, "test")}, test_text=text, test_index="index", reference={}) | row
+                tests={folder: ("test.tsv", name, "test")}, test_text=text, test_index="index", reference={}, glue=True) | row
 
 
 TASKS = {name: task(name, **row) for name, row in dict(
@@ -752,9 +752,10 @@ def write_submission(path, identity, chosen_settings):
         for source in files[sorted(mine, key=lambda r: (r["scores"][score][main], r["seed"]))[(len(mine) - 1) // 2]["seed"]
                             ] if mine else []:
             write_atomically(os.path.join(folder, os.path.basename(source)), lambda tmp: shutil.copyfile(source, tmp))
-    missing = [f for row in TASKS.values() for f in row["tests"] if not os.path.isfile(os.path.join(folder, f"{f}.tsv"))]
+    server = [f for row in TASKS.values() if row["glue"] for f in row["tests"]]  # not another benchmark's tasks
+    missing = [f for f in server if not os.path.isfile(os.path.join(folder, f"{f}.tsv"))]
     return (f"wrote {folder}: the test sets' predictions, each task's median seed on dev of those predicted; the GLUE server takes all "
-            f"{sum(len(row['tests']) for row in TASKS.values())} files" + (f", and these are missing: {', '.join(missing)} (--tasks= "
+            f"{len(server)} files" + (f", and these are missing: {', '.join(missing)} (--tasks= "
                                                            f"those with --predict=True and their settings)" if missing else ""))
 
 

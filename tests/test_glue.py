@@ -673,13 +673,15 @@ def test_a_task_is_one_row_even_from_jsonl(pretrained, tmp_path, monkeypatch, ca
         (folder / file).write_text(lines(n, test=file == "test.jsonl"))
     row = glue.task("boolq", folder="BoolQ", reader="jsonl", train="train.jsonl", dev={"boolq": ("val.jsonl", "validation")},
                     text=("question", "passage"), labels=("False", "True"), hub=("aps/super_glue", "boolq"),
-                    tests={"BoolQ": ("test.jsonl", "boolq", "test")}, test_index="idx")
+                    tests={"BoolQ": ("test.jsonl", "boolq", "test")}, test_index="idx", glue=False)
     monkeypatch.setitem(glue.TASKS, "boolq", row)
     for key, value in dict(checkpoint=str(pretrained), glue_dir=str(tmp_path), tasks="boolq", seeds=1, device="cpu",
                            dtype="float32", out_json=str(tmp_path / "glue.json"), predict=True).items():
         monkeypatch.setattr(glue, key, value)
     glue.main(config_keys(vars(glue)))
-    assert "boolq: batch 32, lr 0.0003, 10 epochs (by the encoder's width" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "boolq: batch 32, lr 0.0003, 10 epochs (by the encoder's width" in out
+    assert "the GLUE server takes all 11 files, and these are missing: CoLA," in out and "BoolQ (" not in out  # not GLUE's
     entry = json.loads((tmp_path / "glue.json").read_text())["tasks"]["boolq"]
     assert entry["train_examples"] == 12 and 0 <= entry["median"]["boolq"]["accuracy"] <= 100
     predicted = (tmp_path / "glue_test" / "BoolQ.tsv").read_text().splitlines()
