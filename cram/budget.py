@@ -200,7 +200,7 @@ def start_lines(pick, config, seq_len, lr_given):
     """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`, when it
     picked them), the rate (unless `lr_given`)."""
     lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
-                              f"{LR_WIDTH_EXPONENT}, budget.lr_for_width; --lr sets it)"]
+                              f"{LR_WIDTH_EXPONENT}, budget.lr_for_width: AdamW's; --lr sets it)"]
     if not pick:
         return lr
     hours, tokens = config["budget_hours"], config["budget_tokens"]  # the budget as given: '5 min', '24 h'
