@@ -8,6 +8,7 @@ the names in a folder a script lists), environments (torchrun's variables, OpenM
 The configurator is cheap, so every (script, setting, value) runs through it here; real runs are a
 sample drawn with a fixed seed. CRAM_FUZZ=deep runs every drawn case (BENCHMARKS.md has its counts);
 CRAM_FUZZ_SEED draws another sample."""
+import json
 import math
 import os
 import random
@@ -302,3 +303,40 @@ def test_any_environment_runs_or_is_one_line(script, case, inputs, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, base_args(script, inputs, tmp_path))],
                           cwd=tmp_path, env=env, capture_output=True, text=True, errors="replace", timeout=300)
     assert_promise(proc, before, f"{script} with {case}")
+
+
+# ------------------------------------------------------------------ fine-tuning's result files, damaged in every way
+def strict_json(text):
+    """JSON as the standard has it: NaN and Infinity, which Python's parser takes, refused."""
+    return json.loads(text, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(f"{name} in JSON")))
+
+
+RESULT_FORMS = {"an empty file": lambda real: b"", "cut short": lambda real: real[:len(real) // 2],
+                "not UTF-8": lambda real: b"\xff\xfe" + real, "a list": lambda real: b"[1, 2]",
+                "nested past the parser's depth": lambda real: b"[" * 100_000 + b"]" * 100_000,
+                "a NaN score": lambda real: real.replace(b'"accuracy": ', b'"accuracy": NaN, "was": ', 1),
+                "an infinite score": lambda real: real.replace(b'"accuracy": ', b'"accuracy": -Infinity, "was": ', 1)}
+RESULT_FILES = ("glue.json", "the run's file")
+
+
+@pytest.fixture(scope="module")
+def finetuned(inputs, tmp_path_factory):
+    """One tiny fine-tuning's results (glue.json and glue_runs/), which each case damages a copy of."""
+    out = tmp_path_factory.mktemp("finetuned")
+    run_script("finetune_glue.py", *base_args("finetune_glue.py", inputs, out))
+    return out
+
+
+@pytest.mark.parametrize("file,form", sample([(f, c) for f in RESULT_FILES for c in RESULT_FORMS], 3))
+def test_a_damaged_result_file_is_made_again_or_said_in_one_line(file, form, finetuned, inputs, tmp_path):
+    """glue.json or a run's file in any damaged form: the rerun ends with status 0 and a glue.json of standard JSON
+    scoring rte (the damaged file set aside, a non-finite score never a result), or with one line."""
+    shutil.copytree(finetuned, tmp_path, dirs_exist_ok=True)
+    path = tmp_path / "glue.json" if file == "glue.json" else next((tmp_path / "glue_runs" / "tasks" / "rte").glob("seed0*.json"))
+    path.write_bytes(RESULT_FORMS[form](path.read_bytes()))
+    before = dict(folders=[inputs["root"]], files=snapshot(inputs["root"]))
+    proc = run_script("finetune_glue.py", *base_args("finetune_glue.py", inputs, tmp_path), check=False, timeout=300)
+    assert_promise(proc, before, f"{file}: {form}")
+    if proc.returncode == 0:
+        results = strict_json((tmp_path / "glue.json").read_text())
+        assert "rte" in results["tasks"] and all(math.isfinite(v) for v in results["scores"].values()), results["scores"]
