@@ -344,8 +344,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     STS-B's score; none if it diverged); encoder, the fine-tuned encoder's weights; diverged, whether its weights or a
     score are not finite (those scores None)."""
     spec = TASKS[name]
-    regression = spec["labels"] is None
-    pad_id = ckpt["meta"]["special_ids"]["[PAD]"]
+    regression, pad_id = spec["labels"] is None, ckpt["meta"]["special_ids"]["[PAD]"]
     train_ids, labels = encoded["train"]
     torch.manual_seed(run_seed)
     encoder = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": dropout})
@@ -391,8 +390,9 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     predicted = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in scored.items()}
     scores = {s: {m: finite(100 * METRICS[m](predicted[s], scored[s][1])) for m in spec["metrics"]} for s in scored}
     diverged = not all(p.isfinite().all() for p in model.parameters()) or any(None in s.values() for s in scores.values())
-    tests = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in encoded.items() if s.startswith("test:")}
-    return dict(fit=scores.pop("train"), scores=scores, counts=counts, tests={} if diverged else tests, diverged=diverged,
+    tests = {s: predictions_of(model, ids, pad_id, rt, regression) for s, (ids, _) in encoded.items()
+             if s.startswith("test:") and not diverged}  # a diverged model's would be no submission
+    return dict(fit=scores.pop("train"), scores=scores, counts=counts, tests=tests, diverged=diverged,
                 encoder=model.encoder.state_dict())
 
 
@@ -694,15 +694,18 @@ def kept_files(file, name, group, lost=False):
 
 def whole(path):
     """Whether a file a run keeps is there and whole: an encoder's zip index reads (mmap: not its weights), a prediction
-    file ends its last line. One that is not (cut by an older cram's write in place, a disk's fault) is said in a line."""
-    try:
-        if path.endswith(".pt") and torch.load(path, weights_only=True, mmap=True) or Path(path).read_bytes()[-1:] == b"\n":
-            return True
-        raise ValueError("cut short")
-    except FileNotFoundError:
+    file ends its last line. One that is not (a disk's fault, an older cram's write in place) is set aside: its run is
+    done again."""
+    if not os.path.exists(path):
         return False
+    try:
+        if path.endswith(".pt"):
+            torch.load(path, weights_only=True, mmap=True)
+        elif Path(path).read_bytes()[-1:] != b"\n":
+            raise ValueError("cut short")
+        return True
     except Exception as e:  # torch's errors for a cut zip or pickle are of several kinds
-        print(f"warning: {path} is damaged ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}): its run is done again")
+        set_aside(path, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}")
         return False
 
 

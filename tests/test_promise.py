@@ -483,9 +483,10 @@ def test_mnli_s_encoder_cut_by_a_file_size_limit_is_one_line_and_a_damaged_one_i
     assert not (run / "glue_runs" / "tasks" / "mnli").exists() or not list((run / "glue_runs" / "tasks" / "mnli").glob("*"))
     run_script(*args)
     encoder = next((run / "glue_runs" / "tasks" / "mnli").glob("seed0-*.encoder.pt"))
-    os.truncate(encoder, encoder.stat().st_size // 2)
+    os.truncate(encoder, cut := encoder.stat().st_size // 2)
     proc = run_script(*args)
     assert f"warning: {encoder} is damaged" in proc.stdout and "fine-tuning" in proc.stdout
+    assert os.path.getsize(f"{encoder}.damaged") == cut  # set aside, kept for a look
     assert set(torch.load(encoder)) and json.loads((run / "glue.json").read_text())["tasks"]["rte"]["seeds"] == [0]
 
 
