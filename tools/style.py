@@ -5,7 +5,8 @@ change (a switch, a setting, a helper of any size) passes `python -m pytest test
 
 The limits: the core (the top-level scripts and modules and cram/) at most CORE_LINES lines in all, train.py at most
 TRAIN_LINES (nanoGPT's is 336: one flat loop read at once), each main() at most MAIN_LINES, every other function at
-most FUNCTION_LINES lines and FUNCTION_PARAMETERS parameters (self and cls not counted).
+most FUNCTION_LINES lines and FUNCTION_PARAMETERS parameters (self and cls not counted); README.md and BENCHMARKS.md
+at most DOCS' lines.
 """
 import ast
 import os
@@ -18,7 +19,10 @@ from configurator import configure  # noqa: E402  (the core sits one folder up)
 # -----------------------------------------------------------------------------
 root = ROOT                # the checkout to measure
 # -----------------------------------------------------------------------------
-CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5300, 400, 90, 60, 8
+CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5250, 400, 90, 60, 8
+# The maintainers' ceiling for the core is 5,150 lines; issue 87's mends (2026-11-28) left it at 5,244, and until those
+# 94 lines are cut the limit holds it where it is, so that nothing adds to them
+DOCS = {"README.md": 220, "BENCHMARKS.md": 400}  # the front page and the summary of figures: at most these lines
 
 
 def core_files(root):
@@ -51,6 +55,11 @@ def report(root):
     figures = [f"the core: {total:,} lines (at most {CORE_LINES:,}) in {len(texts)} files",
                f"train.py: {train} lines (at most {TRAIN_LINES})"]
     problems = [line for line, over in ((figures[0], total > CORE_LINES), (figures[1], train > TRAIN_LINES)) if over]
+    for name, most in DOCS.items():
+        if os.path.isfile(os.path.join(root, name)):
+            n = len(open(os.path.join(root, name), encoding="utf-8").read().splitlines())
+            figures.append(f"{name}: {n} lines (at most {most})")
+            problems += [figures[-1]] * (n > most)
     for path, text in texts.items():
         problems += oversized(path, text)
     return figures, problems
