@@ -47,7 +47,7 @@ weight_decay = 0.0      # >= 0
 epochs = 0              # >= 0: 0: by the checkpoint's width and the task's training examples (settings_for)
 warmup = 0.1            # [0, 1): share of the steps
 dropout = 0.1           # [0, 1)
-pooling = "first"       # {first, mean}: the head reads the first token's state (original BERT's [CLS], the reference's GLUE setting) or the mean of the real tokens'
+pooling = "first"       # {first, mean, pair}: the head reads the first token's state (original BERT's [CLS], the reference's GLUE setting), the mean of the real tokens', or each text's mean apart, combined (model.ClassificationHead)
 from_scratch = False    # fine-tune a freshly initialised encoder of the checkpoint's shape and tokenizer: the no-pretraining floor, kept beside the scores
 eval_batch_size = 0     # >= 0: if 0, 512 on a GPU and 128 on a CPU
 max_train_examples = 0  # >= 0: use only the first N training examples (0: all); for quick looks
@@ -350,8 +350,8 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     encoder = CrammedBert(**{**saved_model_args(ckpt["model_args"]), "dropout": dropout})
     if start is not None:
         encoder.load_state_dict(start)
-    model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout,
-                               pooling=pooling).to(rt.device)
+    model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout, pooling=pooling,
+                               sep_id=ckpt["meta"]["special_ids"]["[SEP]"]).to(rt.device)
     groups = [dict(params=list(model.parameters()), weight_decay=weight_decay)]  # the reference decays all of them
     optimizer = rt.optimizer(groups, lr=hp["lr"], betas=(beta1, beta2), eps=eps)
     scaler = rt.grad_scaler()
@@ -402,6 +402,59 @@ def finite(score):  # a score, or None where it is not a finite number (a diverg
 
 def diverged(run):  # whether a run diverged: its weights or a score not finite (an older run's file may hold NaN)
     return run.get("diverged") or any(finite(v) is None for s in run["scores"].values() for v in s.values())
+
+
+# ---------------------------------------------------------------- words alone: the baseline with no network
+def words_alone(name, data):
+    """Each dev set of `data` scored by a bag-of-words model fitted on its training examples, {score name: {metric:
+    value}}, or None without scikit-learn: TF-IDF of words and word pairs and a linear model (logistic regression,
+    ridge for a score); a pair reads as what its two texts share (the product of their bags, their cosine, overlaps
+    and lengths), not as two bags side by side. Seconds on any machine, no seed: the same numbers everywhere."""
+    try:
+        from scipy import sparse
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression, Ridge
+        from sklearn.preprocessing import StandardScaler
+    except ImportError:
+        return None
+    texts, labels = data["train"]
+    bag, scale, rows_sum = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True), StandardScaler(), lambda m: np.asarray(m.sum(1)).ravel()
+    bag.fit([t for row in texts for t in row])
+
+    def features(rows, fit=False):
+        bags = [bag.transform([row[i] for row in rows]) for i in range(len(rows[0]))]
+        if len(bags) == 1:
+            return bags[0]
+        (a, b), (seen_a, seen_b) = bags, [(m > 0).astype(np.float64) for m in bags]
+        n_a, n_b, shared = rows_sum(seen_a), rows_sum(seen_b), rows_sum(seen_a.multiply(seen_b))
+        pair = np.stack([rows_sum(a.multiply(b)), shared / np.maximum(1, n_a + n_b - shared), shared / np.maximum(1, np.minimum(
+            n_a, n_b)), shared / np.maximum(1, np.maximum(n_a, n_b)), np.log1p(n_a), np.log1p(n_b), abs(np.log1p(n_a) - np.log1p(n_b))], 1)
+        pair = scale.fit_transform(pair) if fit else scale.transform(pair)  # (N, 7): cosine, overlaps, lengths
+        return sparse.hstack([sparse.csr_matrix(pair), a.multiply(b)]).tocsr()
+
+    model = (Ridge() if TASKS[name]["labels"] is None else LogisticRegression(max_iter=2000)).fit(features(texts, True), labels)
+    return {s: {m: 100 * METRICS[m](model.predict(features(data[s][0])), data[s][1]) for m in TASKS[name]["metrics"]}
+            for s in TASKS[name]["dev"]}
+
+
+def kept_words_alone(path, name, data):
+    """words_alone's scores of a task, kept under glue.json's runs (the summary reads them there) and fitted again only
+    for other data (another file, --max_train_examples); None without scikit-learn."""
+    file = os.path.join(runs_folder(path), "words_alone", f"{name}.json")
+    digest = hashlib.sha1(json.dumps([data["train"], *(data[s] for s in TASKS[name]["dev"])]).encode()).hexdigest()
+    kept = load_json(file)[0] if os.path.isfile(file) else None
+    if isinstance(kept, dict) and kept.get("data") == digest and isinstance(kept.get("scores"), dict):
+        return kept["scores"]
+    scores = words_alone(name, data)
+    if scores is not None:
+        write_json(file, dict(data=digest, scores=scores))
+    return scores
+
+
+def read_words_alone(path):
+    """{task: {score name: {metric: value}}} of the words-alone files under glue.json's runs (a damaged one: none)."""
+    found = {os.path.basename(f)[:-5]: load_json(f)[0] for f in glob.glob(os.path.join(glob.escape(runs_folder(path)), "words_alone", "*.json"))}
+    return {name: kept["scores"] for name, kept in found.items() if name in TASKS and isinstance(kept, dict) and isinstance(kept.get("scores"), dict)}
 
 
 # ---------------------------------------------------------------- results: a file per run, glue.json their summary
@@ -455,12 +508,14 @@ def cell(metrics, main, others, named=True, spread=None):
 
 def table(results, names=None):
     """Markdown, a row per score (main metric, others in brackets) and how it was made: the checkpoint's, the same
-    shape's without pretraining (the floor), the majority class's, the reference's. Returns (markdown, {column: its
+    shape's without pretraining (the floor), words alone's (a bag of words, no network), the majority class's, the
+    reference's. Returns (markdown, {column: its
     mean over `counted`, nan if it lacks one}, counted: the reference's scores that ours, else the floor, has)."""
     ours, scratch = results.get("tasks", {}), results.get("no_pretraining", {})
     names = [n for n in (names or TASKS) if n in ours or n in scratch]
-    lines = ["| task | metric | ours | no pretraining | majority class | reference |", "|---|---|---|---|---|---|"]
-    columns = dict(ours={}, no_pretraining={}, majority={}, reference=REFERENCE)  # score name -> main score
+    words = results.get("words_alone", {})  # an older glue.json has none
+    lines = ["| task | metric | ours | no pretraining | words alone | majority class | reference |", "|---|---|---|---|---|---|---|"]
+    columns = dict(ours={}, no_pretraining={}, words_alone={}, majority={}, reference=REFERENCE)  # score name -> main score
     for name in names:
         main, *others = TASKS[name]["metrics"]
         made = ours.get(name) or scratch[name]  # the runs the row describes: ours where there are both
@@ -469,6 +524,7 @@ def table(results, names=None):
         for score_name in TASKS[name]["dev"]:
             found = dict(ours=ours.get(name, {}).get("median", {}).get(score_name),
                          no_pretraining=scratch.get(name, {}).get("median", {}).get(score_name),
+                         words_alone=words.get(name, {}).get(score_name),
                          majority=made["majority"].get(score_name))  # of the training labels those runs saw
             for column, metrics in found.items():
                 if metrics is not None:
@@ -478,7 +534,7 @@ def table(results, names=None):
             lines.append(f"| {score_name} | {METRIC_NAMES[main]} ({how}) | "
                          f"{cell(found['ours'], main, others, True, spread['ours'])} | "
                          f"{cell(found['no_pretraining'], main, others, True, spread['floor'])}"
-                         f"{floor_how if found['no_pretraining'] else ''} | "
+                         f"{floor_how if found['no_pretraining'] else ''} | {cell(found['words_alone'], main, others, named=False)} | "
                          f"{cell(found['majority'], main, others, named=False)} | {reference} |")
     counted = [s for s in REFERENCE if s in columns["ours"]] or [s for s in REFERENCE if s in columns["no_pretraining"]]
     averages = {column: statistics.mean(scores[s] for s in counted) if counted and all(s in scores for s in counted)
@@ -621,12 +677,15 @@ def write_summary(path, identity, facts):
         before = run_files(path)
         runs = read_runs(before, identity)
         results = {group: {name: task_entry(r) for name, r in runs.get(group, {}).items()} for group in GROUPS}
+        results["words_alone"] = read_words_alone(path)
         markdown, averages, counted = table(results)
         averages = {k: None if math.isnan(v) else v for k, v in averages.items()}
         results.update(identity, pretraining=facts, runs=os.path.basename(runs_folder(path)),
                        scores=main_scores(results["tasks"]), no_pretraining_scores=main_scores(results["no_pretraining"]),
                        majority=main_scores({**results["no_pretraining"], **results["tasks"]}, "majority"),
+                       words_alone_scores={s: m[TASKS[n]["metrics"][0]] for n, t in results["words_alone"].items() for s, m in t.items()},
                        average=averages["ours"], no_pretraining_average=averages["no_pretraining"],
+                       words_alone_average=averages["words_alone"],
                        average_over=counted, reference=REFERENCE, table=markdown)
         write_json(path, results)
         if run_files(path) == before:
@@ -804,6 +863,10 @@ def main(config):
     datasets_by_task = {name: check_task(name, load_task(name, tests)) for name in names}  # bad data fails before training
     for data in datasets_by_task.values():
         data["train"] = tuple(column[:max_train_examples or None] for column in data["train"])
+    words = {name: kept_words_alone(path, name, data) for name, data in datasets_by_task.items()}  # seconds each
+    print("words alone (TF-IDF and a linear model, the baseline with no network): " + (", ".join(
+        f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}" for n, w in words.items()) if all(words.values())
+        else "not fitted: pip install scikit-learn (the table shows '-' there)"))
     per_task = plans_for({name: len(data["train"][0]) for name, data in datasets_by_task.items()},
                          ckpt["model_args"]["d_model"], settings, config)  # the same for the floor
     most = max(s["batch_size"] for plans in per_task.values() for s in plans)

@@ -422,28 +422,41 @@ class ClassificationHead(nn.Module):
     """The GLUE head: pool the final hidden states -> dense 1024 -> Tanh -> dropout -> classes; num_labels=1 makes
     it a regression head (STS-B). pooling 'first' reads the first token ([CLS]), as original BERT and the reference's
     GLUE evaluation do, though pretraining never shows one (fine-tuning makes its summary); 'mean' averages the real
-    tokens' states (BENCHMARKS.md compares the two)."""
+    tokens' states; 'pair' averages each text of `[CLS] a [SEP] b [SEP]` apart, u and v (the [SEP]s by `sep_id`), and
+    reads [u, v, |u - v|, u * v] (InferSent's, as GLUE's own pair baselines): what two texts share is in its input, not
+    left to one token to summarise (docs/glue.md measures the three). A single text reads as a pair of it with itself."""
 
-    def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first"):
+    def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first", sep_id=None):
         super().__init__()
-        if pooling not in ("mean", "first"):
-            raise ValueError(f"pooling must be 'mean' or 'first', got {pooling!r}")
-        self.pooling = pooling
-        self.pooler = nn.Linear(d_model, hidden)
+        if pooling not in ("mean", "first", "pair") or (pooling == "pair" and sep_id is None):
+            raise ValueError(f"pooling must be 'mean', 'first' or 'pair' (with sep_id), got {pooling!r}")
+        self.pooling, self.sep_id = pooling, sep_id
+        self.pooler = nn.Linear(4 * d_model if pooling == "pair" else d_model, hidden)
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, num_labels)
         self.apply(CrammedBert._init_weights)  # the pooler's, then the classifier's
 
-    def forward(self, states, padding_mask=None):
-        """states (B, T, d); padding_mask (B, T) True at real tokens -> (B, num_labels)."""
+    def forward(self, states, padding_mask=None, idx=None):
+        """states (B, T, d); padding_mask (B, T) True at real tokens; idx (B, T) the ids ('pair' finds the texts by
+        them) -> (B, num_labels)."""
         if self.pooling == "first":
-            pooled = states[:, 0]
-        elif padding_mask is None:
-            pooled = states.mean(1)
+            return self.classifier(self.drop(torch.tanh(self.pooler(states[:, 0]))))
+        real = torch.ones_like(states[..., 0], dtype=torch.bool) if padding_mask is None else padding_mask  # (B, T)
+        if self.pooling == "mean":
+            pooled = mean_over(states, real)
         else:
-            real = padding_mask[..., None].to(states.dtype)  # (B, T, 1)
-            pooled = (states * real).sum(1) / real.sum(1)
+            seps = idx == self.sep_id
+            second = (seps.cumsum(1) - seps.long() == 1) & real  # (B, T): after the first [SEP], through the second
+            u, v = mean_over(states, real & ~second), mean_over(states, second)  # (B, d) each
+            v = torch.where(second.any(1, keepdim=True), v, u)  # one text: a pair of it with itself
+            pooled = torch.cat([u, v, (u - v).abs(), u * v], dim=-1)  # (B, 4d)
         return self.classifier(self.drop(torch.tanh(self.pooler(pooled))))
+
+
+def mean_over(states, where):
+    """The mean of states (B, T, d) over the positions where `where` (B, T) is True: (B, d); zeros where none is."""
+    where = where[..., None].to(states.dtype)  # (B, T, 1)
+    return (states * where).sum(1) / where.sum(1).clamp(min=1)
 
 
 class SequenceClassifier(nn.Module):
@@ -452,7 +465,7 @@ class SequenceClassifier(nn.Module):
     def __init__(self, encoder, num_labels, **head_args):
         super().__init__()
         self.encoder = encoder
-        self.head = ClassificationHead(encoder.config.d_model, num_labels, **head_args)  # hidden, dropout, pooling
+        self.head = ClassificationHead(encoder.config.d_model, num_labels, **head_args)  # hidden, dropout, pooling, sep_id
 
     def forward(self, idx, padding_mask=None):
-        return self.head(self.encoder.encode(idx, padding_mask), padding_mask)
+        return self.head(self.encoder.encode(idx, padding_mask), padding_mask, idx)

@@ -300,9 +300,11 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     picked = [{k: results[g]["sst2"]["settings"][k] for k in ("batch_size", "lr", "epochs")} for g in ("tasks", "no_pretraining")]
     assert picked[0] == picked[1] == dict(batch_size=32, lr=3e-4, epochs=1), picked
     assert "sst2: batch 32, lr 0.0003, 1 epoch (by the encoder's width and the task's size; given: epochs)" in proc.stdout
-    assert f"| average (1 of 9) | | {ours:.1f} | {floor:.1f} | 50.0 | 92.0 |" in proc.stdout
+    words = results["words_alone_scores"]["sst2"]  # the marker word alone decides the label: words alone reads it
+    assert words > 90 and results["words_alone"]["sst2"]["sst2"]["accuracy"] == words == results["words_alone_average"]
+    assert f"| average (1 of 9) | | {ours:.1f} | {floor:.1f} | {words:.1f} | 50.0 | 92.0 |" in proc.stdout
     row = (rf"^\| sst2 \| accuracy \(median of 2 seeds, 1 epoch, first 96 train examples\) \| "
-           rf"{re.escape(median_cell(results['tasks']))} \| {re.escape(median_cell(results['no_pretraining']))} \| 50.0 \| 92.0 \|$")
+           rf"{re.escape(median_cell(results['tasks']))} \| {re.escape(median_cell(results['no_pretraining']))} \| {words:.1f} \| 50.0 \| 92.0 \|$")
     assert re.search(row, proc.stdout, re.M) and re.search(row, results["table"], re.M)
     assert "--from_scratch=True" not in proc.stdout.splitlines()[-1]  # measured: no hint
     again = run_script(*args, "--from_scratch=True")  # each group resumes on its own: nothing to redo
@@ -313,25 +315,70 @@ def test_the_no_pretraining_floor_sits_beside_the_scores(pretrained, tmp_path):
     proc = run_script(*args[:5], "--seeds=3", *args[6:])
     assert re.search(rf"^\| sst2 \| accuracy \(median of 3 seeds, 1 epoch, first 96 train examples\) \| [^|]+ \| "
                      rf"{re.escape(median_cell(results['no_pretraining']))} \(median of 2 seeds, 1 epoch, first 96 train "
-                     rf"examples\) \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
+                     rf"examples\) \| {words:.1f} \| 50.0 \| 92.0 \|$", proc.stdout, re.M)
     # a task with only the control: its row shows the floor alone
     run_script(*args[:3], "--tasks=mrpc", *args[4:], "--seeds=1", f"--glue_dir={FIXTURES}", "--from_scratch=True")
     results = json.loads(out.read_text())
     assert "mrpc" in results["no_pretraining"] and "mrpc" not in results["tasks"]
-    assert re.search(r"^\| mrpc \| F1 \(1 seed, 1 epoch, first 4 train examples\) \| - \| [\d.]+ \(accuracy [\d.]+\) \| [\d.]+ \([\d.]+\) \| 88.9 \|$",
+    assert re.search(r"^\| mrpc \| F1 \(1 seed, 1 epoch, first 4 train examples\) \| - \| [\d.]+ \(accuracy [\d.]+\) \| [\d.]+ \([\d.]+\) \| [\d.]+ \([\d.]+\) \| 88.9 \|$",
                      results["table"], re.M)
     # the picture's table: the floor as a column; its line is drawn where it covers the average's tasks
     points, picture = tmp_path / "points.json", tmp_path / "glue.png"
     table = run_script("tools/glue_plot.py", f"--add={out}", "--label=tiny", f"--points={points}", f"--png={picture}").stdout
-    assert re.search(r"^\| task \| tiny \| no pretraining, 2x64, vocabulary 384 \(measured\) \| majority class \|", table, re.M)
-    assert re.search(rf"^\| sst2 \| [\d.]+ \| {floor:.1f} \| 50.0 \|", table, re.M)
-    assert re.search(rf"^\| average of 1 \| [\d.]+ \| {floor:.1f} \| 50.0 \|", table, re.M)  # sst2: the one task in common
+    assert re.search(r"^\| task \| tiny \| no pretraining, 2x64, vocabulary 384 \(measured\) \| words alone \| majority class \|", table, re.M)
+    assert re.search(rf"^\| sst2 \| [\d.]+ \| {floor:.1f} \| {words:.1f} \| 50.0 \|", table, re.M)
+    assert re.search(rf"^\| average of 1 \| [\d.]+ \| {floor:.1f} \| {words:.1f} \| 50.0 \|", table, re.M)  # sst2: the one task in common
     assert picture.read_bytes()[:4] == b"\x89PNG"
     # another file's point under a label already there replaces it, and says so
     (tmp_path / "copy.json").write_text(out.read_text())
     again = run_script("tools/glue_plot.py", f"--add={tmp_path / 'copy.json'}", "--label=tiny", f"--points={points}",
                        "--png=").stdout
     assert f"replacing the point 'tiny' of {out}" in again and len(json.loads(points.read_text())) == 1
+
+
+def test_words_alone_reads_a_single_text_and_what_a_pair_shares(tmp_path, monkeypatch):
+    """The bag-of-words baseline on tiny tasks: a marker word in one sentence (SST-2's layout), and a pair whose label
+    is whether its two sentences share their subject (STS-B's layout, a score): no word decides that alone, so only
+    the pair's shared words do. Fitted again only for other data; without scikit-learn, None and no file."""
+    rng = random.Random(0)
+    marker_task(tmp_path)
+    rows = ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"]
+    for i in range(400):
+        a, b = rng.sample(SUBJECTS, 2)
+        second = a if i % 2 else b
+        rows.append(f"{i}\tx\tx\tx\tx\tx\tx\t{a} {rng.choice(VERBS)} .\t{second} {rng.choice(VERBS)} .\t{5.0 * (i % 2)}")
+    (tmp_path / "STS-B").mkdir()
+    for split, part in (("train", rows[:301]), ("dev", rows[:1] + rows[301:])):
+        (tmp_path / "STS-B" / f"{split}.tsv").write_text("\n".join(part) + "\n")
+    monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
+    for name, metric, above in (("sst2", "accuracy", 95), ("stsb", "pearson", 90)):
+        data = glue.load_task(name)
+        scores = glue.words_alone(name, data)
+        assert scores[name][metric] > above, scores
+        path = str(tmp_path / "glue.json")
+        assert glue.kept_words_alone(path, name, data) == scores == glue.read_words_alone(path)[name]
+        monkeypatch.setattr(glue, "words_alone", lambda *a: pytest.fail("fitted again for the same data"))
+        assert glue.kept_words_alone(path, name, data) == scores
+        monkeypatch.undo()
+        monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
+    for module in [m for m in sys.modules if m.split(".")[0] == "sklearn"]:  # not installed: each import fails
+        monkeypatch.setitem(sys.modules, module, None)
+    assert glue.words_alone("sst2", glue.load_task("sst2")) is None
+
+
+def test_an_older_glue_json_without_words_alone_is_read(tmp_path):
+    """A glue.json written before the column: the table shows '-' there, glue_plot adds it as a point."""
+    entry = dict(median={"rte": {"accuracy": 60.0}}, spread={"rte": {"accuracy": [59.0, 61.0]}}, majority={"rte": {"accuracy": 50.0}},
+                 settings=dict(epochs=3, max_train_examples=0, lr=1e-4, batch_size=32), seeds=[0, 1], train_examples=2490)
+    markdown, averages, counted = glue.table({"tasks": {"rte": entry}, "no_pretraining": {}})
+    assert "| rte | accuracy (median of 2 seeds, 3 epochs) | 60.0 [59.0-61.0] | - | - | 50.0 | 58.5 |" in markdown
+    assert math.isnan(averages["words_alone"]) and averages["ours"] == 60.0 and counted == ["rte"]
+    old = dict(scores={"rte": 60.0}, majority={"rte": 50.0}, tasks={"rte": dict(entry, how="median of 2 seeds, 3 epochs")},
+               pretraining=dict(shape="2x64", vocab_size=384, tokens=1000, hours=0.1, flops=1e12))
+    (tmp_path / "glue.json").write_text(json.dumps(old))
+    table = run_script("tools/glue_plot.py", f"--add={tmp_path / 'glue.json'}", "--label=old",
+                       f"--points={tmp_path / 'points.json'}", "--png=").stdout
+    assert re.search(r"^\| rte \| 60.0 \| - \| 50.0 \|", table, re.M), table
 
 
 def test_glue_plot_refuses_what_is_not_a_result(tmp_path):

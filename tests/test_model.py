@@ -98,13 +98,14 @@ def test_the_tied_weights_one_node_gives_autograds_gradients():
             torch.testing.assert_close(tied[name], apart[name], **tolerance)
 
 
-@pytest.mark.parametrize("smear,pooling", [(False, "mean"), (True, "mean"), (False, "first")])
+@pytest.mark.parametrize("smear,pooling", [(False, "mean"), (True, "mean"), (False, "first"), (False, "pair"), (True, "pair")])
 def test_padding_does_not_change_classification(smear, pooling):
     torch.manual_seed(0)
-    clf = SequenceClassifier(CrammedBert(**TINY, dropout=0.1, smear=smear), num_labels=3, pooling=pooling).eval()
+    clf = SequenceClassifier(CrammedBert(**TINY, dropout=0.1, smear=smear), num_labels=3, pooling=pooling, sep_id=297).eval()
     if smear:  # trained weights: a [PAD] neighbour would leak in
         torch.nn.init.normal_(clf.encoder.smear.weight, std=0.1)
     short = torch.randint(0, 296, (1, 7))
+    short[0, [3, 6]] = 297  # [CLS] a a [SEP] b b [SEP]: the pair head's two texts
     alone = clf(short)
     batch = torch.full((3, 20), 296)  # [PAD] id
     batch[0, :7] = short
@@ -215,6 +216,33 @@ def test_mean_pooling_reads_every_real_token_and_first_only_the_first():
         torch.testing.assert_close(clf(idx), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="pooling"):
         SequenceClassifier(encoder, num_labels=2, pooling="max")
+
+
+def test_pair_pooling_reads_each_text_apart_through_padding_and_truncation():
+    """'pair': [u, v, |u - v|, u * v] of the two texts' means ([CLS] a [SEP] | b [SEP]), padding in neither; one text
+    (a single-sentence task) reads as a pair of itself; and what finetune_glue's encoding truncates keeps both [SEP]s."""
+    torch.manual_seed(0)
+    encoder, sep, pad = CrammedBert(**TINY).eval(), 297, 296
+    clf = SequenceClassifier(encoder, num_labels=2, pooling="pair", sep_id=sep).eval()
+    head, seen = clf.head, []
+    head.pooler.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    idx = torch.tensor([[1, 5, 6, sep, 7, 8, 9, sep, pad, pad],   # a pair, padded
+                        [1, 5, 6, 7, 8, sep, pad, pad, pad, pad]])  # one text, padded
+    mask = idx != pad
+    states = encoder.encode(idx, mask)  # (2, 10, d)
+    clf(idx, mask)
+    u, v = states[0, :4].mean(0), states[0, 4:8].mean(0)
+    torch.testing.assert_close(seen[0][0], torch.cat([u, v, (u - v).abs(), u * v]), rtol=1e-5, atol=1e-6)
+    alone = states[1, :6].mean(0)
+    torch.testing.assert_close(seen[0][1], torch.cat([alone, alone, alone * 0, alone * alone]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="sep_id"):
+        SequenceClassifier(encoder, num_labels=2, pooling="pair")
+    # truncated to fit: the longer text gives way, each keeps its [SEP], so the head still finds two texts
+    from cram.data import make_encoding  # noqa: E402  (finetune_glue's encoding, on a byte-level tokenizer)
+    import finetune_glue
+    enc = make_encoding({bytes([b]): b for b in range(256)}, {"[CLS]": 256, "[SEP]": sep})
+    ids = finetune_glue.encode_examples(enc, [("a much longer first sentence", "short")], 12, {"[CLS]": 256, "[SEP]": sep})[0]
+    assert len(ids) == 12 and [i for i, t in enumerate(ids) if t == sep] == [5, 11] and bytes(ids[6:11]) == b"short"
 
 
 SWITCHES = [{}, dict(glu=False), dict(smear=False), dict(full_layers=1), dict(bias=True), dict(head_transform=True),

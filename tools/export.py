@@ -140,7 +140,7 @@ def model_card(ckpt, run_dir, folder_name):
         "## Use", "", "```python", usage(folder_name).rstrip("\n"), "```", "",
         "`AutoModel` gives the final hidden states, `AutoModelForSequenceClassification` adds the reference GLUE "
         "head (first token -> dense 1024 -> Tanh -> dropout -> classes; `num_labels=1` regresses; "
-        "`classifier_pooling=\"mean\"` averages the tokens instead), newly "
+        "`classifier_pooling=\"mean\"` averages the tokens instead, `\"pair\"` each text apart), newly "
         "initialised. The reference fine-tunes with dropout 0.1 (pass `dropout=0.1` to `from_pretrained`); "
         "pretraining ran without. The tokenizer gives no token_type_ids: the model has no segment embeddings.", ""])
 
@@ -217,7 +217,8 @@ def main():
     specials = meta["special_ids"]
     write_json(path("config.json"), dict(
         architectures=["CramForMaskedLM"], model_type="cram", auto_map={k: f"modeling_cram.{v}" for k, v in CLASSES.items()},
-        **args,  # the GLUE head's classifier_* settings are left to CramConfig's defaults (model.py's)
+        **args,  # the GLUE head's classifier_* settings are left to CramConfig's defaults (model.py's), but where its texts end
+        classifier_sep_id=specials["[SEP]"],
         pad_token_id=specials["[PAD]"], cls_token_id=specials["[CLS]"], sep_token_id=specials["[SEP]"],
         mask_token_id=specials["[MASK]"], torch_dtype="float32"))
     write_atomically(path("tokenizer.json"), tokenizer.save)

@@ -4,14 +4,15 @@
     python tools/glue_plot.py                                                      # redraw and print the table
 
 A point is one checkpoint's glue.json, as finetune_glue.py writes it: the median main score of
-each task, the majority class's, the same shape's scores without pretraining if it was measured
+each task, the majority class's, words alone's (a bag of words and a linear model: what a network should beat), the
+same shape's scores without pretraining if it was measured
 (finetune_glue.py --from_scratch=True), and the checkpoint's pretraining facts (shape, tokens,
 hours, FLOPs = model.py's flops_per_token x tokens, validation loss). Points live in a small JSON
 file (docs/glue_points.json, committed, so that the picture can be redrawn without the runs);
 --add puts a glue.json in it, replacing the point of the same label.
 
 The picture: the GLUE average over the tasks every point has, against FLOPs (log scale), with
-lines for the floors (the majority class, the measured no-pretraining control of each shape, and
+lines for the floors (the majority class, words alone, the measured no-pretraining control of each shape, and
 the Cramming paper's BERT-base fine-tuned without pretraining) and for the published BERT
 miniatures, and the ELECTRA paper's small models placed by their own training FLOPs: where MLM
 starts to transfer. Ours are dev-set scores; each published row says its split and source.
@@ -77,6 +78,7 @@ def point_from(path, name):
     how = {task: entry["how"] for task, entry in results["tasks"].items()}
     return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=results["scores"],
                 no_pretraining=results.get("no_pretraining_scores", {}), majority=results.get("majority", {}),
+                words_alone=results.get("words_alone_scores", {}),  # an older glue.json has none
                 how=how, source=shown_path(path))
 
 
@@ -114,6 +116,12 @@ def floors(all_points):
     return found
 
 
+def words_alone(all_points):
+    """Words alone's scores (TF-IDF and a linear model, finetune_glue.py's): the same data give the same numbers, so
+    the points' together."""
+    return {k: v for p in all_points for k, v in p.get("words_alone", {}).items()}
+
+
 def average(scores, names):
     return statistics.mean(scores[n] for n in names) if names and all(n in scores for n in names) else float("nan")
 
@@ -131,7 +139,7 @@ def markdown(all_points):
     tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
     majority = next((p["majority"] for p in all_points if p["majority"]), {})
     columns = [(p["label"], p["scores"]) for p in all_points] + list(floors(all_points).items()) + \
-        [("majority class", majority)] + [(f"{name}, {split}", row) for name, (split, _, row) in PUBLISHED.items()]
+        [("words alone", words_alone(all_points)), ("majority class", majority)] + [(f"{name}, {split}", row) for name, (split, _, row) in PUBLISHED.items()]
     lines = ["| task | " + " | ".join(c for c, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for task in tasks:
         lines.append(f"| {task} | " + " | ".join(score(s.get(task)) for _, s in columns) + " |")
@@ -172,6 +180,7 @@ def draw(all_points, path):
     lines = [(f"{name} ({source}, {split} set)", row, "--", "grey") for name, (split, source, row) in PUBLISHED.items()]
     lines += [(name, row, "-.", "firebrick") for name, row in floors(all_points).items()]
     lines += [("majority class", majority, ":", "grey")] if majority else []
+    lines += [("words alone (TF-IDF and a linear model)", words_alone(all_points), ":", "seagreen")]
     lines = [line for line in lines if not math.isnan(average(line[1], names))]
     for i, (name, row, style, colour) in enumerate(sorted(lines, key=lambda line: average(line[1], names))):
         ax.axhline(average(row, names), linestyle=style, color=colour, linewidth=1)  # labels left and right in turn

@@ -118,7 +118,7 @@ class CramForSequenceClassification(CramPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None, **kwargs):
         mask = padding_mask(attention_mask)
-        logits = self.head(self.cram.encode(input_ids, mask), mask)  # (B, num_labels)
+        logits = self.head(self.cram.encode(input_ids, mask), mask, input_ids)  # (B, num_labels)
         loss = None
         if labels is not None:
             if self.num_labels == 1:
