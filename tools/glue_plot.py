@@ -187,7 +187,7 @@ def draw(all_points, path):
         ax.annotate(name, (0.33 if i % 2 else 0.62, average(row, names)), xycoords=("axes fraction", "data"),
                     textcoords="offset points", xytext=(0, 3), fontsize=7, color=colour)
     ax.set_xscale("log")
-    ax.legend(loc="upper left", fontsize=7)
+    ax.legend(loc="lower left", fontsize=7)  # the floors and the published lines are labelled above it
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
     ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
     ax.set_title("cram: GLUE against pretraining compute", fontsize=10)
