@@ -113,6 +113,8 @@ def settings_for(width, train_examples, given):
 
 PROTOCOLS = dict(fixed="settings fixed before any look at dev", grid="each the best of a grid on dev",
                  mnli_start="fixed settings, started from MNLI's fine-tune")  # as a table says them
+HEADS = dict(first="the first token's state (the published head)", mean="the mean of the tokens' states",
+             pair="each text's mean apart, [u, v, |u - v|, u * v]")  # --pooling's, as the table says them
 MNLI_STARTED = {"rte", "mrpc", "stsb"}  # --protocol=mnli_start's: started from MNLI's fine-tune (RoBERTa, MosaicBERT)
 METRIC_NAMES = {"mcc": "Matthews corr.", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
 
@@ -549,7 +551,11 @@ def table(results, names=None):
     protocols = {}
     for name in names:
         protocols.setdefault(PROTOCOLS[(ours.get(name) or scratch[name]).get("protocol", "fixed")], []).append(name)
-    lines += ["", "Dev sets; " + "; ".join(f"{', '.join(n)}: {p}" for p, n in protocols.items()) + " (docs/glue.md)."]
+    heads = {}
+    for name in names:
+        heads.setdefault(HEADS[(ours.get(name) or scratch[name])["settings"].get("pooling", "first")], []).append(name)
+    lines += ["", "Dev sets; " + "; ".join(f"{', '.join(n)}: {p}" for p, n in protocols.items()) + " (docs/glue.md).",
+              "Heads: " + "; ".join(f"{', '.join(n)}: {h}" for h, n in heads.items()) + "."]
     return "\n".join(lines), averages, counted
 
 
