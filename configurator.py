@@ -202,17 +202,12 @@ def configure(namespace, argv, cls=None, skip=(), given=None):
         print(settings_help(namespace, known, cls, skip))
         raise SystemExit(0)
     for arg in argv:
-        if arg.startswith("--"):
-            key, sep, raw = arg[2:].partition("=")
-            if not sep:
-                raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
-            expected = type(known[key]) if key in known else str
-            known[key] = _check(key, _parse(key, raw, expected), known)
+        key, sep, raw = arg[2:].partition("=")
+        if arg.startswith("--") and not sep:
+            raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
+        for key, value in ({key: _parse(key, raw, type(known.get(key, "")))} if arg.startswith("--") else read_config_file(arg)).items():
+            known[key] = _check(key, value, known)
             given.add(key)
-        else:
-            for key, value in read_config_file(arg).items():
-                known[key] = _check(key, value, known)
-                given.add(key)
     for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
         rule = allowed(rest[1]) if kind == "setting" else None
         problem = f"{rest[0]} must be {rule[1]}" if rule and not rule[0](known[rest[0]]) else \

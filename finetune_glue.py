@@ -510,9 +510,8 @@ def pretraining_facts(ckpt, run_dir):
 def kept_runs():
     """What a stop keeps, said when it comes: the runs finished so far, or that none had."""
     done = len(run_files(results_path()))
-    if not done:
-        return "no fine-tuning run had finished, so nothing was written; run the same command to start"
-    return f"the {done} run(s) finished so far are in {results_path()}; run the same command to do the rest"
+    return (f"the {done} run(s) finished so far are in {results_path()}; run the same command to do the rest" if done else
+            "no fine-tuning run had finished, so nothing was written; run the same command to start")
 
 
 def results_path():
@@ -808,9 +807,8 @@ def main(config):
                          ckpt["model_args"]["d_model"], settings, config)  # the same for the floor
     most = max(s["batch_size"] for plans in per_task.values() for s in plans)
     shape = ModelConfig(**saved_model_args(ckpt["model_args"]))
-    memory.check_memory(shape, rt, 0.0, (most, f"--batch_size={most}"))  # a batch that surely cannot fit fails now
-    size = eval_size(rt)
-    memory.check_memory(shape, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
+    for size, setting, training in ((most, "batch_size", True), (eval_size(rt), "eval_batch_size", False)):
+        memory.check_memory(shape, rt, 0.0, (size, f"--{setting}={size}"), training=training)  # one that surely cannot fit fails now
     order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
     n_seeds = seeds or (5 if rt.device.type == "cuda" else 1)
     todo = remaining_seeds(per_task, n_seeds, earlier.get(group, {}), path, group, order)

@@ -71,8 +71,7 @@ def pydocs_documents():
     for key in sorted(topics):
         yield topics[key]
     skip = {"__pycache__", "site-packages", "test", "tests", "testing", "idlelib", "lib2to3", "turtledemo"}
-    roots = [sysconfig.get_paths()["stdlib"], *(os.path.dirname(__import__(p).__file__) for p in PYDOCS_PACKAGES)]
-    for root in roots:
+    for root in [sysconfig.get_paths()["stdlib"], *(os.path.dirname(__import__(p).__file__) for p in PYDOCS_PACKAGES)]:
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for filename in sorted(f for f in filenames if f.endswith(".py")):
@@ -168,11 +167,6 @@ def record_file(path, text_field="text"):
     return RowStream(path, text_field, "parquet" if path.endswith(".parquet") else "json", data_files=path, split="train")
 
 
-def local_documents(files, text_field):
-    for path in files:
-        yield from text_file_documents(path) if ".txt" in os.path.basename(path) else record_file(path, text_field)()
-
-
 def document_source(name, hf_config="", hf_split="train", text_field="text"):
     """(description, function returning a fresh document iterator) for --dataset; the other
     arguments are the settings of the same names (defaults: theirs)."""
@@ -188,7 +182,8 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
                   f"{', '.join(os.path.relpath(f, name) for f in others[:5])}{' ...' * (len(others) > 5)}")
         if len(files) == 1 and ".txt" not in os.path.basename(files[0]):
             return os.path.abspath(name), record_file(files[0], text_field)
-        return os.path.abspath(name), functools.partial(local_documents, files, text_field)
+        return os.path.abspath(name), lambda: itertools.chain.from_iterable(  # each file's documents in turn
+            text_file_documents(p) if ".txt" in os.path.basename(p) else record_file(p, text_field)() for p in files)
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
         raise unfound(name, f"error: file or folder not found: {name}")
     if not process.hub_reachable():
@@ -231,12 +226,6 @@ def first_characters(documents, n_chars, digest):
             return
 
 
-def training_text_digest(documents, n_chars):
-    digest = hashlib.blake2b(digest_size=16)
-    deque(first_characters(documents, n_chars, digest), maxlen=0)  # read through: the digest is the point
-    return digest.hexdigest()
-
-
 def train_tokenizer(documents, path, vocab_size, train_chars):
     """Train the corpus' tokenizer on its first train_chars characters and save it in tiktoken's
     format, with the digest of that text beside it; the special tokens will take the ids after the BPE's."""
@@ -256,7 +245,9 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
             trained_on = json.loads(Path(path + ".source").read_text(encoding="utf-8"))["digest"]
         except (OSError, ValueError, TypeError, KeyError, RecursionError):  # a damaged record proves nothing: train again
             trained_on = None
-        if trained_on and (not local or trained_on == training_text_digest(documents, train_chars)):
+        if trained_on and local:  # the text it would train on now, read through: its digest is the point
+            deque(first_characters(documents, train_chars, digest := hashlib.blake2b(digest_size=16)), maxlen=0)
+        if trained_on and (not local or trained_on == digest.hexdigest()):
             print(f"reusing {path}")
             return read_ranks(path)
         print(f"note: {path} was trained on other text (or its record is damaged): training it again")
@@ -480,16 +471,6 @@ def encode_document(enc, dedup, text):
     return ids[0] if len(ids) == 1 else np.concatenate(ids), SeenTexts.key(text) if dedup else None
 
 
-def write_in_flight(files, jobs, keep, max_tokens):
-    """Write the oldest batches in flight until `keep` are left; True, and the batches after are
-    not written, once the train tokens reach max_tokens (0: no limit)."""
-    while len(jobs) > keep:
-        files.write_batch(*jobs.popleft())
-        if max_tokens and files.stats["train_tokens"] >= max_tokens:
-            return True
-    return False
-
-
 def start_pool(workers):
     """A pool of `workers` threads, or of as many as could start now (a container's process limit,
     Docker's --pids-limit, counts threads), said in a line; with none, one that encodes in this
@@ -530,12 +511,14 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     texts = documents(state) if state else itertools.islice(documents(), files.read, None)
     bar = process.progress(desc="encoding", unit=" docs", initial=files.read)
     pool = start_pool(s["workers"] or runtime.usable_cpus())
-    jobs, last_record = deque(), time.monotonic()
+    jobs, last_record, stop = deque(), time.monotonic(), False
     try:
         for batch, end, short, last in batches(texts, files.read, s["min_doc_chars"]):
             jobs.append((batch, pool.map(encode, [text for _, text in batch]), end, short))
             due = time.monotonic() - last_record >= s["progress_minutes"] * 60
-            stop = write_in_flight(files, jobs, 0 if due or last else 1, s["max_tokens"])
+            while len(jobs) > (0 if due or last else 1) and not stop:  # the oldest, and none past max_tokens (0: no limit)
+                files.write_batch(*jobs.popleft())
+                stop = s["max_tokens"] and files.stats["train_tokens"] >= s["max_tokens"]
             bar.update(files.read - bar.n)
             bar.set_postfix(train_tokens=f"{files.stats['train_tokens']:,}")
             if stop or last:
@@ -629,9 +612,8 @@ def main():
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.monotonic() - t1, 1))
     write_json(meta_path, meta)
-    for name in (PROGRESS_FILE, TOKENIZER_FILE + ".source"):  # the work is done: records no longer needed
-        if os.path.exists(os.path.join(out, name)):
-            os.remove(os.path.join(out, name))
+    for path in filter(os.path.exists, [os.path.join(out, n) for n in (PROGRESS_FILE, TOKENIZER_FILE + ".source")]):
+        os.remove(path)  # the work is done: records no longer needed
     print(f"wrote {out}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "
           f"of {seq_len} tokens, vocabulary {enc.n_vocab}, in {time.monotonic() - t0:.0f}s")
 

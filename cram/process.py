@@ -29,9 +29,8 @@ class LogProgress:
     'encoding: 1,024/4,096 docs (25%), 12.3/s, about 4.2 min left, train_tokens=...'."""
 
     def __init__(self, total, desc, unit, initial, every):
-        self.total, self.desc, self.unit, self.n, self.every = total, desc, unit.strip(), initial, every
-        self.start_n, self.start = initial, time.monotonic()
-        self.last, self.postfix = self.start, ""
+        self.total, self.desc, self.unit, self.n, self.every, self.start_n, self.postfix = total, desc, unit.strip(), initial, every, initial, ""
+        self.start = self.last = time.monotonic()
 
     def update(self, n=1):
         self.n += n
