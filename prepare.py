@@ -12,6 +12,7 @@ tokens written as they come, so memory does not grow with the corpus.
 import ast
 import functools
 import hashlib
+import io
 import itertools
 import json
 import lzma
@@ -146,20 +147,40 @@ class RowStream:
             self.rows = self.load()
             if state:
                 self.rows.load_state_dict(state)
-            for row in self.rows:
-                if self.text_field not in row:
-                    raise SystemExit(f"error: {self.where} has no '{self.text_field}' field "
-                                     f"(fields: {', '.join(row)}); set --text_field=")
-                text = row[self.text_field]  # null: an empty document (skipped)
-                if text is not None and not isinstance(text, str):  # an error rather than a silent str() of it
-                    raise SystemExit(f"error: {self.where}: field '{self.text_field}' holds {type(text).__name__}, "
-                                     f"not text; set --text_field= to the text column")
-                yield text or ""
-        except Exception as e:  # datasets raises many types; the user needs one line
-            raise SystemExit(f"error: cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            for i, row in enumerate(self.rows):
+                problem = self.text_problem(row, self.text_field, not (i or state))
+                if problem:  # said below, by the file's line where it has one
+                    raise ValueError(problem)
+                yield row[self.text_field] or ""  # null: an empty document (skipped)
+        except Exception as e:  # datasets raises many types; the user needs one line, by the file's line where it has one
+            raise SystemExit(f"error: {self.bad_line() or f'cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}'}")
 
     def state(self):
         return self.rows.state_dict()
+
+    @staticmethod
+    def text_problem(row, field, first):
+        """Why a record's `field` is not a document's text, or None (null, missing: an empty document; missing on the `first`
+        record: the wrong --text_field), never a silent str(); the fix: another text column on the first, else the record."""
+        texts = [k for k, v in row.items() if isinstance(v, str)] * first
+        if field not in row or row[field] is None or isinstance(row[field], str):
+            return f"no '{field}' field (fields: {', '.join(row)}); set --text_field=" if first and field not in row else None
+        return f"field '{field}' holds {type(row[field]).__name__}, not text; " + (
+            f"set --text_field= to its column of text ({', '.join(texts)})" if texts else "make it text (in JSON a string), or leave the record out")
+
+    def bad_line(self):
+        """'<file>:<line>: what is wrong' of a JSON-lines file's first bad record (the loader counts rows, not lines), or None."""
+        try:
+            with OPENERS.get(os.path.splitext(self.where)[1], open)(self.where, "rb") if ".jsonl" in os.path.basename(self.where) else io.BytesIO() as f:
+                for n, line in enumerate(f, 1):
+                    row = json.loads(line) if line.strip() else {self.text_field: None}
+                    problem = self.text_problem(row, self.text_field, n == 1) if isinstance(row, dict) else "not a JSON object: mend or remove it"
+                    if problem:
+                        return f"{self.where}:{n}: {problem}"
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the parser's depth
+            return f"{self.where}:{n} is not a JSON line: mend or remove it"
+        except (OSError, EOFError, zlib.error, lzma.LZMAError):
+            return None
 
 
 def record_file(path, text_field="text"):

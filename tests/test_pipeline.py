@@ -1,4 +1,5 @@
 """End to end as a user runs it: prepare.py and train.py as scripts, on a tiny corpus."""
+import gzip
 import itertools
 import json
 import os
@@ -58,6 +59,32 @@ def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
     proc = run_script("prepare.py", f"--dataset={tmp_path / 'numbers.jsonl'}", f"--out_dir={tmp_path / 'n'}",
                       "--vocab_size=300", check=False)
     assert_one_line_error(proc, "field 'text' holds int, not text")
+
+
+def write_records(path, records):
+    """A .jsonl (or .jsonl.gz) corpus with a blank line after each record: its line numbers are not the loader's rows."""
+    text = "".join(f"{r}\n\n" for r in records).encode()
+    path.write_bytes(gzip.compress(text) if path.suffix == ".gz" else text)
+
+
+def test_a_bad_record_is_said_by_its_line_with_the_fix_that_works(tmp_path, corpus_file):
+    """Issue 93. A malformed .jsonl record was said by the loader's row ("row 368" for line 715), a record whose text is
+    a number with advice to set --text_field=, which was not the fix. Named: each is said by the file's line, with a
+    fix that, followed, works (the number written as text); unnamed: a list for the text, the same file gzipped."""
+    docs = corpus_file.read_text().split("\n\n")
+    records = [json.dumps({"text": d}) for d in docs]
+    for name, bad, said in (("c.jsonl", '{"text": 42}', "field 'text' holds int, not text; make it text (in JSON a string)"),
+                            ("c.jsonl", '{"text": ["a"]}', "field 'text' holds list, not text; make it text (in JSON a string)"),
+                            ("c.jsonl", '{"text": "cut short', "is not a JSON line: mend or remove it"),
+                            ("c.jsonl.gz", '{"text": "cut short', "is not a JSON line: mend or remove it")):
+        write_records(tmp_path / name, records[:300] + [bad] + records[300:])
+        proc = run_script("prepare.py", f"--dataset={tmp_path / name}", f"--out_dir={tmp_path / 'out' / name}",
+                          "--vocab_size=300", "--seq_len=32", check=False)
+        assert_one_line_error(proc, f"{tmp_path / name}:601", said)
+    write_records(tmp_path / "c.jsonl", records[:300] + [json.dumps({"text": "42"})] + records[300:])  # the advice followed
+    run_script("prepare.py", f"--dataset={tmp_path / 'c.jsonl'}", f"--out_dir={tmp_path / 'out' / 'c.jsonl'}",
+               "--vocab_size=300", "--seq_len=32")
+    assert load_meta(tmp_path / "out" / "c.jsonl")["documents"] == len(docs) + 1
 
 
 def test_a_corpus_folder_is_read_whole_or_its_other_files_are_named(tmp_path, corpus_file):
