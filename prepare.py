@@ -57,6 +57,7 @@ progress_minutes = 1.0  # >= 0: write a progress record this often: a killed run
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding (dedup.bin: with dedup)
+TOKENIZER_SETTINGS = ("dataset", "hf_config", "hf_split", "text_field", "vocab_size", "tokenizer_train_chars")  # its text, size
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2", ".txt.xz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 # The most text the tokenizer, its trainer and the de-duplication see at once (text_file_documents, pieces).
 MAX_DOC_CHARS = 1_000_000
@@ -450,7 +451,9 @@ class TokenFiles:
 
     def finish(self):
         """Each split's token file renamed into place if every split holds a whole sequence, else a one-line error
-        (and nothing renamed); returns the counts, with the sequences of each split."""
+        (nothing renamed, the progress record removed: check_folder); returns the counts, with the sequences of each split."""
+        if not (self.writers["train"].sequences and self.writers["val"].sequences) and os.path.exists(self.progress_path):
+            os.remove(self.progress_path)  # an encoding that cannot finish is no work to go on: its settings bind no more
         if self.writers["train"].sequences and not self.stats["val_tokens"]:
             raise SystemExit(f"error: no document was held out: {self.val_fraction:g} of {self.read:,} documents is "
                              f"none; raise --val_fraction, or separate the text's documents with blank lines")
@@ -571,26 +574,26 @@ def fingerprint(dataset):
 
 
 def check_folder(out_dir, settings, source):
-    """Refuse a folder prepared with other settings, or finished from another version of the corpus (`source` holds
-    its fingerprint). An unfinished encoding there of another version of the corpus (its progress record and partial
-    files) is stale and removed (a tokenizer has its own check); unfinished work records these settings and source."""
-    path = os.path.join(out_dir, "settings.json")
-    previous = read_json(path, f"delete {out_dir} and prepare again") if os.path.exists(path) else {}
+    """Refuse a folder whose work depends on other settings (finished: any; unfinished, what a rerun continues: a progress
+    record, any; a tokenizer, TOKENIZER_SETTINGS; none after a failed attempt, so its correction runs) or finished from
+    another version of the corpus (`source`); an unfinished one's stale encoding is removed, these settings recorded."""
+    path, has = os.path.join(out_dir, "settings.json"), lambda *names: all(os.path.exists(os.path.join(out_dir, n)) for n in names)
+    previous = read_json(path, f"delete {out_dir} and prepare again") if has("settings.json") else {}
     if not isinstance(previous, dict):
         raise SystemExit(f"error: {path} is damaged (not an object): delete {out_dir} and prepare again")
-    changed = ", ".join(k for k in settings if k in previous and previous[k] != settings[k])
+    unfinished = not has("meta.json")
+    held = settings if not unfinished or has(PROGRESS_FILE) else TOKENIZER_SETTINGS * has(TOKENIZER_FILE, TOKENIZER_FILE + ".source")
+    changed = ", ".join(k for k in held if k in previous and previous[k] != settings[k])
     if changed:
         raise SystemExit(f"error: {out_dir} was prepared with other settings ({changed}); use another --out_dir or delete it")
-    unfinished = not os.path.exists(os.path.join(out_dir, "meta.json"))
     moved = previous.get("source", source) != source
     if moved and not unfinished:
         raise SystemExit(f"error: {out_dir} was prepared from another version of this corpus (its files changed "
                          f"since): delete {out_dir} to prepare it again, or choose another --out_dir")
     if moved:
         print(f"note: the corpus changed since the unfinished preparation in {out_dir}: its encoding starts over")
-        for name in STALE:
-            if os.path.exists(os.path.join(out_dir, name)):
-                os.remove(os.path.join(out_dir, name))
+        for name in filter(has, STALE):
+            os.remove(os.path.join(out_dir, name))
     if unfinished:
         write_json(path, dict(settings, source=source))
 

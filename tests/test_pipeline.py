@@ -4,6 +4,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -85,6 +86,28 @@ def test_a_bad_record_is_said_by_its_line_with_the_fix_that_works(tmp_path, corp
     run_script("prepare.py", f"--dataset={tmp_path / 'c.jsonl'}", f"--out_dir={tmp_path / 'out' / 'c.jsonl'}",
                "--vocab_size=300", "--seq_len=32")
     assert load_meta(tmp_path / "out" / "c.jsonl")["documents"] == len(docs) + 1
+
+
+def test_a_failed_preparation_never_refuses_its_correction(tmp_path, corpus_file):
+    """Issue 93. A failed attempt's advice, followed in the same --out_dir, was refused ("prepared with other settings"):
+    settings.json was written before the work. Named: records whose text is in `content` (--text_field=, also after
+    --text_field=id, whose line names the column); unnamed: "no document was held out: raise --val_fraction" once a
+    progress record was written (an encoding that cannot finish binds no setting)."""
+    docs = corpus_file.read_text().split("\n\n")
+    path, out = tmp_path / "corpus.jsonl", tmp_path / "out"
+    prepare_ = ["prepare.py", f"--dataset={path}", f"--out_dir={out}", "--vocab_size=300", "--seq_len=32"]
+    write_records(path, (json.dumps({"id": i, "content": d}) for i, d in enumerate(docs)))
+    assert_one_line_error(run_script(*prepare_, check=False), "no 'text' field", "set --text_field=")
+    assert_one_line_error(run_script(*prepare_, "--text_field=id", check=False),
+                          f"{path}:1: field 'id' holds int, not text; set --text_field= to its column of text (content)")
+    run_script(*prepare_, "--text_field=content")
+    assert load_meta(out)["settings"]["text_field"] == "content"
+    shutil.rmtree(out)
+    write_records(path, (json.dumps({"text": d}) for d in docs))
+    proc = run_script(*prepare_, "--val_fraction=0.001", "--progress_minutes=0", check=False)
+    assert_one_line_error(proc, "no document was held out", "raise --val_fraction")
+    run_script(*prepare_, "--val_fraction=0.05", "--progress_minutes=0")
+    assert load_meta(out)["settings"]["val_fraction"] == 0.05
 
 
 def test_a_corpus_folder_is_read_whole_or_its_other_files_are_named(tmp_path, corpus_file):
