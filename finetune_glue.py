@@ -783,14 +783,15 @@ def earlier_precision(runs):
 
 
 def check_earlier(path, identity):
-    """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, or
-    of an older cram (which kept the scores in glue.json alone), is not replaced."""
+    """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, of an older
+    cram (which kept the scores in glue.json alone) or JSON of another shape is not replaced, and said as what it is."""
     old, why = load_json(path) if os.path.exists(path) else ({"runs": True, **identity}, None)
     if why:  # glue.json is made from its runs' files: made again
         return set_aside(path, why)
     if not isinstance(old, dict) or "runs" not in old or not same_checkpoint(old, identity):
-        raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass "
-                         f"--out_json= for this one's, or move it away")
+        what = ("the scores of another checkpoint" if "runs" in old else "an older cram's scores, kept in it alone") if \
+            isinstance(old, dict) and "tasks" in old else "JSON of another shape (no tasks: not finetune_glue.py's)"
+        raise SystemExit(f"error: {path} holds {what}: pass --out_json= for this checkpoint's, or move it away")
 
 
 def main(config):
