@@ -12,11 +12,13 @@ with the values it allows, checked before any work starts:
     optim = "adamw"      # {adamw, muon}: the optimizer
 """
 import ast
+import contextlib
 import dataclasses
 import inspect
 import math
 import os
 import re
+import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -190,29 +192,51 @@ def settings_help(namespace, known, cls=None, skip=()):
     return "\n".join(lines)
 
 
+class HangupSafeStream:
+    """A text stream (stdout, stderr) whose lines are dropped, silently, once its reader is gone: after a hang-up the
+    terminal answers EIO, a closed pipe EPIPE; the file descriptor then points at the null device, where what is still
+    buffered goes at the exit too. A run saves its work, and a short command ends quietly, whoever reads its lines."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        return self.unless_gone("write", text) or len(text)
+
+    def flush(self):
+        self.unless_gone("flush")
+
+    def unless_gone(self, name, *args):
+        try:
+            return getattr(self.stream, name)(*args)
+        except OSError:  # gone (EIO, EPIPE): the null device from here on, where what is buffered goes too
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(null := os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+                os.close(null)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def configure(namespace, argv, cls=None, skip=(), given=None):
     """Apply config files and --key=value overrides from argv to namespace (a script's globals()), then check every
     value against what its comment allows. Returns every setting as a dict: the script's globals, and the fields of
     `cls` (a settings dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
     defaults in the dataclass and live only in the dict; `given` (a set), if passed, gets the keys a config file or
     argument set. --help or -h prints them and exits."""
+    sys.stdout, sys.stderr = (s if isinstance(s, HangupSafeStream) else HangupSafeStream(s or open(os.devnull, "w", encoding="utf-8")) for s in (sys.stdout, sys.stderr))  # every script starts here
     known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, set() if given is None else given
     defaults = dict(known)
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))
         raise SystemExit(0)
     for arg in argv:
-        if arg.startswith("--"):
-            key, sep, raw = arg[2:].partition("=")
-            if not sep:
-                raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
-            expected = type(known[key]) if key in known else str
-            known[key] = _check(key, _parse(key, raw, expected), known)
+        key, sep, raw = arg[2:].partition("=")
+        if arg.startswith("--") and not sep:
+            raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
+        for key, value in ({key: _parse(key, raw, type(known.get(key, "")))} if arg.startswith("--") else read_config_file(arg)).items():
+            known[key] = _check(key, value, known)
             given.add(key)
-        else:
-            for key, value in read_config_file(arg).items():
-                known[key] = _check(key, value, known)
-                given.add(key)
     for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
         rule = allowed(rest[1]) if kind == "setting" else None
         problem = f"{rest[0]} must be {rule[1]}" if rule and not rule[0](known[rest[0]]) else \

@@ -11,6 +11,7 @@ The batch, rate and epochs follow the checkpoint's width and the task's size (se
 prints a table beside the published row and the floor, every number in a JSON file. docs/glue.md: more; a task: a row.
 """
 import contextlib
+import csv
 import glob
 import hashlib
 import json
@@ -63,7 +64,7 @@ grid_batch = "8,16,32,64,128"    # --protocol=grid's batch sizes (Turc et al. 20
 predict = False         # also the test sets' predictions, as the GLUE server takes them: <glue>_test/, each task's median seed's
 # -----------------------------------------------------------------------------
 
-# A task is its row, task() filling in GLUE's layout where it is silent: folder under glue_dir, reader (READERS), train file,
+# A task is its row, task() filling in GLUE's layout where it is silent: folder under glue_dir, reader (read_rows'), train file,
 # dev sets (score name -> (file, hub split)), columns (header names, keys, or indices in a file without a header), label
 # names in the hub's id order (None: regression; a jsonl value as str() writes it), metrics (main first), hub dataset,
 # configuration and columns, test sets (server's file -> (file, hub configuration, split); AX is MNLI's) and the
@@ -167,15 +168,30 @@ METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spea
 
 
 # ---------------------------------------------------------------- data
-def read_rows(path, parse):
-    """[(line number, parse(line))] of a file, blank lines left out (no row); one line if it is missing, not UTF-8 or bad."""
+def read_rows(path, reader):
+    """[(line number, {column: value} or a JSON line's value)] of a file, blank lines left out; one line if it is missing,
+    not UTF-8 or bad. tsv (a header but in CoLA's train and dev files), as written: by csv's quoting where the quotes are
+    a csv writer's (Python's, pandas') for what they read, else split at tabs, quotes as text (GLUE's `He said " no " .`)."""
     if not os.path.isfile(path):
         raise unfound(path, f"error: GLUE file not found: {path}")
     rows, n = [], 0
     try:
-        with open(path, encoding="utf-8-sig") as f:  # -sig: MRPC starts with a BOM; \r\n and \r read as \n
+        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC starts with a BOM; \r\n and \r end lines
+            quotes = sum(line.count('"') for line in f) if reader == "tsv" else 0
+            csv.field_size_limit(2 ** 31 - 1)  # no limit on a field's size (csv's: 128 kB; this: Windows' C long's most)
+            for quoting in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE) * (reader == "tsv"):
+                f.seek(0)
+                with contextlib.suppress(csv.Error):  # a field that starts with a quote and is not quoted whole: not csv's
+                    rows, n, lines = [], 0, csv.reader(f, delimiter="\t", quoting=quoting, strict=True)
+                    for row in lines:
+                        rows += [(n + 1, dict(enumerate(row)))] if row else []
+                        n = lines.line_num
+                    written = [sum(2 + 2 * v.count('"') for _, row in rows for v in row.values() if every or any(
+                        c in v for c in '"\t\r\n')) for every in (0, 1)]
+                    if quoting == csv.QUOTE_NONE or quotes in written:  # a writer's that quotes the fields needing it, or all
+                        return rows
             for n, line in enumerate(f, 1):
-                rows += [(n, parse(line.rstrip("\n")))] if line.rstrip("\n") else []
+                rows += [(n, json.loads(line))] if line.strip() else []
     except UnicodeDecodeError as e:
         raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): the GLUE "
                          f"files are UTF-8; convert it (iconv -t utf-8) or fetch it again")
@@ -184,34 +200,30 @@ def read_rows(path, parse):
     return rows
 
 
-# A task's reader: a line -> {column: value}. tsv: GLUE's, split at tabs, no quoting (quotes are text), no limit on a field's
-# size (csv's: 128 kB), a header but in CoLA's train and dev files. jsonl: SuperGLUE's, an object a line.
-READERS = {"tsv": lambda line: dict(enumerate(line.split("\t"))), "jsonl": json.loads}
-
-
 def read_task_file(path, spec, test=False):
-    """(texts, labels) of a task's file by its reader. A row without the columns is never dropped unsaid: in a `test`
-    file, each of whose rows needs its prediction, it is a one-line error; in a train or dev file (QQP's train.tsv has
-    a few) it is left out and counted aloud, and past 1% of the rows (or 10) the file is not in the layout: one line."""
-    rows, text, label = read_rows(path, READERS[spec["reader"]]), spec["text"], spec["label"]
-    if spec["reader"] == "tsv" and spec.get("header", True):  # the columns by name
+    """(texts, labels) of a task's file. A row of another width (tsv: its header's, else most rows') or without a value
+    (not null) in a column it needs is never read amiss or dropped unsaid: in a `test` file one line; in a train or dev
+    file (QQP's train.tsv has a few) left out and counted aloud, past 1% of the rows (or 10) one line."""
+    rows, text, label, tsv = read_rows(path, spec["reader"]), spec["text"], spec["label"], spec["reader"] == "tsv"
+    width = statistics.mode(len(row) for _, row in rows) if rows and tsv else 0  # without a header, CoLA's: its rows'
+    if tsv and spec.get("header", True):  # the columns by name
         header, rows = list(rows[0][1].values()) if rows else [], rows[1:]
-        missing = [c for c in (*text, label) if c not in header]
+        missing, width = [c for c in (*text, label) if c not in header], len(header)
         if missing:
             raise SystemExit(f"error: {path} is not in the GLUE layout: no column {', '.join(map(repr, missing))} "
                              f"in its header ({', '.join(header[:12])})")
         text, label = [header.index(c) for c in text], len(header) - 1 - header[::-1].index(label)  # MNLI: the last
-    short = [n for n, row in rows if not (isinstance(row, dict) and all(c in row for c in (*text, label)))]
+    fits = [isinstance(r, dict) and len(r) == (width or len(r)) and all(isinstance(r.get(c), (str, int, float)) for c in (*text, label)) for _, r in rows]
+    short, kept = [n for (n, _), ok in zip(rows, fits) if not ok], [r for r, ok in zip(rows, fits) if ok]  # null: no value
     lines = f"line{'s' * (len(short) > 1)} {', '.join(map(str, short[:5]))}{', ...' * (len(short) > 5)}"
+    want = f"exactly {width} tab-separated fields" if tsv else f"a value (not null) in each of {', '.join(map(str, (*spec['text'], spec['label'])))}"
     if short and test:
-        columns = ", ".join(map(str, (*spec["text"], spec["label"])))
-        raise SystemExit(f"error: {path}: {lines} lack{'s' * (len(short) == 1)} a column of {columns}: a test file needs a "
-                         f"prediction for every row; mend it (a trailing tab trimmed?)")
+        raise SystemExit(f"error: {path}: {lines} lack{'s' * (len(short) == 1)} {want}: a test file needs a prediction "
+                         f"for every row; mend it (a trailing tab trimmed? a tab in a field, not quoted?)")
     if len(short) > max(10, len(rows) // 100):
-        raise SystemExit(f"error: {path} is not in the GLUE layout: {len(short)} of {len(rows)} rows have too few columns")
+        raise SystemExit(f"error: {path} is not in the GLUE layout: {len(short)} of {len(rows)} rows lack {want}")
     if short:
-        print(f"{path}: left out {len(short)} of {len(rows)} rows, too short to hold their text and label ({lines})")
-    kept = [(n, row) for n, row in rows if n not in set(short)]
+        print(f"{path}: left out {len(short)} of {len(rows)} rows that lack {want} ({lines})")
     return [tuple(str(row[c]) for c in text) for _, row in kept], [parse_label(str(row[label]), spec, f"{path}:{n}")
                                                                    for n, row in kept]
 
@@ -577,9 +589,8 @@ def pretraining_facts(ckpt, run_dir):
 def kept_runs():
     """What a stop keeps, said when it comes: the runs finished so far, or that none had."""
     done = len(run_files(results_path()))
-    if not done:
-        return "no fine-tuning run had finished, so nothing was written; run the same command to start"
-    return f"the {done} run(s) finished so far are in {results_path()}; run the same command to do the rest"
+    return (f"the {done} run(s) finished so far are in {results_path()}; run the same command to do the rest" if done else
+            "no fine-tuning run had finished, so nothing was written; run the same command to start")
 
 
 def results_path():
@@ -842,14 +853,15 @@ def earlier_precision(runs):
 
 
 def check_earlier(path, identity):
-    """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, or
-    of an older cram (which kept the scores in glue.json alone), is not replaced."""
+    """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, of an older
+    cram (which kept the scores in glue.json alone) or JSON of another shape is not replaced, and said as what it is."""
     old, why = load_json(path) if os.path.exists(path) else ({"runs": True, **identity}, None)
     if why:  # glue.json is made from its runs' files: made again
         return set_aside(path, why)
     if not isinstance(old, dict) or "runs" not in old or not same_checkpoint(old, identity):
-        raise SystemExit(f"error: {path} holds the scores of another checkpoint (or of an older cram): pass "
-                         f"--out_json= for this one's, or move it away")
+        what = ("the scores of another checkpoint" if "runs" in old else "an older cram's scores, kept in it alone") if \
+            isinstance(old, dict) and "tasks" in old else "JSON of another shape (no tasks: not finetune_glue.py's)"
+        raise SystemExit(f"error: {path} holds {what}: pass --out_json= for this checkpoint's, or move it away")
 
 
 def main(config):
@@ -882,9 +894,8 @@ def main(config):
                          ckpt["model_args"]["d_model"], settings, config)  # the same for the floor
     most = max(s["batch_size"] for plans in per_task.values() for s in plans)
     shape = ModelConfig(**saved_model_args(ckpt["model_args"]))
-    memory.check_memory(shape, rt, 0.0, (most, f"--batch_size={most}"))  # a batch that surely cannot fit fails now
-    size = eval_size(rt)
-    memory.check_memory(shape, rt, 0.0, (size, f"--eval_batch_size={size}"), training=False)
+    for size, setting, training in ((most, "batch_size", True), (eval_size(rt), "eval_batch_size", False)):
+        memory.check_memory(shape, rt, 0.0, (size, f"--{setting}={size}"), training=training)  # one that surely cannot fit fails now
     order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
     n_seeds = seeds or (5 if rt.device.type == "cuda" else 1)
     todo = remaining_seeds(per_task, n_seeds, earlier.get(group, {}), path, group, order)

@@ -12,6 +12,7 @@ tokens written as they come, so memory does not grow with the corpus.
 import ast
 import functools
 import hashlib
+import io
 import itertools
 import json
 import lzma
@@ -56,6 +57,7 @@ progress_minutes = 1.0  # >= 0: write a progress record this often: a killed run
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"
 STALE = (PROGRESS_FILE, "train.bin.tmp", "val.bin.tmp", "dedup.bin")  # an unfinished encoding (dedup.bin: with dedup)
+TOKENIZER_SETTINGS = ("dataset", "hf_config", "hf_split", "text_field", "vocab_size", "tokenizer_train_chars")  # its text, size
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2", ".txt.xz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 # The most text the tokenizer, its trainer and the de-duplication see at once (text_file_documents, pieces).
 MAX_DOC_CHARS = 1_000_000
@@ -71,8 +73,7 @@ def pydocs_documents():
     for key in sorted(topics):
         yield topics[key]
     skip = {"__pycache__", "site-packages", "test", "tests", "testing", "idlelib", "lib2to3", "turtledemo"}
-    roots = [sysconfig.get_paths()["stdlib"], *(os.path.dirname(__import__(p).__file__) for p in PYDOCS_PACKAGES)]
-    for root in roots:
+    for root in [sysconfig.get_paths()["stdlib"], *(os.path.dirname(__import__(p).__file__) for p in PYDOCS_PACKAGES)]:
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for filename in sorted(f for f in filenames if f.endswith(".py")):
@@ -147,30 +148,45 @@ class RowStream:
             self.rows = self.load()
             if state:
                 self.rows.load_state_dict(state)
-            for row in self.rows:
-                if self.text_field not in row:
-                    raise SystemExit(f"error: {self.where} has no '{self.text_field}' field "
-                                     f"(fields: {', '.join(row)}); set --text_field=")
-                text = row[self.text_field]  # null: an empty document (skipped)
-                if text is not None and not isinstance(text, str):  # an error rather than a silent str() of it
-                    raise SystemExit(f"error: {self.where}: field '{self.text_field}' holds {type(text).__name__}, "
-                                     f"not text; set --text_field= to the text column")
-                yield text or ""
-        except Exception as e:  # datasets raises many types; the user needs one line
-            raise SystemExit(f"error: cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            for i, row in enumerate(self.rows):
+                problem = self.text_problem(row, self.text_field, not (i or state))
+                if problem:  # said below, by the file's line where it has one
+                    raise ValueError(problem)
+                yield row[self.text_field] or ""  # null: an empty document (skipped)
+        except Exception as e:  # datasets raises many types; the user needs one line, by the file's line where it has one
+            raise SystemExit(f"error: {self.bad_line() or f'cannot read {self.where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}'}")
 
     def state(self):
         return self.rows.state_dict()
+
+    @staticmethod
+    def text_problem(row, field, first):
+        """Why a record's `field` is not a document's text, or None (null, missing: an empty document; missing on the `first`
+        record: the wrong --text_field), never a silent str(); the fix: another text column on the first, else the record."""
+        texts = [k for k, v in row.items() if isinstance(v, str)] * first
+        if field not in row or row[field] is None or isinstance(row[field], str):
+            return f"no '{field}' field (fields: {', '.join(row)}); set --text_field=" if first and field not in row else None
+        return f"field '{field}' holds {type(row[field]).__name__}, not text; " + (
+            f"set --text_field= to its column of text ({', '.join(texts)})" if texts else "make it text (in JSON a string), or leave the record out")
+
+    def bad_line(self):
+        """'<file>:<line>: what is wrong' of a JSON-lines file's first bad record (the loader counts rows, not lines), or None."""
+        try:
+            with OPENERS.get(os.path.splitext(self.where)[1], open)(self.where, "rb") if ".jsonl" in os.path.basename(self.where) else io.BytesIO() as f:
+                for n, line in enumerate(f, 1):
+                    row = json.loads(line) if line.strip() else {self.text_field: None}
+                    problem = self.text_problem(row, self.text_field, n == 1) if isinstance(row, dict) else "not a JSON object: mend or remove it"
+                    if problem:
+                        return f"{self.where}:{n}: {problem}"
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the parser's depth
+            return f"{self.where}:{n} is not a JSON line: mend or remove it"
+        except (OSError, EOFError, zlib.error, lzma.LZMAError):
+            return None
 
 
 def record_file(path, text_field="text"):
     """Rows of a .jsonl/.json/.parquet file, read (streaming, offline) by `datasets`."""
     return RowStream(path, text_field, "parquet" if path.endswith(".parquet") else "json", data_files=path, split="train")
-
-
-def local_documents(files, text_field):
-    for path in files:
-        yield from text_file_documents(path) if ".txt" in os.path.basename(path) else record_file(path, text_field)()
 
 
 def document_source(name, hf_config="", hf_split="train", text_field="text"):
@@ -188,7 +204,8 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
                   f"{', '.join(os.path.relpath(f, name) for f in others[:5])}{' ...' * (len(others) > 5)}")
         if len(files) == 1 and ".txt" not in os.path.basename(files[0]):
             return os.path.abspath(name), record_file(files[0], text_field)
-        return os.path.abspath(name), functools.partial(local_documents, files, text_field)
+        return os.path.abspath(name), lambda: itertools.chain.from_iterable(  # each file's documents in turn
+            text_file_documents(p) if ".txt" in os.path.basename(p) else record_file(p, text_field)() for p in files)
     if name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/")) or name.count("/") > 1:
         raise unfound(name, f"error: file or folder not found: {name}")
     if not process.hub_reachable():
@@ -231,12 +248,6 @@ def first_characters(documents, n_chars, digest):
             return
 
 
-def training_text_digest(documents, n_chars):
-    digest = hashlib.blake2b(digest_size=16)
-    deque(first_characters(documents, n_chars, digest), maxlen=0)  # read through: the digest is the point
-    return digest.hexdigest()
-
-
 def train_tokenizer(documents, path, vocab_size, train_chars):
     """Train the corpus' tokenizer on its first train_chars characters and save it in tiktoken's
     format, with the digest of that text beside it; the special tokens will take the ids after the BPE's."""
@@ -256,7 +267,9 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
             trained_on = json.loads(Path(path + ".source").read_text(encoding="utf-8"))["digest"]
         except (OSError, ValueError, TypeError, KeyError, RecursionError):  # a damaged record proves nothing: train again
             trained_on = None
-        if trained_on and (not local or trained_on == training_text_digest(documents, train_chars)):
+        if trained_on and local:  # the text it would train on now, read through: its digest is the point
+            deque(first_characters(documents, train_chars, digest := hashlib.blake2b(digest_size=16)), maxlen=0)
+        if trained_on and (not local or trained_on == digest.hexdigest()):
             print(f"reusing {path}")
             return read_ranks(path)
         print(f"note: {path} was trained on other text (or its record is damaged): training it again")
@@ -438,7 +451,9 @@ class TokenFiles:
 
     def finish(self):
         """Each split's token file renamed into place if every split holds a whole sequence, else a one-line error
-        (and nothing renamed); returns the counts, with the sequences of each split."""
+        (nothing renamed, the progress record removed: check_folder); returns the counts, with the sequences of each split."""
+        if not (self.writers["train"].sequences and self.writers["val"].sequences) and os.path.exists(self.progress_path):
+            os.remove(self.progress_path)  # an encoding that cannot finish is no work to go on: its settings bind no more
         if self.writers["train"].sequences and not self.stats["val_tokens"]:
             raise SystemExit(f"error: no document was held out: {self.val_fraction:g} of {self.read:,} documents is "
                              f"none; raise --val_fraction, or separate the text's documents with blank lines")
@@ -478,16 +493,6 @@ def encode_document(enc, dedup, text):
     # encode_to_numpy with no special tokens allowed is encode_ordinary without a Python list per document
     ids = [enc.encode_to_numpy(piece, disallowed_special=()) for piece in pieces(text)]
     return ids[0] if len(ids) == 1 else np.concatenate(ids), SeenTexts.key(text) if dedup else None
-
-
-def write_in_flight(files, jobs, keep, max_tokens):
-    """Write the oldest batches in flight until `keep` are left; True, and the batches after are
-    not written, once the train tokens reach max_tokens (0: no limit)."""
-    while len(jobs) > keep:
-        files.write_batch(*jobs.popleft())
-        if max_tokens and files.stats["train_tokens"] >= max_tokens:
-            return True
-    return False
 
 
 def start_pool(workers):
@@ -530,12 +535,14 @@ def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_d
     texts = documents(state) if state else itertools.islice(documents(), files.read, None)
     bar = process.progress(desc="encoding", unit=" docs", initial=files.read)
     pool = start_pool(s["workers"] or runtime.usable_cpus())
-    jobs, last_record = deque(), time.monotonic()
+    jobs, last_record, stop = deque(), time.monotonic(), False
     try:
         for batch, end, short, last in batches(texts, files.read, s["min_doc_chars"]):
             jobs.append((batch, pool.map(encode, [text for _, text in batch]), end, short))
             due = time.monotonic() - last_record >= s["progress_minutes"] * 60
-            stop = write_in_flight(files, jobs, 0 if due or last else 1, s["max_tokens"])
+            while len(jobs) > (0 if due or last else 1) and not stop:  # the oldest, and none past max_tokens (0: no limit)
+                files.write_batch(*jobs.popleft())
+                stop = s["max_tokens"] and files.stats["train_tokens"] >= s["max_tokens"]
             bar.update(files.read - bar.n)
             bar.set_postfix(train_tokens=f"{files.stats['train_tokens']:,}")
             if stop or last:
@@ -567,26 +574,26 @@ def fingerprint(dataset):
 
 
 def check_folder(out_dir, settings, source):
-    """Refuse a folder prepared with other settings, or finished from another version of the corpus (`source` holds
-    its fingerprint). An unfinished encoding there of another version of the corpus (its progress record and partial
-    files) is stale and removed (a tokenizer has its own check); unfinished work records these settings and source."""
-    path = os.path.join(out_dir, "settings.json")
-    previous = read_json(path, f"delete {out_dir} and prepare again") if os.path.exists(path) else {}
+    """Refuse a folder whose work depends on other settings (finished: any; unfinished, what a rerun continues: a progress
+    record, any; a tokenizer, TOKENIZER_SETTINGS; none after a failed attempt, so its correction runs) or finished from
+    another version of the corpus (`source`); an unfinished one's stale encoding is removed, these settings recorded."""
+    path, has = os.path.join(out_dir, "settings.json"), lambda *names: all(os.path.exists(os.path.join(out_dir, n)) for n in names)
+    previous = read_json(path, f"delete {out_dir} and prepare again") if has("settings.json") else {}
     if not isinstance(previous, dict):
         raise SystemExit(f"error: {path} is damaged (not an object): delete {out_dir} and prepare again")
-    changed = ", ".join(k for k in settings if k in previous and previous[k] != settings[k])
+    unfinished = not has("meta.json")
+    held = settings if not unfinished or has(PROGRESS_FILE) else TOKENIZER_SETTINGS * has(TOKENIZER_FILE, TOKENIZER_FILE + ".source")
+    changed = ", ".join(k for k in held if k in previous and previous[k] != settings[k])
     if changed:
         raise SystemExit(f"error: {out_dir} was prepared with other settings ({changed}); use another --out_dir or delete it")
-    unfinished = not os.path.exists(os.path.join(out_dir, "meta.json"))
     moved = previous.get("source", source) != source
     if moved and not unfinished:
         raise SystemExit(f"error: {out_dir} was prepared from another version of this corpus (its files changed "
                          f"since): delete {out_dir} to prepare it again, or choose another --out_dir")
     if moved:
         print(f"note: the corpus changed since the unfinished preparation in {out_dir}: its encoding starts over")
-        for name in STALE:
-            if os.path.exists(os.path.join(out_dir, name)):
-                os.remove(os.path.join(out_dir, name))
+        for name in filter(has, STALE):
+            os.remove(os.path.join(out_dir, name))
     if unfinished:
         write_json(path, dict(settings, source=source))
 
@@ -629,9 +636,8 @@ def main():
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.monotonic() - t1, 1))
     write_json(meta_path, meta)
-    for name in (PROGRESS_FILE, TOKENIZER_FILE + ".source"):  # the work is done: records no longer needed
-        if os.path.exists(os.path.join(out, name)):
-            os.remove(os.path.join(out, name))
+    for path in filter(os.path.exists, [os.path.join(out, n) for n in (PROGRESS_FILE, TOKENIZER_FILE + ".source")]):
+        os.remove(path)  # the work is done: records no longer needed
     print(f"wrote {out}: {stats['train_sequences']:,} train and {stats['val_sequences']:,} val sequences "
           f"of {seq_len} tokens, vocabulary {enc.n_vocab}, in {time.monotonic() - t0:.0f}s")
 

@@ -181,11 +181,16 @@ def load_json(path):
         return None, f"{type(e).__name__}: {str(e)[:120]}"
 
 
+def unused(head, tail=""):
+    """head + tail, else head + 2 + tail, 3, ...: the first name no file has, so that a file kept is never replaced."""
+    return next(p for i in ("", *range(2, 10 ** 6)) if not os.path.lexists(p := f"{head}{i}{tail}"))
+
+
 def set_aside(path, why):
-    """A damaged file that a command makes again (cram writes whole files: a disk's fault or a hand's edit did this)
-    renamed <path>.damaged, kept for a look, and said in a line; the caller then makes its piece again."""
-    os.replace(path, path + ".damaged")
-    print(f"warning: {path} is damaged ({why}): set aside as {os.path.basename(path)}.damaged and made again", flush=True)
+    """A damaged file that a command makes again (cram writes whole files: a disk's fault or a hand's edit did this) kept
+    for a look as <path>.damaged (.damaged2, ...: never over another, unused) and said; the caller makes its piece again."""
+    os.replace(path, kept := unused(path + ".damaged"))
+    print(f"warning: {path} is damaged ({why}): set aside as {os.path.basename(kept)} and made again", flush=True)
 
 
 def read_jsonl(path):
@@ -348,9 +353,8 @@ def branch_from(path, step):
     ones of the series renamed abandoned_<name> (abandoned2_, ...: never over another), out of the series, never pruned."""
     folder, names = os.path.dirname(path) or ".", []
     for old in [p for s, p in checkpoint_series(folder) if s > step] + [path] * os.path.isfile(path):
-        names.append(next(n for i in range(1, 10 ** 6) if not os.path.exists(os.path.join(
-            folder, n := f"abandoned{i if i > 1 else ''}_{os.path.basename(old)}"))))
-        os.replace(old, os.path.join(folder, names[-1]))
+        os.replace(old, kept := unused(os.path.join(folder, "abandoned"), "_" + os.path.basename(old)))
+        names.append(os.path.basename(kept))
     return names
 
 

@@ -1,6 +1,6 @@
-"""The process around a script's work: the signals that ask it to stop, its faults made one line, output streams
-that outlive their reader, the scripts a tool starts (they end with it), progress lines, and what the machine has
-(an optional module, the hub). Every script's main runs inside guarded(); train.py's loop takes the signals over.
+"""The process around a script's work: the signals that ask it to stop, its faults made one line, the scripts a tool
+starts (they end with it), progress lines, and what the machine has (an optional module, the hub). Every script's main
+runs inside guarded(); train.py's loop takes the signals over; the configurator keeps the output streams.
 """
 import contextlib
 import errno
@@ -29,9 +29,8 @@ class LogProgress:
     'encoding: 1,024/4,096 docs (25%), 12.3/s, about 4.2 min left, train_tokens=...'."""
 
     def __init__(self, total, desc, unit, initial, every):
-        self.total, self.desc, self.unit, self.n, self.every = total, desc, unit.strip(), initial, every
-        self.start_n, self.start = initial, time.monotonic()
-        self.last, self.postfix = self.start, ""
+        self.total, self.desc, self.unit, self.n, self.every, self.start_n, self.postfix = total, desc, unit.strip(), initial, every, initial, ""
+        self.start = self.last = time.monotonic()
 
     def update(self, n=1):
         self.n += n
@@ -141,47 +140,12 @@ def held(signum):
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-class HangupSafeStream:
-    """A text stream (stdout, stderr) whose writes stop, silently, once its reader is gone: after a hang-up the
-    terminal answers EIO, a closed pipe EPIPE. The file descriptor then points at the null device, so what is still
-    buffered is dropped at the exit too; a run saves its work whether anyone reads its lines or not."""
-
-    def __init__(self, stream):
-        self.stream, self.gone = stream, False
-
-    def write(self, text):
-        if not self.gone:
-            try:
-                return self.stream.write(text)
-            except OSError:
-                self.lost()
-        return len(text)
-
-    def flush(self):
-        if not self.gone:
-            try:
-                self.stream.flush()
-            except OSError:
-                self.lost()
-
-    def lost(self):
-        self.gone = True
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self.stream.fileno())
-            os.close(null)
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
-
 def guarded(main, kept, *args):
     """A script's main(*args), with the faults that can come at any moment made one line on stderr that says what
     was kept and how to continue (`kept`, or kept() when what was kept is known only then): Ctrl-C or another of
     STOP_SIGNALS ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
     train.py's loop installs StopRequest over this, which finishes its step and saves), and an OSError from the
-    machine, such as a full disk ('error: ...', status 1). Output whose reader is gone (a closed terminal or pipe, a
-    stream closed from the start: `>&-`) is dropped, not an error (HangupSafeStream)."""
+    machine, such as a full disk ('error: ...', status 1); output whose reader is gone the configurator drops."""
     told = kept if callable(kept) else lambda: kept
     take_signals(interrupt)
     follow_parent()
@@ -192,8 +156,6 @@ def guarded(main, kept, *args):
             resource.setrlimit(resource.RLIMIT_CPU, (hard - min(max(60, hard // 20), hard // 4), hard))
     if hasattr(sys.stdout, "reconfigure"):  # a log file (nohup ... > log) gets each line as it is printed
         sys.stdout.reconfigure(line_buffering=True, errors="replace")  # and a character it cannot encode is a ?
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (HangupSafeStream(s or open(os.devnull, "w", encoding="utf-8")) for s in streams)
     try:
         return main(*args)
     except SystemExit as e:  # its line quotes names and values as given: a newline in one is shown as \n, one line
@@ -218,8 +180,6 @@ def guarded(main, kept, *args):
         where = f" on {e.filename}" if e.filename else ""
         sys.stdout.flush()
         raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; {told()}")
-    finally:  # the streams the script was given (a test runs several scripts in one process)
-        sys.stdout, sys.stderr = streams
 
 
 class StopRequest:

@@ -220,7 +220,7 @@ def test_model_card_says_how_it_was_trained(exported, pretrained, tmp_path):
     torch.save(other, tmp_path / "ckpt.pt")
     said = run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf2'}").stdout
     assert "GLUE dev scores" not in (tmp_path / "hf2" / "README.md").read_text()
-    assert "glue.json holds another checkpoint's scores (or an older cram's): the card shows none" in said, said
+    assert "glue.json holds no scores of this checkpoint (another's, an older cram's, or JSON of another shape)" in said, said
     proc = run_script("finetune_glue.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte",
                       "--epochs=1", "--device=cpu", check=False)
     assert_one_line_error(proc, "holds the scores of another checkpoint")

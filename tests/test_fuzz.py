@@ -8,6 +8,8 @@ the names in a folder a script lists), environments (torchrun's variables, OpenM
 The configurator is cheap, so every (script, setting, value) runs through it here; real runs are a
 sample drawn with a fixed seed. CRAM_FUZZ=deep runs every drawn case (BENCHMARKS.md has its counts);
 CRAM_FUZZ_SEED draws another sample."""
+import csv
+import itertools
 import json
 import math
 import os
@@ -340,3 +342,65 @@ def test_a_damaged_result_file_is_made_again_or_said_in_one_line(file, form, fin
     if proc.returncode == 0:
         results = strict_json((tmp_path / "glue.json").read_text())
         assert "rte" in results["tasks"] and all(math.isfinite(v) for v in results["scores"].values()), results["scores"]
+
+
+# ------------------------------------------------------------------ task files as other tools write them (issue 93)
+TASK_TEXTS = ["A plain one.", "A\ttab.", 'He said " the witness " lied .', '" wonderful " is too small a word .', '"Stop."',
+              'She said ""hi"".', "Two\nlines.", "Two\r\nlines.", "", "caf\u00e9 \u2713"]
+TASK_WRITERS = {"csv's writer (pandas' to_csv)": csv.QUOTE_MINIMAL, "every field quoted": csv.QUOTE_ALL,
+                "GLUE's layout (quotes are text)": None, "jsonl": "jsonl"}
+ROW_FORMS = ["as written", "a column too many", "a column too few", "a null value", "a list for a value"]
+
+
+def task_file(path, writer, rows):
+    """rows (dicts of one header) written as `writer` writes them: a tsv by the csv module or joined at tabs, or jsonl."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        if writer == "jsonl":
+            f.write("".join(json.dumps(row) + "\n" for row in rows))
+        elif writer is None:
+            f.write("".join("\t".join(map(str, line)) + "\n" for line in [[*rows[0]], *(r.values() for r in rows)]))
+        else:
+            csv.writer(f, delimiter="\t", quoting=writer, lineterminator="\n").writerows([[*rows[0]], *(r.values() for r in rows)])
+
+
+@pytest.mark.parametrize("writer,form", [(w, f) for w in TASK_WRITERS for f in ROW_FORMS])
+def test_a_task_file_in_any_form_is_read_as_written_or_said(writer, form, tmp_path, monkeypatch, capsys):
+    """A train, dev or test file of an RTE-like task, written as a tool writes it, holding a row of every kind of text in
+    `form`: every row kept reads exactly as written, in order; a row that does not (another width, a null or a list
+    for a value, a line break GLUE's layout cannot hold) is left out and counted aloud (a train or dev file) or the
+    file is one line (a test file; a piece of a row that reads as no label): never read amiss. In-process and cheap, so
+    every text, writer and form runs."""
+    import finetune_glue as glue
+    mode = TASK_WRITERS[writer]
+    row = glue.task("rte", folder="RTE", labels=("entailment", "not_entailment"), test_text=("sentence1", "sentence2"),
+                    **(dict(reader="jsonl", train="train.jsonl", dev={"rte": ("dev.jsonl", "validation")},
+                            tests={"RTE": ("test.jsonl", "rte", "test")}) if mode == "jsonl" else {}))
+    monkeypatch.setitem(glue.TASKS, "rte", row)
+    monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
+    (tmp_path / "RTE").mkdir()
+    files = {"train": row["train"], "rte": row["dev"]["rte"][0], "test:RTE": row["tests"]["RTE"][0]}
+    good = {split: [dict(index=i, sentence1=f"Premise {i}.", sentence2="H.", **{} if split.startswith("test") else
+                         dict(label="entailment")) for i in range(4)] for split in files}
+    for (split, file), text in itertools.product(files.items(), TASK_TEXTS):
+        if mode is None and form != "as written" and set(text) & set("\t\r\n"):
+            continue  # GLUE's layout cannot hold these: such a row is of another width already, which a second fault may undo
+        odd = dict(good[split][2], sentence1=text)
+        if form == "a column too many" and mode != "jsonl":
+            odd["extra"] = "x"
+        if form == "a column too few" or form in ("a null value", "a list for a value") and mode != "jsonl":
+            del odd["sentence2"]  # (tsv: nothing holds a null; a row short of its last column)
+        if form in ("a null value", "a list for a value") and mode == "jsonl":
+            odd["sentence1"] = None if form == "a null value" else [text]
+        rows = [*good[split][:2], odd, good[split][3]]
+        for other, name in files.items():  # the task's other files as they should be
+            task_file(tmp_path / "RTE" / name, mode, rows if other == split else good[other])
+        case = f"{writer}, {form}, {text!r} in {file}"
+        try:
+            texts = glue.load_task("rte", tests=True)[split][0]
+        except SystemExit as e:
+            assert e.code.startswith(f"error: {tmp_path / 'RTE' / file}") and "\n" not in e.code, (case, e.code)
+            continue
+        expected = [(r["sentence1"], r.get("sentence2")) for r in rows]
+        assert texts in (expected, expected[:2] + expected[3:]), (case, texts)
+        said = capsys.readouterr().out
+        assert (texts == expected) != (f"{tmp_path / 'RTE' / file}: left out" in said), (case, said)

@@ -54,6 +54,49 @@ def test_quirks_of_the_layout(monkeypatch):
     assert glue.load_task("stsb")["train"][0][0] == ("A plane is taking off.", "An air plane is taking off.")
 
 
+def test_a_task_file_is_read_as_its_writer_wrote_it_or_said(tmp_path, monkeypatch, capsys):
+    """Issue 93. A train.tsv written by Python's csv writer with a tab delimiter (pandas' to_csv(sep="\\t")) is read by
+    the csv module's quoting rules: named, a sentence holding a tab, quoted (it was split and its second sentence
+    dropped, unsaid); unnamed, the writer's doubled quotes and a sentence over two lines (numbered by its first). GLUE's
+    own files, whose quotes are text, read as before (test_quirks_of_the_layout). A row with a column too many (named:
+    an unquoted tab in RTE's; unnamed: in CoLA's, without a header) and a jsonl row whose value is null (named:
+    pandas' missing passage; unnamed: a list) are left out and counted, as rows short of a column are, and in a test
+    file are one line, whose advice (quote the tab) then reads."""
+    import csv
+    shutil.copytree(FIXTURES, tmp_path, dirs_exist_ok=True)
+    monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
+    rte = tmp_path / "RTE"
+    with open(rte / "train.tsv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f, delimiter="\t").writerows([("index", "sentence1", "sentence2", "label"), (0, "A\ttab.", "B.", "entailment"),
+                                               (1, 'He said "no".', "Two\nlines.", "not_entailment"), (2, "C.", "D.", "entailment")])
+    assert glue.load_task("rte")["train"] == ([("A\ttab.", "B."), ('He said "no".', "Two\nlines."), ("C.", "D.")], [0, 1, 0])
+    (rte / "train.tsv").write_text('index\tsentence1\tsentence2\tlabel\n0\tA\ttab.\tB.\tentailment\n1\t"Hi," he said.\tC.\t'
+                                   'entailment\n')
+    assert glue.load_task("rte")["train"] == ([('"Hi," he said.', "C.")], [0])
+    assert f"{rte / 'train.tsv'}: left out 1 of 2 rows that lack exactly 4 tab-separated fields (line 2)" in capsys.readouterr().out
+    cola = tmp_path / "CoLA" / "train.tsv"
+    cola.write_text(cola.read_text() + "cj99\t1\t\tA\ttab.\n")
+    assert len(glue.load_task("cola")["train"][0]) == 4
+    assert f"{cola}: left out 1 of 5 rows that lack exactly 4 tab-separated fields (line 5)" in capsys.readouterr().out
+    (rte / "test.tsv").write_text("index\tsentence1\tsentence2\n0\tA\ttab.\tB.\n")
+    with pytest.raises(SystemExit, match="test.tsv: line 2 lacks exactly 3 tab-separated fields: a test file needs"):
+        glue.load_task("rte", tests=True)
+    (rte / "test.tsv").write_text('index\tsentence1\tsentence2\n0\t"A\ttab."\tB.\n')  # the advice followed: quoted
+    assert glue.load_task("rte", tests=True)["test:RTE"] == ([("A\ttab.", "B.")], [0])
+    row = glue.task("boolq", folder="BoolQ", reader="jsonl", train="train.jsonl", dev={}, text=("question", "passage"),
+                    labels=("False", "True"), tests={"BoolQ": ("test.jsonl", "boolq", "test")}, test_index="idx")
+    monkeypatch.setitem(glue.TASKS, "boolq", row)
+    (tmp_path / "BoolQ").mkdir()
+    lines = [dict(question="q?", passage=passage, label=True, idx=0) for passage in ("p.", None, ["a", "b"], "p.")]
+    for name in ("train.jsonl", "test.jsonl"):
+        (tmp_path / "BoolQ" / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert glue.load_task("boolq")["train"] == ([("q?", "p.")] * 2, [1, 1])
+    assert "left out 2 of 4 rows that lack a value (not null) in each of question, passage, label (lines 2, 3)" in \
+        capsys.readouterr().out
+    with pytest.raises(SystemExit, match="test.jsonl: lines 2, 3 lack a value .not null. in each of question, passage, idx"):
+        glue.load_task("boolq", tests=True)
+
+
 def test_metrics_match_sklearn_and_scipy():
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -576,10 +619,16 @@ def test_the_summary_is_made_from_the_run_files_and_a_rerun_with_other_settings_
         assert not file.exists() and Path(f"{file}.damaged").read_text() == text
         os.remove(f"{file}.damaged")
     glue.check_earlier(path, identity)  # this checkpoint's summary: taken
-    for old in ({"checkpoint_step": 60, "checkpoint_tokens": 1000, "tasks": {"rte": {}}}, dict(results, checkpoint_step=61)):
+    # each refusal says what the file holds (issue 93, named: a list was "another checkpoint's scores"; unnamed: another
+    # tool's scores, an object), and its advice works: moved away, the command goes on
+    for old, held in (({"checkpoint_step": 60, "checkpoint_tokens": 1000, "tasks": {"rte": {}}}, "an older cram's scores"),
+                      (dict(results, checkpoint_step=61), "the scores of another checkpoint"),
+                      ([1, 2], "JSON of another shape"), ({"cola": 53.3}, "JSON of another shape")):
         (tmp_path / "glue.json").write_text(json.dumps(old))
-        with pytest.raises(SystemExit, match="holds the scores of another checkpoint .or of an older cram."):
+        with pytest.raises(SystemExit, match=re.escape(f"error: {path} holds {held}")):
             glue.check_earlier(path, identity)
+    os.replace(path, path + ".mine")
+    glue.check_earlier(path, identity)
 
 
 def test_reruns_keep_every_run_s_file_and_follow_the_commands_not_the_clock(pretrained, tmp_path):
@@ -693,11 +742,11 @@ def test_no_input_row_is_dropped_unsaid(pretrained, tmp_path):
     assert not (tmp_path / "glue_test").exists()
     diagnostic = glue_dir / "diagnostic" / "diagnostic.tsv"
     diagnostic.write_text(diagnostic.read_text() + "9\n")
-    assert_one_line_error(run_script(*args, "--tasks=mnli", check=False), "diagnostic.tsv: line ", "lacks a column")
+    assert_one_line_error(run_script(*args, "--tasks=mnli", check=False), "diagnostic.tsv: line ", "lacks exactly 3 tab-separated fields")
     train = glue_dir / "RTE" / "train.tsv"
     train.write_text(train.read_text() + "7\tA lone premise.\n")
     proc = run_script(*args, "--tasks=rte")
-    assert f"{train}: left out 1 of 3 rows, too short to hold their text and label (line 4)" in proc.stdout
+    assert f"{train}: left out 1 of 3 rows that lack exactly 4 tab-separated fields (line 4)" in proc.stdout
     assert len((tmp_path / "glue_test" / "RTE.tsv").read_text().splitlines()) == 41  # a header and each row's
     data = {"test:RTE": ([("a", "b")] * 3, [0, 1, 2])}
     with pytest.raises(SystemExit, match="2 predictions for the 3 rows of RTE's test set"):
@@ -736,7 +785,7 @@ def test_a_task_is_one_row_even_from_jsonl(pretrained, tmp_path, monkeypatch, ca
     assert all(r.split("\t")[1] in ("False", "True") for r in predicted[1:])
     (folder / "test.jsonl").write_text(lines(5, test=True) + '{"question": "a lone one"}\n')
     monkeypatch.setattr(glue, "seeds", 2)
-    with pytest.raises(SystemExit, match="test.jsonl: line 6 lacks a column of question, passage, idx"):
+    with pytest.raises(SystemExit, match="test.jsonl: line 6 lacks a value .not null. in each of question, passage, idx"):
         glue.main(config_keys(vars(glue)))
 
 

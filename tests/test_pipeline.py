@@ -1,8 +1,10 @@
 """End to end as a user runs it: prepare.py and train.py as scripts, on a tiny corpus."""
+import gzip
 import itertools
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -58,6 +60,54 @@ def test_prepare_reads_jsonl_and_parquet(tmp_path, corpus_file):
     proc = run_script("prepare.py", f"--dataset={tmp_path / 'numbers.jsonl'}", f"--out_dir={tmp_path / 'n'}",
                       "--vocab_size=300", check=False)
     assert_one_line_error(proc, "field 'text' holds int, not text")
+
+
+def write_records(path, records):
+    """A .jsonl (or .jsonl.gz) corpus with a blank line after each record: its line numbers are not the loader's rows."""
+    text = "".join(f"{r}\n\n" for r in records).encode()
+    path.write_bytes(gzip.compress(text) if path.suffix == ".gz" else text)
+
+
+def test_a_bad_record_is_said_by_its_line_with_the_fix_that_works(tmp_path, corpus_file):
+    """Issue 93. A malformed .jsonl record was said by the loader's row ("row 368" for line 715), a record whose text is
+    a number with advice to set --text_field=, which was not the fix. Named: each is said by the file's line, with a
+    fix that, followed, works (the number written as text); unnamed: a list for the text, the same file gzipped."""
+    docs = corpus_file.read_text().split("\n\n")
+    records = [json.dumps({"text": d}) for d in docs]
+    for name, bad, said in (("c.jsonl", '{"text": 42}', "field 'text' holds int, not text; make it text (in JSON a string)"),
+                            ("c.jsonl", '{"text": ["a"]}', "field 'text' holds list, not text; make it text (in JSON a string)"),
+                            ("c.jsonl", '{"text": "cut short', "is not a JSON line: mend or remove it"),
+                            ("c.jsonl.gz", '{"text": "cut short', "is not a JSON line: mend or remove it")):
+        write_records(tmp_path / name, records[:300] + [bad] + records[300:])
+        proc = run_script("prepare.py", f"--dataset={tmp_path / name}", f"--out_dir={tmp_path / 'out' / name}",
+                          "--vocab_size=300", "--seq_len=32", check=False)
+        assert_one_line_error(proc, f"{tmp_path / name}:601", said)
+    write_records(tmp_path / "c.jsonl", records[:300] + [json.dumps({"text": "42"})] + records[300:])  # the advice followed
+    run_script("prepare.py", f"--dataset={tmp_path / 'c.jsonl'}", f"--out_dir={tmp_path / 'out' / 'c.jsonl'}",
+               "--vocab_size=300", "--seq_len=32")
+    assert load_meta(tmp_path / "out" / "c.jsonl")["documents"] == len(docs) + 1
+
+
+def test_a_failed_preparation_never_refuses_its_correction(tmp_path, corpus_file):
+    """Issue 93. A failed attempt's advice, followed in the same --out_dir, was refused ("prepared with other settings"):
+    settings.json was written before the work. Named: records whose text is in `content` (--text_field=, also after
+    --text_field=id, whose line names the column); unnamed: "no document was held out: raise --val_fraction" once a
+    progress record was written (an encoding that cannot finish binds no setting)."""
+    docs = corpus_file.read_text().split("\n\n")
+    path, out = tmp_path / "corpus.jsonl", tmp_path / "out"
+    prepare_ = ["prepare.py", f"--dataset={path}", f"--out_dir={out}", "--vocab_size=300", "--seq_len=32"]
+    write_records(path, (json.dumps({"id": i, "content": d}) for i, d in enumerate(docs)))
+    assert_one_line_error(run_script(*prepare_, check=False), "no 'text' field", "set --text_field=")
+    assert_one_line_error(run_script(*prepare_, "--text_field=id", check=False),
+                          f"{path}:1: field 'id' holds int, not text; set --text_field= to its column of text (content)")
+    run_script(*prepare_, "--text_field=content")
+    assert load_meta(out)["settings"]["text_field"] == "content"
+    shutil.rmtree(out)
+    write_records(path, (json.dumps({"text": d}) for d in docs))
+    proc = run_script(*prepare_, "--val_fraction=0.001", "--progress_minutes=0", check=False)
+    assert_one_line_error(proc, "no document was held out", "raise --val_fraction")
+    run_script(*prepare_, "--val_fraction=0.05", "--progress_minutes=0")
+    assert load_meta(out)["settings"]["val_fraction"] == 0.05
 
 
 def test_a_corpus_folder_is_read_whole_or_its_other_files_are_named(tmp_path, corpus_file):

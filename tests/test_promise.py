@@ -292,6 +292,26 @@ def test_a_fresh_metrics_log_starts_at_its_first_line(tmp_path, monkeypatch):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 10, 20]
 
 
+def test_a_file_kept_for_a_look_is_never_overwritten(tmp_path, capsys):
+    """Issue 93. Named: a second damaged glue.json is set aside as glue.json.damaged2 (it replaced the first's
+    .damaged). Unnamed: a GPU report's fine-tuning scores of a checkpoint retrained twice (.old, then .old2: the first
+    was removed), and an abandoned checkpoint's name past a dangling link: one mechanism, files.unused."""
+    import gpu_report
+    from cram.files import set_aside, unused
+    for text in ("{cut", "[1, 2"):
+        (tmp_path / "glue.json").write_text(text)
+        set_aside(str(tmp_path / "glue.json"), "cut short")
+    assert [(tmp_path / f"glue.json.damaged{n}").read_text() for n in ("", 2)] == ["{cut", "[1, 2"]
+    assert "set aside as glue.json.damaged2 and made again" in capsys.readouterr().out
+    for n in range(2):
+        (tmp_path / "glue_runs").mkdir()
+        (tmp_path / "glue_runs" / "seed0.json").write_text(str(n))
+        gpu_report.set_aside([str(tmp_path / "glue_runs"), str(tmp_path / "grid")])  # (no grid: nothing to move)
+    assert [(tmp_path / f"glue_runs.old{n}" / "seed0.json").read_text() for n in ("", 2)] == ["0", "1"]
+    os.symlink(tmp_path / "nowhere", tmp_path / "abandoned_ckpt.pt")
+    assert unused(str(tmp_path / "abandoned"), "_ckpt.pt") == str(tmp_path / "abandoned2_ckpt.pt")
+
+
 def test_damaged_results_and_glue_files_are_named_set_aside_and_made_again(pretrained, tmp_path):
     """A glue.json or a run's file that does not parse (cram writes whole files: a disk's fault or an edit) is said in
     a line, kept beside as <name>.damaged, and made again: glue.json from its runs, a run by fine-tuning it again.
@@ -308,11 +328,11 @@ def test_damaged_results_and_glue_files_are_named_set_aside_and_made_again(pretr
     assert f"warning: {run / 'glue.json'} is damaged" in proc.stdout and "set aside as glue.json.damaged" in proc.stdout
     assert (run / "glue.json.damaged").read_text() == cut and "rte" in json.loads((run / "glue.json").read_text())["scores"]
     seed0, = (run / "glue_runs" / "tasks" / "rte").glob("seed0*.json")  # the run's file
-    for text in ('{"checkpoint_step": 60, "sco', '{"checkpoint_step": 60}'):  # cut; whole but not a run's record
+    for aside, text in (("", '{"checkpoint_step": 60, "sco'), ("2", '{"checkpoint_step": 60}')):  # cut; not a run's record
         seed0.write_text(text)
         proc = run_script(*finetune)
         assert f"warning: {seed0} is damaged" in proc.stdout and "rte: done earlier" not in proc.stdout  # fine-tuned again
-        assert Path(f"{seed0}.damaged").read_text() == text
+        assert Path(f"{seed0}.damaged{aside}").read_text() == text  # the second beside the first (issue 93)
         assert json.loads(seed0.read_text())["seed"] == 0 and "rte" in json.loads((run / "glue.json").read_text())["scores"]
     glue = tmp_path / "glue"
     shutil.copytree(FIXTURES, glue)

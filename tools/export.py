@@ -117,7 +117,8 @@ def training_facts(ckpt, run_dir):
         elif why:  # finetune_glue.py's to make again (it sets it aside): the card goes on without it
             print(f"warning: {glue_path} is damaged ({why}): the card shows no GLUE scores; finetune_glue.py makes it again")
         else:  # said, so a card without scores is not a surprise
-            print(f"{glue_path} holds another checkpoint's scores (or an older cram's): the card shows none")
+            print(f"{glue_path} holds no scores of this checkpoint (another's, an older cram's, or JSON of another "
+                  f"shape): the card shows none")
     return lines
 
 

@@ -69,7 +69,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]  # the core, and measure.py beside this tool
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from cram.files import check_writable, load_meta, read_json, read_jsonl, write_atomically, write_json  # noqa: E402
+from cram.files import check_writable, load_meta, read_json, read_jsonl, unused, write_atomically, write_json  # noqa: E402
 from measure import held_below  # noqa: E402
 from cram.process import child_env, guarded  # noqa: E402
 
@@ -283,13 +283,11 @@ def log_tail(path):
 
 
 def set_aside(paths):
-    """Each of `paths` that exists moved to <path>.old (replacing an older .old): fine-tuning scores of a
-    checkpoint retrained since, which finetune_glue.py would refuse to mix with the new one's."""
+    """Each of `paths` that exists moved to <path>.old (.old2, ...: never over an earlier one, files.unused): fine-tuning
+    scores of a checkpoint retrained since, which finetune_glue.py would refuse to mix with the new one's."""
     for old in paths:
-        if os.path.isdir(old + ".old"):
-            shutil.rmtree(old + ".old")
         if os.path.exists(old):
-            os.replace(old, old + ".old")
+            os.replace(old, unused(old + ".old"))
 
 
 def run_logged(args, log_path, deadline, echo=True, append=False):
