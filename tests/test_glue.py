@@ -246,7 +246,7 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     assert results["tasks"]["sst2"]["majority"] == {"sst2": {"accuracy": 50.0}}  # half the sentences have the marker
     # the no-pretraining column is there, not yet measured, and the output says how to measure it
     assert re.search(rf"^\| sst2 \| accuracy \(median of 3 seeds, 5 epochs\) \| {re.escape(median_cell(results['tasks']))} \| - \| "
-                     r"50.0 \| 92.0 \|$", proc.stdout, re.M)
+                     r"100.0 \| 50.0 \| 92.0 \|$", proc.stdout, re.M)  # words alone reads the marker word too
     assert "--from_scratch=True" in proc.stdout.splitlines()[-1] and results["tasks"]["sst2"]["protocol"] == "fixed"
     assert "Dev sets; sst2: settings fixed before any look at dev (docs/glue.md)." in proc.stdout  # the protocol, said
     assert results["scores"] == {"sst2": results["tasks"]["sst2"]["median"]["sst2"]["accuracy"]}
@@ -257,9 +257,9 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
     points, picture = tmp_path / "points.json", tmp_path / "glue.png"
     table = run_script("tools/glue_plot.py", f"--add={out}", "--label=tiny", f"--points={points}",
                        f"--png={picture}").stdout
-    assert ("| task | tiny | majority class | BERT-Tiny (2x128), test | BERT-Mini (4x256), test | BERT-Small (4x512), test "
+    assert ("| task | tiny | words alone | majority class | BERT-Tiny (2x128), test | BERT-Mini (4x256), test | BERT-Small (4x512), test "
             "| BERT-base, no pretraining, dev |") in table
-    assert re.search(rf"^\| sst2 \| {sorted(per_seed)[1]:.1f} \| 50.0 \| 83.2 \| 85.9 \| 89.7 \| 79.9 \|$", table, re.M)
+    assert re.search(rf"^\| sst2 \| {sorted(per_seed)[1]:.1f} \| 100.0 \| 50.0 \| 83.2 \| 85.9 \| 89.7 \| 79.9 \|$", table, re.M)
     assert re.search(r"^- tiny: 2x64, vocabulary 384, [\d.]+M tokens in [\d.]+ h, [\d.]+e\+\d+ FLOPs, val loss [\d.]+ "
                      r"\(accuracy [\d.]+\); fine-tuned sst2: median of 3 seeds, 5 epochs$", table, re.M), table
     assert picture.read_bytes()[:4] == b"\x89PNG" and [p["label"] for p in json.loads(points.read_text())] == ["tiny"]
