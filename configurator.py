@@ -9,7 +9,7 @@ with the values it allows, checked before any work starts:
 
     lr = 1e-3            # > 0: peak learning rate          (also >= x)
     mask_rate = 0.25     # (0, 1): share of tokens to predict  (intervals: [ ] closed, ( ) open, inf)
-    optim = "adamw"      # {adamw, muon}: the optimizer
+    optim = "adamw"      # {adamw, muon}: the optimizer         (names; {runtime.OPTIMIZERS}: a table's keys)
 """
 import ast
 import dataclasses
@@ -118,15 +118,18 @@ def number(text):
     return int(text) if re.fullmatch(r"-?\d[\d_]*", text) else float(text)
 
 
-def allowed(comment):
-    """(test, words) for the values a setting's comment starts with (see the module's docstring),
-    or None when it declares none."""
+def allowed(comment, namespace=None):
+    """(test, words) for the values a setting's comment starts with (see the module's docstring), or None when it
+    declares none; {module.TABLE} names a dict of a module in `namespace` (a script's globals), whose keys are allowed."""
     m = ALLOWED.match(comment or "")
     if not m:
         return None
     op, bound, left, lo, hi, right, choices = m.groups()
     if choices is not None:
         names = [c.strip() for c in choices.split(",")]
+        module, _, table = names[0].partition(".")
+        if table.isupper() and module in (namespace or {}):
+            names = list(getattr(namespace[module], table))
         return (lambda v: v in names), f"one of {', '.join(names)}"
     if op:
         b = number(bound)
@@ -197,7 +200,6 @@ def configure(namespace, argv, cls=None, skip=(), given=None):
     defaults in the dataclass and live only in the dict; `given` (a set), if passed, gets the keys a config file or
     argument set. --help or -h prints them and exits."""
     known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, set() if given is None else given
-    defaults = dict(known)
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))
         raise SystemExit(0)
@@ -213,12 +215,25 @@ def configure(namespace, argv, cls=None, skip=(), given=None):
             for key, value in read_config_file(arg).items():
                 known[key] = _check(key, value, known)
                 given.add(key)
-    for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
-        rule = allowed(rest[1]) if kind == "setting" else None
-        problem = f"{rest[0]} must be {rule[1]}" if rule and not rule[0](known[rest[0]]) else \
-            unusable(known[rest[0]], defaults[rest[0]], rest[1]) if kind == "setting" else None  # NaN fails any rule
-        if problem:
-            raise SystemExit(f"error: --{rest[0]}={shown(known[rest[0]])} is not allowed: {problem}")
+    problem = disallowed(namespace, known, cls, skip)
+    if problem:
+        raise SystemExit(f"error: --{problem}")
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known
+
+
+def disallowed(namespace, values, cls=None, skip=()):
+    """'key=value is not allowed: why' for the first setting in `values` (a configured dict, or the settings a checkpoint
+    carries) of another type than its default's, outside the values its comment declares, or unusable; else None."""
+    defaults = {**dataclass_settings(cls, skip), **config_keys(namespace)}
+    for kind, *rest in declarations(namespace, cls, skip):
+        if kind != "setting" or rest[0] not in values:
+            continue
+        (key, comment), value, rule = rest, values[rest[0]], allowed(rest[1], namespace)
+        wrong = type(value) is not type(defaults[key]) and not (type(defaults[key]) is float and type(value) is int)
+        problem = f"not {type(defaults[key]).__name__}" if wrong else f"{key} must be {rule[1]}" if rule and \
+            not rule[0](value) else unusable(value, defaults[key], comment)  # NaN fails any rule
+        if problem:
+            return f"{key}={shown(value)} is not allowed: {problem}"
+    return None

@@ -48,8 +48,8 @@ mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mas
 mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout; torch.compile keeps 8 graphs)
 eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
-optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (runtime.Muon)
-lr = 0.0                  # [0, inf): peak learning rate (Muon's updates are scaled to AdamW's); 0: by the width (cram/budget.py)
+optim = "adamw"           # {runtime.OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
+lr = 0.0                  # [0, inf): peak learning rate; 0: by the width (cram/budget.py), where the optimizer's row takes it
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -134,6 +134,9 @@ def check_settings(world, config, rt):
     data.split_unit(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
     if resume_from and not resume:
         raise SystemExit(f"error: --resume_from={resume_from} continues a run: add --resume=True")
+    if not config["lr"] and not runtime.OPTIMIZERS[optim].width_lr:
+        raise SystemExit(f"error: --optim={optim} needs --lr: the width's rule (budget.lr_for_width) is AdamW's, and its "
+                         f"row in runtime.OPTIMIZERS does not take it (width_lr)")
     if offload:
         from cram.offload import check_settings as check_offload
         check_offload(world, model, optim, rt.dtype)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
+from .runtime import OPTIMIZERS
 from model import MISSING_FIELD_DEFAULTS, CrammedBert, ModelConfig, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
@@ -543,8 +544,8 @@ def data_difference(trained_on, meta):
 
 
 def optimizer_problem(checkpoint, optim):
-    """How a checkpoint's optimizer state fails to fit its model's optimizer (`optim`'s parameter
-    groups, each parameter's state of its shape), or None."""
+    """How a checkpoint's optimizer state fails to fit its model's optimizer (`optim`'s parameter groups, each
+    parameter's state tensors as its row in runtime.OPTIMIZERS `fits` them), or None."""
     saved = checkpoint["optimizer"]
     if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) or \
             not isinstance(saved.get("state"), dict):
@@ -555,9 +556,9 @@ def optimizer_problem(checkpoint, optim):
     counts = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in saved["param_groups"]]
     if counts != [len(g) for g in groups]:
         return f"has parameter groups of {counts} parameters where the model's optimizer has {[len(g) for g in groups]}"
-    params = [p for g in groups for p in g]
+    params, fits = [p for g in groups for p in g], OPTIMIZERS[optim].fits
     for index, state in saved["state"].items():
         if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(state, dict) and all(
-                v.shape == params[index].shape for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)):
+                fits(v, params[index]) for v in state.values() if isinstance(v, torch.Tensor))):
             return f"does not fit the model's parameters (entry {index})"
     return None

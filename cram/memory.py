@@ -90,7 +90,7 @@ def least_bytes(config, rt, mask_rate, training=True, offload=False):
     """check_memory's lower estimates: (float32 weights and gradients, 8 bytes a parameter, and the optimizer's state
     (runtime.OPTIMIZERS: AdamW's 8 more); a sequence's activations)."""
     value_bytes = 4 if rt.dtype == torch.float32 else 2
-    state_bytes = 8 + OPTIMIZERS[rt.optim][1]
+    state_bytes = 8 + OPTIMIZERS[rt.optim].state_bytes
     return state_bytes * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
 
 

@@ -6,6 +6,7 @@ Every call here runs on a CPU too: inductor compiles for it, autocast takes bflo
 kernel (torch >= 2.4), the grad scaler works; so tests run the GPU's code path anywhere, only the device differing.
 """
 import atexit
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -39,17 +40,32 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 # graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
 # max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (bench.py
 # --compile_mode=default,max-autotune times them).
-# The optimizers train.py's --optim names, in one place: name -> (build, state): build takes model.param_groups'
-# groups (weight decay in them) and the run's lr, betas and eps, and uses what it needs; state is the bytes a parameter
-# of its state takes at least (the memory check's estimate). A new one is a row here and its name in train.py's `optim`.
-OPTIMIZERS = {
-    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
-    "adamw": (lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True), 8),
-    # a momentum on the groups param_groups(..., optim="muon") marks, AdamW's two moments on the rest (below)
-    "muon": (lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4),
-}
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
+
+# The optimizers train.py's --optim names, one row each: a new one is a row here, nothing else. build(groups, lr, betas,
+# eps) takes model.param_groups' groups (weight decay in them) and uses what it needs; state_bytes: the bytes of state a
+# parameter takes at least (the memory check's); width_lr: whether the width's lr rule (budget.lr_for_width, fitted for
+# AdamW) sets its rate when --lr is not given (else --lr is asked for); fits(state, param): whether a resumed
+# checkpoint's state tensor belongs to its parameter (files.optimizer_problem): by default the parameter's shape or a
+# factor of it (a dimension of 1: Adafactor's row and column statistics), or a scalar.
+def factored(state, param):
+    return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
+
+
+def same_shape(state, param):
+    return state.dim() == 0 or state.shape == param.shape
+
+
+Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))
+OPTIMIZERS = {
+    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
+    "adamw": Optimizer(lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
+                       8, True, same_shape),
+    # a momentum on the groups param_groups(..., optim="muon") marks, AdamW's two moments on the rest (below); its
+    # updates are scaled to AdamW's, so AdamW's rate rule serves it
+    "muon": Optimizer(lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4, True, same_shape),
+}
 
 # dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
 # work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
@@ -109,7 +125,7 @@ class Runtime:
 
     def optimizer(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
         """This run's optimizer (OPTIMIZERS[self.optim]) over `params`: model.param_groups' groups, weight decay in them."""
-        return OPTIMIZERS[self.optim][0](params, lr, betas, eps)
+        return OPTIMIZERS[self.optim].build(params, lr, betas, eps)
 
     def compile_model(self, model, fullgraph=True):
         """torch.compile when enabled. fullgraph=True makes a graph break an error instead of a silent slowdown (our
