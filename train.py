@@ -18,7 +18,7 @@ import sys
 import time
 from collections import namedtuple
 
-from configurator import configure  # first: it checks for the temporary folder that torch's import needs
+from configurator import configure, disallowed  # first: it checks for the temporary folder that torch's import needs
 import torch
 
 from cram import budget, data, memory, process, runtime
@@ -261,6 +261,10 @@ def setup_device(config, world, ddp, given):
     source = resume_from if os.path.dirname(resume_from) else os.path.join(out_dir, resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if resume else None
     carried, said = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
+    problem = disallowed(globals(), carried)  # checked as a command line's: a fork's optimizer, a newer cram's schedule
+    if problem:
+        raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
+                         f"it with the cram that wrote it")
     config.update(carried)
     globals().update({k: carried[k] for k in carried.keys() & globals().keys()})
     saved = checkpoint.get("config", {}) if checkpoint else {}
