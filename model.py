@@ -105,7 +105,7 @@ class ModelConfig:
     bias: bool = False         # biases in the linear layers
     norm_first: bool = True    # pre-LayerNorm (False: the original post-norm)
     glu: bool = True           # gated GELU feed-forward
-    learned_positions: bool = False  # False: scaled sinusoidal positions
+    position_scheme: str = "sinusoidal"  # {sinusoidal, learned}: scaled sinusoidal, or learned (the original BERT's)
     head_transform: bool = False  # the original BERT's dense + GELU + LayerNorm before the output layer
     norm_eps: float = 1e-12    # > 0
     dropout: float = 0.0       # [0, 1): the reference configures 0.1 but turns it off for pretraining
@@ -146,12 +146,12 @@ class ModelConfig:
         return self.vocab_size * self.d_model + matmuls
 
     def step_bytes(self, mask_rate, value_bytes, training=True, offload=False):
-        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and position, each
-        matmul's input and q, k, v for the backward (6 widths and the feed-forward's 1.5 in the autocast precision,
-        `value_bytes`) and the float32 residual; inference holds one layer's widest tensors at a time. Both hold the
-        float32 logits of the predicted positions (none at mask_rate 0: fine-tuning's classifier). Attention's
-        scores are left out (the fused kernels keep none). A narrowed layer (full_layers) keeps all that only at the
-        masked positions and its keys and values (2 widths) at the others. Off-load mode (cram/offload.py) keeps only
+        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and position, each matmul's
+        input and q, k, v for the backward (6 widths and the feed-forward's 1.5 in the autocast precision, `value_bytes`)
+        and the float32 residual; inference holds one layer's widest tensors at a time. Both hold the float32 logits of
+        the predicted positions (none at mask_rate 0: fine-tuning's classifier). Attention's scores are left out (the
+        fused kernels keep none: CrammedBert.attention_mask says for which masks). A narrowed layer (full_layers) keeps
+        all that only at the masked positions and its keys and values (2 widths) at the others. Off-load mode keeps only
         each block's input between blocks and recomputes one block at a time in the backward."""
         predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
         logits = predicted * self.vocab_size * 4
@@ -184,11 +184,17 @@ class ModelConfig:
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
 MISSING_FIELD_DEFAULTS = {"smear": False}  # missing from a checkpoint's model_args: the switch did not exist yet (off)
+# a field of older checkpoints' model_args that another replaced: its name -> the new fields its value means
+REPLACED_FIELDS = {"learned_positions": lambda learned: dict(position_scheme="learned" if learned else "sinusoidal")}
 
 
 def saved_model_args(model_args):
-    """A checkpoint's model_args completed: a switch added after it was saved is off, as it trained."""
-    return dataclasses.asdict(ModelConfig(**{**MISSING_FIELD_DEFAULTS, **model_args}))
+    """A checkpoint's model_args completed: a switch added after it was saved is off, as it trained; a field replaced
+    since is said in the new ones (REPLACED_FIELDS)."""
+    args = {**MISSING_FIELD_DEFAULTS, **model_args}
+    for old, new in REPLACED_FIELDS.items():
+        args.update(new(args.pop(old)) if old in args else {})
+    return dataclasses.asdict(ModelConfig(**args))
 
 
 # named shapes for the benchmarks: the reference crammed BERT and the CPU quickstart's
@@ -212,7 +218,7 @@ class CrammedBert(nn.Module):
         vocab_size, seq_len, d_model, norm_eps = c.vocab_size, c.seq_len, c.d_model, c.norm_eps
         self.sparse_prediction = c.sparse_prediction
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        if c.learned_positions:
+        if c.position_scheme == "learned":
             self.pos_emb = nn.Parameter(torch.zeros(seq_len, d_model))
         else:  # scaled sinusoidal: a fixed table times one learned scalar
             self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
@@ -228,6 +234,8 @@ class CrammedBert(nn.Module):
                      if c.head_transform else nn.Identity())
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if c.bias else None
         self.apply(self._init_weights)
+        if c.position_scheme == "learned":
+            nn.init.normal_(self.pos_emb, std=0.02)
         if c.smear:
             nn.init.zeros_(self.smear.weight)  # starts as the model without it
 
@@ -237,13 +245,11 @@ class CrammedBert(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-        if hasattr(module, "pos_emb"):
-            nn.init.normal_(module.pos_emb, std=0.02)
 
     def embed(self, idx, padding_mask=None, tokens=None):
         """What enters the first block (B, T, d): token (`tokens`: looked up already) + position embeddings, normalised."""
         T = idx.shape[1]
-        pos = self.pos_emb[:T] if hasattr(self, "pos_emb") else self.pos_scale * self.pos_table[:T]
+        pos = self.pos_emb[:T] if self.config.position_scheme == "learned" else self.pos_scale * self.pos_table[:T]
         x = self.tok_emb(idx) if tokens is None else tokens  # (B, T, d)
         if self.smear is not None:
             n = x if padding_mask is None else x * padding_mask.unsqueeze(-1)  # padding is no neighbour
@@ -261,15 +267,23 @@ class CrammedBert(nn.Module):
         not depend on which other positions are updated: pretraining updates only the masked ones, and fine-tuning,
         fill-in and the export run the same layers over every position and get the same values there."""
         x = self.embed(idx, padding_mask, tokens)
-        attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
-        full = self.config.full_layer_count()
+        attn_mask, full = self.attention_mask(idx.shape[1], padding_mask), self.config.full_layer_count()
         for block in self.blocks[:full]:
             x = block(x, attn_mask)
         context = x
         x = x if positions is None else at_positions(x, positions)  # (B, k, d) with positions
         for block in self.blocks[full:]:
-            x = block(x, attn_mask, context)
+            x = block(x, query_rows(attn_mask, positions), context)
         return self.final_norm(x)
+
+    def attention_mask(self, T, padding_mask=None):
+        """What every layer's attention takes as attn_mask over T positions, built once a forward (narrowed layers take
+        its rows at their queries, query_rows; off-load mode streams it): padding's (B, 1, 1, S), True at real keys, or
+        None. A position bias (ALiBi's) goes here, as a float mask. SDPA's fused kernels (flash on a CPU, memory-efficient
+        on a GPU), which keep no (B, H, T, S) scores as step_bytes assumes, take None, a 2-D (T, S) mask or a 4-D
+        (B or 1, H or 1, T or 1, S) one, boolean or float; a 3-D mask falls back to the math kernel, which keeps them
+        (1.7x a step's memory: test_model's cost test fails)."""
+        return None if padding_mask is None else padding_mask[:, None, None, :]
 
     def logits(self, hidden, weight=None):
         logits = self.head(hidden) @ (self.tok_emb.weight if weight is None else weight).t()  # tied output layer
@@ -345,6 +359,15 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
     random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
     replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id), torch.where(rule < 0.9, random_ids, labels))
     return idx.scatter(1, positions, replacement), positions, labels
+
+
+def query_rows(mask, positions):
+    """A 4-D attn_mask for queries at `positions` (B, k) alone, a narrowed layer's: its rows there, where it has a row
+    per query (a position bias); else the mask itself."""
+    if mask is None or positions is None or mask.shape[-2] == 1:
+        return mask
+    rows = positions[:, None, :, None].expand(-1, mask.shape[1], -1, mask.shape[-1])  # (B, H or 1, k, S)
+    return mask.expand(len(positions), -1, -1, -1).gather(2, rows)
 
 
 def at_positions(hidden, positions):

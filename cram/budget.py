@@ -12,7 +12,7 @@ import torch
 
 from . import runtime
 from .data import repeat_warning
-from model import ModelConfig
+from model import ModelConfig, saved_model_args
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -144,7 +144,8 @@ def resume_settings(checkpoint, config, given):
     data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
     if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
-    run = {k: v for k, v in saved.items() if k in config and k not in SESSION}
+    model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
+    run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in SESSION}
     given = {k for k in given & run.keys() if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
     asked = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))  # an extension scaled the ramp
     changed = sorted(k for k in given if config[k] != asked[k])

@@ -19,7 +19,7 @@ import torch
 
 from configurator import allowed, declarations
 from .runtime import OPTIMIZERS
-from model import MISSING_FIELD_DEFAULTS, CrammedBert, ModelConfig, param_groups, saved_model_args
+from model import REPLACED_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -442,7 +442,7 @@ def model_args_problem(args):
     """Unknown fields, values of the wrong type or outside a field's declared range (its comment in
     model.ModelConfig), or what ModelConfig refuses; None when ModelConfig takes them."""
     fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(args) - fields.keys())
+    unknown = sorted(set(args) - fields.keys() - REPLACED_FIELDS.keys())
     if unknown:
         return f"unknown model_args field(s) {', '.join(unknown)} (a newer cram's checkpoint?)"
     for kind, *declared in declarations({}, ModelConfig):
@@ -455,7 +455,7 @@ def model_args_problem(args):
         if rule and not rule[0](value):
             return f"model_args {name}={value!r}: {name} must be {rule[1]}"
     try:
-        ModelConfig(**{**MISSING_FIELD_DEFAULTS, **args})
+        saved_model_args(args)
     except (TypeError, ValueError) as e:
         return f"model_args: {e}"
     return None

@@ -18,8 +18,8 @@ import torch.nn as nn
 from model import Block, at_positions, param_groups
 
 
-STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's, as encode passes them: the
-# input, and what off-load's batches leave None (no padding, no narrowed layers)
+STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's that off-load judges: the input and the
+# model's attention_mask (a position bias too), streamed to every block; context, narrowed layers', is refused below
 
 
 def check_settings(world, config, optim, dtype):
@@ -31,8 +31,8 @@ def check_settings(world, config, optim, dtype):
                          "(--full_layers)")
     extra = [name for name in inspect.signature(Block.forward).parameters if name not in STREAMED_INPUTS]
     if extra:  # a fork's block that takes more (rotary tables, say) than the streamer gives it
-        raise SystemExit(f"error: --offload=True streams blocks given their input alone: model.py's Block.forward "
-                         f"also takes {', '.join(extra)}")
+        raise SystemExit(f"error: --offload=True streams blocks given their input and attention mask: model.py's "
+                         f"Block.forward also takes {', '.join(extra)}")
     if optim != "adamw":
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
     if dtype == torch.float16:
@@ -181,9 +181,9 @@ class BlockStreamer:
         self.resident[slot] = i
         return self.h2d.record_event()
 
-    def forward(self, h, inputs=None, rng=None):
-        """Run h through every block under no_grad; inputs and rng (lists), when given, collect each
-        block's input and the device RNG state it started from, for the recompute."""
+    def forward(self, h, inputs=None, rng=None, mask=None):
+        """Run h through every block under no_grad, each given `mask` (CrammedBert.attention_mask's); inputs and rng
+        (lists), when given, collect each block's input and the device RNG state it started from, for the recompute."""
         n = len(self.host)
         ready = self._fetch(0)
         for i in range(n):
@@ -193,14 +193,14 @@ class BlockStreamer:
                 inputs.append(h)
                 rng.append(device_generator(self.rt.device).get_state())
             with torch.no_grad(), self.rt.autocast():
-                h = self.templates[i % 2](h)  # (B, T, d)
+                h = self.templates[i % 2](h, mask)  # (B, T, d)
             self.slot_free[i % 2] = self.compute.record_event()
             # block i is queued on the device before the host waits for block i+1's update (after an
             # optimizer step), so the device computes while the host waits; the copy overlaps it
             ready = self._fetch(i + 1) if i + 1 < n else None
         return h
 
-    def backward(self, grad, inputs, rng, last):
+    def backward(self, grad, inputs, rng, last, mask=None):
         """Recompute each block from its saved input and RNG state, backward from grad (B, T, d), its weight gradients
         added to the host accumulators; returns the first block's input gradient and, when last, their squared norms."""
         n, pending, squares = len(self.host), None, [0.0] * len(self.host)
@@ -209,7 +209,7 @@ class BlockStreamer:
             upcoming = self._fetch(i - 1) if i > 0 else None
             if ready is not None:
                 self.compute.wait_event(ready)
-            grad, grads = self._recompute(i % 2, grad, inputs[i], rng[i])
+            grad, grads = self._recompute(i % 2, grad, inputs[i], rng[i], mask)
             sources = self._send_back(i % 2, grads)
             if pending is not None:  # the host adds block i+1's gradients while the device runs block i
                 squares[pending[0]] = self.host.accumulate(*pending, last)
@@ -218,13 +218,13 @@ class BlockStreamer:
         squares[pending[0]] = self.host.accumulate(*pending, last)
         return grad, squares
 
-    def _recompute(self, slot, grad, x, rng):
+    def _recompute(self, slot, grad, x, rng, mask):
         """The block in template `slot` rerun from its input x and its forward's RNG state (the same dropout masks),
         then its backward from grad; returns x's gradient and the template's weight gradients, taken off it."""
         device_generator(self.rt.device).set_state(rng)
         x = x.requires_grad_()
         with self.rt.autocast():
-            y = self.templates[slot](x)  # (B, T, d)
+            y = self.templates[slot](x, mask)  # (B, T, d)
         y.backward(grad)
         grads = [p.grad for p in self.templates[slot].parameters()]
         self.templates[slot].zero_grad(set_to_none=True)
@@ -254,9 +254,8 @@ class StreamedBlocks(nn.Module):
         super().__init__()
         self.streamer = streamer  # not a module: the templates hold no weights of the model's own
 
-    def forward(self, x, *inputs):
-        assert all(i is None for i in inputs), "off-load mode encodes unpadded MLM batches, all layers full"
-        return self.streamer.forward(x)
+    def forward(self, x, attn_mask=None, context=None):  # context: none, narrowed layers being refused
+        return self.streamer.forward(x, mask=attn_mask)
 
     def train(self, mode=True):
         for module in self.streamer.templates:
@@ -290,8 +289,10 @@ class OffloadTrainer:
     def _micro_step(self, inputs, positions, labels, accum_steps, last):
         with self.rt.autocast():
             x = self.stem.embed(inputs)  # (B, T, d), its graph kept for the stem's backward at the end
-        block_inputs, rng = [], []
-        top = self.streamer.forward(x.detach(), block_inputs, rng)
+        mask, block_inputs, rng = self.stem.attention_mask(inputs.shape[1]), [], []
+        if mask is not None and mask.requires_grad:  # its gradient would have to come back through every block
+            raise SystemExit("error: --offload=True streams a fixed attention mask to the blocks, not a learned one")
+        top = self.streamer.forward(x.detach(), block_inputs, rng, mask)
         rng_after = device_generator(self.rt.device).get_state()
         top.requires_grad_()
         with self.rt.autocast():
@@ -299,7 +300,7 @@ class OffloadTrainer:
             hidden = at_positions(hidden, positions) if self.stem.sparse_prediction else hidden
             loss, _ = self.stem.mlm_loss(hidden, inputs, positions, labels)
         (loss / accum_steps).backward()
-        grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last)
+        grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last, mask)
         x.backward(grad)
         device_generator(self.rt.device).set_state(rng_after)  # the recompute replayed the RNG: on from the forward
         return loss.detach(), squares

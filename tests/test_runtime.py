@@ -12,7 +12,7 @@ from cram.runtime import cpu_warning
 from model import CrammedBert, ModelConfig, Trainer, mask_tokens, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
-ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,
+ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, position_scheme="learned", head_transform=True,
                      sparse_prediction=False)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -101,3 +101,22 @@ def test_a_checkpoint_from_before_the_package_resumes_fine_tunes_and_exports(tmp
     assert "rte" in json.loads(out.read_text())["scores"]
     run_script("tools/export.py", f"--checkpoint={ckpt}", f"--out_dir={tmp_path / 'hf'}")
     assert {"config.json", "model.safetensors"} <= set(os.listdir(tmp_path / "hf"))
+
+
+def test_a_checkpoint_of_learned_positions_from_before_the_position_scheme_resumes_and_exports(prepared, tmp_path):
+    """Before position_scheme, model_args and config said learned_positions=True (the original BERT's positions):
+    such a checkpoint resumes with its own positions, saves them under the new name, and exports."""
+    from conftest import TINY_MODEL
+    args = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--fill_in_examples=0"]
+    run_script(*args, "--position_scheme=learned", "--max_steps=2")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    for fields in (ckpt["model_args"], ckpt["config"]):  # as the version before wrote them
+        del fields["position_scheme"]
+        fields["learned_positions"] = True
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    run_script(*args, "--resume=True", "--max_steps=4")
+    after = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert after["step"] == 4 and after["model_args"]["position_scheme"] == "learned" and "pos_emb" in after["model"]
+    assert after["model_args"] == saved_model_args(ckpt["model_args"])
+    run_script("tools/export.py", f"--checkpoint={tmp_path / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf'}")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["position_scheme"] == "learned"
