@@ -174,12 +174,13 @@ def main(config, given):
     check_settings(world, config, rt)  # with the shape and batch settled
     model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before any probe
-    micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
-                                                              mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
+    cap = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
+                                    mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
+    micro, unit = data.split_unit(world, cap, config["batch_size"], config["batch_ramp_start"], config["batch_ramp"])
+    config["micro_batch"] = micro  # what runs: the fewest micro-batches of at most `cap` (and of `unit` for the rest)
     opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
     globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
-    unit = data.split_unit(world, micro, batch_size, batch_ramp_start, batch_ramp)  # the size of the smaller micro-batches (data.split_unit)
     metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
@@ -200,8 +201,7 @@ def main(config, given):
     stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
-    # the clock (`seconds`) runs from the top of an iteration to the end of its step: logging, evaluation, saving free.
-    # Then: the speed's window, steps diverged in a row and skipped, the repeats warned of, the last step's seconds
+    # the clock (`seconds`) runs from an iteration's top to its step's end: logging, evaluation and saving are free
     last_eval = last_ckpt = seconds
     window, in_a_row, skipped, warned, last_took = (seconds, tokens), 0, 0, budget_tokens > 0, float("inf")
     while True:

@@ -11,6 +11,7 @@ import functools
 import gzip
 import hashlib
 import lzma
+import math
 import os
 import re
 
@@ -134,17 +135,24 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 def split_unit(world, micro, final, start, ramp):
-    """The size of a process's smaller micro-batches: it divides each one's share of every batch the schedule gives (final;
-    ramping, multiples of start), so at any world the shares add up to it (`micro` a cap); else one line says why."""
+    """(a process's micro-batch, the size of its smaller ones) for every batch the schedule gives (final; ramping,
+    multiples of start), or one line why it cannot be split evenly over `world` processes: the fewest micro-batches of
+    at most `micro` (a cap) that two sizes for the whole run allow (torch.compile builds a graph for each): the cap or the
+    final share if smaller, and what every share leaves over in those (its gcd: a final share's rest is one micro-batch)."""
     for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
         if batch % world:
             raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
                              f"of processes that divides {np.gcd(final, start)}, or a new run with a multiple of {world}")
-    return int(np.gcd.reduce([micro, final // world, start // world]))
+    share, step = final // world, start // world
+    micro = min(micro, share)
+    left = step % micro  # the ramp's k x step leave k x left over, once past micro all of gcd(left, micro)'s multiples
+    ramp = 0 if not left else left if (share - 1) // step * left < micro else math.gcd(left, micro)
+    return micro, math.gcd(ramp, share % micro) or micro
 
 
 def micro_batch_sizes(batch, world, micro, unit):
-    """A process's micro-batches of a global `batch`: of its share, as many of `micro` as fit, the rest in `unit`s."""
+    """A process's micro-batches of a global `batch` (split_unit's micro and unit): as many of `micro` as fit, the rest
+    in `unit`s."""
     return [micro] * (batch // world // micro) + [unit] * (batch // world % micro // unit)
 
 

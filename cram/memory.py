@@ -128,10 +128,11 @@ def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, off
 
 def choose_micro_batch(micro_batch, batch_size, model_args, rt, *, world, mask_rate, offload, log):
     """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under torchrun the smallest
-    over the ranks) and divides the batch; on a CPU and in off-load mode 32 or less. Either is checked first against the
-    memory it surely needs (check_memory; before the probe, with one sequence: the model itself)."""
+    over the ranks); on a CPU and in off-load mode 32, or a process's share of the batch if smaller. A cap, that
+    data.split_unit splits every batch by; checked first against the memory it surely needs (check_memory; before the
+    probe, with one sequence: the model itself)."""
     probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
-    chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
+    chosen = micro_batch or (1 if probe else min(32, batch_size // world))
     name = f"--micro_batch={chosen}" if micro_batch else \
         f"a micro-batch of {chosen} (micro_batch=0 {'in off-load mode' if offload else 'on a CPU'})"
     check_memory(ModelConfig(**model_args), rt, mask_rate, (chosen, name), (batch_size // world, f"--batch_size={batch_size}"),
@@ -143,8 +144,6 @@ def choose_micro_batch(micro_batch, batch_size, model_args, rt, *, world, mask_r
         t = torch.tensor([chosen], device=rt.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         chosen = int(t.item())
-    while batch_size % (chosen * world):
-        chosen //= 2
     peaks = ", ".join(f"{s}: {b / 2 ** 30:.1f}" if b else f"{s}: out of memory" for s, b in tried.items())
     log(f"micro_batch=0: chose {chosen}, the largest power of two within 90% of the GPU's free memory "
         f"(peak GiB by size: {peaks})")
