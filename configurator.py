@@ -153,23 +153,16 @@ def declared(lines, pattern, known):
             yield "more", line.strip().lstrip("# ")
 
 
-def script_block(namespace):
-    """The lines between the script's two SETTINGS_RULE lines."""
-    if "__file__" not in namespace:
-        return []
-    source = Path(namespace["__file__"]).read_text(encoding="utf-8").splitlines()
-    rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
-    return source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []
-
-
 def dataclass_settings(cls, skip=()):
     """The fields of a settings dataclass (model.ModelConfig) as {name: default}, less `skip`."""
     return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in skip} if cls else {}
 
 
 def declarations(namespace, cls=None, skip=()):
-    """Every declaration of the script's settings, then of cls's fields (see `declared`)."""
-    yield from declared(script_block(namespace), SCRIPT_SETTING, config_keys(namespace))
+    """Every declaration of the script's settings (between its two SETTINGS_RULE lines), then of cls's fields (`declared`)."""
+    source = Path(namespace["__file__"]).read_text(encoding="utf-8").splitlines() if "__file__" in namespace else []
+    rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
+    yield from declared(source[rules[0] + 1:rules[1]] if len(rules) >= 2 else [], SCRIPT_SETTING, config_keys(namespace))
     if cls:
         yield "section", f"{cls.__name__} ({inspect.getsourcefile(cls).rsplit(os.sep, 1)[-1]}): the model, settings here too"
         yield from (d for d in declared(inspect.getsource(cls).splitlines(), FIELD, dataclass_settings(cls, skip))

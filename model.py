@@ -459,13 +459,8 @@ class ClassificationHead(nn.Module):
 
     def forward(self, states, padding_mask=None):
         """states (B, T, d); padding_mask (B, T) True at real tokens -> (B, num_labels)."""
-        if self.pooling == "first":
-            pooled = states[:, 0]
-        elif padding_mask is None:
-            pooled = states.mean(1)
-        else:
-            real = padding_mask[..., None].to(states.dtype)  # (B, T, 1)
-            pooled = (states * real).sum(1) / real.sum(1)
+        real = torch.ones_like(states[..., :1]) if padding_mask is None else padding_mask[..., None].to(states.dtype)
+        pooled = states[:, 0] if self.pooling == "first" else (states * real).sum(1) / real.sum(1)  # real: (B, T, 1)
         return self.classifier(self.drop(torch.tanh(self.pooler(pooled))))
 
 

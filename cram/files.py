@@ -365,8 +365,7 @@ def load_checkpoint(path, use="weights"):
     try:
         with warnings.catch_warnings():  # torch warns about a pickle protocol before refusing it: the error says it
             warnings.simplefilter("ignore")
-            # weights_only: tensors and plain containers only, so a file can never run code on loading
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain values: never code
     except Exception as e:
         raise SystemExit(denied(path) or f"error: {path} {refusal(e)}")
     problem = checkpoint_problem(checkpoint, path)
@@ -532,9 +531,9 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, 
 
 def data_difference(trained_on, meta):
     """How the token files `meta` describes (data.load_run_data's) differ from those a checkpoint's meta (`trained_on`)
-    describes, or '': each split by its digest; a checkpoint without digests (an older cram's) by what it has."""
+    describes, or '': each split by its digest; a checkpoint without digests (an older cram's) by its sequences' counts."""
     if not isinstance(trained_on.get("digests"), dict):
-        return ", ".join(k for k in ("fingerprint", "train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
+        return ", ".join(k for k in ("train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
     said = [f"{name} rows: " + (f"{trained_on[k]:,} sequences, now {meta[k]:,}" if trained_on[k] != meta[k] else
                                 f"other ones or in another order, {meta[k]:,} as before")
             for split, name, k in (("train", "training", "train_sequences"), ("val", "validation", "val_sequences"))

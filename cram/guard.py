@@ -52,11 +52,10 @@ class Saves:
     def save_if_sound(self, ev, state, mask_rate, at_end=False):
         """`state` (train.checkpoint_state) saved if its weights are finite and their loss on a validation micro-batch has
         not diverged: the checkpoint a divergence stop names is one a lower rate recovers from; else said (at_end: an error)."""
-        if all_finite(state["model"]):
-            loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, mask_rate)[0]
-            refused = f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
-        else:
-            refused = "non-finite weights"
+        loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, mask_rate)[0] \
+            if all_finite(state["model"]) else None
+        refused = "non-finite weights" if loss is None else \
+            f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
         if not refused:
             save_in_series(self.path, state, self.keep, None if self.branched else self.last)
             self.last, self.last_path, self.branched = state["step"], self.path, False

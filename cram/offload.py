@@ -163,9 +163,6 @@ class BlockStreamer:
         """The masters changed (an update, a loaded checkpoint): no template holds current weights."""
         self.resident = [None, None]
 
-    def _stream(self, stream):
-        return torch.cuda.stream(stream) if self.cuda else nullcontext()
-
     @torch.no_grad()
     def _fetch(self, i):
         """Start copying block i's weights into template i % 2 on the side stream; returns the event
@@ -175,7 +172,7 @@ class BlockStreamer:
         if self.resident[slot] == i:
             return None
         self.h2d.wait_event(self.slot_free[slot])  # the compute that last read this template is done
-        with self._stream(self.h2d):
+        with torch.cuda.stream(self.h2d) if self.cuda else nullcontext():
             for p, src in zip(self.templates[slot].parameters(), self.host.send[i]):
                 p.copy_(src, non_blocking=True)
         self.resident[slot] = i
@@ -238,7 +235,7 @@ class BlockStreamer:
         if not self.cuda:
             return grads
         self.d2h.wait_event(done)
-        with self._stream(self.d2h):
+        with torch.cuda.stream(self.d2h):
             for s, g in zip(self.staging[slot], grads):
                 s.copy_(g, non_blocking=True)
                 g.record_stream(self.d2h)  # keep the allocator off g until the copy is done
