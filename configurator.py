@@ -1,11 +1,6 @@
-"""nanoGPT-style configuration: each script keeps its settings as module globals at the top,
-and this module overrides them from config files and `--key=value` arguments, in order.
-
-    python train.py config/train_quickstart.py --budget_hours=0.1
-
-A config file is Python that assigns some of the globals. Unknown keys and values of the
-wrong type are errors (a typo must never be silently ignored). A setting's comment may start
-with the values it allows, checked before any work starts:
+"""nanoGPT-style configuration: a script's settings are module globals at the top, overridden by config files (Python
+that assigns some) and `--key=value` arguments, in order: `python train.py config/train_quickstart.py --lr=1e-3`.
+Unknown keys and values of the wrong type are errors. A setting's comment may start with the values it allows:
 
     lr = 1e-3            # > 0: peak learning rate          (also >= x)
     mask_rate = 0.25     # (0, 1): share of tokens to predict  (intervals: [ ] closed, ( ) open, inf)
@@ -36,14 +31,12 @@ ALLOWED = re.compile(rf"(?:(>=?) ?({NUMBER})|([\[(])({NUMBER}), ?({NUMBER})([\])
 
 
 def config_keys(namespace):
-    """The overridable settings of a script: its public lower-case globals of plain types
-    (UPPER_CASE names are constants)."""
+    """A script's settings: its public lower-case globals of plain types (UPPER_CASE names are constants)."""
     return {k: v for k, v in namespace.items() if not k.startswith("_") and not k.isupper() and type(v) in CONFIG_TYPES}
 
 
 def shown(value, limit=60):
-    """A value as an error line quotes it: as text, cut to `limit` characters with its length said
-    (a setting of any size is still a one-line error)."""
+    """A value as an error line quotes it: as text, cut to `limit` characters with its length said."""
     text = printable(str(value))
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
@@ -77,8 +70,7 @@ def _parse(key, raw, expected):
 
 
 def read_config_file(path):
-    """The settings a config file assigns (names starting with _ and imports left out); an error in
-    the file is one line naming the file and the line."""
+    """The settings a config file assigns (not _names or imports); an error is one line naming the file's line."""
     try:
         source = Path(path).read_text(encoding="utf-8")
     except PermissionError:  # another user's file, or in a folder of theirs
@@ -113,8 +105,7 @@ def unusable(value, default, comment):
 
 
 def number(text):
-    """A bound as written: an integer exactly (Python compares an int with an int or a float exactly,
-    while float('18446744073709551615') is 2**64), else a float."""
+    """A bound as written: an integer exactly (float('18446744073709551615') is 2**64), else a float."""
     return int(text) if re.fullmatch(r"-?\d[\d_]*", text) else float(text)
 
 
@@ -140,9 +131,8 @@ def allowed(comment, namespace=None):
 
 
 def declared(lines, pattern, known):
-    """The settings block of a source: ('setting', key, comment) for each setting of `known` that
-    a line of `lines` declares (pattern: its regex, groups key and comment), ('section', text) and
-    ('more', text) for section comments and continued comments."""
+    """('setting', key, comment) for each setting of `known` a line declares (`pattern`'s groups: key, comment), and
+    ('section', text) and ('more', text) for section comments and continued comments."""
     for line in lines:
         match = re.match(pattern, line)
         if match and match.group(1) in known:
@@ -170,8 +160,7 @@ def declarations(namespace, cls=None, skip=()):
 
 
 def settings_help(namespace, known, cls=None, skip=()):
-    """The script's docstring, then its settings as the script's top lists them: each as
-    --key=default with its comment, with the section comments; then the fields of `cls`."""
+    """The script's docstring, then its settings as its top lists them (--key=default, comments), then `cls`'s."""
     lines = [(namespace.get("__doc__") or "").strip(), "", "settings (config files and --key=value override them, in order):"]
     for kind, *rest in declarations(namespace, cls, skip):
         if kind == "setting":
@@ -187,11 +176,8 @@ def settings_help(namespace, known, cls=None, skip=()):
 
 
 def configure(namespace, argv, cls=None, skip=(), given=None):
-    """Apply config files and --key=value overrides from argv to namespace (a script's globals()), then check every
-    value against what its comment allows. Returns every setting as a dict: the script's globals, and the fields of
-    `cls` (a settings dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
-    defaults in the dataclass and live only in the dict; `given` (a set), if passed, gets the keys a config file or
-    argument set. --help or -h prints them and exits."""
+    """argv's config files and --key=value overrides applied to namespace (a script's globals()), each checked; returns
+    them and `cls`'s fields (less `skip`: only in the dict) as a dict; `given` gets the keys set; --help prints them."""
     known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, set() if given is None else given
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))

@@ -1,12 +1,9 @@
-"""Off-load mode (train.py --offload=True): train an encoder whose training state is larger than the GPU. The
-blocks' float32 masters, AdamW moments and float32 gradient accumulators live in host memory; the device holds the
-stem (embeddings, final norm, MLM head, with a normal AdamW) and two template blocks that each block's weights
-stream through: forward block by block keeping only each block's input, backward by recomputing each block with its
-forward's RNG state. float32 trains exactly as normal mode does; checkpoints interchange with it. docs/offload.md
-has the mechanism, its precision and its arithmetic. On a CPU the streams are HostStream, which does nothing, so the
-same code runs (and is tested) there. The parts, one job each: HostBlocks (the host side), BlockStreamer (the
-device side), StreamedBlocks (the blocks' place in the model) and OffloadTrainer, which composes them with the stem.
-"""
+"""Off-load mode (train.py --offload=True): an encoder whose training state is larger than the GPU. The blocks' float32
+masters, AdamW moments and gradient accumulators live in host memory; the device holds the stem (embeddings, final
+norm, MLM head) and two template blocks each block's weights stream through, forward keeping each block's input,
+backward recomputing it with its forward's RNG state: float32 trains as normal mode does (docs/offload.md). On a CPU
+the streams are HostStream, doing nothing. The parts: HostBlocks, BlockStreamer (the device side), StreamedBlocks (the
+blocks' place in the model) and OffloadTrainer, which composes them with the stem."""
 import inspect
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -69,10 +66,9 @@ class HostStream:
 
 
 class HostBlocks:
-    """The host side: per block i, masters[i] (its float32 parameters, whose .grad are the float32 gradient
-    accumulators), send[i] (what crosses the bus: pinned copies in the wire dtype, or under float32 the masters
-    themselves), optimizers[i] (a fused CPU AdamW over the same groups and hyperparameters as model.param_groups)
-    and updates[i] (its step in flight, or None). One updater thread steps the blocks in forward order."""
+    """The host side, per block i: masters[i] (its float32 parameters; their .grad the accumulators), send[i] (what
+    crosses the bus: pinned copies in the wire dtype, or the masters), optimizers[i] (a fused CPU AdamW over
+    param_groups') and updates[i] (its step in flight, or None). One updater thread steps them in forward order."""
 
     def __init__(self, blocks, rt, lr, betas, eps, weight_decay):
         self.blocks = blocks  # the nn.ModuleList the masters belong to (checkpoints load into it)
@@ -100,17 +96,15 @@ class HostBlocks:
             torch._foreach_copy_(self.send[i], self.masters[i])
 
     def accumulate(self, i, grads, landed, last):
-        """Add block i's gradients to its accumulators once `landed` (the event of their copy to the
-        host) has passed. When last (the step's last micro-step) the accumulators are final: returns
-        their squared norm, block i's share of the global norm; else 0.0."""
+        """Add block i's gradients to its accumulators once `landed` (their copy's event) has passed; returns, when last
+        (the step's last micro-step), their squared norm (block i's share of the global one), else 0.0."""
         landed.synchronize()
         accumulators = [p.grad for p in self.masters[i]]
         torch._foreach_add_(accumulators, grads)
         return torch.stack(torch._foreach_norm(accumulators)).square().sum().item() if last else 0.0
 
     def start_updates(self, lr, scale):
-        """Queue every block's update on the updater thread, in forward order; the next forward waits
-        (wait(i)) only for the block it is about to send."""
+        """Queue every block's update in forward order; the next forward waits (wait(i)) for the block it sends."""
         self.updates = [self.updater.submit(self._update, i, lr, scale) for i in range(len(self))]
 
     @torch.no_grad()
@@ -132,10 +126,8 @@ class HostBlocks:
 
 
 class BlockStreamer:
-    """The device side: runs the blocks of `host` (a HostBlocks) through two device templates, Blocks of the model's
-    `config`, block i in template i % 2, matrices in the autocast dtype. Three streams: compute (the current one), h2d
-    (weights in), d2h (gradients out); resident[s] is the block whose current weights template s holds, slot_free[s] the
-    event of the last compute that read it. Gradients go out through pinned staging buffers, one set per template."""
+    """The device side: `host`'s block i runs in template i % 2 (Blocks of `config`); streams compute, h2d and d2h (through
+    pinned staging); resident[s]: the block template s holds, slot_free[s]: the last compute that read it."""
 
     def __init__(self, host, config, rt):
         self.host, self.rt, self.cuda = host, rt, rt.device.type == "cuda"
@@ -165,8 +157,7 @@ class BlockStreamer:
 
     @torch.no_grad()
     def _fetch(self, i):
-        """Start copying block i's weights into template i % 2 on the side stream; returns the event
-        the compute stream waits on (None when they are already there)."""
+        """Start copying block i's weights into template i % 2; returns the event to wait on (None: already there)."""
         self.host.wait(i)  # its masters and transfer copy are being updated
         slot = i % 2
         if self.resident[slot] == i:
@@ -192,14 +183,13 @@ class BlockStreamer:
             with torch.no_grad(), self.rt.autocast():
                 h = self.templates[i % 2](h, mask)  # (B, T, d)
             self.slot_free[i % 2] = self.compute.record_event()
-            # block i is queued on the device before the host waits for block i+1's update (after an
-            # optimizer step), so the device computes while the host waits; the copy overlaps it
+            # block i queued before the host waits for block i+1's update: the device computes meanwhile
             ready = self._fetch(i + 1) if i + 1 < n else None
         return h
 
     def backward(self, grad, inputs, rng, last, mask=None):
-        """Recompute each block from its saved input and RNG state, backward from grad (B, T, d), its weight gradients
-        added to the host accumulators; returns the first block's input gradient and, when last, their squared norms."""
+        """Each block recomputed and run backward from grad (B, T, d), its gradients added to the host's; returns the
+        first block's input gradient and, when last, their squared norms."""
         n, pending, squares = len(self.host), None, [0.0] * len(self.host)
         ready = self._fetch(n - 1)
         for i in reversed(range(n)):
@@ -216,8 +206,8 @@ class BlockStreamer:
         return grad, squares
 
     def _recompute(self, slot, grad, x, rng, mask):
-        """The block in template `slot` rerun from its input x and its forward's RNG state (the same dropout masks),
-        then its backward from grad; returns x's gradient and the template's weight gradients, taken off it."""
+        """The block in `slot` rerun from x with its forward's RNG state (the same dropout), then backward from grad:
+        (x's gradient, the template's weight gradients, taken off it)."""
         device_generator(self.rt.device).set_state(rng)
         x = x.requires_grad_()
         with self.rt.autocast():
@@ -228,8 +218,8 @@ class BlockStreamer:
         return x.grad, grads
 
     def _send_back(self, slot, grads):
-        """Mark template `slot` free once its backward is done and, on a GPU, start copying its
-        gradients into the slot's staging buffers on the d2h stream; returns what the host adds."""
+        """Template `slot` marked free after its backward, its gradients copied out (a GPU's: to the slot's staging
+        buffers on d2h); returns what the host adds."""
         done = self.compute.record_event()
         self.slot_free[slot] = done
         if not self.cuda:
@@ -243,9 +233,8 @@ class BlockStreamer:
 
 
 class StreamedBlocks(nn.Module):
-    """The model's blocks in off-load mode: one module in their place that streams them all, under
-    no_grad, so that model.encode, forward and logits serve evaluation and fill-in unchanged
-    (training runs OffloadTrainer.step, which recomputes the blocks for their gradients)."""
+    """The blocks' place in the model: streams them all under no_grad, so encode, forward and logits serve evaluation
+    and fill-in unchanged (training's OffloadTrainer.step recomputes them for their gradients)."""
 
     def __init__(self, streamer):
         super().__init__()
@@ -261,9 +250,8 @@ class StreamedBlocks(nn.Module):
 
 
 class OffloadTrainer:
-    """train.py's trainer for off-load mode: model.Trainer's step, state_dict and load_state_dict (normal mode's
-    checkpoint format). Takes ownership of `model` (a CrammedBert on the host): its blocks become a HostBlocks' masters,
-    the stem moves to the device, and `self.model` is the stem with StreamedBlocks in their place (evaluation's)."""
+    """model.Trainer's methods (normal mode's checkpoint format) for off-load mode, owning `model` (on the host): its
+    blocks become HostBlocks' masters, the stem moves to the device; `self.model`: the stem with StreamedBlocks."""
 
     def __init__(self, model, rt, lr, betas, eps, weight_decay):
         self.rt, self.scaler = rt, rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
@@ -303,8 +291,7 @@ class OffloadTrainer:
         return loss.detach(), squares
 
     def step(self, micro_batches, lr, clip, accept=None):
-        """model.Trainer.step's contract (the mean loss, whether the update was applied); the stem steps here, the
-        blocks' updates are queued on the host's updater thread."""
+        """model.Trainer.step's contract; the stem steps here, the blocks' updates are queued on the updater thread."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, batch in enumerate(micro_batches):
             parts = rows / len(batch[0])  # 1 / its share of the step's sequences, as model.Trainer.step
@@ -336,8 +323,7 @@ class OffloadTrainer:
                 for index, name in enumerate(adamw_order(module))}
 
     def state_dict(self):
-        """{'model': the plain CrammedBert state_dict, 'optimizer': torch.optim.AdamW's state_dict
-        over param_groups(model), 'scaler': the (disabled) grad scaler's}."""
+        """Normal mode's: the CrammedBert's, AdamW's over param_groups(model) and the (disabled) scaler's."""
         self.synchronize()
         tensors = {**self.stem.state_dict(), **{f"blocks.{k}": v for k, v in self.host.blocks.state_dict().items()}}
         states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.host.optimizers]}
