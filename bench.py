@@ -4,19 +4,10 @@
     python bench.py --shape=reference --micro_batch=256 --sweep=False
     python bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
 
-Times train.py's own step (masking on the device, sparse prediction, autocast, torch.compile, fused AdamW, all set up
-by cram/runtime.py as in training) after warm-up, with the device synchronised, for:
-  crammed        our model with train.py's recipe (model.py's ModelConfig defaults: the paper's
-                 crammed model plus smear, 1% of the reference shape's FLOPs), compiled and eager,
-  original BERT  our model switched to the original recipe (config/bert_original.py),
-  HF BERT        transformers' BertForMaskedLM of the same shape (SDPA attention), if installed;
-then reports the ratios, the share of the device's own matmul speed the step reaches (the matmul shapes of the model
-timed alone in the same run: the practical ceiling), the cost of data loading and masking, and tokens/s per micro-batch
-size up to the largest that fits (train.py's micro_batch=0 search). --profile=True adds the crammed step's costliest
-kernels and its time a micro-batch by kernel kind (fused element-wise, attention, matmuls, optimizer, the rest).
-
-Off-load mode has its own benchmark: tools/bench_offload.py; data preparation too: tools/bench_prepare.py.
-"""
+Times train.py's step (set up as in training) after warm-up for train.py's recipe (crammed, compiled and eager), the
+original BERT's (config/bert_original.py) and transformers' BertForMaskedLM of the same shape, if installed; then the
+ratios, the share of the device's matmul speed at the model's shapes, data loading's cost and tokens/s per micro-batch
+up to the largest that fits. Off-load mode and data preparation: tools/bench_offload.py, tools/bench_prepare.py."""
 import dataclasses
 import functools
 import gc
@@ -37,8 +28,7 @@ from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # -----------------------------------------------------------------------------
-shape = "auto"          # {auto, reference, small, cpu}: 16x768 with 32768 tokens, 4x256 with 8192, config/train_cpu.py's
-                        # model with 32768; auto: reference on a GPU, small on a CPU
+shape = "auto"          # {auto, reference, small, cpu}: model.SHAPES' or train_cpu.py's; auto: reference on a GPU
 micro_batch = 0         # >= 0: if 0, 128 on a GPU and 32 on a CPU
 accum_steps = 4         # >= 1: micro-batches per optimizer step (training accumulates many)
 steps = 0               # >= 0: timed optimizer steps (0: 10 on a GPU, 3 on a CPU)
@@ -52,20 +42,16 @@ device = "auto"
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py
 compile = True          # as train.py; the crammed row is also timed eager, for the comparison (unless eager=False)
 eager = True            # with compile: also time the crammed row eager
-compile_mode = "default"  # torch.compile's mode (train.py's), or several, comma-separated: the crammed row is timed
-                          # in each (warm-up = compilation + autotuning), the baselines in the first
-profile = False         # print the crammed step's 20 costliest kernels and its time by kind of kernel (torch.profiler
-                        # over the timed steps)
+compile_mode = "default"  # torch.compile's mode, or several (a,b): the crammed row timed in each, the baselines in one
+profile = False         # print the crammed step's 20 costliest kernels and its time by kind of kernel (torch.profiler)
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
 CONFIG_DIR = os.path.join(ROOT, "config")
 ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
 CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
-# the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (cpp_fused_* on a CPU, where
-# main has it record them, triton_* on a GPU; triton_tem_* are its matmul templates), then attention before matmuls
-# (some attention kernels are built from CUTLASS's; cuDNN's are named *sdpa*; batched products are only attention's,
-# model.attend's on a CPU in bfloat16); what matches none is "the rest".
+# the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (triton_tem_*: its matmuls),
+# then attention before matmuls (some are CUTLASS's; batched products are only model.attend's); the rest.
 KERNEL_KINDS = [("fused element-wise", r"cpp_fused|triton_(poi|red|per)"),
                 ("attention", r"attention|flash|fmha|sdpa|aten::(bmm|baddbmm)$"),
                 ("matmuls", r"aten::(mm|addmm)$|gemm|nvjet|xmma|cutlass|triton_tem"),
@@ -73,8 +59,7 @@ KERNEL_KINDS = [("fused element-wise", r"cpp_fused|triton_(poi|red|per)"),
 
 
 def shape_dims(name):
-    """The model's size fields for a named shape: model.SHAPES', or 'cpu': config/train_cpu.py's
-    model (read from the file, so the benchmark follows the recipe) on its 32768-token vocabulary."""
+    """A named shape's size fields: model.SHAPES', or 'cpu': config/train_cpu.py's (read: it follows the recipe)."""
     if name != "cpu":
         return SHAPES[name]
     recipe = read_config_file(os.path.join(CONFIG_DIR, "train_cpu.py"))
@@ -82,8 +67,7 @@ def shape_dims(name):
 
 
 class HFMaskedLM(torch.nn.Module):
-    """transformers' BertForMaskedLM behind our forward(inputs, positions, labels) signature.
-    Dense prediction (its loss ignores the unmasked positions), dropout 0.1 as published."""
+    """transformers' BertForMaskedLM behind our forward(inputs, positions, labels): dense prediction, dropout 0.1."""
 
     def __init__(self, vocab_size, n_layers, d_model, n_heads, d_ffn):
         super().__init__()
@@ -110,8 +94,7 @@ def narrowed_after(text, n_layers):
 
 
 def recipes(dims, narrowed):
-    """name -> (model builder, mask rate, FLOPs per token), all of one shape; `narrowed`: the numbers of
-    full layers to time the crammed model narrowed after (--full_layers)."""
+    """name -> (model builder, mask rate, FLOPs per token) of one shape, crammed ones `narrowed` too (--full_layers)."""
     bert_args = {k: v for k, v in ORIGINAL_BERT.items() if k in ModelConfig.__dataclass_fields__}
     ours = dict(seq_len=seq_len, **dims)
     flops_bert = ModelConfig(**ours, **bert_args).flops_per_token(ORIGINAL_BERT["mask_rate"])
@@ -168,8 +151,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
 
 
 def time_by_kind(events, device_type, micro_batches):
-    """A profile's self time summed by KERNEL_KINDS, per micro-batch: on a GPU its kernels' time, on a
-    CPU its ops' (whose self times add up to the step's)."""
+    """A profile's self time by KERNEL_KINDS per micro-batch: a GPU's kernels', a CPU's ops' (adding up to the step)."""
     on_device = device_type != "cpu"
     totals = dict.fromkeys([kind for kind, _ in KERNEL_KINDS] + ["the rest"], 0.0)
     for e in events:
@@ -182,9 +164,8 @@ def time_by_kind(events, device_type, micro_batches):
 
 
 def matmul_flops_per_s(dims, micro, rt):
-    """The device's own matmul speed at the model's shapes, in the run's precision: the blocks' four products for
-    micro x seq_len tokens and the output layer for the predicted share of them (MASK_RATE), each timed alone (the
-    fastest of 3 rounds, as a ceiling should be) and weighted by how often a step does it."""
+    """The device's matmul speed at the model's shapes and precision: the blocks' four products and the output layer's
+    (at MASK_RATE), each timed alone (the fastest of 3 rounds) and weighted by how often a step does it."""
     n_tokens, d, ffn = micro * seq_len, dims["d_model"], dims["d_ffn"]
     shapes = [(n_tokens, k, n, dims["n_layers"]) for k, n in ((d, 3 * d), (d, d), (d, ffn), (ffn // 2, d))]
     shapes.append((round(MASK_RATE * n_tokens), d, dims["vocab_size"], 1))  # (m, k, n, how often a step does it)

@@ -1,15 +1,10 @@
-"""nanoGPT-style configuration: each script keeps its settings as module globals at the top,
-and this module overrides them from config files and `--key=value` arguments, in order.
-
-    python train.py config/train_quickstart.py --budget_hours=0.1
-
-A config file is Python that assigns some of the globals. Unknown keys and values of the
-wrong type are errors (a typo must never be silently ignored). A setting's comment may start
-with the values it allows, checked before any work starts:
+"""nanoGPT-style configuration: a script's settings are module globals at the top, overridden by config files (Python
+that assigns some) and `--key=value` arguments, in order: `python train.py config/train_quickstart.py --lr=1e-3`.
+Unknown keys and values of the wrong type are errors. A setting's comment may start with the values it allows:
 
     lr = 1e-3            # > 0: peak learning rate          (also >= x)
     mask_rate = 0.25     # (0, 1): share of tokens to predict  (intervals: [ ] closed, ( ) open, inf)
-    optim = "adamw"      # {adamw, muon}: the optimizer
+    optim = "adamw"      # {adamw, muon}: the optimizer         (names; {runtime.OPTIMIZERS}: a table's keys)
 """
 import ast
 import contextlib
@@ -38,14 +33,12 @@ ALLOWED = re.compile(rf"(?:(>=?) ?({NUMBER})|([\[(])({NUMBER}), ?({NUMBER})([\])
 
 
 def config_keys(namespace):
-    """The overridable settings of a script: its public lower-case globals of plain types
-    (UPPER_CASE names are constants)."""
+    """A script's settings: its public lower-case globals of plain types (UPPER_CASE names are constants)."""
     return {k: v for k, v in namespace.items() if not k.startswith("_") and not k.isupper() and type(v) in CONFIG_TYPES}
 
 
 def shown(value, limit=60):
-    """A value as an error line quotes it: as text, cut to `limit` characters with its length said
-    (a setting of any size is still a one-line error)."""
+    """A value as an error line quotes it: as text, cut to `limit` characters with its length said."""
     text = printable(str(value))
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
@@ -79,8 +72,7 @@ def _parse(key, raw, expected):
 
 
 def read_config_file(path):
-    """The settings a config file assigns (names starting with _ and imports left out); an error in
-    the file is one line naming the file and the line."""
+    """The settings a config file assigns (not _names or imports); an error is one line naming the file's line."""
     try:
         source = Path(path).read_text(encoding="utf-8")
     except PermissionError:  # another user's file, or in a folder of theirs
@@ -115,20 +107,22 @@ def unusable(value, default, comment):
 
 
 def number(text):
-    """A bound as written: an integer exactly (Python compares an int with an int or a float exactly,
-    while float('18446744073709551615') is 2**64), else a float."""
+    """A bound as written: an integer exactly (float('18446744073709551615') is 2**64), else a float."""
     return int(text) if re.fullmatch(r"-?\d[\d_]*", text) else float(text)
 
 
-def allowed(comment):
-    """(test, words) for the values a setting's comment starts with (see the module's docstring),
-    or None when it declares none."""
+def allowed(comment, namespace=None):
+    """(test, words) for the values a setting's comment starts with (see the module's docstring), or None when it
+    declares none; {module.TABLE} names a dict of a module in `namespace` (a script's globals), whose keys are allowed."""
     m = ALLOWED.match(comment or "")
     if not m:
         return None
     op, bound, left, lo, hi, right, choices = m.groups()
     if choices is not None:
         names = [c.strip() for c in choices.split(",")]
+        module, _, table = names[0].partition(".")
+        if table.isupper() and module in (namespace or {}):
+            names = list(getattr(namespace[module], table))
         return (lambda v: v in names), f"one of {', '.join(names)}"
     if op:
         b = number(bound)
@@ -139,9 +133,8 @@ def allowed(comment):
 
 
 def declared(lines, pattern, known):
-    """The settings block of a source: ('setting', key, comment) for each setting of `known` that
-    a line of `lines` declares (pattern: its regex, groups key and comment), ('section', text) and
-    ('more', text) for section comments and continued comments."""
+    """('setting', key, comment) for each setting of `known` a line declares (`pattern`'s groups: key, comment), and
+    ('section', text) and ('more', text) for section comments and continued comments."""
     for line in lines:
         match = re.match(pattern, line)
         if match and match.group(1) in known:
@@ -152,23 +145,16 @@ def declared(lines, pattern, known):
             yield "more", line.strip().lstrip("# ")
 
 
-def script_block(namespace):
-    """The lines between the script's two SETTINGS_RULE lines."""
-    if "__file__" not in namespace:
-        return []
-    source = Path(namespace["__file__"]).read_text(encoding="utf-8").splitlines()
-    rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
-    return source[rules[0] + 1:rules[1]] if len(rules) >= 2 else []
-
-
 def dataclass_settings(cls, skip=()):
     """The fields of a settings dataclass (model.ModelConfig) as {name: default}, less `skip`."""
     return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in skip} if cls else {}
 
 
 def declarations(namespace, cls=None, skip=()):
-    """Every declaration of the script's settings, then of cls's fields (see `declared`)."""
-    yield from declared(script_block(namespace), SCRIPT_SETTING, config_keys(namespace))
+    """Every declaration of the script's settings (between its two SETTINGS_RULE lines), then of cls's fields (`declared`)."""
+    source = Path(namespace["__file__"]).read_text(encoding="utf-8").splitlines() if "__file__" in namespace else []
+    rules = [i for i, line in enumerate(source) if line.strip() == SETTINGS_RULE]
+    yield from declared(source[rules[0] + 1:rules[1]] if len(rules) >= 2 else [], SCRIPT_SETTING, config_keys(namespace))
     if cls:
         yield "section", f"{cls.__name__} ({inspect.getsourcefile(cls).rsplit(os.sep, 1)[-1]}): the model, settings here too"
         yield from (d for d in declared(inspect.getsource(cls).splitlines(), FIELD, dataclass_settings(cls, skip))
@@ -176,8 +162,7 @@ def declarations(namespace, cls=None, skip=()):
 
 
 def settings_help(namespace, known, cls=None, skip=()):
-    """The script's docstring, then its settings as the script's top lists them: each as
-    --key=default with its comment, with the section comments; then the fields of `cls`."""
+    """The script's docstring, then its settings as its top lists them (--key=default, comments), then `cls`'s."""
     lines = [(namespace.get("__doc__") or "").strip(), "", "settings (config files and --key=value override them, in order):"]
     for kind, *rest in declarations(namespace, cls, skip):
         if kind == "setting":
@@ -219,14 +204,10 @@ class HangupSafeStream:
 
 
 def configure(namespace, argv, cls=None, skip=(), given=None):
-    """Apply config files and --key=value overrides from argv to namespace (a script's globals()), then check every
-    value against what its comment allows. Returns every setting as a dict: the script's globals, and the fields of
-    `cls` (a settings dataclass such as model.ModelConfig, less `skip`), which are settings too but keep their
-    defaults in the dataclass and live only in the dict; `given` (a set), if passed, gets the keys a config file or
-    argument set. --help or -h prints them and exits."""
+    """argv's config files and --key=value overrides applied to namespace (a script's globals()), each checked; returns
+    them and `cls`'s fields (less `skip`: only in the dict) as a dict; `given` gets the keys set; --help prints them."""
     sys.stdout, sys.stderr = (s if isinstance(s, HangupSafeStream) else HangupSafeStream(s or open(os.devnull, "w", encoding="utf-8")) for s in (sys.stdout, sys.stderr))  # every script starts here
     known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, set() if given is None else given
-    defaults = dict(known)
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))
         raise SystemExit(0)
@@ -237,12 +218,25 @@ def configure(namespace, argv, cls=None, skip=(), given=None):
         for key, value in ({key: _parse(key, raw, type(known.get(key, "")))} if arg.startswith("--") else read_config_file(arg)).items():
             known[key] = _check(key, value, known)
             given.add(key)
-    for kind, *rest in declarations(namespace, cls, skip):  # each value among those its comment declares
-        rule = allowed(rest[1]) if kind == "setting" else None
-        problem = f"{rest[0]} must be {rule[1]}" if rule and not rule[0](known[rest[0]]) else \
-            unusable(known[rest[0]], defaults[rest[0]], rest[1]) if kind == "setting" else None  # NaN fails any rule
-        if problem:
-            raise SystemExit(f"error: --{rest[0]}={shown(known[rest[0]])} is not allowed: {problem}")
+    problem = disallowed(namespace, known, cls, skip)
+    if problem:
+        raise SystemExit(f"error: --{problem}")
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known
+
+
+def disallowed(namespace, values, cls=None, skip=()):
+    """'key=value is not allowed: why' for the first setting in `values` (a configured dict, or the settings a checkpoint
+    carries) of another type than its default's, outside the values its comment declares, or unusable; else None."""
+    defaults = {**dataclass_settings(cls, skip), **config_keys(namespace)}
+    for kind, *rest in declarations(namespace, cls, skip):
+        if kind != "setting" or rest[0] not in values:
+            continue
+        (key, comment), value, rule = rest, values[rest[0]], allowed(rest[1], namespace)
+        wrong = type(value) is not type(defaults[key]) and not (type(defaults[key]) is float and type(value) is int)
+        problem = f"not {type(defaults[key]).__name__}" if wrong else f"{key} must be {rule[1]}" if rule and \
+            not rule[0](value) else unusable(value, defaults[key], comment)  # NaN fails any rule
+        if problem:
+            return f"{key}={shown(value)} is not allowed: {problem}"
+    return None

@@ -100,8 +100,7 @@ REFERENCE_SETTINGS, SMALL_WIDTH_SETTINGS, SMALL_TASK = dict(width=768, batch_siz
 
 
 def settings_for(width, train_examples, given):
-    """{batch_size, lr, epochs} for an encoder of `width` on a task of `train_examples`: the rule above, each of `given`
-    that is non-zero (a setting given) in its place."""
+    """{batch_size, lr, epochs} for an encoder of `width` on `train_examples`: the rule above, non-zero `given` ones kept."""
     ref, small = REFERENCE_SETTINGS, SMALL_WIDTH_SETTINGS
     if width >= ref["width"]:
         rule = {k: ref[k] for k in ("batch_size", "lr", "epochs")}
@@ -296,9 +295,8 @@ def encode_examples(enc, texts, max_len, special_ids):
 
 
 def train_batches(lengths, size, generator, grouped):
-    """One epoch's batches (lists of rows) in a random order. Grouped, each pool of
-    64 shuffled batches is sorted by length before it is cut, so that a batch pads to a length close
-    to its own examples' (as transformers' group_by_length)."""
+    """One epoch's batches (lists of rows) in a random order; grouped, each pool of 64 shuffled batches sorted by length
+    before it is cut, so a batch pads little (transformers' group_by_length)."""
     order = torch.randperm(len(lengths), generator=generator).tolist()
     if not grouped:
         return [order[start:start + size] for start in range(0, len(order), size)]
@@ -350,14 +348,10 @@ TRAIN_SCORED = 2000  # training examples scored after training, spread evenly ov
 
 
 def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
-    """Fine-tune an encoder of the checkpoint's shape on one task's encoded splits (split -> (ids, labels)) with `hp`'s
-    batch_size, lr and epochs, starting from the weights `start` (the checkpoint's, or MNLI's fine-tune of them) or,
-    None, a fresh initialisation (seeded by run_seed, as the head is). Returns a dict: scores, {score name: {metric:
-    value}} on its dev sets; fit, {metric: value} on at most TRAIN_SCORED training examples, every k-th (under-fitting,
-    or what pretraining lacks?); counts, the training's tokens (real), padded_tokens (what the model computed) and
-    train_seconds; tests, its predictions on the test sets among the splits ('test:<file>' -> a label's index, or
-    STS-B's score; none if it diverged); encoder, the fine-tuned encoder's weights; diverged, whether its weights or a
-    score are not finite (those scores None)."""
+    """Fine-tune the checkpoint's shape on one task's splits (split -> (ids, labels)) with `hp`'s batch_size, lr and
+    epochs, from `start`'s weights (None: fresh, seeded by run_seed as the head). Returns scores ({score name: {metric:
+    value}} on dev), fit (on TRAIN_SCORED training examples), counts (tokens, padded_tokens, train_seconds), tests
+    ('test:<file>' -> predictions; none if it diverged), encoder (its weights), diverged (its weights or a score)."""
     spec = TASKS[name]
     regression, pad_id = spec["labels"] is None, ckpt["meta"]["special_ids"]["[PAD]"]
     train_ids, labels = encoded["train"]
@@ -484,15 +478,13 @@ RUN_KEYS = {"seed", "settings", "scores", "facts", "counts", "finished"}  # what
 
 
 def main_scores(tasks, key="median"):
-    """score name -> its task's main metric (the one averaged) in each task's `key`: the median
-    over seeds, or the majority class."""
+    """score name -> its task's main metric in each task's `key` (the median over seeds, or the majority class)."""
     return {score_name: metrics[TASKS[name]["metrics"][0]]
             for name, result in tasks.items() if key in result for score_name, metrics in result[key].items()}
 
 
 def majority_scores(name, data):
-    """The floor a score should beat: each dev set scored as if every example had the training
-    set's most frequent label (STS-B: its mean score; a constant has no correlation: 0)."""
+    """Each dev set scored as if every example had the training set's most frequent label (STS-B: its mean)."""
     labels = data["train"][1]
     guess = statistics.mean(labels) if TASKS[name]["labels"] is None else max(sorted(set(labels)), key=labels.count)
     return {score_name: {m: 100 * METRICS[m]([guess] * len(data[score_name][1]), data[score_name][1])
@@ -516,8 +508,7 @@ def how_made(entry):
 
 
 def cell(metrics, main, others, named=True, spread=None):
-    """'58.1 [55.0-60.2] (F1 70.1)': the main metric, its seeds' lowest and highest if more than one (`spread`), the
-    others in brackets; '-' when there is none."""
+    """'58.1 [55.0-60.2] (F1 70.1)': the main metric, its seeds' `spread`, the others in brackets; '-' for none."""
     if metrics is None:
         return "-"
     low, high = (spread or {}).get(main, (None, None))
@@ -572,9 +563,8 @@ def table(results, names=None):
 
 
 def pretraining_facts(ckpt, run_dir):
-    """What a plot of GLUE against pretraining compute needs (tools/glue_plot.py): the checkpoint's shape, tokens,
-    hours and FLOPs (model.py's flops_per_token at its final masking rate x tokens; under a masking-rate schedule,
-    an estimate), and its validation loss and accuracy if its run's metrics.jsonl beside it logged them at its step."""
+    """What tools/glue_plot.py needs: the checkpoint's shape, tokens, hours, FLOPs (flops_per_token at its final masking
+    rate x tokens) and, if its metrics.jsonl logged them at its step, its validation loss and accuracy."""
     args = saved_model_args(ckpt["model_args"])
     per_token = ModelConfig(**args).flops_per_token(ckpt.get("config", {}).get("mask_rate", MASK_RATE))
     metrics = os.path.join(run_dir, "metrics.jsonl")
@@ -598,8 +588,7 @@ def results_path():
 
 
 def runs_folder(path):
-    """Where glue.json's runs live, a file each (run_file). Each process writes only its own runs' files, so
-    processes on different tasks need no lock, and resuming is a file that exists."""
+    """Where glue.json's runs live, a file each (run_file): each process writes its own, so none needs a lock."""
     return os.path.splitext(path)[0] + "_runs"
 
 
@@ -623,8 +612,7 @@ def run_files(path):
 
 
 def same_checkpoint(record, identity):
-    """Whether a run's file or glue.json holds this checkpoint's scores: its weights' digest, step and tokens (not its
-    path, which may move)."""
+    """Whether a run's file or glue.json holds this checkpoint's scores (its weights' digest, step and tokens)."""
     return all(record.get(k) == v for k, v in identity.items() if k != "checkpoint")
 
 
@@ -675,8 +663,7 @@ def task_entry(runs):
 
 
 def settings_entry(runs):
-    """The entry of one setting's runs: each seed's latest, their scores and median, the median fit on the training
-    examples (if each run has one), the seconds and counts (tokens, padded_tokens, train_seconds) summed."""
+    """One setting's runs: each seed's latest, their scores and median, the median fit, the seconds and counts summed."""
     runs, settings = list({r["seed"]: r for r in sorted(runs, key=latest)}.values()), runs[0]["settings"]
     runs.sort(key=lambda r: r["seed"])  # each seed once: its latest run with these settings
     good = [r for r in runs if not diverged(r)]  # the median, spread and fit leave out a run that diverged (none: {})
@@ -796,8 +783,8 @@ def prediction_files(file, name):
 
 
 def settings_line(todo, per_task, given):
-    """What the rule picked for the tasks to run, tasks of the same picks together: 'rte, mrpc: batch 32, lr 8.4e-05,
-    10 epochs; sst2: ... (by the encoder's width and the task's size; given: lr)'; a grid's as its size."""
+    """What the rule picked, tasks of the same picks together: 'rte, mrpc: batch 32, lr 8.4e-05, 10 epochs; sst2: ...
+    (by the encoder's width and the task's size; given: lr)'; a grid's as its size."""
     picks = {}
     for name in todo:
         (b, r, e), n = (per_task[name][0][k] for k in ("batch_size", "lr", "epochs")), len(per_task[name])
@@ -809,9 +796,8 @@ def settings_line(todo, per_task, given):
 
 
 def write_predictions(file, name, data, predicted):
-    """The test-set predictions of the run of `file` as the GLUE server takes them, a file each (test:CoLA -> CoLA.tsv,
-    prediction_files'): a header, then each example's index (data's) and prediction (a label's name; STS-B's score, clipped
-    to its 0-5 scale)."""
+    """The run of `file`'s test-set predictions as the GLUE server takes them, a file each (prediction_files'): a header,
+    then each example's index and prediction (a label's name; STS-B's score, clipped to 0-5)."""
     labels, paths = TASKS[name]["labels"], prediction_files(file, name)
     for split, values in predicted.items():
         if len(values) != len(data[split][1]):  # each test row needs its prediction: a file short of one is refused
@@ -844,9 +830,8 @@ def write_submission(path, identity, chosen_settings):
 
 
 def earlier_precision(runs):
-    """(device type, dtype) of the latest finished run in {group: {task: [run]}}, or None: dtype=auto goes on
-    in it on a device of that type, so a rerun's timing (which a busy host swings) cannot change the precision
-    and redo every finished run, nor put a task's floor in another precision than its scores."""
+    """(device type, dtype) of the latest finished run in {group: {task: [run]}}, or None: dtype=auto keeps it, so a
+    rerun's timing cannot change the precision (and redo every run)."""
     done = [r for tasks in runs.values() for task in tasks.values() for r in task if "device" in r]
     latest = max(done, key=lambda r: r["finished"], default=None)
     return latest and (latest["device"], latest["settings"].get("dtype"))

@@ -1,11 +1,6 @@
-"""The crammed-BERT encoder (Geiping & Goldstein 2022), with its MLM and classification heads.
-
-Every architectural choice is a field of ModelConfig, so the same class expresses both the crammed recipe (the
-defaults: pre-norm, no biases, gated GELU, scaled sinusoidal positions, sparse prediction) and the original BERT
-(post-norm, biases, plain GELU, learned positions, a prediction-head transform, dense prediction:
-config/bert_original.py) for side-by-side comparisons. One addition beyond both, `smear` (on by default;
-config/recipe_reference.py turns it off), mixes each position's neighbours into its embedding.
-"""
+"""The crammed-BERT encoder (Geiping & Goldstein 2022), with its MLM and classification heads. Every architectural
+choice is a field of ModelConfig: the defaults are the crammed recipe, config/bert_original.py the original BERT, and
+`smear` (config/recipe_reference.py turns it off) cram's one addition, each position's neighbours in its embedding."""
 import dataclasses
 import math
 from contextlib import nullcontext
@@ -24,8 +19,7 @@ class Attention(nn.Module):
         self.dropout = dropout
 
     def forward(self, x, attn_mask=None, context=None):
-        """Self-attention of x (B, T, C); with `context` (B, S, C), x's queries attend to the
-        context's keys and values instead (a narrowed layer: x holds only the masked positions)."""
+        """Self-attention of x (B, T, C); with `context` (B, S, C) x's queries attend to its keys and values (narrowed)."""
         B, T, C = x.shape
         if context is None:
             q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
@@ -52,8 +46,7 @@ def attend(q, k, v, attn_mask, dropout_p):
 
 
 class FeedForward(nn.Module):
-    """GELU MLP. With glu=True the up-projection is split into gate and value halves, so the
-    parameter count stays that of the plain MLP (the reference's choice)."""
+    """GELU MLP; glu=True splits the up-projection into gate and value halves (the plain MLP's parameters)."""
 
     def __init__(self, d_model, d_ffn, bias, glu):
         super().__init__()
@@ -92,10 +85,9 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Every model setting, declared once. train.py takes each as --key=value (and lists it in --help), checkpoints
-    store them as `model_args`, and bench.py, finetune_glue.py, off-load mode and the export read them there (train.py
-    declares the four shape fields again, 0 meaning the budget's pick). Adding a switch means a field here and its use
-    below. The defaults are the reference crammed-BERT shape (~120M parameters) with train.py's recipe."""
+    """Every model setting, declared once: train.py's --key=value (its four shape fields declared again there, 0 for the
+    budget's pick), a checkpoint's `model_args`, what the other scripts and the export read. A switch is a field here
+    and its use below. The defaults: the reference crammed-BERT shape (~120M parameters) and recipe."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too
     n_layers: int = 16         # >= 1
@@ -105,15 +97,13 @@ class ModelConfig:
     bias: bool = False         # biases in the linear layers
     norm_first: bool = True    # pre-LayerNorm (False: the original post-norm)
     glu: bool = True           # gated GELU feed-forward
-    learned_positions: bool = False  # False: scaled sinusoidal positions
+    position_scheme: str = "sinusoidal"  # {sinusoidal, learned}: scaled sinusoidal, or learned (the original BERT's)
     head_transform: bool = False  # the original BERT's dense + GELU + LayerNorm before the output layer
     norm_eps: float = 1e-12    # > 0
     dropout: float = 0.0       # [0, 1): the reference configures 0.1 but turns it off for pretraining
     sparse_prediction: bool = True  # only the masked positions reach the output layer
-    smear: bool = True         # each position also gets a learned map of its neighbours' embeddings:
-                               # cram's one change from the paper's recipe (config/recipe_reference.py)
-    full_layers: int = 0       # >= 0: if 0 < full_layers < n_layers, the later layers are narrowed: in
-                               # pretraining they update only the masked positions (NarrowBERT; see encode)
+    smear: bool = True         # each position also gets a learned map of its neighbours' embeddings (cram's)
+    full_layers: int = 0       # >= 0: if below n_layers, the later layers are narrowed to the masked positions (encode)
 
     def __post_init__(self):  # what the ranges beside the fields cannot say
         if self.d_model % self.n_heads:
@@ -123,8 +113,7 @@ class ModelConfig:
 
     @classmethod
     def from_settings(cls, settings, **data):
-        """The model a script's settings ask for: each field from `settings` (a configured dict),
-        the data's fields (vocab_size, seq_len) from `data`; a one-line error if they do not fit."""
+        """The model `settings` (a configured dict) and `data` (vocab_size, seq_len) ask for, or a one-line error."""
         fields = {f.name for f in dataclasses.fields(cls)} - set(data)
         try:
             return cls(**{k: v for k, v in settings.items() if k in fields}, **data)
@@ -140,19 +129,16 @@ class ModelConfig:
         return self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
 
     def parameters_at_least(self):
-        """About the parameters (a little under: the norms', biases' and positions' few are left out): the
-        embedding, shared with the output layer, and the matmuls: the layers', smear's and the head transform's."""
+        """The parameters, a little under (no norms, biases, positions): the tied embedding and every matmul's."""
         matmuls = self.n_layers * self.layer_weights() + (2 * self.smear + self.head_transform) * self.d_model ** 2
         return self.vocab_size * self.d_model + matmuls
 
     def step_bytes(self, mask_rate, value_bytes, training=True, offload=False):
-        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and position, each
-        matmul's input and q, k, v for the backward (6 widths and the feed-forward's 1.5 in the autocast precision,
-        `value_bytes`) and the float32 residual; inference holds one layer's widest tensors at a time. Both hold the
-        float32 logits of the predicted positions (none at mask_rate 0: fine-tuning's classifier). Attention's
-        scores are left out (the fused kernels keep none). A narrowed layer (full_layers) keeps all that only at the
-        masked positions and its keys and values (2 widths) at the others. Off-load mode (cram/offload.py) keeps only
-        each block's input between blocks and recomputes one block at a time in the backward."""
+        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and position, each matmul's
+        input and q, k, v (6 widths and the feed-forward's 1.5 in `value_bytes`) and the float32 residual; inference one
+        layer's widest tensors; both the float32 logits of the predicted positions (none at mask_rate 0). No attention
+        scores (the fused kernels keep none: see attention_mask). A narrowed layer keeps that at the masked positions
+        and its keys and values elsewhere; off-load mode each block's input, recomputing one block at a time."""
         predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
         logits = predicted * self.vocab_size * 4
         if not training:
@@ -166,9 +152,8 @@ class ModelConfig:
         return int(self.seq_len * full * per_position + (self.n_layers - full) * narrowed + logits)
 
     def flops_per_token(self, mask_rate):
-        """Training FLOPs per input token (forward + backward = 3x forward): matmul weights,
-        attention scores and values, and the tied output layer on the predicted positions. A
-        narrowed layer computes keys and values at every position, the rest at the masked ones."""
+        """Training FLOPs per input token (3x the forward): matmul weights, attention scores and values, the tied output
+        layer at the predicted positions; a narrowed layer keys and values at every position, the rest at the masked."""
         predicted = mask_rate if self.sparse_prediction else 1.0
         full = self.full_layer_count()
         layers = full + (self.n_layers - full) * predicted  # full layers' worth of queries
@@ -184,16 +169,20 @@ class ModelConfig:
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
 MISSING_FIELD_DEFAULTS = {"smear": False}  # missing from a checkpoint's model_args: the switch did not exist yet (off)
+REPLACED_FIELDS = {  # an older checkpoint's field that others replaced -> the new fields its value means
+    "learned_positions": lambda learned: dict(position_scheme="learned" if learned else "sinusoidal")}
 
 
 def saved_model_args(model_args):
-    """A checkpoint's model_args completed: a switch added after it was saved is off, as it trained."""
-    return dataclasses.asdict(ModelConfig(**{**MISSING_FIELD_DEFAULTS, **model_args}))
+    """A checkpoint's model_args as this version names them: a switch added since is off, a replaced field the new ones."""
+    args = {**MISSING_FIELD_DEFAULTS, **model_args}
+    for old, new in REPLACED_FIELDS.items():
+        args.update(new(args.pop(old)) if old in args else {})
+    return dataclasses.asdict(ModelConfig(**args))
 
 
-# named shapes for the benchmarks: the reference crammed BERT and the CPU quickstart's
-SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),
-          "small": dict(n_layers=4, d_model=256, n_heads=4, d_ffn=1024, vocab_size=8192)}
+SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),  # the benchmarks'
+          "small": dict(n_layers=4, d_model=256, n_heads=4, d_ffn=1024, vocab_size=8192)}  # the CPU quickstart's
 
 
 def sinusoid_table(seq_len, d_model):
@@ -203,8 +192,7 @@ def sinusoid_table(seq_len, d_model):
 
 
 class CrammedBert(nn.Module):
-    """Encoder + tied MLM output layer. CrammedBert(**settings): any ModelConfig fields, the rest
-    their defaults (the reference crammed-BERT shape, ~120M); `model.config` holds them all."""
+    """Encoder + tied MLM output layer: CrammedBert(**settings), any ModelConfig fields; `model.config` holds them all."""
 
     def __init__(self, **settings):
         super().__init__()
@@ -212,7 +200,7 @@ class CrammedBert(nn.Module):
         vocab_size, seq_len, d_model, norm_eps = c.vocab_size, c.seq_len, c.d_model, c.norm_eps
         self.sparse_prediction = c.sparse_prediction
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        if c.learned_positions:
+        if c.position_scheme == "learned":
             self.pos_emb = nn.Parameter(torch.zeros(seq_len, d_model))
         else:  # scaled sinusoidal: a fixed table times one learned scalar
             self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
@@ -228,6 +216,8 @@ class CrammedBert(nn.Module):
                      if c.head_transform else nn.Identity())
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if c.bias else None
         self.apply(self._init_weights)
+        if c.position_scheme == "learned":
+            nn.init.normal_(self.pos_emb, std=0.02)
         if c.smear:
             nn.init.zeros_(self.smear.weight)  # starts as the model without it
 
@@ -237,13 +227,11 @@ class CrammedBert(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-        if hasattr(module, "pos_emb"):
-            nn.init.normal_(module.pos_emb, std=0.02)
 
     def embed(self, idx, padding_mask=None, tokens=None):
         """What enters the first block (B, T, d): token (`tokens`: looked up already) + position embeddings, normalised."""
         T = idx.shape[1]
-        pos = self.pos_emb[:T] if hasattr(self, "pos_emb") else self.pos_scale * self.pos_table[:T]
+        pos = self.pos_emb[:T] if self.config.position_scheme == "learned" else self.pos_scale * self.pos_table[:T]
         x = self.tok_emb(idx) if tokens is None else tokens  # (B, T, d)
         if self.smear is not None:
             n = x if padding_mask is None else x * padding_mask.unsqueeze(-1)  # padding is no neighbour
@@ -254,31 +242,34 @@ class CrammedBert(nn.Module):
 
     def encode(self, idx, padding_mask=None, positions=None, tokens=None):
         """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k); padding_mask (B, T): True at real tokens.
-
-        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): the first full_layers layers see every position;
-        each later layer updates a position from its own state (its queries and feed-forward) while attending to the
-        keys and values of the last full layer's output, the context, which stays fixed. So one position's result does
-        not depend on which other positions are updated: pretraining updates only the masked ones, and fine-tuning,
-        fill-in and the export run the same layers over every position and get the same values there."""
+        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): after the first full_layers, a layer updates a
+        position from its own state while attending to the last full layer's output (the context, fixed), so a position's
+        result does not depend on which others are updated: pretraining updates the masked ones, fine-tuning all."""
         x = self.embed(idx, padding_mask, tokens)
-        attn_mask = None if padding_mask is None else padding_mask[:, None, None, :]
-        full = self.config.full_layer_count()
+        attn_mask, full = self.attention_mask(idx.shape[1], padding_mask), self.config.full_layer_count()
         for block in self.blocks[:full]:
             x = block(x, attn_mask)
         context = x
         x = x if positions is None else at_positions(x, positions)  # (B, k, d) with positions
         for block in self.blocks[full:]:
-            x = block(x, attn_mask, context)
+            x = block(x, query_rows(attn_mask, positions), context)
         return self.final_norm(x)
+
+    def attention_mask(self, T, padding_mask=None):
+        """Every layer's attn_mask over T positions, built once a forward (narrowed layers take its rows at their queries,
+        query_rows; off-load streams it): padding's (B, 1, 1, S), True at real keys, or None; a position bias (ALiBi) goes
+        here as a float mask. SDPA's fused kernels (flash on a CPU, memory-efficient on a GPU), keeping no (B, H, T, S)
+        scores as step_bytes assumes, take None, a 2-D (T, S) or a 4-D (B or 1, H or 1, T or 1, S) mask, boolean or
+        float; a 3-D one falls back to the math kernel, which keeps them (1.7x the memory: test_model's cost test)."""
+        return None if padding_mask is None else padding_mask[:, None, None, :]
 
     def logits(self, hidden, weight=None):
         logits = self.head(hidden) @ (self.tok_emb.weight if weight is None else weight).t()  # tied output layer
         return logits if self.decoder_bias is None else logits + self.decoder_bias
 
     def forward(self, inputs, positions, labels):
-        """MLM loss and the number of correct predictions at the masked positions (None in training mode, whose
-        step discards it): sparse prediction sends only the (B, k) masked positions through the output layer,
-        dense scores every position and ignores the rest (the original BERT)."""
+        """MLM loss and correct predictions at the masked positions (None in training mode): sparse prediction sends only
+        them through the output layer, dense every position, the rest ignored (the original BERT)."""
         tokens = weight = None
         if inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # the tied weight's uses in one node
             tokens, weight = TiedLookup.apply(self.tok_emb.weight, inputs, torch.get_autocast_dtype("cpu"))
@@ -286,8 +277,8 @@ class CrammedBert(nn.Module):
         return self.mlm_loss(hidden, inputs, positions, labels, weight)
 
     def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
-        """forward's loss and correct count from the final hidden states: (B, k, d) at the masked positions with
-        sparse prediction, else (B, T, d). Off-load mode (cram/offload.py) runs the blocks itself and joins here."""
+        """forward's loss and correct count from the final hidden states, (B, k, d) at the masked positions with sparse
+        prediction, else (B, T, d): off-load mode runs the blocks itself and joins here."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -302,8 +293,7 @@ class CrammedBert(nn.Module):
 
 class TiedLookup(torch.autograd.Function):
     """(weight[idx], weight in `dtype`): the embedding's lookup and the tied output layer's copy as one node, whose
-    backward adds the lookups' gradient into the output layer's in place, not into a zeroed V x d buffer of its own
-    (autograd's sum of two uses: two more passes over V x d, which a CPU's bfloat16 step pays for)."""
+    backward adds the lookups' gradient into the output layer's in place (autograd's sum: two more passes over V x d)."""
 
     @staticmethod
     def forward(ctx, weight, idx, dtype):
@@ -322,9 +312,8 @@ MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: 
 
 @dataclasses.dataclass(frozen=True)
 class Masking:
-    """The objective's settings as one object, from train.py to mask_tokens: each field is the train.py setting of its
-    name (from_settings), so a fork's new one (span lengths, say) is a field here, its use in mask_tokens and a global
-    of that name in train.py, with nothing to pass between them. Validation masks with the defaults at its own rate."""
+    """The objective's settings, train.py's of their names (from_settings): a fork's new one (span lengths, say) is a
+    field here, its use in mask_tokens and a global in train.py. Validation masks with the defaults at its own rate."""
     mask_rate: float = MASK_RATE  # (0, 1): share of each row's tokens to predict (train.py's schedule sets it each step)
 
     @classmethod
@@ -333,9 +322,8 @@ class Masking:
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
-    """MLM corruption with a fixed count, exactly round(mask_rate * T) positions per row (static shapes for
-    torch.compile): 80% of them become [MASK], 10% a random regular token, 10% stay. Runs on idx's device.
-    masking: a Masking, or its mask_rate alone. Returns (inputs, positions (B, k), labels (B, k))."""
+    """MLM corruption of exactly round(mask_rate * T) positions per row (static shapes for torch.compile): 80% [MASK],
+    10% a random regular token, 10% kept. masking: a Masking or its rate. Returns (inputs, positions (B, k), labels)."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = max(1, round(masking.mask_rate * T))
@@ -347,14 +335,23 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
     return idx.scatter(1, positions, replacement), positions, labels
 
 
+def query_rows(mask, positions):
+    """A 4-D attn_mask for queries at `positions` (B, k) alone, a narrowed layer's: its rows there, where it has a row
+    per query (a position bias); else the mask itself."""
+    if mask is None or positions is None or mask.shape[-2] == 1:
+        return mask
+    rows = positions[:, None, :, None].expand(-1, mask.shape[1], -1, mask.shape[-1])  # (B, H or 1, k, S)
+    return mask.expand(len(positions), -1, -1, -1).gather(2, rows)
+
+
 def at_positions(hidden, positions):
     """The rows of hidden (B, T, d) at positions (B, k): (B, k, d)."""
     return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
 
 def param_groups(module, weight_decay, optim="adamw"):
-    """The optimizer's groups: decay on matrices and embeddings, none on biases, norms and scalars. With
-    optim='muon' (runtime.Muon) the 2-D weights inside module.blocks come first, in a group Muon updates."""
+    """The optimizer's groups: decay on matrices, none on biases, norms and scalars; optim='muon': the blocks' matrices
+    first, in a group runtime.Muon updates."""
     params = [p for p in module.parameters() if p.requires_grad]
     hidden = {id(p) for p in module.blocks.parameters() if p.dim() == 2} if optim == "muon" else set()
     groups = [{"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden], "weight_decay": weight_decay},
@@ -366,26 +363,23 @@ def param_groups(module, weight_decay, optim="adamw"):
 
 
 def diverged(loss, vocab_size, applied=True, scaler=None):
-    """Whether a step (its loss, whether its update was applied) says the run diverged: a loss not finite or a
-    nat above guessing uniformly over the vocabulary (an untrained model's), or a skipped update; float16's
-    scaler skips overflows by design while it halves its scale: only skips at a scale below 1 count."""
+    """Whether a step (its loss, whether its update was applied) says the run diverged: a loss not finite or a nat above
+    an untrained model's (uniform over the vocabulary), or a skipped update (float16's: only at a scale below 1)."""
     skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
     return skipped or not loss <= math.log(vocab_size) + 1.0
 
 
 class Trainer:
     """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model` (what the step runs:
-    the model, or its compiled and DDP-wrapped copy), the optimizer and `scaler`, float16's loss scaling (a pass-through
-    otherwise). offload.OffloadTrainer has the same methods, so train.py runs both modes alike."""
+    it compiled, DDP-wrapped), the optimizer and float16's `scaler`. offload.OffloadTrainer has the same methods."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
         self.step_model = model if step_model is None else step_model
 
     def step(self, micro_batches, lr, clip, accept=None):
-        """One optimizer step: each micro-batch's MLM loss (inputs, positions, labels; any sizes), gradients accumulated by
-        its share of the sequences, their norm clipped to `clip` (0: off), the update at `lr`. Returns the mean loss (a
-        tensor) and whether the update was applied: not with a non-finite gradient, nor where `accept(loss)` says no."""
+        """One optimizer step over micro-batches (inputs, positions, labels; any sizes), each loss weighted by its share,
+        the gradients' norm clipped to `clip` (0: off): (the mean loss, whether applied: not where not finite or refused)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
@@ -419,12 +413,10 @@ class Trainer:
 
 
 class ClassificationHead(nn.Module):
-    """The GLUE head: pool the final hidden states -> dense 1024 -> Tanh -> dropout -> classes; num_labels=1 makes
-    it a regression head (STS-B). pooling 'first' reads the first token ([CLS]), as original BERT and the reference's
-    GLUE evaluation do, though pretraining never shows one (fine-tuning makes its summary); 'mean' averages the real
-    tokens' states; 'pair' averages each text of `[CLS] a [SEP] b [SEP]` apart, u and v (the [SEP]s by `sep_id`), and
-    reads [u, v, |u - v|, u * v] (InferSent's, as GLUE's own pair baselines): what two texts share is in its input, not
-    left to one token to summarise (docs/glue.md measures the three). A single text reads as a pair of it with itself."""
+    """The GLUE head: pooled states -> dense 1024 -> Tanh -> dropout -> classes (num_labels=1: regression, STS-B). pooling
+    'first' reads the first token, as BERT's [CLS] (fine-tuning makes its summary), 'mean' the real tokens' mean, 'pair'
+    each text of `[CLS] a [SEP] b [SEP]` apart (by `sep_id`), u and v, as [u, v, |u - v|, u * v] (InferSent's, GLUE's own
+    pair baselines'): what two texts share is in its input, not left to one token (docs/glue.md); one text: a pair of itself."""
 
     def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first", sep_id=None):
         super().__init__()
@@ -437,19 +429,16 @@ class ClassificationHead(nn.Module):
         self.apply(CrammedBert._init_weights)  # the pooler's, then the classifier's
 
     def forward(self, states, padding_mask=None, idx=None):
-        """states (B, T, d); padding_mask (B, T) True at real tokens; idx (B, T) the ids ('pair' finds the texts by
-        them) -> (B, num_labels)."""
-        if self.pooling == "first":
-            return self.classifier(self.drop(torch.tanh(self.pooler(states[:, 0]))))
+        """states (B, T, d); padding_mask (B, T) True at real tokens; idx (B, T), by which 'pair' finds the texts ->
+        (B, num_labels)."""
         real = torch.ones_like(states[..., 0], dtype=torch.bool) if padding_mask is None else padding_mask  # (B, T)
-        if self.pooling == "mean":
-            pooled = mean_over(states, real)
-        else:
+        if self.pooling == "pair":
             seps = idx == self.sep_id
             second = (seps.cumsum(1) - seps.long() == 1) & real  # (B, T): after the first [SEP], through the second
             u, v = mean_over(states, real & ~second), mean_over(states, second)  # (B, d) each
             v = torch.where(second.any(1, keepdim=True), v, u)  # one text: a pair of it with itself
-            pooled = torch.cat([u, v, (u - v).abs(), u * v], dim=-1)  # (B, 4d)
+        pooled = (states[:, 0] if self.pooling == "first" else mean_over(states, real) if self.pooling == "mean"
+                  else torch.cat([u, v, (u - v).abs(), u * v], dim=-1))  # (B, d); a pair's (B, 4d)
         return self.classifier(self.drop(torch.tanh(self.pooler(pooled))))
 
 
@@ -460,7 +449,7 @@ def mean_over(states, where):
 
 
 class SequenceClassifier(nn.Module):
-    """Encoder + ClassificationHead, for fine-tuning on GLUE (head_args: the head's settings, with its defaults)."""
+    """Encoder + ClassificationHead (head_args: its settings), fine-tuned on GLUE."""
 
     def __init__(self, encoder, num_labels, **head_args):
         super().__init__()

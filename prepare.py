@@ -4,10 +4,8 @@
     python prepare.py --dataset=path/to/books.txt.gz    # local .txt[.gz/.bz2/.xz], .jsonl/.json, .parquet, or a folder
     python prepare.py --dataset=HuggingFaceFW/fineweb-edu --hf_config=sample-10BT --vocab_size=32768
 
-Writes to out_dir: tokenizer.tiktoken (BPE ranks in tiktoken's format), train.bin and val.bin
-(flat arrays of seq_len-token sequences: documents joined by [SEP], cut into fixed lengths)
-and meta.json, which is written last and marks the work as done. Documents are streamed and
-tokens written as they come, so memory does not grow with the corpus.
+Writes to out_dir: tokenizer.tiktoken (tiktoken's BPE ranks), train.bin and val.bin (seq_len-token sequences of the
+documents joined by [SEP]) and, last, meta.json, which marks the work done. Documents stream: memory does not grow.
 """
 import ast
 import functools
@@ -66,9 +64,8 @@ PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so 
 
 # ---------------------------------------------------------------- sources
 def pydocs_documents():
-    """The English documentation that ships with Python: pydoc's topic pages, then the docstrings of every module of
-    the standard library, numpy and torch (one document per source file, files in sorted order). The same text on
-    every machine with the same Python/numpy/torch versions (recorded in meta.json), and no download."""
+    """The documentation that ships with Python: pydoc's topics, then each source file's docstrings (sorted) of the
+    standard library, numpy and torch: the same text wherever their versions (meta.json's) are, no download."""
     from pydoc_data.topics import topics
     for key in sorted(topics):
         yield topics[key]
@@ -123,8 +120,7 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
 
 
 def pieces(text, max_chars=MAX_DOC_CHARS):
-    """text in consecutive pieces of at most max_chars, cut after a line end where there is one: what the tokenizer
-    trainer and the encoder take at once (a record of a .jsonl file or a hub dataset can be any size)."""
+    """text in pieces of at most max_chars, cut after a line end where there is one: what the encoder takes at once."""
     while len(text) > max_chars:
         cut = text.rfind("\n", 0, max_chars) + 1 or max_chars
         yield text[:cut]
@@ -228,8 +224,7 @@ def train_bpe(texts, size):
 
 
 def bpe_ranks(bpe):
-    """tiktoken ranks of a trained BPE. Its ids (alphabet, then merges in order) become the
-    ranks, so tiktoken's lowest-rank-first merging reproduces the same ids."""
+    """tiktoken ranks of a trained BPE: its ids (alphabet, then merges), which tiktoken's merging reproduces."""
     to_byte = {c: b for b, c in bytes_to_unicode().items()}
     ranks = {bytes(to_byte[c] for c in token): i for token, i in bpe.get_vocab().items()}
     assert sorted(ranks.values()) == list(range(len(ranks))), "BPE ids are not contiguous"
@@ -237,8 +232,7 @@ def bpe_ranks(bpe):
 
 
 def first_characters(documents, n_chars, digest):
-    """The documents from the start of the corpus until they hold n_chars characters; each also
-    updates `digest` (a hashlib object), which then identifies the text the tokenizer trained on."""
+    """The corpus' first documents until n_chars characters, each into `digest` (what the tokenizer trained on)."""
     chars = 0
     for doc in documents():
         digest.update(doc.encode() + b"\0")
@@ -249,8 +243,8 @@ def first_characters(documents, n_chars, digest):
 
 
 def train_tokenizer(documents, path, vocab_size, train_chars):
-    """Train the corpus' tokenizer on its first train_chars characters and save it in tiktoken's
-    format, with the digest of that text beside it; the special tokens will take the ids after the BPE's."""
+    """The corpus' tokenizer trained on its first train_chars characters, saved in tiktoken's format, that text's
+    digest beside it (the special tokens take the ids after the BPE's)."""
     print(f"training a {vocab_size}-token BPE on the corpus' first {train_chars:,} characters (all of it if shorter)")
     digest = hashlib.blake2b(digest_size=16)
     ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
@@ -260,8 +254,8 @@ def train_tokenizer(documents, path, vocab_size, train_chars):
 
 
 def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
-    """The BPE ranks saved by an earlier run in this folder if they were trained on the text this corpus starts with
-    now (checked for local and embedded corpora: a hub dataset is not read twice), else those of a new tokenizer."""
+    """The BPE ranks an earlier run saved here if trained on the text this corpus starts with (a hub dataset's: not read
+    twice), else a new tokenizer's."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
         try:
             trained_on = json.loads(Path(path + ".source").read_text(encoding="utf-8"))["digest"]
@@ -278,9 +272,8 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
 
 # ---------------------------------------------------------------- token files
 class SequenceWriter:
-    """Appends token streams to a .tmp file in whole seq_len sequences; finish() renames it.
-    state() makes what was written durable and describes it; a writer built from that state
-    continues the same file, dropping whatever was written after the state was taken."""
+    """Token streams appended to a .tmp file in whole seq_len sequences, renamed by finish(); state() makes them durable
+    and describes them, and a writer built from it continues the file, dropping what came after."""
 
     def __init__(self, path, dtype, seq_len, state=None):
         state = state or dict(bytes=0, pending=[], sequences=0)
@@ -314,9 +307,8 @@ class SequenceWriter:
 
 
 class SeenTexts:
-    """Exact de-duplication in 8 bytes per document: 64-bit hashes of the text, lower-cased and
-    without whitespace, in a sorted array, the newest in a set merged into it every million. The
-    hashes also go to an append-only file, so an interrupted preparation resumes with the same memory."""
+    """Exact de-duplication in 8 bytes a document: 64-bit hashes of the text (lower case, no whitespace) in a sorted
+    array (the newest in a set merged in every million) and an append-only file, which a resumed preparation reads."""
 
     def __init__(self, path, size=0):
         self.file = open(path, "r+b" if size else "wb")
@@ -356,8 +348,8 @@ class SeenTexts:
 
 
 def read_progress(out_dir, dedup, seq_len, itemsize):
-    """The last progress record of an interrupted preparation in out_dir, or None (then it starts over) when there
-    is none, its files are gone, or it does not agree with them (damaged: said in a line)."""
+    """The last progress record of an interrupted preparation in out_dir, or None (it starts over): none, its files
+    gone, or damaged (said)."""
     if not all(os.path.exists(os.path.join(out_dir, name)) for name in (STALE if dedup else STALE[:-1])):
         return None
     path = os.path.join(out_dir, PROGRESS_FILE)
@@ -390,9 +382,8 @@ def progress_problem(progress, out_dir, dedup, seq_len, itemsize):
 
 
 def median_tokens_per_char(documents, enc, min_doc_chars, n=1000, max_chars=5_000_000):
-    """Tokens per character of the corpus' typical document (of at least min_doc_chars characters): the median over
-    its first n documents or max_chars characters, whichever comes first (deterministic, so a resumed preparation
-    finds the same; bounded, so a corpus of whole books is not read twice)."""
+    """Tokens per character of the corpus' typical document (min_doc_chars or more): the median over its first n
+    documents or max_chars characters (the same on a resume; bounded: whole books are not read twice)."""
     texts, chars = [], 0
     for text in documents():
         if text and len(text) >= min_doc_chars:  # (an empty record: nothing to measure)
@@ -405,9 +396,8 @@ def median_tokens_per_char(documents, enc, min_doc_chars, n=1000, max_chars=5_00
 
 # ---------------------------------------------------------------- the encoding pass
 class TokenFiles:
-    """What the encoding pass has written and counted so far: the train and val token files, the
-    counts for meta.json, the de-duplication memory and `read`, the documents consumed from the
-    source. Built from a progress record, it continues where that record left off."""
+    """What the encoding pass wrote and counted: the token files, meta.json's counts, the de-duplication memory and
+    `read`, the documents consumed; built from a progress record, it continues there."""
 
     def __init__(self, out_dir, dtype, seq_len, sep_id, max_tokens_per_char, val_fraction, dedup, progress):
         self.progress_path, self.seq_len = os.path.join(out_dir, PROGRESS_FILE), seq_len
@@ -423,9 +413,8 @@ class TokenFiles:
         self.read = progress["read"] if progress else 0  # documents consumed from the source
 
     def write_batch(self, batch, results, end, short):
-        """Write an encoded batch of (source position, text) in source order: the position decides the
-        split. Documents that compress too badly or came before are dropped and counted; `end` is the
-        source position after the batch, `short` the documents in it skipped for being too short."""
+        """An encoded batch of (source position, text) written in order, the position deciding the split; those that
+        compress badly or came before dropped and counted (`short`: too short; `end`: the position after)."""
         for (index, text), (ids, key) in zip(batch, results):
             if self.max_tokens_per_char and len(ids) > self.max_tokens_per_char * len(text):
                 self.stats["dropped_documents"] += 1
@@ -443,8 +432,7 @@ class TokenFiles:
         self.read = end
 
     def record(self, source_state):
-        """Make all that was written durable and write a progress record of it, with where the source
-        is (a RowStream's state, else None)."""
+        """What was written made durable, and a progress record of it with the source's place (a RowStream's state)."""
         write_json(self.progress_path, dict(
             read=self.read, stats=self.stats, dedup_bytes=self.seen.state() if self.seen else 0,
             writers={split: writer.state() for split, writer in self.writers.items()}, source_state=source_state))
@@ -488,17 +476,15 @@ def batches(texts, position, min_doc_chars):
 
 
 def encode_document(enc, dedup, text):
-    """All the per-document work, on a worker thread so that it runs beside the encoding: the
-    token ids and, with dedup, the de-duplication key."""
+    """A worker thread's per-document work: the token ids and, with dedup, the de-duplication key."""
     # encode_to_numpy with no special tokens allowed is encode_ordinary without a Python list per document
     ids = [enc.encode_to_numpy(piece, disallowed_special=()) for piece in pieces(text)]
     return ids[0] if len(ids) == 1 else np.concatenate(ids), SeenTexts.key(text) if dedup else None
 
 
 def start_pool(workers):
-    """A pool of `workers` threads, or of as many as could start now (a container's process limit,
-    Docker's --pids-limit, counts threads), said in a line; with none, one that encodes in this
-    thread. Probed by starting them all at once, each waiting until the last has started."""
+    """A pool of `workers` threads, or of as many as could start (--pids-limit counts threads), said; none: this thread
+    encodes. Probed by starting them all at once, each waiting for the last."""
     probe, ready, started = ThreadPoolExecutor(workers), threading.Event(), 0
     try:
         for started in range(workers):  # a waiting thread is busy: each submit starts a new one

@@ -6,11 +6,9 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget (hours of training, compilation included; or tokens) picks the shape, the final batch and
-the peak learning rate unless they are given (cram/budget.py); the schedules follow the share of it spent,
-not the step count, so the run ends on time on any hardware. Ctrl-C, SIGTERM, SIGHUP and the other
-process.STOP_SIGNALS finish the step, save and exit 128 + the signal; --resume=True continues there.
-"""
+The budget (hours, compilation included; or tokens) picks the shape, final batch and peak lr unless given
+(cram/budget.py); the schedules follow its share spent, so a run ends on time on any hardware. Ctrl-C, SIGTERM and
+process.STOP_SIGNALS' others finish the step, save and exit 128 + the signal; --resume=True continues there."""
 import dataclasses
 import os
 import signal
@@ -18,7 +16,7 @@ import sys
 import time
 from collections import namedtuple
 
-from configurator import configure  # first: it checks for the temporary folder that torch's import needs
+from configurator import configure, disallowed  # first: it checks for the temporary folder that torch's import needs
 import torch
 
 from cram import budget, data, memory, process, runtime
@@ -48,8 +46,8 @@ mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mas
 mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout; torch.compile keeps 8 graphs)
 eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
-optim = "adamw"           # {adamw, muon}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest (runtime.Muon)
-lr = 0.0                  # [0, inf): peak learning rate (Muon's updates are scaled to AdamW's); 0: by the width (cram/budget.py)
+optim = "adamw"           # {runtime.OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
+lr = 0.0                  # [0, inf): peak learning rate; 0: by the width (cram/budget.py), where the optimizer's row takes it
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -86,9 +84,8 @@ wandb_run_name = ""       # default: the name of out_dir
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """Learning rate at a fraction `progress` of the budget.
-    triangle: 25% of peak at the start, peak at 75%, linear to 0 at the end (reference).
-    warmup_linear: linear warm-up over `warmup`, then linear decay to 0 (original BERT)."""
+    """Learning rate at a fraction `progress` of the budget. triangle (the reference's): 25% of peak at the start, peak at
+    75%, linear to 0 at the end; warmup_linear (BERT's): linear warm-up over `warmup`, then linear decay to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
@@ -97,9 +94,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
 
 
 def mask_rate_at(progress, end, start=0.0, levels=4):
-    """The masking rate at a fraction `progress` of the budget: `end` throughout when start is 0,
-    else a linear fall from `start` to `end` (Ankner et al. 2023, "Dynamic masking rate schedules")
-    in `levels` equal steps, so each rate keeps a static shape for a while (one level: `start` throughout)."""
+    """The masking rate at a fraction `progress` of the budget: `end`, or from `start` (if not 0) a linear fall to `end`
+    (Ankner et al. 2023) in `levels` equal steps, each a static shape for a while (one level: `start` throughout)."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
@@ -125,15 +121,17 @@ def budget_spent(progress, step):
 
 
 def check_settings(world, config, rt):
-    """One-line errors for settings that cannot run together, before any work (each setting's own
-    range is declared beside it and checked by the configurator); again once the shape and batch
-    are settled (budget.settle), with those. Until then a shape field not given is any rung's."""
+    """One-line errors for settings that cannot run together (one's own range: the configurator's), before any work and
+    again once budget.settle has the shape and batch (until then a shape field not given is any rung's)."""
     model = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})
     if wandb_log and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     data.split_unit(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
     if resume_from and not resume:
         raise SystemExit(f"error: --resume_from={resume_from} continues a run: add --resume=True")
+    if not config["lr"] and not runtime.OPTIMIZERS[optim].width_lr:
+        raise SystemExit(f"error: --optim={optim} needs --lr: the width's rule (budget.lr_for_width) is AdamW's, and its "
+                         f"row in runtime.OPTIMIZERS does not take it (width_lr)")
     if offload:
         from cram.offload import check_settings as check_offload
         check_offload(world, model, optim, rt.dtype)
@@ -153,8 +151,7 @@ def run_eval(ev, step, tokens, seconds):
 
 
 def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, watch):
-    """What a checkpoint holds: the training state (either mode's, in one format), the run's place in its schedules
-    and data, its loss history (`watch`'s) and `about` it (its model, settings, data, tokenizer and budget)."""
+    """A checkpoint: the training state, the run's place in its schedules and data, `watch`'s history, `about` it."""
     return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final, spike_watch=watch.state_dict())
 
@@ -171,12 +168,13 @@ def main(config, given):
     check_settings(world, config, rt)  # with the shape and batch settled
     model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before any probe
-    micro = config["micro_batch"] = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
-                                                              mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
+    cap = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
+                                    mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
+    micro, unit = data.split_unit(world, cap, config["batch_size"], config["batch_ramp_start"], config["batch_ramp"])
+    config["micro_batch"] = micro  # what runs: the fewest micro-batches of at most `cap` (and of `unit` for the rest)
     opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
     globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
-    unit = data.split_unit(world, micro, batch_size, batch_ramp_start, batch_ramp)  # the size of the smaller micro-batches (data.split_unit)
     metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
@@ -197,8 +195,7 @@ def main(config, given):
     stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
-    # the clock (`seconds`) runs from the top of an iteration to the end of its step: logging, evaluation, saving free.
-    # Then: the speed's window, steps diverged in a row and skipped, the repeats warned of, the last step's seconds
+    # the clock (`seconds`) runs from an iteration's top to its step's end: logging, evaluation and saving are free
     last_eval = last_ckpt = seconds
     window, in_a_row, skipped, warned, last_took = (seconds, tokens), 0, 0, budget_tokens > 0, float("inf")
     while True:
@@ -214,8 +211,7 @@ def main(config, given):
         step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # this rank's masked micro-batches of its share of the global batch that starts after `tokens // seq_len` sequences
         micro_batches = batches.step(tokens // seq_len, data.micro_batch_sizes(step_batch, world, micro, unit), step_mask)
-        # forward and backward per micro-batch, gradients accumulated, clipped, one update (model.Trainer.step) unless
-        # the loss over all ranks spikes against the run's recent losses (watch.judge, before the update)
+        # forward and backward per micro-batch, clipped, one update (model.Trainer.step) unless the loss spikes (watch)
         applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)[1]
         step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
         took = time.perf_counter() - started
@@ -252,12 +248,16 @@ def main(config, given):
 
 
 def setup_device(config, world, ddp, given):
-    """(the Runtime, this process's rank, the checkpoint a resume continues or None, its file, lines on what it changed):
-    loaded first, its run's settings kept unless `given` (budget.resume_settings), into `config` and the globals; checked
-    before torchrun's processes join (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
+    """(the Runtime, this process's rank, the checkpoint resumed or None, its file, lines on what it changed): its run's
+    settings kept unless `given` (budget.resume_settings) and checked, into `config` and the globals, before torchrun's
+    processes join (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
     source = resume_from if os.path.dirname(resume_from) else os.path.join(out_dir, resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if resume else None
     carried, said = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
+    problem = disallowed(globals(), carried)  # checked as a command line's: a fork's optimizer, a newer cram's schedule
+    if problem:
+        raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
+                         f"it with the cram that wrote it")
     config.update(carried)
     globals().update({k: carried[k] for k in carried.keys() & globals().keys()})
     saved = checkpoint.get("config", {}) if checkpoint else {}
@@ -275,9 +275,8 @@ def setup_device(config, world, ddp, given):
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
-    """A model.Trainer, with the training state of `checkpoint` if one is resumed (either mode resumes the other's:
-    they share the format): the model on the device, its compiled (DDP-wrapped under torchrun) copy that the step
-    runs, the optimizer and float16's grad scaler; or off-load mode's, its blocks streamed from host memory."""
+    """A model.Trainer (the model on the device, its compiled, DDP-wrapped copy, the optimizer, float16's scaler) or
+    off-load mode's, with `checkpoint`'s training state if one is resumed (either mode's: they share the format)."""
     if offload:
         from cram.offload import OffloadTrainer
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
@@ -297,8 +296,8 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
 
 
 def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log, ddp):
-    """A resume (`checkpoint`; None: a fresh run) of the same run on the same data (files.check_resume), with budget
-    left: one whose budget is spent ends here, having nothing to train (and so nothing rewritten)."""
+    """A resume (`checkpoint`, or None) of the same run on the same data (files.check_resume) with budget left; one
+    whose budget is spent ends here, nothing rewritten."""
     if not checkpoint:
         return
     check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)
@@ -314,9 +313,8 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log
 
 
 def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, opening):
-    """Rank 0's: out_dir locked, writable, with room for its saves at their peak (keep_checkpoints and one being written);
-    warnings of a run too large for a CPU or its data; the opening lines (`opening`, or where a resume starts: from an
-    earlier checkpoint, the later ones set aside, Saves.branch). Returns the MetricsLog."""
+    """Rank 0's: out_dir locked, writable, with room for its saves at their peak; warnings of a run too large for a CPU
+    or its data; the opening lines (`opening`, or where a resume starts, Saves.branch). Returns the MetricsLog."""
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
     each = max(12 * model.num_params() + 32 * model_args["vocab_size"] + 2 ** 20,  # weights, AdamW, tokenizer, records
@@ -340,8 +338,7 @@ def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, openin
 
 
 def log_step(metrics, rt, record, epoch, progress):
-    """A training log line: `record` (metrics.jsonl's fields) printed with the epoch and the budget's
-    share left, and recorded; on a GPU with the peak memory since the last one."""
+    """`record` (metrics.jsonl's) printed, with the epoch, the budget left and a GPU's peak memory, and recorded."""
     held = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped = record["mfu"], record["skipped"]
@@ -353,8 +350,8 @@ def log_step(metrics, rt, record, epoch, progress):
 
 
 def finish(ev, state, signum, saves):
-    """The last checkpoint (`state`) and lines: for a run stopped before its end (not state's `final`) the signal
-    (signum; None: another rank's); else the graphs compiled, fill-in examples and the final figures."""
+    """The last checkpoint (`state`) and lines: a run stopped early, its signal (signum; None: another rank's); a
+    finished one (`final`), the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     final = run_eval(ev, step, tokens, seconds) if state["final"] else None
     saves.save_if_sound(ev, state, eval_mask_rate, at_end=True)

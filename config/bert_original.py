@@ -6,7 +6,7 @@
 bias = True
 norm_first = False
 glu = False
-learned_positions = True
+position_scheme = "learned"
 head_transform = True
 sparse_prediction = False
 dropout = 0.1

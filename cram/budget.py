@@ -1,8 +1,6 @@
-"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final batch and the
-peak learning rate, as pure functions beside their constants and sources; then `settle`, train.py's one call, which
-applies them to a run's settings (given ones win, a resumed run keeps its checkpoint's) and start_lines, which say
-what it picked. The matmul timing that measures a device stays in cram/runtime.py. docs/training.md has the published
-points and how their compute was estimated; BENCHMARKS.md the CPU sweeps and the GPUs' steps."""
+"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final batch and the peak
+lr, pure functions beside their constants and sources; `settle`, train.py's one call, applies them (given settings win,
+a resume keeps its checkpoint's), start_lines say what it picked. docs/training.md has the published points."""
 import dataclasses
 import functools
 import math
@@ -12,7 +10,7 @@ import torch
 
 from . import runtime
 from .data import repeat_warning
-from model import ModelConfig
+from model import ModelConfig, saved_model_args
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -50,9 +48,8 @@ ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike
 
 
 def shape_of(rung, given):
-    """A LADDER rung (layers, width) as ModelConfig's shape fields, those `given` (non-zero) in their
-    place: heads of 64 (of the given width: the most heads up to width / 64 that divide it) and a
-    feed-forward 4x the width; given heads alone take the multiple of them nearest the rung's width."""
+    """A LADDER rung (layers, width) as ModelConfig's shape fields, those `given` (non-zero) in their place: heads of 64
+    (or the most up to width / 64 that divide it), a feed-forward 4x; given heads alone take the nearest width."""
     heads = given.get("n_heads")
     width = given.get("d_model") or (heads * max(1, round(rung[1] / heads)) if heads else rung[1])
     heads = heads or max(h for h in range(1, max(1, width // 64) + 1) if width % h == 0)
@@ -60,19 +57,17 @@ def shape_of(rung, given):
 
 
 def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
-    """A step's FLOP/s over a 2048^3 matmul's at width d_model: on a GPU the narrower, the less (norms, activations and
-    attention's memory traffic weigh more beside narrower matmuls); a CPU's at any width. Off-load mode runs eager."""
+    """A step's FLOP/s over a 2048^3 matmul's at width d_model: on a GPU the narrower, the less (the memory traffic of
+    norms, activations and attention weighs more); a CPU's alike at any width; eager, and off-load, less."""
     kind, width = ("gpu", (d_model / 768) ** GPU_WIDTH_EXPONENT) if gpu else ("cpu", 1.0)
     eager = EAGER_SHARE[kind] if offload or not compiled else 1.0
     return STEP_EFFICIENCY * width * eager * (OFFLOAD_SHARE[kind] if offload else 1.0)
 
 
 def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share):
-    """The LADDER rung a budget picks and the tokens it will train on: a time budget's `matmul_compute` (FLOPs at the
-    matmul's speed; a rung's compute is its `share` of them, by width) or `tokens` when above 0. The rung whose blocks'
-    matmul weights are nearest (by ratio) its compute's best size, PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **
-    SIZE_EXPONENT; where it would repeat the data (`data_tokens`) over MAX_EPOCHS times, a larger rung, up to 4x the
-    best size. model_args: the other ModelConfig fields, which the FLOPs per token depend on."""
+    """(the LADDER rung a budget picks, the nearest, the tokens it trains on) for `matmul_compute` (a rung's `share` by
+    width) or `tokens`: the rung whose blocks' weights are nearest PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **
+    SIZE_EXPONENT, or one up to 4x that where it repeats `data_tokens` over MAX_EPOCHS times."""
     rungs = []  # (weights, best size, tokens) of each rung
     for rung in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(rung, {})})
@@ -88,16 +83,14 @@ def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate,
 
 
 def batch_for_budget(tokens, seq_len):
-    """The final batch for a run of `tokens`: the power of two nearest PAPER_BATCH x (its sequences /
-    PAPER_SEQUENCES) ** BATCH_EXPONENT, from MIN_BATCH to MAX_BATCH. It never shrinks as the budget
-    grows, and small runs take many small steps."""
+    """The final batch for a run of `tokens`: the power of two nearest PAPER_BATCH x (its sequences / PAPER_SEQUENCES)
+    ** BATCH_EXPONENT, from MIN_BATCH to MAX_BATCH: never shrinking as the budget grows."""
     batch = 2 ** round(math.log2(PAPER_BATCH * (tokens / seq_len / PAPER_SEQUENCES) ** BATCH_EXPONENT))
     return min(MAX_BATCH, max(MIN_BATCH, batch))
 
 
 def lr_for_width(d_model):
-    """The peak learning rate of a model of width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT. Fitted for
-    AdamW (Muon scales its updates to AdamW's); another optimizer's rate is its own: give --lr."""
+    """The peak lr at width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT, AdamW's (runtime.OPTIMIZERS)."""
     return LR_AT_768 * (d_model / 768) ** LR_WIDTH_EXPONENT
 
 
@@ -112,8 +105,7 @@ def expected_steps(sequences, start, final, ramp):
 
 
 def cpu_bf16_gain(speedup):
-    """How many times float32's step a CPU's bfloat16 step trains, its matmuls `speedup` times
-    faster (runtime.bf16_speedup) and the rest a little slower, by Amdahl's law."""
+    """A CPU's bfloat16 step over float32's, its matmuls `speedup` times faster, the rest slower (Amdahl's law)."""
     return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
 
 
@@ -137,14 +129,14 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
 
 
 def resume_settings(checkpoint, config, given):
-    """(the settings a resume runs, lines saying what it changed): its run's as its checkpoint saved them unless `given`,
-    the data where it trained. A given budget of the run's kind: the schedules follow it from the share spent and the
-    batch ramp ends at the same tokens or seconds (the batch never shrinks); any other that differs is an error."""
+    """(the settings a resume runs, lines on what it changed): its checkpoint's unless `given`, the data where it trained;
+    a given budget of its kind rescales the schedules (the ramp ends where it did), any other change is an error."""
     saved = checkpoint.get("config", {})
     data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
     if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
-    run = {k: v for k, v in saved.items() if k in config and k not in SESSION}
+    model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
+    run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in SESSION}
     given = {k for k in given & run.keys() if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
     asked = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))  # an extension scaled the ramp
     changed = sorted(k for k in given if config[k] != asked[k])
@@ -165,9 +157,8 @@ def resume_settings(checkpoint, config, given):
 
 
 def budget_compute(config, rt, world, master, ddp):
-    """(the FLOPs a budget of hours buys at the matmul's speed, how they were measured): this device's matmul speed
-    (rank 0's under torchrun) x the processes; 0 for a budget of tokens. A CPU's step keeps up with its float32 matmuls,
-    not its bfloat16 ones (BENCHMARKS.md, "The CPU's precision"): a float32 matmul, times bfloat16's cpu_bf16_gain."""
+    """(the FLOPs a budget of hours buys, how measured): the matmul speed (rank 0's) x the processes; 0 for a budget of
+    tokens. A CPU's step keeps up with its float32 matmuls, not bfloat16's: float32's, times cpu_bf16_gain."""
     matmul_rt = dataclasses.replace(rt, dtype=torch.float32) if rt.device.type == "cpu" else rt
     speed, gain = 0.0, 1.0
     if master and not config["budget_tokens"]:
@@ -181,8 +172,8 @@ def budget_compute(config, rt, world, master, ddp):
 
 
 def pick_for(matmul_compute, config, given, data_args, data_tokens, world, share):
-    """(a fresh run's shape and final batch by the rule, those `given` as given, whole micro-batches on each process; the
-    pick) for budget_compute's FLOPs or config's budget_tokens (`share`: step_efficiency's)."""
+    """(a fresh run's shape and final batch by the rule, `given` ones as given; the pick) for budget_compute's FLOPs or
+    config's budget_tokens (`share`: step_efficiency's)."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
     rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share)
@@ -197,8 +188,7 @@ def pick_for(matmul_compute, config, given, data_args, data_tokens, world, share
 
 
 def start_lines(pick, config, seq_len, lr_given):
-    """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`, when it
-    picked them), the rate (unless `lr_given`)."""
+    """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`), the rate (unless given)."""
     lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
                               f"{LR_WIDTH_EXPONENT}, budget.lr_for_width: AdamW's; --lr sets it)"]
     if not pick:
@@ -231,8 +221,7 @@ def ramp_line(start, final, ramp, micro, unit):
 
 
 def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):
-    """Once the speed is known (2 minutes in, or 5% of the budget), a warning where the budget at that speed
-    repeats the data too often (data.repeat_warning); returns whether it was known."""
+    """Once the speed is known (2 minutes in, or 5% of the budget), data.repeat_warning's; returns whether it was."""
     budget_seconds = 3600 * budget_hours
     if seconds < min(120.0, 0.05 * budget_seconds):
         return False

@@ -1,16 +1,13 @@
 """The data: the tokens prepare.py wrote and their tokenizer; the training data's order (rows_at: a pure function of the
-position in the run) and its masked micro-batches (Batches, masked by the objective's model.mask_tokens); the validation
-loss and fill-in examples. Writing and checking cram's own files (checkpoints, JSON, locks) is cram/files.py's.
-
-Kept free of `datasets` so that training, benchmarking and fine-tuning run on machines
-that only have torch, numpy and tiktoken.
-"""
+position in the run) and its masked micro-batches (Batches, masked by model.mask_tokens); the validation loss and
+fill-in examples. Free of `datasets`: training, benchmarks and fine-tuning need only torch, numpy and tiktoken."""
 import bz2
 import contextlib
 import functools
 import gzip
 import hashlib
 import lzma
+import math
 import os
 import re
 
@@ -20,8 +17,7 @@ import torch
 from model import MASK_RATE, mask_tokens  # noqa: F401  (MASK_RATE: the scripts take it from here)
 from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids, unfound  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
 
-# GPT-2's pre-tokenisation regex; the `tokenizers` ByteLevel pre-tokeniser uses the same one,
-# so a BPE trained there gives identical ids through tiktoken.
+# GPT-2's pre-tokenisation regex, `tokenizers`' ByteLevel one too: a BPE trained there gives the same ids through tiktoken
 SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.tiktoken"
 OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # a text file's compression, by its last suffix
@@ -54,9 +50,8 @@ def load_tokenizer(data_dir, meta=None):
 
 
 def load_tokens(data_dir, split, meta=None):
-    """Memory-mapped (num_sequences, seq_len) array of token ids for 'train' or 'val', after checking its size
-    against meta.json and that every id is below the vocabulary size: a pass over the file once before training
-    instead of a crash at the first bad id (on a GPU, an opaque device-side assert)."""
+    """The (sequences, seq_len) token ids of 'train' or 'val', memory-mapped, checked against meta.json and every id
+    below the vocabulary size (one pass, not a GPU's opaque device-side assert at the first bad id)."""
     meta = meta or load_meta(data_dir)
     path = os.path.join(data_dir, f"{split}.bin")
     n = meta[f"{split}_sequences"]
@@ -79,8 +74,7 @@ def get_batch(tokens, rows, device):
 
 
 def repeat_warning(expected, train_tokens, basis):
-    """A one-line warning when the run will train on more tokens than the data holds, else None;
-    basis says where the expected count comes from."""
+    """A one-line warning where the run trains more tokens than the data holds (`basis`: whence), else None."""
     if expected > train_tokens:
         return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
                 f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
@@ -90,8 +84,7 @@ def repeat_warning(expected, train_tokens, basis):
 
 @torch.no_grad()
 def fill_in(model, tokens, meta, enc, rt, n, seed):
-    """n fill-in-the-blank lines: one word of each of n validation sequences spread over the split
-    replaced by [MASK], beside the model's three likeliest tokens for it."""
+    """n fill-in-the-blank lines: a word of n validation sequences as [MASK], beside the model's three likeliest."""
     rng = np.random.default_rng(seed)
     n_regular, lines = meta["n_regular"], []
     model.eval()
@@ -115,15 +108,13 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
 
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
-    """The permutation of the training rows that epoch `epoch` visits. order='file': the first
-    epoch reads the file's own order (tools/curriculum.py's); repeats are shuffled."""
+    """The rows epoch `epoch` visits, shuffled; order='file': the first epoch in the file's order (tools/curriculum.py)."""
     return np.arange(n_rows) if order == "file" and epoch == 0 else np.random.default_rng((seed, epoch)).permutation(n_rows)
 
 
 def rows_at(start, count, n_rows, seed, order="shuffled"):
-    """Rows of the run's sequences start .. start + count - 1, where sequence i is row
-    epoch_order(i // n_rows)[i % n_rows]: every epoch visits each row once, and a resumed run
-    continues from the number of sequences consumed (the checkpoint's tokens / seq_len)."""
+    """Rows of the run's sequences start .. start + count - 1, sequence i being epoch_order(i // n_rows)[i % n_rows]: a
+    resumed run continues from the sequences consumed (the checkpoint's tokens / seq_len)."""
     parts = []
     while count > 0:
         epoch, offset = divmod(start, n_rows)
@@ -134,24 +125,28 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 def split_unit(world, micro, final, start, ramp):
-    """The size of a process's smaller micro-batches: it divides each one's share of every batch the schedule gives (final;
-    ramping, multiples of start), so at any world the shares add up to it (`micro` a cap); else one line says why."""
+    """(a process's micro-batch, its smaller ones' size) for the schedule's batches (final; ramping, multiples of start),
+    or a line why `world` processes cannot share them: the fewest of at most `micro` that two sizes in a run (a compiled
+    graph each) allow: the cap or the final share, and the gcd of what every share leaves over in it."""
     for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
         if batch % world:
             raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
                              f"of processes that divides {np.gcd(final, start)}, or a new run with a multiple of {world}")
-    return int(np.gcd.reduce([micro, final // world, start // world]))
+    share, step = final // world, start // world
+    micro = min(micro, share)
+    left = step % micro  # the ramp's k x step leave k x left over, once past micro all of gcd(left, micro)'s multiples
+    ramp = 0 if not left else left if (share - 1) // step * left < micro else math.gcd(left, micro)
+    return micro, math.gcd(ramp, share % micro) or micro
 
 
 def micro_batch_sizes(batch, world, micro, unit):
-    """A process's micro-batches of a global `batch`: of its share, as many of `micro` as fit, the rest in `unit`s."""
+    """A process's micro-batches of a global `batch`: as many of `micro` as fit, the rest in `unit`s (split_unit's)."""
     return [micro] * (batch // world // micro) + [unit] * (batch // world % micro // unit)
 
 
 class Batches:
-    """step(consumed, sizes, masking): this rank's masked micro-batches of `sizes`, ranks disjoint slices of each next world
-    x size sequences: at any world the step reads rows_at's consumed .. consumed + world x sum(sizes) - 1; a slice's masks
-    follow its place and size (the same on a resume, and in another world wherever the slices are the same)."""
+    """step(consumed, sizes, masking): this rank's masked micro-batches of `sizes`, disjoint slices of rows_at's next
+    world x sum(sizes) sequences after `consumed`, at any world; a slice's masks follow its place and size."""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
@@ -169,10 +164,8 @@ class Batches:
 
 
 def load_run_data(path):
-    """meta.json with the token files' identity, read cheaply (digests, which a resume compares: each split's rows, its
-    first and last 4,096 and 4,096 spread between, hashed, so another split, corpus or order differs; fingerprint, older
-    checkpoints': both splits' first and last), the train and val tokens and the tokenizer's text (checkpoints carry
-    both), each checked; a one-line error names how to prepare."""
+    """(meta.json with each split's digest, the train and val tokens, the tokenizer's text), each checked, or a line on how
+    to prepare; a digest hashes the count and 4,096 rows first, last and spread between (a resume compares them)."""
     if not os.path.isfile(os.path.join(path, "meta.json")):
         how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
             f"python prepare.py --out_dir={path} --dataset=..."
@@ -182,11 +175,10 @@ def load_run_data(path):
     meta = load_meta(path)
     tokenizer_text = read_tokenizer(path, meta)[0]
     train, val = load_tokens(path, "train", meta), load_tokens(path, "val", meta)
-    ends = b"".join(b"%d:" % len(t) + t[:4096].tobytes() + t[-4096:].tobytes() for t in (train, val))
-    splits = dict(train=train, val=val)
-    digests = {split: hashlib.blake2b(b"%d:" % len(t) + t[:4096].tobytes() + t[np.linspace(0, len(t) - 1, 4096).astype(int)].tobytes()
-                                      + t[-4096:].tobytes(), digest_size=8).hexdigest() for split, t in splits.items()}
-    return dict(meta, fingerprint=hashlib.blake2b(ends, digest_size=8).hexdigest(), digests=digests), train, val, tokenizer_text
+    digests = {split: hashlib.blake2b(b"%d:" % len(t) + t[:4096].tobytes() + t[np.linspace(0, len(t) - 1, 4096).astype(int)]
+                                      .tobytes() + t[-4096:].tobytes(), digest_size=8).hexdigest()
+               for split, t in (("train", train), ("val", val))}
+    return dict(meta, digests=digests), train, val, tokenizer_text
 
 
 def random_tokens(vocab_size, seq_len, seed=0, rows=4096):
@@ -223,8 +215,7 @@ class RandomBatches:
 
 
 def bytes_to_unicode():
-    """The byte-level BPE alphabet: printable characters stand for themselves, the other
-    bytes are shifted past 255, so every byte is one visible unicode character."""
+    """The byte-level BPE alphabet: each byte one visible character (printable ones themselves, the rest past 255)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))  # the others, in order
     return {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
@@ -232,8 +223,7 @@ def bytes_to_unicode():
 
 @torch.no_grad()
 def evaluate(model, tokens, meta, batch, rt, n_sequences, mask_rate):
-    """Validation MLM loss and masked-token accuracy on the first n_sequences, with fixed masks
-    (mask_rate of every row: train.py's eval_mask_rate, the same whatever the training recipe)."""
+    """Validation MLM loss and masked-token accuracy on the first n_sequences, fixed masks at `mask_rate`."""
     model.eval()
     generator = torch.Generator(device=rt.device).manual_seed(1234)
     n = min(n_sequences, len(tokens))

@@ -1,7 +1,5 @@
-"""cram's own files, written so that nothing is lost and read so that damage is one line: atomic writes, the out_dir
-lock, disk and writability checks; meta.json, the tokenizer's file format, checkpoints (checked on loading) and a
-run's metrics.jsonl. The scripts call these; a reader learning how a model trains can skip this file.
-"""
+"""cram's own files, written so that nothing is lost and read so that damage is one line: atomic writes, locks, disk
+checks, meta.json, the tokenizer's format, checkpoints and metrics.jsonl (a reader learning a step skips it)."""
 import base64
 import contextlib
 import dataclasses
@@ -18,13 +16,13 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from model import MISSING_FIELD_DEFAULTS, CrammedBert, ModelConfig, param_groups, saved_model_args
+from .runtime import OPTIMIZERS
+from model import REPLACED_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
              "val_sequences")  # what readers of meta.json rely on
-# What train.py's checkpoints hold besides the model, its model_args, the data's meta and the tokenizer: each reader
-# asks for these (.get) and finds them of these types when they are there (int is not bool here: type, not isinstance)
+# What a checkpoint may hold besides model, model_args, meta and tokenizer, of these types (type, not isinstance: no bool)
 RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,), budget=(dict, type(None)),
               step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,),
               spike_watch=(dict,))
@@ -39,8 +37,8 @@ def special_ids(n_regular):
 
 
 def cannot_write(path, e):
-    """The one-line error for a failed write of `path`: an OSError, or what a library raises for one (torch.save and
-    safetensors report a full disk in their own words). process.guarded ends it with what its script kept and how to go on."""
+    """The one-line error for a failed write of `path`: an OSError or a library's own (torch.save's, safetensors'); its
+    script's process.guarded adds what was kept."""
     folder = os.path.dirname(os.path.abspath(path))  # under a MiB left there: full
     full = getattr(e, "errno", None) == errno.ENOSPC or (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)
     reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
@@ -56,9 +54,8 @@ def temporary_path(path):
 
 
 def write_atomically(path, write):
-    """write(tmp) writes the file at a temporary path (its folder made if need be); it replaces `path` only once complete
-    and on the disk (fsync before the rename, and of the folder after it), so a crash or a power cut leaves the old file
-    or the new one, never half of one. Any failure of the write is one line (cannot_write)."""
+    """write(tmp) writes the file at a temporary path, which replaces `path` once complete and on the disk (fsync before
+    the rename, the folder's after): a crash leaves the old file or the new one, never half; a failure is one line."""
     tmp = temporary_path(path)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -78,10 +75,8 @@ def write_atomically(path, write):
 
 
 def check_writable(path, setting):
-    """A one-line error unless a file can be written at `path`: checked before the work, not after,
-    and by doing rather than by reading permission bits (which say yes to root): a file created and
-    removed beside it (atomic writes rename one into place), and `path` itself, when it exists,
-    opened for writing without truncating it (metrics.jsonl is appended to)."""
+    """A one-line error unless a file can be written at `path`, found before the work by doing, not by permission bits
+    (which say yes to root): a file made and removed beside it, and `path`, if there, opened to append."""
     folder = os.path.dirname(os.path.abspath(path))
     for where, kind in ((path, "a folder, not a file"), (folder, "a file, not a folder")):
         if os.path.exists(where) and os.path.isdir(where) == (where == path):
@@ -111,10 +106,8 @@ def size_text(n_bytes):
 
 
 def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
-    """Create the folder `path` if needed and lock it for this process, before any work: a one-line
-    error when it or the `files` to be written there cannot be written, it has less than need_bytes
-    free, or another process holds it. The lock is the kernel's (flock), released when the process
-    ends however it ends, so a crash never leaves it behind (tools/measure.py's held_below probes it)."""
+    """The folder `path` made and locked for this process (flock: released however it ends), or a one-line error: it or
+    its `files` cannot be written, it has under need_bytes free, or another process holds it."""
     for name in (LOCK_FILE, *files):
         check_writable(os.path.join(path, name), setting)
     free = shutil.disk_usage(path).free
@@ -147,8 +140,7 @@ def write_json(path, obj):
 
 
 def denied(path):
-    """The line for a path of another user's that this process may not read (a shared folder written under umask
-    077), or None: said as it is, where 'not found' or 'damaged' would advise preparing again or deleting their data."""
+    """The line for another user's path this process may not read, or None (not 'not found' or 'damaged': their data)."""
     try:
         if os.path.isdir(path):
             os.listdir(path)
@@ -213,19 +205,15 @@ def read_jsonl(path):
 
 
 class MetricsLog:
-    """A run's log and evaluation lines as JSON in metrics.jsonl, and to Weights & Biases when `wandb_run` (its project
-    and name) is given. A fresh run starts the file, a resumed one appends (steps redone after a hard kill appear twice;
-    the later line counts). Both start with the first line: a run that fails before it leaves the file as it was and no
-    empty W&B run, and W&B records `config` as the run has settled it by then (train.py's chosen micro-batch). Each line
-    names its `run` (an id its checkpoints keep), so a reader matches a checkpoint's lines, not another run's at its step."""
+    """A run's lines in metrics.jsonl (and W&B with `wandb_run`): a fresh run starts the file at its first line, a resume
+    appends (a step redone: the later line counts); each names its `run`, the id its checkpoints keep."""
 
     def __init__(self, path, fresh, wandb_run=None, config=None, run=None):
         self.path, self.fresh, self.wandb_run, self.config, self.started = path, fresh, wandb_run, config, False
         self.run = run or os.urandom(8).hex()  # a new run's id
 
     def write(self, fields):
-        """One line. A line cut short by a kill of the run (the file not ending in a newline) is dropped
-        first, so the resumed run's lines start on lines of their own."""
+        """One line, after dropping one a kill cut short (no newline at the end)."""
         if not self.started:
             self.started = True
             if self.fresh:
@@ -249,8 +237,7 @@ class MetricsLog:
 
 
 def read_metrics(run):
-    """The evaluations of one run, in order, one per step (for a step logged twice, the later line:
-    a run resumed after a hard kill redoes the steps since its last checkpoint)."""
+    """The evaluations of one run, in order, one per step (a step logged twice: the later line)."""
     path = os.path.join(run, "metrics.jsonl")
     if not os.path.isfile(path):
         raise unfound(path, f"error: {path} not found: is {run} the out_dir of a train.py run?")
@@ -340,9 +327,8 @@ def save_in_series(path, state, keep, held):
 
 
 def save_peak_bytes(path, keep, each, resumed_step=None, branched=False):
-    """The room a run's saves of `each` bytes need beside `path` (ckpt.pt): save_in_series writes one whole beside the
-    series (the newest linked aside) before pruning to `keep`, so max(keep, held) + 1 at once, `held` there already: a
-    resume's (resumed_step given) ckpt.pt and series, or, branching from an earlier step, the series up to it."""
+    """The room saves of `each` bytes need beside `path` (ckpt.pt): max(keep, held) + 1 at once (save_in_series writes
+    one before pruning), less `held`, there already: a resume's ckpt.pt and series (a branch's: up to resumed_step)."""
     held = 0 if resumed_step is None else (not branched and os.path.isfile(path)) + sum(
         not branched or step <= resumed_step for step, _ in checkpoint_series(os.path.dirname(path) or "."))
     return (max(keep, held) + 1 - held) * each
@@ -359,17 +345,15 @@ def branch_from(path, step):
 
 
 def load_checkpoint(path, use="weights"):
-    """A checkpoint written by train.py, checked for what its reader uses, or a one-line error saying
-    what is missing or damaged and how to go on: `use` 'settings' (a tool reading its config and
-    model_args), 'weights' (fine-tuning, the export: finite weights too), 'resume' (train.py: also the
-    optimizer state and the run's counters; check_resume then checks them against the run)."""
+    """A checkpoint of train.py's, checked for what its reader uses, or a one-line error on what is missing or damaged:
+    `use` 'settings' (config and model_args), 'weights' (finite too: fine-tuning, the export), 'resume' (the optimizer
+    state and the run's counters too; check_resume checks them against the run)."""
     if not os.path.isfile(path):
         raise unfound(path, f"error: checkpoint not found: {path}")
     try:
         with warnings.catch_warnings():  # torch warns about a pickle protocol before refusing it: the error says it
             warnings.simplefilter("ignore")
-            # weights_only: tensors and plain containers only, so a file can never run code on loading
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain values: never code
     except Exception as e:
         raise SystemExit(denied(path) or f"error: {path} {refusal(e)}")
     problem = checkpoint_problem(checkpoint, path)
@@ -401,9 +385,8 @@ def refusal(e):
 
 
 def checkpoint_problem(checkpoint, path):
-    """What in a loaded checkpoint breaks its readers (train.py's resume, fine-tuning, the export), or None:
-    model_args that ModelConfig takes (known fields, their types and declared ranges), weights of exactly the model
-    they describe, the data's meta, and a tokenizer whose tokens and special ids make up the model's vocabulary."""
+    """What in a loaded checkpoint breaks its readers, or None: model_args ModelConfig takes, weights of exactly that
+    model, the data's meta, a tokenizer whose tokens and special ids make up the vocabulary."""
     if not isinstance(checkpoint, dict) or not {"model", "model_args", "meta", "tokenizer"} <= checkpoint.keys():
         return "not a dict with model, model_args, meta and tokenizer"
     args, weights = checkpoint["model_args"], checkpoint["model"]
@@ -442,10 +425,9 @@ def checkpoint_problem(checkpoint, path):
 
 
 def model_args_problem(args):
-    """Unknown fields, values of the wrong type or outside a field's declared range (its comment in
-    model.ModelConfig), or what ModelConfig refuses; None when ModelConfig takes them."""
+    """Unknown fields, values of the wrong type or outside a field's declared range, or what ModelConfig refuses; or None."""
     fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(args) - fields.keys())
+    unknown = sorted(set(args) - fields.keys() - REPLACED_FIELDS.keys())
     if unknown:
         return f"unknown model_args field(s) {', '.join(unknown)} (a newer cram's checkpoint?)"
     for kind, *declared in declarations({}, ModelConfig):
@@ -458,7 +440,7 @@ def model_args_problem(args):
         if rule and not rule[0](value):
             return f"model_args {name}={value!r}: {name} must be {rule[1]}"
     try:
-        ModelConfig(**{**MISSING_FIELD_DEFAULTS, **args})
+        saved_model_args(args)
     except (TypeError, ValueError) as e:
         return f"model_args: {e}"
     return None
@@ -479,9 +461,8 @@ def all_finite(state_dict):
 
 
 def check_own_files(out_dir, checkpoint, source):
-    """A run touches only its own files: a fresh run (`checkpoint` None) replaces no checkpoint; a resume (from `source`)
-    prunes, sets aside or appends to none of another run's, by the id its checkpoints and metrics lines name (read
-    without the tensors), nor, from another folder, any of a run unknown (an older cram's: None). A one-line error."""
+    """A one-line error unless a run touches only its own files: a fresh one (`checkpoint` None) replaces no checkpoint;
+    a resume (from `source`) none of another run's (by the run id they name) nor, from elsewhere, an older cram's."""
     path, run = os.path.join(out_dir, "ckpt.pt"), (checkpoint or {}).get("run")
     series = [p for _, p in checkpoint_series(out_dir)]
     if checkpoint is None and (os.path.exists(path) or series):  # only a series: its newest, by name
@@ -506,10 +487,8 @@ def check_own_files(out_dir, checkpoint, source):
 
 
 def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta):
-    """A one-line error unless the checkpoint train.py resumes (`checkpoint`, loaded from `path` by
-    load_checkpoint(path, "resume"), which checked its weights finite) continues the same run: the same model,
-    tokenizer and optimizer, and the same token files (data_difference), in the folder it trained on or any other (a
-    copy). The dtype may change."""
+    """A one-line error unless `checkpoint` (load_checkpoint(path, "resume")'s) continues the same run: the same model,
+    tokenizer and optimizer and the same token files (data_difference), in any folder; the dtype may change."""
     same_folder = os.path.realpath(data_dir) == checkpoint.get("data_dir")  # where it trained (its real path)
     saved = saved_model_args(checkpoint["model_args"])
     if saved != model_args:
@@ -535,9 +514,9 @@ def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, 
 
 def data_difference(trained_on, meta):
     """How the token files `meta` describes (data.load_run_data's) differ from those a checkpoint's meta (`trained_on`)
-    describes, or '': each split by its digest; a checkpoint without digests (an older cram's) by what it has."""
+    describes, or '': each split by its digest; a checkpoint without digests (an older cram's) by its sequences' counts."""
     if not isinstance(trained_on.get("digests"), dict):
-        return ", ".join(k for k in ("fingerprint", "train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
+        return ", ".join(k for k in ("train_sequences", "val_sequences") if trained_on.get(k, meta[k]) != meta[k])
     said = [f"{name} rows: " + (f"{trained_on[k]:,} sequences, now {meta[k]:,}" if trained_on[k] != meta[k] else
                                 f"other ones or in another order, {meta[k]:,} as before")
             for split, name, k in (("train", "training", "train_sequences"), ("val", "validation", "val_sequences"))
@@ -547,8 +526,8 @@ def data_difference(trained_on, meta):
 
 
 def optimizer_problem(checkpoint, optim):
-    """How a checkpoint's optimizer state fails to fit its model's optimizer (`optim`'s parameter
-    groups, each parameter's state of its shape), or None."""
+    """How a checkpoint's optimizer state fails to fit its model's optimizer (`optim`'s parameter groups, each
+    parameter's state tensors as its row in runtime.OPTIMIZERS `fits` them), or None."""
     saved = checkpoint["optimizer"]
     if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) or \
             not isinstance(saved.get("state"), dict):
@@ -559,9 +538,9 @@ def optimizer_problem(checkpoint, optim):
     counts = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in saved["param_groups"]]
     if counts != [len(g) for g in groups]:
         return f"has parameter groups of {counts} parameters where the model's optimizer has {[len(g) for g in groups]}"
-    params = [p for g in groups for p in g]
+    params, fits = [p for g in groups for p in g], OPTIMIZERS[optim].fits
     for index, state in saved["state"].items():
         if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(state, dict) and all(
-                v.shape == params[index].shape for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)):
+                fits(v, params[index]) for v in state.values() if isinstance(v, torch.Tensor))):
             return f"does not fit the model's parameters (entry {index})"
     return None

@@ -12,9 +12,8 @@ SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 
 
 class SpikeWatch:
-    """judge(loss), model.Trainer.step's `accept`: the step's loss (a tensor; `reduce`: the mean over DDP ranks) judged
-    before its update, True unless a spike (threshold 0: never); the loss in .loss, the verdict in .spiked. A finite loss
-    not a spike joins the history: the mean, and the spread as half the moving mean square of successive differences."""
+    """judge(loss), Trainer.step's `accept`: True unless the loss (`reduce`d over ranks) spikes (.loss, .spiked); a finite
+    one not a spike joins the history: the mean, and the spread (half the mean square of successive differences)."""
 
     def __init__(self, threshold, reduce=None, mean=0.0, var=0.0, count=0, last=0.0):
         self.threshold, self.reduce = threshold, reduce or (lambda loss: loss)
@@ -37,8 +36,8 @@ class SpikeWatch:
 
 
 class Saves:
-    """A run's checkpoints: `path` (ckpt.pt) the newest sound one, the `keep` - 1 before it beside it (files.save_in_series);
-    a resumed `checkpoint` (from `source`) the last until the run saves; `path` holds it unless the run branched from it."""
+    """A run's checkpoints: `path` (ckpt.pt) the newest sound one, `keep` - 1 older beside it; a resumed `checkpoint`
+    (from `source`) the last until the run saves."""
 
     def __init__(self, path, keep, checkpoint=None, source=None):
         self.path, self.keep = path, keep
@@ -50,13 +49,12 @@ class Saves:
         return branch_from(self.path, self.last) if self.branched else []
 
     def save_if_sound(self, ev, state, mask_rate, at_end=False):
-        """`state` (train.checkpoint_state) saved if its weights are finite and their loss on a validation micro-batch has
-        not diverged: the checkpoint a divergence stop names is one a lower rate recovers from; else said (at_end: an error)."""
-        if all_finite(state["model"]):
-            loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, mask_rate)[0]
-            refused = f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
-        else:
-            refused = "non-finite weights"
+        """`state` saved if its weights are finite and their loss on a validation micro-batch not diverged (a divergence
+        stop names one a lower rate recovers from); else said (at_end: an error)."""
+        loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, mask_rate)[0] \
+            if all_finite(state["model"]) else None
+        refused = "non-finite weights" if loss is None else \
+            f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
         if not refused:
             save_in_series(self.path, state, self.keep, None if self.branched else self.last)
             self.last, self.last_path, self.branched = state["step"], self.path, False

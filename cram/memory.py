@@ -1,7 +1,5 @@
-"""The memory a run needs against the memory it has: a one-line error, before any work, for a step that surely
-cannot fit (check_memory, by lower estimates), and the micro-batch (choose_micro_batch: on a GPU the largest that
-fits, found by a probe): train.py and finetune_glue.py ask before any work, the benchmarks for their tables.
-"""
+"""The memory a run needs against the memory it has, before any work: a one-line error for a step that surely cannot
+fit (check_memory, by lower estimates), and the micro-batch (choose_micro_batch: a GPU's largest that fits, probed)."""
 import contextlib
 import os
 
@@ -21,11 +19,8 @@ def free_device_memory(rt):
 
 
 def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
-    """The largest power-of-two micro-batch from `smallest` (or the largest power of two up to a smaller `largest`:
-    a batch of a few sequences) up to `largest` whose peak memory stays under (1 - margin) of `capacity` bytes; the
-    margin leaves room for fragmentation and for what changes between the probe and training. peak_bytes(size) runs
-    a training step at that size and returns its peak memory, raising torch.cuda.OutOfMemoryError when it does not
-    fit. Returns (size, {size: peak bytes or None where out of memory})."""
+    """(the largest power of two from `smallest` up to `largest` whose peak_bytes(size), a step's, stays under (1 - margin)
+    of `capacity`, {size: its peak bytes, None where torch.cuda.OutOfMemoryError})."""
     smallest = min(smallest, 1 << (largest.bit_length() - 1))
     tried, best, size = {}, None, smallest
     while size <= largest:
@@ -44,9 +39,8 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
 
 
 def probe_micro_batch(model_args, rt, largest, mask_rate):
-    """The largest power-of-two micro-batch (up to `largest`) that fits on the GPU, measured with a throwaway model
-    of the real shape, its optimizer's state and one eager step per size (eager keeps at least the activations a compiled
-    step keeps, so the compiled run fits too). Returns (size, {size: peak bytes or None})."""
+    """largest_micro_batch's answer on the GPU, by a throwaway model of the shape, its optimizer and one eager step per
+    size (eager keeps at least a compiled step's activations)."""
     model = CrammedBert(**model_args).to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.0, rt.optim), lr=0.0)
     scaler, vocab = rt.grad_scaler(), model.config.vocab_size
@@ -87,18 +81,16 @@ def memory_capacity(device, cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
 
 
 def least_bytes(config, rt, mask_rate, training=True, offload=False):
-    """check_memory's lower estimates: (float32 weights and gradients, 8 bytes a parameter, and the optimizer's state
-    (runtime.OPTIMIZERS: AdamW's 8 more); a sequence's activations)."""
+    """check_memory's lower estimates: (weights, gradients and the optimizer's state_bytes; a sequence's activations)."""
     value_bytes = 4 if rt.dtype == torch.float32 else 2
-    state_bytes = 8 + OPTIMIZERS[rt.optim][1]
+    state_bytes = 8 + OPTIMIZERS[rt.optim].state_bytes
     return state_bytes * config.parameters_at_least(), config.step_bytes(mask_rate, value_bytes, training, offload)
 
 
 def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, offload=False, capacity=None):
-    """A one-line error, before any work, for a step that surely cannot fit the device's memory (`capacity`, default
-    memory_capacity's; docs/training.md, "A step that cannot fit"): least_bytes' (off-load's state in host memory) and
-    a step's token ids, 12 bytes a position. micro and batch: (sequences, what chose them, as '--micro_batch=32'); an
-    error names it (or the model's shape) and the largest value that fits."""
+    """A one-line error for a step that surely cannot fit `capacity` (memory_capacity's; docs/training.md): least_bytes'
+    and the token ids, 12 bytes a position. micro, batch: (sequences, what chose them: '--micro_batch=32'); the error
+    names that (or the shape) and the largest that fits."""
     (micro, micro_name), (batch, batch_name) = micro, batch
     capacity = capacity or memory_capacity(rt.device)
     if not capacity:
@@ -127,11 +119,10 @@ def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, off
 
 
 def choose_micro_batch(micro_batch, batch_size, model_args, rt, *, world, mask_rate, offload, log):
-    """micro_batch, or when it is 0: on a GPU the largest power of two that fits (the probe; under torchrun the smallest
-    over the ranks) and divides the batch; on a CPU and in off-load mode 32 or less. Either is checked first against the
-    memory it surely needs (check_memory; before the probe, with one sequence: the model itself)."""
+    """The micro-batch cap data.split_unit splits every batch by: micro_batch, or if 0 a GPU's largest power of two that
+    fits (the probe; under torchrun the ranks' smallest), else 32 or a process's share if smaller; check_memory first."""
     probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
-    chosen = micro_batch or (1 if probe else max(m for m in (1, 2, 4, 8, 16, 32) if batch_size % (m * world) == 0))
+    chosen = micro_batch or (1 if probe else min(32, batch_size // world))
     name = f"--micro_batch={chosen}" if micro_batch else \
         f"a micro-batch of {chosen} (micro_batch=0 {'in off-load mode' if offload else 'on a CPU'})"
     check_memory(ModelConfig(**model_args), rt, mask_rate, (chosen, name), (batch_size // world, f"--batch_size={batch_size}"),
@@ -143,8 +134,6 @@ def choose_micro_batch(micro_batch, batch_size, model_args, rt, *, world, mask_r
         t = torch.tensor([chosen], device=rt.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         chosen = int(t.item())
-    while batch_size % (chosen * world):
-        chosen //= 2
     peaks = ", ".join(f"{s}: {b / 2 ** 30:.1f}" if b else f"{s}: out of memory" for s, b in tried.items())
     log(f"micro_batch=0: chose {chosen}, the largest power of two within 90% of the GPU's free memory "
         f"(peak GiB by size: {peaks})")

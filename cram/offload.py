@@ -1,12 +1,9 @@
-"""Off-load mode (train.py --offload=True): train an encoder whose training state is larger than the GPU. The
-blocks' float32 masters, AdamW moments and float32 gradient accumulators live in host memory; the device holds the
-stem (embeddings, final norm, MLM head, with a normal AdamW) and two template blocks that each block's weights
-stream through: forward block by block keeping only each block's input, backward by recomputing each block with its
-forward's RNG state. float32 trains exactly as normal mode does; checkpoints interchange with it. docs/offload.md
-has the mechanism, its precision and its arithmetic. On a CPU the streams are HostStream, which does nothing, so the
-same code runs (and is tested) there. The parts, one job each: HostBlocks (the host side), BlockStreamer (the
-device side), StreamedBlocks (the blocks' place in the model) and OffloadTrainer, which composes them with the stem.
-"""
+"""Off-load mode (train.py --offload=True): an encoder whose training state is larger than the GPU. The blocks' float32
+masters, AdamW moments and gradient accumulators live in host memory; the device holds the stem (embeddings, final
+norm, MLM head) and two template blocks each block's weights stream through, forward keeping each block's input,
+backward recomputing it with its forward's RNG state: float32 trains as normal mode does (docs/offload.md). On a CPU
+the streams are HostStream, doing nothing. The parts: HostBlocks, BlockStreamer (the device side), StreamedBlocks (the
+blocks' place in the model) and OffloadTrainer, which composes them with the stem."""
 import inspect
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +15,8 @@ import torch.nn as nn
 from model import Block, at_positions, param_groups
 
 
-STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's, as encode passes them: the
-# input, and what off-load's batches leave None (no padding, no narrowed layers)
+STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's that off-load judges: the input and the
+# model's attention_mask (a position bias too), streamed to every block; context, narrowed layers', is refused below
 
 
 def check_settings(world, config, optim, dtype):
@@ -31,8 +28,8 @@ def check_settings(world, config, optim, dtype):
                          "(--full_layers)")
     extra = [name for name in inspect.signature(Block.forward).parameters if name not in STREAMED_INPUTS]
     if extra:  # a fork's block that takes more (rotary tables, say) than the streamer gives it
-        raise SystemExit(f"error: --offload=True streams blocks given their input alone: model.py's Block.forward "
-                         f"also takes {', '.join(extra)}")
+        raise SystemExit(f"error: --offload=True streams blocks given their input and attention mask: model.py's "
+                         f"Block.forward also takes {', '.join(extra)}")
     if optim != "adamw":
         raise SystemExit(f"error: --offload=True steps AdamW on the host: it does not combine with --optim={optim}")
     if dtype == torch.float16:
@@ -69,10 +66,9 @@ class HostStream:
 
 
 class HostBlocks:
-    """The host side: per block i, masters[i] (its float32 parameters, whose .grad are the float32 gradient
-    accumulators), send[i] (what crosses the bus: pinned copies in the wire dtype, or under float32 the masters
-    themselves), optimizers[i] (a fused CPU AdamW over the same groups and hyperparameters as model.param_groups)
-    and updates[i] (its step in flight, or None). One updater thread steps the blocks in forward order."""
+    """The host side, per block i: masters[i] (its float32 parameters; their .grad the accumulators), send[i] (what
+    crosses the bus: pinned copies in the wire dtype, or the masters), optimizers[i] (a fused CPU AdamW over
+    param_groups') and updates[i] (its step in flight, or None). One updater thread steps them in forward order."""
 
     def __init__(self, blocks, rt, lr, betas, eps, weight_decay):
         self.blocks = blocks  # the nn.ModuleList the masters belong to (checkpoints load into it)
@@ -100,17 +96,15 @@ class HostBlocks:
             torch._foreach_copy_(self.send[i], self.masters[i])
 
     def accumulate(self, i, grads, landed, last):
-        """Add block i's gradients to its accumulators once `landed` (the event of their copy to the
-        host) has passed. When last (the step's last micro-step) the accumulators are final: returns
-        their squared norm, block i's share of the global norm; else 0.0."""
+        """Add block i's gradients to its accumulators once `landed` (their copy's event) has passed; returns, when last
+        (the step's last micro-step), their squared norm (block i's share of the global one), else 0.0."""
         landed.synchronize()
         accumulators = [p.grad for p in self.masters[i]]
         torch._foreach_add_(accumulators, grads)
         return torch.stack(torch._foreach_norm(accumulators)).square().sum().item() if last else 0.0
 
     def start_updates(self, lr, scale):
-        """Queue every block's update on the updater thread, in forward order; the next forward waits
-        (wait(i)) only for the block it is about to send."""
+        """Queue every block's update in forward order; the next forward waits (wait(i)) for the block it sends."""
         self.updates = [self.updater.submit(self._update, i, lr, scale) for i in range(len(self))]
 
     @torch.no_grad()
@@ -132,10 +126,8 @@ class HostBlocks:
 
 
 class BlockStreamer:
-    """The device side: runs the blocks of `host` (a HostBlocks) through two device templates, Blocks of the model's
-    `config`, block i in template i % 2, matrices in the autocast dtype. Three streams: compute (the current one), h2d
-    (weights in), d2h (gradients out); resident[s] is the block whose current weights template s holds, slot_free[s] the
-    event of the last compute that read it. Gradients go out through pinned staging buffers, one set per template."""
+    """The device side: `host`'s block i runs in template i % 2 (Blocks of `config`); streams compute, h2d and d2h (through
+    pinned staging); resident[s]: the block template s holds, slot_free[s]: the last compute that read it."""
 
     def __init__(self, host, config, rt):
         self.host, self.rt, self.cuda = host, rt, rt.device.type == "cuda"
@@ -163,27 +155,23 @@ class BlockStreamer:
         """The masters changed (an update, a loaded checkpoint): no template holds current weights."""
         self.resident = [None, None]
 
-    def _stream(self, stream):
-        return torch.cuda.stream(stream) if self.cuda else nullcontext()
-
     @torch.no_grad()
     def _fetch(self, i):
-        """Start copying block i's weights into template i % 2 on the side stream; returns the event
-        the compute stream waits on (None when they are already there)."""
+        """Start copying block i's weights into template i % 2; returns the event to wait on (None: already there)."""
         self.host.wait(i)  # its masters and transfer copy are being updated
         slot = i % 2
         if self.resident[slot] == i:
             return None
         self.h2d.wait_event(self.slot_free[slot])  # the compute that last read this template is done
-        with self._stream(self.h2d):
+        with torch.cuda.stream(self.h2d) if self.cuda else nullcontext():
             for p, src in zip(self.templates[slot].parameters(), self.host.send[i]):
                 p.copy_(src, non_blocking=True)
         self.resident[slot] = i
         return self.h2d.record_event()
 
-    def forward(self, h, inputs=None, rng=None):
-        """Run h through every block under no_grad; inputs and rng (lists), when given, collect each
-        block's input and the device RNG state it started from, for the recompute."""
+    def forward(self, h, inputs=None, rng=None, mask=None):
+        """Run h through every block under no_grad, each given `mask` (CrammedBert.attention_mask's); inputs and rng
+        (lists), when given, collect each block's input and the device RNG state it started from, for the recompute."""
         n = len(self.host)
         ready = self._fetch(0)
         for i in range(n):
@@ -193,23 +181,22 @@ class BlockStreamer:
                 inputs.append(h)
                 rng.append(device_generator(self.rt.device).get_state())
             with torch.no_grad(), self.rt.autocast():
-                h = self.templates[i % 2](h)  # (B, T, d)
+                h = self.templates[i % 2](h, mask)  # (B, T, d)
             self.slot_free[i % 2] = self.compute.record_event()
-            # block i is queued on the device before the host waits for block i+1's update (after an
-            # optimizer step), so the device computes while the host waits; the copy overlaps it
+            # block i queued before the host waits for block i+1's update: the device computes meanwhile
             ready = self._fetch(i + 1) if i + 1 < n else None
         return h
 
-    def backward(self, grad, inputs, rng, last):
-        """Recompute each block from its saved input and RNG state, backward from grad (B, T, d), its weight gradients
-        added to the host accumulators; returns the first block's input gradient and, when last, their squared norms."""
+    def backward(self, grad, inputs, rng, last, mask=None):
+        """Each block recomputed and run backward from grad (B, T, d), its gradients added to the host's; returns the
+        first block's input gradient and, when last, their squared norms."""
         n, pending, squares = len(self.host), None, [0.0] * len(self.host)
         ready = self._fetch(n - 1)
         for i in reversed(range(n)):
             upcoming = self._fetch(i - 1) if i > 0 else None
             if ready is not None:
                 self.compute.wait_event(ready)
-            grad, grads = self._recompute(i % 2, grad, inputs[i], rng[i])
+            grad, grads = self._recompute(i % 2, grad, inputs[i], rng[i], mask)
             sources = self._send_back(i % 2, grads)
             if pending is not None:  # the host adds block i+1's gradients while the device runs block i
                 squares[pending[0]] = self.host.accumulate(*pending, last)
@@ -218,27 +205,27 @@ class BlockStreamer:
         squares[pending[0]] = self.host.accumulate(*pending, last)
         return grad, squares
 
-    def _recompute(self, slot, grad, x, rng):
-        """The block in template `slot` rerun from its input x and its forward's RNG state (the same dropout masks),
-        then its backward from grad; returns x's gradient and the template's weight gradients, taken off it."""
+    def _recompute(self, slot, grad, x, rng, mask):
+        """The block in `slot` rerun from x with its forward's RNG state (the same dropout), then backward from grad:
+        (x's gradient, the template's weight gradients, taken off it)."""
         device_generator(self.rt.device).set_state(rng)
         x = x.requires_grad_()
         with self.rt.autocast():
-            y = self.templates[slot](x)  # (B, T, d)
+            y = self.templates[slot](x, mask)  # (B, T, d)
         y.backward(grad)
         grads = [p.grad for p in self.templates[slot].parameters()]
         self.templates[slot].zero_grad(set_to_none=True)
         return x.grad, grads
 
     def _send_back(self, slot, grads):
-        """Mark template `slot` free once its backward is done and, on a GPU, start copying its
-        gradients into the slot's staging buffers on the d2h stream; returns what the host adds."""
+        """Template `slot` marked free after its backward, its gradients copied out (a GPU's: to the slot's staging
+        buffers on d2h); returns what the host adds."""
         done = self.compute.record_event()
         self.slot_free[slot] = done
         if not self.cuda:
             return grads
         self.d2h.wait_event(done)
-        with self._stream(self.d2h):
+        with torch.cuda.stream(self.d2h):
             for s, g in zip(self.staging[slot], grads):
                 s.copy_(g, non_blocking=True)
                 g.record_stream(self.d2h)  # keep the allocator off g until the copy is done
@@ -246,17 +233,15 @@ class BlockStreamer:
 
 
 class StreamedBlocks(nn.Module):
-    """The model's blocks in off-load mode: one module in their place that streams them all, under
-    no_grad, so that model.encode, forward and logits serve evaluation and fill-in unchanged
-    (training runs OffloadTrainer.step, which recomputes the blocks for their gradients)."""
+    """The blocks' place in the model: streams them all under no_grad, so encode, forward and logits serve evaluation
+    and fill-in unchanged (training's OffloadTrainer.step recomputes them for their gradients)."""
 
     def __init__(self, streamer):
         super().__init__()
         self.streamer = streamer  # not a module: the templates hold no weights of the model's own
 
-    def forward(self, x, *inputs):
-        assert all(i is None for i in inputs), "off-load mode encodes unpadded MLM batches, all layers full"
-        return self.streamer.forward(x)
+    def forward(self, x, attn_mask=None, context=None):  # context: none, narrowed layers being refused
+        return self.streamer.forward(x, mask=attn_mask)
 
     def train(self, mode=True):
         for module in self.streamer.templates:
@@ -265,9 +250,8 @@ class StreamedBlocks(nn.Module):
 
 
 class OffloadTrainer:
-    """train.py's trainer for off-load mode: model.Trainer's step, state_dict and load_state_dict (normal mode's
-    checkpoint format). Takes ownership of `model` (a CrammedBert on the host): its blocks become a HostBlocks' masters,
-    the stem moves to the device, and `self.model` is the stem with StreamedBlocks in their place (evaluation's)."""
+    """model.Trainer's methods (normal mode's checkpoint format) for off-load mode, owning `model` (on the host): its
+    blocks become HostBlocks' masters, the stem moves to the device; `self.model`: the stem with StreamedBlocks."""
 
     def __init__(self, model, rt, lr, betas, eps, weight_decay):
         self.rt, self.scaler = rt, rt.grad_scaler()  # disabled: bfloat16 and float32 need no loss scaling
@@ -290,8 +274,10 @@ class OffloadTrainer:
     def _micro_step(self, inputs, positions, labels, accum_steps, last):
         with self.rt.autocast():
             x = self.stem.embed(inputs)  # (B, T, d), its graph kept for the stem's backward at the end
-        block_inputs, rng = [], []
-        top = self.streamer.forward(x.detach(), block_inputs, rng)
+        mask, block_inputs, rng = self.stem.attention_mask(inputs.shape[1]), [], []
+        if mask is not None and mask.requires_grad:  # its gradient would have to come back through every block
+            raise SystemExit("error: --offload=True streams a fixed attention mask to the blocks, not a learned one")
+        top = self.streamer.forward(x.detach(), block_inputs, rng, mask)
         rng_after = device_generator(self.rt.device).get_state()
         top.requires_grad_()
         with self.rt.autocast():
@@ -299,14 +285,13 @@ class OffloadTrainer:
             hidden = at_positions(hidden, positions) if self.stem.sparse_prediction else hidden
             loss, _ = self.stem.mlm_loss(hidden, inputs, positions, labels)
         (loss / accum_steps).backward()
-        grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last)
+        grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last, mask)
         x.backward(grad)
         device_generator(self.rt.device).set_state(rng_after)  # the recompute replayed the RNG: on from the forward
         return loss.detach(), squares
 
     def step(self, micro_batches, lr, clip, accept=None):
-        """model.Trainer.step's contract (the mean loss, whether the update was applied); the stem steps here, the
-        blocks' updates are queued on the host's updater thread."""
+        """model.Trainer.step's contract; the stem steps here, the blocks' updates are queued on the updater thread."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, batch in enumerate(micro_batches):
             parts = rows / len(batch[0])  # 1 / its share of the step's sequences, as model.Trainer.step
@@ -338,8 +323,7 @@ class OffloadTrainer:
                 for index, name in enumerate(adamw_order(module))}
 
     def state_dict(self):
-        """{'model': the plain CrammedBert state_dict, 'optimizer': torch.optim.AdamW's state_dict
-        over param_groups(model), 'scaler': the (disabled) grad scaler's}."""
+        """Normal mode's: the CrammedBert's, AdamW's over param_groups(model) and the (disabled) scaler's."""
         self.synchronize()
         tensors = {**self.stem.state_dict(), **{f"blocks.{k}": v for k, v in self.host.blocks.state_dict().items()}}
         states = {o: o.state_dict()["state"] for o in [self.optimizer, *self.host.optimizers]}

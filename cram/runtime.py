@@ -1,11 +1,8 @@
-"""Where and how the arithmetic runs: device, precision, TF32, compilation (CUDA graphs' care included), the
-optimizer, and DDP, decided here once for train.py, bench.py and finetune_glue.py. (The process around them,
-its signals, faults and progress lines, is cram/process.py.)
-
-Every call here runs on a CPU too: inductor compiles for it, autocast takes bfloat16 and float16, AdamW has a fused CPU
-kernel (torch >= 2.4), the grad scaler works; so tests run the GPU's code path anywhere, only the device differing.
-"""
+"""Where and how the arithmetic runs: device, precision, TF32, compilation, the optimizer and DDP, decided once for
+train.py, bench.py and finetune_glue.py. Every call runs on a CPU too (inductor, autocast, fused AdamW, the grad scaler),
+so tests run the GPU's code path anywhere."""
 import atexit
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -19,11 +16,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-# inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): kernels built for one vector width are reused under
-# another and give NaN losses or corrupt the heap. So each capability gets a cache folder of its own, named here, on
-# import, before anything imports inductor (which fixes its folder on first use); a TORCHINDUCTOR_CACHE_DIR of the
-# user's still says where. With no usable temporary folder (a read-only container) nothing is set: a script said so
-# already (the configurator); imported alone, past torch's import, a compile probe (compile_problem) decides.
+# inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): a kernel built for one vector width, reused under
+# another, gives NaN losses or corrupts the heap. So each capability gets a folder, named on import, before inductor
+# fixes its own (a user's TORCHINDUCTOR_CACHE_DIR wins); no temporary folder: the configurator said so already.
 with contextlib.suppress(FileNotFoundError):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_{}_{}".format(
         os.getuid() if hasattr(os, "getuid") else "user", torch.backends.cpu.get_cpu_capability().lower())))
@@ -35,21 +30,31 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
                   "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12, "4090": 165e12, "3090": 71e12,
                   "V100": 125e12, "A4000": 76.7e12}
 
-# torch.compile's modes: inductor's defaults; autotuned GEMM (and, on a CPU, C++ GEMM templates) kernels; and CUDA
-# graphs (one launch for a whole recorded step), with or without the autotuning. The cramming reference trains with
-# max-autotune; cram's default stays inductor's until a GPU report shows a mode is faster (bench.py
-# --compile_mode=default,max-autotune times them).
-# The optimizers train.py's --optim names, in one place: name -> (build, state): build takes model.param_groups'
-# groups (weight decay in them) and the run's lr, betas and eps, and uses what it needs; state is the bytes a parameter
-# of its state takes at least (the memory check's estimate). A new one is a row here and its name in train.py's `optim`.
-OPTIMIZERS = {
-    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
-    "adamw": (lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True), 8),
-    # a momentum on the groups param_groups(..., optim="muon") marks, AdamW's two moments on the rest (below)
-    "muon": (lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4),
-}
+# torch.compile's modes: inductor's defaults, autotuned GEMMs, CUDA graphs (one launch a step) with or without them. The
+# reference trains with max-autotune; cram keeps inductor's until a GPU report shows one faster (bench.py times them).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
+
+# The optimizers train.py's --optim names: a new one is a row here. build(groups, lr, betas, eps) takes param_groups'
+# groups; state_bytes: a parameter's state at least (the memory check's); width_lr: whether budget.lr_for_width (AdamW's)
+# sets its rate, else --lr is asked for; fits(state, param): whether a resumed state tensor belongs to its parameter
+# (files.optimizer_problem): by default its shape or a factor of it (Adafactor's row and column statistics).
+def factored(state, param):
+    return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
+
+
+def same_shape(state, param):
+    return state.dim() == 0 or state.shape == param.shape
+
+
+Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))
+OPTIMIZERS = {
+    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
+    "adamw": Optimizer(lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
+                       8, True, same_shape),
+    # a momentum on param_groups(..., optim="muon")'s first group, AdamW's two moments on the rest (below)
+    "muon": Optimizer(lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4, True, same_shape),
+}
 
 # dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
 # work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
@@ -74,9 +79,8 @@ def check_compile_mode(mode, device):
 
 
 class CudaGraphRuns(torch.nn.Module):
-    """A model compiled in a mode that records CUDA graphs. A replay overwrites the last one's
-    outputs, gradients included: each call first gives every parameter a gradient buffer of its
-    own (autograd then adds into it instead of keeping the graph's output) and marks a new run."""
+    """A model compiled to record CUDA graphs, whose replay overwrites the last one's outputs, gradients included: each
+    call gives every parameter a gradient buffer of its own (autograd adds into it) and marks a new run."""
 
     def __init__(self, compiled):
         super().__init__()
@@ -109,11 +113,11 @@ class Runtime:
 
     def optimizer(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
         """This run's optimizer (OPTIMIZERS[self.optim]) over `params`: model.param_groups' groups, weight decay in them."""
-        return OPTIMIZERS[self.optim][0](params, lr, betas, eps)
+        return OPTIMIZERS[self.optim].build(params, lr, betas, eps)
 
     def compile_model(self, model, fullgraph=True):
-        """torch.compile when enabled. fullgraph=True makes a graph break an error instead of a silent slowdown (our
-        model has none, a test checks); dynamic=False gives each shape (each masking-rate level) a static graph."""
+        """torch.compile if on: fullgraph=True makes a graph break an error, not a silent slowdown; dynamic=False gives
+        each shape (each masking-rate level) a static graph."""
         if not self.compile:
             return model
         if self.device.type == "cpu":
@@ -145,9 +149,8 @@ class Runtime:
 
 
 def setup(device="auto", dtype="auto", compile=True, compile_mode="default", continues=None):
-    """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N'), dtype ('auto': auto_dtype's rule, or one
-    of DTYPES), compile and compile_mode (COMPILE_MODES). Under torchrun, 'cuda' is this process's GPU (LOCAL_RANK).
-    continues: the (device type, dtype) of the run this one continues, which auto keeps (auto_dtype)."""
+    """The Runtime for the settings device ('auto', 'cpu', 'cuda', 'cuda:N': under torchrun LOCAL_RANK's), dtype ('auto'
+    or DTYPES'), compile and compile_mode; `continues`: the (device type, dtype) a resumed run had (auto_dtype)."""
     fit_threads()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -182,11 +185,8 @@ def setup(device="auto", dtype="auto", compile=True, compile_mode="default", con
 
 
 def auto_dtype(device, continues=None, speedup=None):
-    """dtype='auto': (the autocast precision, why, the CPU's bfloat16 speed-up or 0 where not timed). The run it
-    continues, `continues` (the device type and dtype its checkpoint trained in, or earlier fine-tuning runs'), on a
-    device of that type (bfloat16 where a GPU has it): a run and its resume train alike. Else on a GPU bfloat16 where it
-    has it, else float16; on a CPU bfloat16 where its matmuls run at least BF16_PICK_RATIO times float32's
-    (bf16_speedup: the CPU's flags do not tell), float32 elsewhere. speedup: the measurement to use instead (tests)."""
+    """dtype='auto': (the precision, why, the CPU's timed speed-up or 0): the continued run's (`continues`) on its device
+    type; a GPU's bfloat16 or float16; a CPU's bfloat16 where its matmuls are BF16_PICK_RATIO x float32's, else float32."""
     bfloat16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
     if continues and continues[0] == device.type and continues[1] in DTYPES and (continues[1] != "bfloat16" or bfloat16):
         return continues[1], "auto: as the run it continues", 0.0
@@ -199,9 +199,8 @@ def auto_dtype(device, continues=None, speedup=None):
 
 
 def bf16_speedup(size=512, rounds=3, seconds=0.05):
-    """How many times float32's speed a size^3 matmul runs at in bfloat16 autocast on one thread of this CPU (steadier
-    than several beside another process): each the best of `rounds` rounds timed in turns, a round as many products as
-    fit `seconds` (at least one); a first timed round (not the warm-up) far below the threshold ends it early."""
+    """float32's speed times which a size^3 matmul runs in bfloat16 autocast on one thread of this CPU: the best of
+    `rounds` rounds in turns, a round as many products as fit `seconds`; one far below the threshold ends it early."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     best, threads = {torch.float32: 0.0, torch.bfloat16: 0.0}, torch.get_num_threads()
     torch.set_num_threads(1)
@@ -223,8 +222,7 @@ def bf16_speedup(size=512, rounds=3, seconds=0.05):
 
 
 def rank0_precision(rt):
-    """Under DDP: rank 0's autocast precision and bfloat16 speed-up on every rank (dtype=auto times
-    the CPU in each process, and near the threshold two processes could pick differently)."""
+    """Under DDP: rank 0's precision and speed-up on every rank (near the threshold two ranks' timings could differ)."""
     names = list(DTYPES)
     name = names[round(from_rank0(names.index(rt.dtype_name()), rt.device))]
     return dataclasses.replace(rt, dtype=DTYPES[name], bf16_speedup=from_rank0(rt.bf16_speedup, rt.device),
@@ -232,11 +230,8 @@ def rank0_precision(rt):
 
 
 def compile_problem(device):
-    """Why torch.compile cannot build on this device, in a few words, or None. Checked before any work by compiling
-    and running a two-operation function, which needs what the model's compilation needs (a C++ compiler and headers
-    on a CPU; Triton and a C compiler on a GPU). Checked here, not by catching the first compiled step's failure,
-    because inductor compiles the backward at the first backward, so a failure there would leave a step half done.
-    The probe's graph is taken off the count that compiled_graphs reports, which is the training step's."""
+    """Why torch.compile cannot build here, in a few words, or None: a small function compiled before any work (a failure
+    at the first backward would leave a step half done); its graph taken off compiled_graphs' count."""
     from torch._dynamo.utils import counters
     before = dict(counters["stats"])
     try:
@@ -259,9 +254,8 @@ def compile_problem(device):
 
 
 def prepare_inductor():
-    """Under ATEN_CPU_CAPABILITY=default, inductor writes scalar C++, and in torch 2.13 that code
-    does not build for smear's shifted gather (it mixes in vector masks): inductor gets the
-    narrowest vector width the CPU has, while ATen's own kernels keep the capability asked for."""
+    """Under ATEN_CPU_CAPABILITY=default inductor's scalar C++ does not build smear's shifted gather (torch 2.13): it
+    gets the CPU's narrowest vector width, while ATen's kernels keep the capability asked for."""
     from torch._inductor import config
     try:
         from torch._inductor import cpu_vec_isa
@@ -272,9 +266,8 @@ def prepare_inductor():
 
 
 def launcher(env=os.environ):
-    """(whether this process is one of torchrun's, how many processes there are): torchrun's
-    environment whole, or none of it. Part of it (a job wrapper's RANK=0, a LOCAL_RANK left by
-    another launcher) is a one-line error naming what is missing, not a guess at either mode."""
+    """(whether this process is one of torchrun's, how many processes there are): torchrun's environment whole or none of
+    it; a part (a job wrapper's RANK=0) is a one-line error naming what is missing, not a guess."""
     torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets in each process
     present = [k for k in torchrun if k in env]
     if not present:
@@ -294,9 +287,8 @@ def launcher(env=os.environ):
 
 
 def cgroup_folders(controller, root="/sys/fs/cgroup", own="/proc/self/cgroup"):
-    """The folders of this process's own cgroups (cgroup v2's tree, v1's `controller` hierarchy), innermost first, up to
-    each root: a limit set anywhere on the way holds, a job's (SLURM's --mem, systemd-run -p MemoryMax= set it on a
-    child cgroup) as a container's (the root it sees)."""
+    """The folders of this process's cgroups (v2's tree, v1's `controller` hierarchy), innermost first, up to each root:
+    a limit anywhere on the way holds, a job's (SLURM's --mem) as a container's."""
     entries = []
     with contextlib.suppress(OSError), open(own, encoding="utf-8") as f:
         entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
@@ -308,9 +300,8 @@ def cgroup_folders(controller, root="/sys/fs/cgroup", own="/proc/self/cgroup"):
 
 
 def usable_cpus(cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
-    """The CPUs this process may really use: those it may run on (its affinity, as taskset and a
-    container's cpuset give it), capped by a CPU quota on any of its cgroups (v2's cpu.max, v1's cfs
-    quota: what Docker's --cpus sets), at least 1. os.cpu_count() is the host's, however few it gets."""
+    """The CPUs this process may really use (os.cpu_count() is the host's): its affinity (taskset, a cpuset), capped by
+    a CPU quota on any of its cgroups (v2's cpu.max, v1's cfs quota: Docker's --cpus), at least 1."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     for folder in cgroup_folders("cpu", cgroup, own):
         for names in (("cpu.max",), ("cpu.cfs_quota_us", "cpu.cfs_period_us")):  # v2's one file, v1's two
@@ -325,8 +316,7 @@ def usable_cpus(cgroup="/sys/fs/cgroup", own="/proc/self/cgroup"):
 
 
 def fit_threads():
-    """torch's intra-op threads to usable_cpus() where it would start more (it counts the host's cores), unless
-    OMP_NUM_THREADS says how many: threads beyond a container's CPUs wait on each other at every operation."""
+    """torch's threads down to usable_cpus() unless OMP_NUM_THREADS says: more wait on each other at every operation."""
     cpus = usable_cpus()
     if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > cpus:
         torch.set_num_threads(cpus)
@@ -334,8 +324,7 @@ def fit_threads():
 
 def join_process_group(device, minutes):
     """Under torchrun: this process joins the others (NCCL on GPUs, gloo on CPUs) within `minutes`, or ends in one line
-    (one that refused or died ends the rest: process.guarded; gloo's at once, NCCL's after its wait); returns its rank.
-    The setup's waits are as long; the work's, set_waits(30), torch's (rank 0 evaluates and saves alone)."""
+    (one that refused or died ends the rest: process.guarded); returns its rank. The work's waits: set_waits(30)."""
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=minutes))
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # a refusal's exit: the group's
     dist.barrier()  # threads end before the interpreter's, which would abort it ("terminate called without ...")
@@ -353,9 +342,8 @@ def mean_over_ranks(value):
 
 
 def leave_process_group():
-    """The end of a DDP run, once the DDP model is deleted: its reducer's gloo work freed now, before the process group,
-    not at the interpreter's exit, where that can abort the process ("terminate called without an active exception");
-    then a barrier (rank 0 evaluates and saves alone: an earlier teardown aborts the others), and the group's end."""
+    """The end of a DDP run, once the DDP model is deleted: its reducer freed before the group (at the interpreter's exit
+    it can abort the process), a barrier (rank 0 evaluates and saves alone), and the group's end."""
     import gc
     gc.collect()
     dist.barrier()
@@ -377,11 +365,8 @@ def from_rank0(value, device):
 
 
 def matmul_speed(rt, size=2048):
-    """FLOP/s of a size^3 matmul at the run's precision (under its autocast): a measure of the device that does not
-    depend on the model's shape, for the budget to choose one by. The best of three rounds after a tenth of a
-    second's warm-up (a GPU raises its clocks): about a second on a CPU, a fifth on a GPU. The operands are made in
-    the autocast's precision, so that only the product is timed: autocast's casts of float32 operands cost an H100
-    as long as the product itself at 2048 (353 against 662 TFLOP/s, BENCHMARKS.md)."""
+    """FLOP/s of a size^3 matmul at the run's precision (the budget's measure of a device): the best of three rounds after
+    0.1 s of warm-up, its operands made in that precision (autocast's casts cost an H100 as much as the product)."""
     a, b = (torch.randn(size, size, device=rt.device).to(rt.dtype) for _ in range(2))
     with torch.no_grad(), rt.autocast():
         start = time.perf_counter()
@@ -392,8 +377,7 @@ def matmul_speed(rt, size=2048):
 
 
 def best_seconds(work, rt, repeats, rounds=3):
-    """Seconds a call of work() takes: the fastest of `rounds` timings of `repeats` calls in a row,
-    the device synchronised around each (the fastest, as a ceiling should be)."""
+    """Seconds a call of work() takes: the fastest of `rounds` timings of `repeats` calls, synchronised around each."""
     best = float("inf")
     for _ in range(rounds):
         rt.synchronize()
@@ -412,8 +396,7 @@ def compiled_graphs():
 
 
 def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
-    """A one-line warning when one optimizer step at the full batch takes over 10 minutes on this
-    CPU (float32 reaches about 75 GFLOP/s per AVX2 thread; threads: torch's), else None."""
+    """A one-line warning where a step at the full batch takes over 10 minutes on this CPU (about 75 GFLOP/s a thread)."""
     minutes = flops_per_step / (cpu_flops_per_thread * (threads or torch.get_num_threads())) / 60
     if minutes > 10:
         return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
@@ -422,13 +405,11 @@ def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
 
 
 # ---------------------------------------------------------------- Muon (--optim=muon)
-# Muon (Keller Jordan 2024, modded-nanogpt's) on the blocks' matrices, AdamW on the rest, as one optimizer: SGD momentum
-# made the nearest semi-orthogonal matrix (Newton-Schulz), scaled by 0.2 * sqrt(max(rows, cols)) to AdamW's update RMS
-# (Moonshot AI 2025), so one lr, schedule and weight decay serve both. Not torch.optim.Muon, so that torch >= 2.4 works.
+# Muon (Keller Jordan 2024) on the blocks' matrices, AdamW on the rest, as one optimizer: momentum made the nearest
+# semi-orthogonal matrix, scaled to AdamW's update RMS (Moonshot AI 2025), so one lr serves both; torch >= 2.4's.
 def orthogonalize(g, steps=5):
-    """The semi-orthogonal matrix nearest to g (U V^T of its SVD), approximately: a quintic
-    Newton-Schulz iteration whose coefficients (Jordan's) push every singular value into about
-    [0.7, 1.2] in five steps, which serves an update as well as the exact polar factor."""
+    """The semi-orthogonal matrix nearest to g (U V^T of its SVD), approximately: a quintic Newton-Schulz iteration
+    (Jordan's coefficients) puts every singular value in about [0.7, 1.2] in five steps, as good for an update."""
     a, b, c = 3.4445, -4.7750, 2.0315
     x = g.bfloat16() if g.is_cuda else g.float()  # bfloat16 is fast on a GPU and slow on a CPU
     x = x / (x.norm() + 1e-7)  # singular values into [0, 1]
@@ -441,8 +422,7 @@ def orthogonalize(g, steps=5):
 
 
 class Muon(torch.optim.Optimizer):
-    """Groups with muon=True: Nesterov momentum, orthogonalized, RMS-matched to AdamW, decoupled
-    weight decay. Other groups: AdamW with the same lr, betas, eps and weight decay settings."""
+    """Groups with muon=True: Nesterov momentum, orthogonalized, RMS-matched to AdamW; the others AdamW's update."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01, momentum=0.95, ns_steps=5):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,

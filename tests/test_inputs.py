@@ -62,6 +62,26 @@ def test_a_checkpoint_without_what_its_reader_needs_is_one_line_and_left_as_it_w
 
 
 # ------------------------------------------------------------------ names and encodings
+def test_what_a_checkpoint_carries_that_this_version_lacks_is_one_line(pretrained, prepared, tmp_path):
+    """Every value a checkpoint carries is checked against this version's tables before use, as a command line's is:
+    a fork's optimizer (issue 93: `lion`, which ended in KeyError: 'lion'), a newer cram's schedule, data order or a
+    value of another type, and a model field this version lacks (the loader's line, kept): one line each, nothing
+    written."""
+    cases = {"optim": ("lion", "optim=lion is not allowed: optim must be one of adamw"),
+             "lr_schedule": ("cosine", "lr_schedule=cosine is not allowed: lr_schedule must be one of"),
+             "data_order": ("by_length", "data_order=by_length is not allowed"),
+             "grad_clip": ("0.5", "grad_clip=0.5 is not allowed: not float")}
+    for key, (value, fragment) in [*cases.items(), ("wings", (2, "unknown model_args field(s) wings"))]:
+        ckpt = torch.load(pretrained, weights_only=True)
+        (ckpt["model_args"] if key == "wings" else ckpt["config"])[key] = value
+        folder = tmp_path / key
+        folder.mkdir()
+        torch.save(ckpt, folder / "ckpt.pt")
+        message = error_of("train.py", f"--data_dir={prepared}", f"--out_dir={folder}", *TINY_MODEL, "--resume=True")
+        assert fragment in message and ("resume it with the cram that wrote it" in message or key == "wings"), message
+        assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt"]
+
+
 def test_output_survives_any_stdout_encoding(tmp_path, prepared):
     """A character stdout cannot encode is replaced, never a traceback: in this process under cp1252
     (Windows' `> log.txt`), and a whole run under ASCII into a folder whose name it cannot write."""

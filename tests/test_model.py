@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,7 @@ def test_reference_parameter_count():
 
 
 def test_original_bert_shape_options():
-    model = CrammedBert(**TINY, bias=True, norm_first=False, glu=False, learned_positions=True,
+    model = CrammedBert(**TINY, bias=True, norm_first=False, glu=False, position_scheme="learned",
                         head_transform=True, sparse_prediction=False)
     assert model.blocks[0].ffn.down.in_features == 256 and model.blocks[0].attn.qkv.bias is not None
     assert model.decoder_bias is not None and hasattr(model, "pos_emb")
@@ -245,9 +247,32 @@ def test_pair_pooling_reads_each_text_apart_through_padding_and_truncation():
     assert len(ids) == 12 and [i for i, t in enumerate(ids) if t == sep] == [5, 11] and bytes(ids[6:11]) == b"short"
 
 
+def alibi(self, T, padding_mask=None):
+    """CrammedBert.attention_mask as a fork's ALiBi makes it: a float bias (1, H, T, S) falling with the distance, at a
+    slope per head, padding's keys -inf."""
+    slopes = 2.0 ** -torch.arange(1.0, self.config.n_heads + 1)  # (H,)
+    bias = -slopes[:, None, None] * (torch.arange(T)[None, :] - torch.arange(T)[:, None]).abs()  # (H, T, S)
+    return bias[None] if padding_mask is None else bias[None].masked_fill(~padding_mask[:, None, None, :], -math.inf)
+
+
+def test_a_position_bias_built_once_reaches_every_layer_narrowed_ones_too(monkeypatch):
+    """A fork's position bias is one method, attention_mask: it changes what every layer computes, and a narrowed layer
+    (full_layers), whose queries are the masked positions alone, gets the bias's rows at them (query_rows), so its values
+    there are those it computes over every position, as without the bias."""
+    torch.manual_seed(0)
+    model = CrammedBert(**dict(TINY, n_layers=3), full_layers=1)
+    inputs, positions, labels = mask_tokens(torch.randint(0, 296, (3, 32)), 0.25, 299, 296)
+    at = positions.unsqueeze(-1).expand(-1, -1, 64)
+    plain = model.encode(inputs)
+    monkeypatch.setattr(CrammedBert, "attention_mask", alibi)
+    biased = model.encode(inputs)
+    assert not torch.allclose(biased, plain, atol=1e-3)
+    torch.testing.assert_close(model.encode(inputs, positions=positions), biased.gather(1, at), rtol=1e-5, atol=1e-5)
+
+
 SWITCHES = [{}, dict(glu=False), dict(smear=False), dict(full_layers=1), dict(bias=True), dict(head_transform=True),
             dict(n_heads=2), dict(d_model=96, d_ffn=128), dict(sparse_prediction=False), dict(norm_first=False),
-            dict(learned_positions=True)]
+            dict(position_scheme="learned")]
 
 
 @pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")

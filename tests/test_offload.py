@@ -171,8 +171,8 @@ def test_a_block_that_takes_more_than_its_input_is_refused_by_the_general_rule(m
     def forward(self, x, attn_mask=None, context=None, rotary=None):
         return x
     monkeypatch.setattr(Block, "forward", forward)
-    with pytest.raises(SystemExit, match=r"^error: --offload=True streams blocks given their input alone: model\.py's "
-                                         r"Block\.forward also takes rotary$"):
+    with pytest.raises(SystemExit, match=r"^error: --offload=True streams blocks given their input and attention "
+                                         r"mask: model\.py's Block\.forward also takes rotary$"):
         offload.check_settings(1, ModelConfig(n_layers=2, d_model=64, n_heads=2, d_ffn=128), "adamw", torch.float32)
 
 
@@ -196,3 +196,20 @@ def test_a_block_s_buffer_reaches_off_load_s_templates(monkeypatch):
     with pytest.raises(SystemExit, match="^error: --offload=True streams a block's parameters, not its buffers: scale "
                                          "differs between the blocks$"):
         OffloadTrainer(model, runtime.setup("cpu", "float32", compile=False), 1e-2, (0.9, 0.98), 1e-12, 0.01)
+
+
+def test_a_position_bias_is_streamed_to_every_block_in_off_load_mode(monkeypatch):
+    """A fork's position bias (ALiBi, built by CrammedBert.attention_mask, test_model's) reaches the streamed blocks, in
+    the forward, the recompute and evaluation's encode, so off-load trains and evaluates as normal mode; a learned one
+    (its gradient would have to come back through the streamed blocks) is one line."""
+    from test_model import alibi
+    monkeypatch.setattr(CrammedBert, "attention_mask", alibi)
+    tiny = dict(n_layers=2, d_model=32, n_heads=2, d_ffn=128, dropout=0.1)
+    normal, offloaded, model, optimizer, trainer = train_both(tiny, n_steps=2, accum=2, clip=0.5)
+    assert_same_training(normal, offloaded, model, optimizer, trainer, lr=1e-2, n_steps=2)
+    batch = batches(1, seed=1)[0]
+    model.eval(), trainer.model.eval()
+    torch.testing.assert_close(trainer.model(*batch)[0], model(*batch)[0], rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(CrammedBert, "attention_mask", lambda self, T, padding_mask=None: torch.zeros(T, T, requires_grad=True))
+    with pytest.raises(SystemExit, match="^error: --offload=True streams a fixed attention mask to the blocks, not a learned one$"):
+        trainer.step([batch], 1e-2, 0.5)

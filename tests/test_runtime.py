@@ -12,7 +12,7 @@ from cram.runtime import cpu_warning
 from model import CrammedBert, ModelConfig, Trainer, mask_tokens, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
-ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, learned_positions=True, head_transform=True,
+ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, position_scheme="learned", head_transform=True,
                      sparse_prediction=False)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -325,9 +325,46 @@ def test_an_optimizer_is_one_row_which_builds_it_and_sizes_its_state_for_the_mem
     adamw = memory.least_bytes(config, rt, 0.15)[0]
     assert isinstance(rt.optimizer(param_groups(model, 0.01)), torch.optim.AdamW)
     assert adamw == 16 * config.parameters_at_least()  # float32 weights and gradients, and two moments
-    monkeypatch.setitem(runtime.OPTIMIZERS, "sgd", (lambda groups, lr, betas, eps: torch.optim.SGD(groups, lr=lr), 0))
+    monkeypatch.setitem(runtime.OPTIMIZERS, "sgd", runtime.Optimizer(lambda groups, lr, betas, eps: torch.optim.SGD(groups, lr=lr), 0))
     rt.optim = "sgd"
     assert isinstance(rt.optimizer(param_groups(model, 0.01), lr=0.1), torch.optim.SGD)
     assert memory.least_bytes(config, rt, 0.15)[0] == adamw // 2
     rt.optim = "muon"
     assert memory.least_bytes(config, rt, 0.15)[0] == adamw * 3 // 4  # its momentum on every parameter at least
+
+
+# train.py with a torch optimizer added as a row of runtime.OPTIMIZERS, as a fork adds one: Adafactor keeps factored
+# state (a row's and a column's statistics of each matrix) and has no rule by the width (width_lr's default, False)
+ADAFACTOR = """import os, runpy, sys
+sys.path.insert(0, {root!r})
+import torch
+from cram import runtime
+runtime.OPTIMIZERS["adafactor"] = runtime.Optimizer(lambda groups, lr, betas, eps: torch.optim.Adafactor(groups, lr=lr), 4)
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("optim", [*runtime.OPTIMIZERS, "adafactor"])
+def test_each_optimizer_in_the_table_and_one_added_as_a_row_resumes_as_the_run_not_stopped(optim, prepared, tmp_path):
+    """Every row of runtime.OPTIMIZERS, and Adafactor added as a row: a run stopped at step 4 and resumed ends as the
+    run that was not stopped, to the weights (its optimizer state saved, checked by its row's `fits`, and loaded);
+    a row without the width's lr rule asks for --lr in one line."""
+    from conftest import ROOT
+    script = tmp_path / "train_with_adafactor.py"
+    script.write_text(ADAFACTOR.format(root=ROOT))
+    common = [str(script) if optim == "adafactor" else "train.py", f"--data_dir={prepared}", *TINY_MODEL,
+              f"--optim={optim}", "--budget_tokens=8192", "--fill_in_examples=0"]
+    run_script(*common, f"--out_dir={tmp_path / 'whole'}")
+    run_script(*common, f"--out_dir={tmp_path / 'stopped'}", "--max_steps=4")
+    run_script(*common, f"--out_dir={tmp_path / 'stopped'}", "--resume=True")
+    a, b = (torch.load(tmp_path / run / "ckpt.pt", weights_only=True) for run in ("whole", "stopped"))
+    assert a["step"] == b["step"] == 8 and a["config"]["optim"] == optim
+    for name in a["model"]:
+        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=0, atol=weights_atol(3e-3, 8))
+    factored = [v for state in b["optimizer"]["state"].values() for v in state.values() if v.dim() == 2 and 1 in v.shape]
+    assert bool(factored) == (optim == "adafactor")
+    if not runtime.OPTIMIZERS.get(optim, runtime.Optimizer(None, 0)).width_lr:
+        fresh = [arg for arg in common if not arg.startswith("--lr=")]
+        assert_one_line_error(run_script(*fresh, f"--out_dir={tmp_path / 'fresh'}", check=False),
+                              "--optim=adafactor needs --lr")

@@ -45,22 +45,27 @@ def schedule_batches(start, final, ramp, points=200):
 def test_the_split_gives_the_schedule_s_batch_at_any_world_or_says_why_not():
     """Over worlds 1-8, micro-batches 1-40 and ramps from 1 to 48 sequences to final batches up to 96: either one line
     refuses (exactly where some batch of the schedule is not a multiple of the world), or each process's micro-batches,
-    none above the micro-batch and two shapes at most in the whole run, add up to the schedule's batch exactly."""
+    none above the micro-batch and two shapes at most in the whole run, add up to the schedule's batch exactly; the
+    fewest that can without a ramp (issue 93: 33 over 3 processes ran eleven of 1), and with one never more than the
+    old split's (the cap and what divides every share)."""
     refused = split = 0
     for world, micro, start, final, ramp in itertools.product((1, 2, 3, 4, 8), (1, 3, 4, 16, 40), range(1, 49, 3),
                                                               range(1, 97, 5), (0.0, 0.6)):
         batches = schedule_batches(start, final, ramp)
         try:
-            unit = split_unit(world, micro, final, start, ramp)
+            cut = split_unit(world, micro, final, start, ramp)
         except SystemExit as e:
             assert any(b % world for b in batches), (world, micro, start, final, ramp)
             assert str(e).startswith("error: ") and "\n" not in str(e) and f"over {world} processes" in str(e)
             refused += 1
             continue
-        shapes = set()
+        shapes, old_unit = set(), np.gcd.reduce([micro, final // world, start // world if ramp and start < final else 0])
         for batch in batches:
-            sizes = micro_batch_sizes(batch, world, micro, unit)
+            sizes = micro_batch_sizes(batch, world, *cut)
             assert world * sum(sizes) == batch and max(sizes) <= micro, (world, micro, start, final, ramp, batch, sizes)
+            share = batch // world
+            assert len(sizes) <= share // micro + share % micro // old_unit
+            assert len(sizes) == -(-share // micro) or ramp and start < final, (world, micro, start, final, batch, sizes)
             shapes |= set(sizes)
         assert len(shapes) <= 2
         split += 1
@@ -85,9 +90,9 @@ def test_a_step_reads_the_same_sequences_at_any_world_and_micro_batch(order):
             for world, micro in ((1, 32), (1, 5), (2, 16), (2, 4), (4, 3), (4, 16)):
                 if batch % world or start % world:
                     continue
-                unit = split_unit(world, micro, final, start, 0.6)
+                split = split_unit(world, micro, final, start, 0.6)
                 got = [rows_of(Batches(tokens, meta, rank, world, torch.device("cpu"), 0, order).step(
-                    consumed, micro_batch_sizes(batch, world, micro, unit), 0.25)) for rank in range(world)]
+                    consumed, micro_batch_sizes(batch, world, *split), 0.25)) for rank in range(world)]
                 assert sorted(sum(got, [])) == want, (consumed, batch, world, micro)
 
 
@@ -126,7 +131,7 @@ def test_a_run_resumed_in_1_2_4_and_1_processes_keeps_its_schedule_and_its_rows(
     for r, (world, reads) in zip(log, legs):
         batch = batch_size_at(consumed * 32 / 49152, 16, 32, 0.2)  # the schedule at the step's start
         assert r["batch"] == batch == (16 if r["step"] <= 20 else 32), r
-        micro_batches = len(micro_batch_sizes(batch, world, 16, split_unit(world, 16, 32, 16, 0.2)))
+        micro_batches = len(micro_batch_sizes(batch, world, *split_unit(world, 16, 32, 16, 0.2)))
         rows = [row for rank in range(world) for _ in range(micro_batches) for row in reads[rank].pop(0)]
         assert sorted(rows) == sorted(rows_at(consumed, batch, n_rows, 0)), r  # once each, where the run's order is
         consumed += batch
@@ -164,3 +169,13 @@ def test_a_micro_batch_that_does_not_divide_the_batch_is_a_cap(prepared, tmp_pat
                       "--max_steps=2", "--fill_in_examples=0")
     assert "micro-batches of 16 per process (and of 8 for the rest)" in proc.stdout
     assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["tokens"] == 2 * 40 * 32
+
+
+def test_the_split_takes_the_fewest_micro_batches_and_the_start_up_line_says_what_runs(prepared, tmp_path):
+    """Issue 93: --micro_batch=48 --batch_size=32 ran 16 + 16 while the start-up line said 'of 48': one of 32 now, said so;
+    and a case nobody named, 44 at 16 (16 + 16 + 4 + 4 + 4 before), runs 16 + 16 + 12."""
+    assert split_unit(3, 16, 33, 128, 0.6) == (11, 11) and micro_batch_sizes(33, 3, 11, 11) == [11]
+    assert micro_batch_sizes(44, 1, *split_unit(1, 16, 44, 128, 0.6)) == [16, 16, 12]
+    proc = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--micro_batch=48",
+                      "--max_steps=2", "--fill_in_examples=0")
+    assert "; micro-batches of 32 per process\n" in proc.stdout, proc.stdout

@@ -19,9 +19,9 @@ from configurator import configure  # noqa: E402  (the core sits one folder up)
 # -----------------------------------------------------------------------------
 root = ROOT                # the checkout to measure
 # -----------------------------------------------------------------------------
-CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5250, 400, 90, 60, 8
-# The maintainers' ceiling for the core is 5,150 lines; issue 87's mends (2026-11-28) left it at 5,244, and until those
-# 94 lines are cut the limit holds it where it is, so that nothing adds to them
+CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5150, 400, 90, 60, 8
+# The maintainers' ceiling for the core, in force again since issue 92 cut the core to about 5,080 lines (about 5,140 with
+# a GLUE feature's 60): a change past it first cuts what it repeats elsewhere
 DOCS = {"README.md": 220, "BENCHMARKS.md": 400}  # the front page and the summary of figures: at most these lines
 
 
