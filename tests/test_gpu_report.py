@@ -119,7 +119,7 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
                         found["transfer"]["headline"]), found["transfer"]["headline"]
     answer = (copies / "transfer.md").read_text()  # the whole table, beside the floor, and still the first run's lines
     assert re.search(r"^    budget: 0.05 min x .*\n    lr: .*\n    model: ", answer, re.M) and "has spent this budget" in answer
-    assert "| task | metric | ours | no pretraining | majority class | reference |" in answer
+    assert "| task | metric | ours | no pretraining | words alone | majority class | reference |" in answer
     assert re.search(r"^\| average \(2 of 9\) \| \| -?[\d.]+ \| ", answer, re.M)
     assert "--tasks=sst2 --epochs=1" in found["transfer"]["body"]
     assert "--tasks=sst2 --from_scratch=True --epochs=1`" in found["transfer"]["body"]

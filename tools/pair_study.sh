@@ -4,6 +4,7 @@
 # glue.json per variant beside the checkpoint (glue_<variant>.json); then one table of every variant's median and
 # spread. Every run is a file once scored, so after a stop the same command does only what is left.
 #   CKPT=out/cpu/ckpt.pt GLUE=<GLUE in its TSV layout> bash tools/pair_study.sh [variant ...]
+#   CKPT=out/cpu/ckpt.pt GLUE=... bash tools/pair_study.sh table     # only the table of what is there
 # A variant is NAME:TASKS:WHICH:SETTINGS, WHICH one of model, floor or both, the settings comma-separated as
 # finetune_glue.py takes them; the default list is the study's, most telling first. EPOCHS (default: 2, the pilot's;
 # the rule's 10 for these tasks is 5x the CPU time) and SEEDS (3) apply to all.
@@ -15,6 +16,7 @@ VARIANTS=${*:-"pair:stsb:both:--pooling=pair first:stsb:both: pair:mrpc,rte:mode
   first:sst2:model:--epochs=1,--max_train_examples=16000 pair:mrpc,rte:floor:--pooling=pair first:mrpc,rte:floor: \
   pair_lr1e-4:stsb:model:--pooling=pair,--lr=1e-4 pair_nodrop:stsb:model:--pooling=pair,--dropout=0"}
 dir=$(dirname "$CKPT")
+[ "$VARIANTS" = table ] && VARIANTS=""
 for variant in $VARIANTS; do
   IFS=: read -r name tasks which settings <<< "$variant"
   case $which in model) floors=False ;; floor) floors=True ;; both) floors="False True" ;;
