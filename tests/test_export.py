@@ -66,13 +66,15 @@ with torch.no_grad():
 out["padding_widths"] = padded["attention_mask"].sum(1).tolist()
 out["padded_vs_alone"] = (together - alone).abs().max().item()
 out["head_pooling"] = classifier.head.pooling
-# a setting of the head passed as transformers passes config overrides: mean pooling, padding ignored
-averaging = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True, num_labels=3,
-                                                               classifier_pooling="mean").eval()
-with torch.no_grad():
-    alone = torch.cat([averaging(**tokenizer([t], return_tensors="pt")).logits for t in inputs["pair_texts"]])
-    out["mean_padded_vs_alone"] = (averaging(**padded).logits - alone).abs().max().item()
-out["mean_head_pooling"] = averaging.head.pooling
+# a setting of the head passed as transformers passes config overrides: mean or pair pooling (config.json says where a
+# text ends, classifier_sep_id), padding ignored
+for pooling in ("mean", "pair"):
+    other = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True, num_labels=3,
+                                                               classifier_pooling=pooling).eval()
+    with torch.no_grad():
+        alone = torch.cat([other(**tokenizer([t], return_tensors="pt")).logits for t in inputs["pair_texts"]])
+        out[f"{pooling}_padded_vs_alone"] = (other(**padded).logits - alone).abs().max().item()
+    out[f"{pooling}_head_pooling"] = other.head.pooling
 
 # training steps as a user of transformers takes them: a classification step with token_type_ids
 # from a BERT-style caller, a masked-LM step with -100 labels, and a bfloat16 forward
@@ -165,8 +167,8 @@ def test_fill_mask_and_padding_and_training_through_transformers(exported):
     assert predictions[0]["score"] >= predictions[-1]["score"]
     assert len(set(out["padding_widths"])) == 3  # three lengths: every row but the longest is padded
     assert out["padded_vs_alone"] < 1e-5
-    assert out["head_pooling"] == "first" and out["mean_head_pooling"] == "mean"  # model.py's default, then the override
-    assert out["mean_padded_vs_alone"] < 1e-5
+    assert out["head_pooling"] == "first" and out["mean_head_pooling"] == "mean" and out["pair_head_pooling"] == "pair"
+    assert out["mean_padded_vs_alone"] < 1e-5 and out["pair_padded_vs_alone"] < 1e-5  # model.py's default, the overrides
     assert np.isfinite(out["classifier_loss"]) and out["classifier_changed"]
     assert np.isfinite(out["mlm_loss"]) and out["mlm_grads"]
     assert out["bf16_logits_dtype"] == "torch.bfloat16"

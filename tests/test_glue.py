@@ -249,6 +249,7 @@ def test_finetuning_learns_a_marker_word(pretrained, tmp_path):
                      r"100.0 \| 50.0 \| 92.0 \|$", proc.stdout, re.M)  # words alone reads the marker word too
     assert "--from_scratch=True" in proc.stdout.splitlines()[-1] and results["tasks"]["sst2"]["protocol"] == "fixed"
     assert "Dev sets; sst2: settings fixed before any look at dev (docs/glue.md)." in proc.stdout  # the protocol, said
+    assert "Heads: sst2: each text's mean apart, [u, v, |u - v|, u * v]." in proc.stdout  # the default head, said
     assert results["scores"] == {"sst2": results["tasks"]["sst2"]["median"]["sst2"]["accuracy"]}
     assert results["majority"] == {"sst2": 50.0}
     pretraining = results["pretraining"]  # what the plot against compute reads
