@@ -11,9 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CKPT=${CKPT:?"CKPT=<a checkpoint>"}; GLUE=${GLUE:?"GLUE=<GLUE in its TSV layout>"}; SEEDS=${SEEDS:-3}; EPOCHS=${EPOCHS:-2}
-VARIANTS=${*:-"pair:stsb:both:--pooling=pair first:stsb:both: pair:mrpc,rte:model:--pooling=pair first:mrpc,rte:model: \
+VARIANTS=${*:-"pair:stsb:both:--pooling=pair first:stsb:both:--pooling=first pair:mrpc,rte:model:--pooling=pair first:mrpc,rte:model:--pooling=first \
   mean:stsb:model:--pooling=mean pair:sst2:model:--pooling=pair,--epochs=1,--max_train_examples=16000 \
-  first:sst2:model:--epochs=1,--max_train_examples=16000 pair:mrpc,rte:floor:--pooling=pair first:mrpc,rte:floor: \
+  first:sst2:model:--pooling=first,--epochs=1,--max_train_examples=16000 pair:mrpc,rte:floor:--pooling=pair first:mrpc,rte:floor:--pooling=first \
   pair_lr1e-4:stsb:model:--pooling=pair,--lr=1e-4 pair_nodrop:stsb:model:--pooling=pair,--dropout=0"}
 dir=$(dirname "$CKPT")
 [ "$VARIANTS" = table ] && VARIANTS=""
