@@ -189,9 +189,8 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
     """(description, function returning a fresh document iterator) for --dataset; the other
     arguments are the settings of the same names (defaults: theirs)."""
     if name == "pydocs":
-        versions = f"Python {platform.python_version()}, " + ", ".join(
-            f"{pkg} {__import__(pkg).__version__}" for pkg in PYDOCS_PACKAGES)
-        return f"pydocs ({versions})", pydocs_documents
+        versions = ", ".join(f"{pkg} {__import__(pkg).__version__}" for pkg in PYDOCS_PACKAGES)
+        return f"pydocs (Python {platform.python_version()}, {versions})", pydocs_documents
     if os.path.exists(name):
         files = local_files(name)
         others = sorted({os.path.join(d, f) for d, _, fs in os.walk(name) for f in fs if f[0] != "."} - set(files))
@@ -242,20 +241,10 @@ def first_characters(documents, n_chars, digest):
             return
 
 
-def train_tokenizer(documents, path, vocab_size, train_chars):
-    """The corpus' tokenizer trained on its first train_chars characters, saved in tiktoken's format, that text's
-    digest beside it (the special tokens take the ids after the BPE's)."""
-    print(f"training a {vocab_size}-token BPE on the corpus' first {train_chars:,} characters (all of it if shorter)")
-    digest = hashlib.blake2b(digest_size=16)
-    ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
-    write_json(path + ".source", dict(digest=digest.hexdigest()))  # first: a tokenizer without one is not reused
-    write_ranks(path, ranks)
-    return ranks
-
-
 def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
     """The BPE ranks an earlier run saved here if trained on the text this corpus starts with (a hub dataset's: not read
-    twice), else a new tokenizer's."""
+    twice), else a new BPE of the corpus' first train_chars characters, saved in tiktoken's format with that text's
+    digest beside it (the special tokens take the ids after the BPE's)."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
         try:
             trained_on = json.loads(Path(path + ".source").read_text(encoding="utf-8"))["digest"]
@@ -267,7 +256,12 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
             print(f"reusing {path}")
             return read_ranks(path)
         print(f"note: {path} was trained on other text (or its record is damaged): training it again")
-    return train_tokenizer(documents, path, vocab_size, train_chars)
+    print(f"training a {vocab_size}-token BPE on the corpus' first {train_chars:,} characters (all of it if shorter)")
+    digest = hashlib.blake2b(digest_size=16)
+    ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
+    write_json(path + ".source", dict(digest=digest.hexdigest()))  # first: a tokenizer without one is not reused
+    write_ranks(path, ranks)
+    return ranks
 
 
 # ---------------------------------------------------------------- token files
