@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from cram import memory, process, runtime
-from cram.data import MASK_RATE, make_encoding
+from cram.data import MASK_RATE, make_encoding, to_device
 from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, unfound, weights_digest,
                         write_atomically, write_json)
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
@@ -303,11 +303,6 @@ def train_batches(lengths, size, generator, grouped):
     pools = [sorted(order[start:start + 64 * size], key=lengths.__getitem__) for start in range(0, len(order), 64 * size)]
     batches = [rows[i:i + size] for rows in pools for i in range(0, len(rows), size)]
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-
-
-def to_device(tensor, device):
-    """On a GPU from pinned memory without waiting (a copy from pageable memory waits for the device's queue)."""
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
 
 
 def collate(sequences, pad_id, device):

@@ -69,17 +69,19 @@ def load_tokens(data_dir, split, meta=None):
 
 def get_batch(tokens, rows, device):
     """The sequences of the given rows, in row order (sorted: a sequential read), as an int64 tensor on device."""
-    batch = torch.from_numpy(tokens[np.sort(rows)].astype(np.int64))
-    return batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch
+    return to_device(torch.from_numpy(tokens[np.sort(rows)].astype(np.int64)), device)
+
+
+def to_device(tensor, device):
+    """On a GPU from pinned memory without waiting (a copy from pageable memory waits for the device's queue)."""
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
 
 
 def repeat_warning(expected, train_tokens, basis):
     """A one-line warning where the run trains more tokens than the data holds (`basis`: whence), else None."""
-    if expected > train_tokens:
-        return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
-                f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
-                f"corpus (see the README)")
-    return None
+    return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
+            f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
+            f"corpus (see the README)") if expected > train_tokens else None
 
 
 @torch.no_grad()
