@@ -225,7 +225,7 @@ def main():
         runs[1:1] = [(f"crammed, {mode}", *crammed, dataclasses.replace(rt, compile_mode=mode)) for mode in modes[1:]]
         if eager:
             runs.insert(len(modes), ("crammed, eager", *crammed, eager_rt))
-    speeds, crammed_seconds = {}, None
+    speeds = {}  # recipe -> tokens/s
     for recipe, build, mask_rate, flops, run_rt in runs:
         try:
             seconds, warmup_seconds, held = time_training(build, mask_rate, micro, tokens, run_rt, n_steps, n_warmup,
@@ -238,14 +238,13 @@ def main():
             torch.cuda.empty_cache()
             continue
         speeds[recipe], line = row(recipe, micro, seconds, warmup_seconds, held, flops, peak, matmul_peak)
-        crammed_seconds = crammed_seconds or seconds
         print(line, flush=True)
     for recipe in list(speeds)[1:]:
         print(f"\ncrammed / {recipe}: {speeds['crammed'] / speeds[recipe]:.2f}x tokens/s", end="")
     batches = RandomBatches(tokens, dims["vocab_size"], micro, rt, MASK_RATE, seed)
     data_seconds = runtime.best_seconds(functools.partial(batches, 1), rt, 20, rounds=1)  # load and mask a micro-batch
     print(f"\ndata loading + masking: {1e3 * data_seconds:.2f} ms per micro-batch, "
-          f"{100 * data_seconds * accum_steps / crammed_seconds:.1f}% of the crammed step if not overlapped")
+          f"{100 * data_seconds * speeds['crammed'] / (micro * seq_len):.1f}% of the crammed step if not overlapped")
 
     if sweep:
         # eager, as train.py's micro_batch=0 probe: a compilation per size would take minutes

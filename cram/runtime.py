@@ -193,9 +193,8 @@ def auto_dtype(device, continues=None, speedup=None):
     if device.type == "cuda":
         return ("bfloat16", "auto: a GPU with bfloat16", 0.0) if bfloat16 else ("float16", "auto: a GPU without bfloat16", 0.0)
     speedup = bf16_speedup() if speedup is None else speedup
-    if speedup >= BF16_PICK_RATIO:
-        return "bfloat16", f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, at least {BF16_PICK_RATIO}x", speedup
-    return "float32", f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, under {BF16_PICK_RATIO}x", speedup
+    pick, than = ("bfloat16", "at least") if speedup >= BF16_PICK_RATIO else ("float32", "under")
+    return pick, f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, {than} {BF16_PICK_RATIO}x", speedup
 
 
 def bf16_speedup(size=512, rounds=3, seconds=0.05):
@@ -245,9 +244,8 @@ def compile_problem(device):
             return (f"it needs a C++ compiler and none works ({text[-160:]}): install one (Debian, Ubuntu: apt install "
                     f"g++; Fedora: dnf install gcc-c++; macOS: xcode-select --install; conda: conda install -c "
                     f"conda-forge gxx) or point CXX at it")
-        if device.type == "cuda":  # Triton builds a small C launcher for its kernels
-            return f"{type(e).__name__}: {text[:200]} (Triton needs a C compiler, gcc or clang, and pip install triton)"
-        return f"{type(e).__name__}: {text[:200]}"
+        triton = " (Triton needs a C compiler, gcc or clang, and pip install triton)" * (device.type == "cuda")
+        return f"{type(e).__name__}: {text[:200]}{triton}"  # Triton builds a small C launcher for its kernels
     finally:
         counters["stats"].clear()
         counters["stats"].update(before)
