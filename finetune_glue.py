@@ -487,9 +487,8 @@ def majority_scores(name, data):
 
 
 def how_made(entry):
-    """How a task's scores were made, as the table and tools/glue_plot.py say it, with any cap on the training examples
-    and what diverged (out of the choice): 'best of 3 on dev, 1 diverged: lr 0.0003, batch 32, median of 2 seeds (1 of 3
-    diverged), 5 epochs'."""
+    """How a task's scores were made (the table's, tools/glue_plot.py's), with any cap on the training examples and what
+    diverged: 'best of 3 on dev, 1 diverged: lr 0.0003, batch 32, median of 2 seeds (1 of 3 diverged), 5 epochs'."""
     settings, e, points, seeds, lost = (entry["settings"], entry["settings"]["epochs"], entry.get("grid_size"),
                                         len(entry["seeds"]), len(entry.get("diverged", ())))
     epochs = f", {e} epoch{'s' * (e > 1)}" + f", first {entry['train_examples']:,} train examples" * bool(settings["max_train_examples"])
@@ -756,9 +755,8 @@ def kept_files(file, name, group, lost=False):
 
 
 def whole(path):
-    """Whether a file a run keeps is there and whole: an encoder's zip index reads (mmap: not its weights), a prediction
-    file ends its last line. One that is not (a disk's fault, an older cram's write in place) is set aside: its run is
-    done again."""
+    """Whether a file a run keeps is there and whole (an encoder's zip index reads, mmap: not its weights; a prediction
+    file ends its last line), else set aside (a disk's fault, an older cram's write in place): its run is done again."""
     if not os.path.exists(path):
         return False
     try:

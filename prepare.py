@@ -494,13 +494,12 @@ def start_pool(workers):
 
 
 def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, settings):
-    """Encode every document of `documents` (a function returning a fresh document iterator) into
-    out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
-    max_tokens_per_char tokens per character are dropped (0: none are); `settings`: prepare.py's of
-    these names: workers, seq_len, val_fraction, min_doc_chars, dedup, max_tokens, progress_minutes.
-    Resumes from the last progress record of an interrupted run; the result is byte for byte an uninterrupted run's.
-    Batches go to the workers as they are read, each written (here, in order) while the next one encodes; a progress
-    record (every progress_minutes) first writes every batch in flight, so it is exact."""
+    """Encode every document of `documents` (a function returning a fresh document iterator) into out_dir's train.bin
+    and val.bin; returns the counts for meta.json. Documents with more than max_tokens_per_char tokens per character are
+    dropped (0: none are); `settings`: prepare.py's of these names: workers, seq_len, val_fraction, min_doc_chars,
+    dedup, max_tokens, progress_minutes. Resumes from the last progress record of an interrupted run; the result is byte
+    for byte an uninterrupted run's. Batches go to the workers as they are read, each written (here, in order) while the
+    next one encodes; a progress record (every progress_minutes) first writes every batch in flight, so it is exact."""
     s = settings
     progress = read_progress(out_dir, s["dedup"], s["seq_len"], np.dtype(dtype).itemsize)
     files = TokenFiles(out_dir, dtype, s["seq_len"], special_ids["[SEP]"], max_tokens_per_char, s["val_fraction"],
