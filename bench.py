@@ -122,21 +122,13 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
     batches = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
     trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
+    step = lambda: trainer.step(batches(accum_steps), 1e-4, 0.5)  # an optimizer step, as train.py takes it
     try:
-        start = time.perf_counter()
-        for _ in range(n_warmup):
-            trainer.step(batches(accum_steps), 1e-4, 0.5)
-        rt.synchronize()
-        warmup_seconds = time.perf_counter() - start
+        warmup_seconds = n_warmup * runtime.best_seconds(step, rt, n_warmup, rounds=1)  # compilation included
         rt.reset_peak_memory()
         profiler = torch.profiler.profile() if profiled else nullcontext()
         with profiler:
-            start = time.perf_counter()
-            for _ in range(n_steps):
-                loss, _ = trainer.step(batches(accum_steps), 1e-4, 0.5)
-            loss.item()
-            rt.synchronize()
-            seconds = (time.perf_counter() - start) / n_steps
+            seconds = runtime.best_seconds(step, rt, n_steps, rounds=1)
         if profiled:
             events = profiler.key_averages()
             key = "self_cpu_time_total" if rt.device.type == "cpu" else "self_device_time_total"
@@ -144,7 +136,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
             print(time_by_kind(events, rt.device.type, n_steps * accum_steps))
         return seconds, warmup_seconds, rt.peak_memory()
     finally:
-        del model, optimizer, step_model, trainer
+        del model, optimizer, step_model, trainer, step
         torch._dynamo.reset()  # the next row (another mode) starts with no graphs, CUDA-graph pools or caches held
         gc.collect()
         torch.cuda.empty_cache()  # (nothing unless CUDA is in use)

@@ -10,6 +10,7 @@ import math
 import os
 import tempfile
 import time
+import timeit
 from datetime import timedelta
 from pathlib import Path
 
@@ -376,15 +377,10 @@ def matmul_speed(rt, size=2048):
 
 def best_seconds(work, rt, repeats, rounds=3):
     """Seconds a call of work() takes: the fastest of `rounds` timings of `repeats` calls, synchronised around each."""
-    best = float("inf")
-    for _ in range(rounds):
+    def clock():  # a reading first waits for the device: a round's time is all of its work's
         rt.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            work()
-        rt.synchronize()
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+        return time.perf_counter()
+    return min(timeit.repeat(work, timer=clock, repeat=rounds, number=repeats)) / repeats
 
 
 def compiled_graphs():
