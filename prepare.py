@@ -31,7 +31,7 @@ import numpy as np
 from configurator import config_keys, configure  # first: it checks for the temporary folder torch's import needs
 from cram import process, runtime
 from cram.data import OPENERS, SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
-from cram.files import (cannot_write, claim_folder, read_json, read_ranks, special_ids, unfound, write_json,
+from cram.files import (cannot_write, claim_folder, load_json, read_json, read_ranks, special_ids, unfound, write_json,
                         write_ranks)
 
 # -----------------------------------------------------------------------------
@@ -246,10 +246,8 @@ def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
     twice), else a new BPE of the corpus' first train_chars characters, saved in tiktoken's format with that text's
     digest beside it (the special tokens take the ids after the BPE's)."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
-        try:
-            trained_on = json.loads(Path(path + ".source").read_text(encoding="utf-8"))["digest"]
-        except (OSError, ValueError, TypeError, KeyError, RecursionError):  # a damaged record proves nothing: train again
-            trained_on = None
+        record = load_json(path + ".source")[0]  # a damaged one (None, or of another shape) proves nothing: train again
+        trained_on = record.get("digest") if isinstance(record, dict) else None
         if trained_on and local:  # the text it would train on now, read through: its digest is the point
             deque(first_characters(documents, train_chars, digest := hashlib.blake2b(digest_size=16)), maxlen=0)
         if trained_on and (not local or trained_on == digest.hexdigest()):
@@ -596,11 +594,10 @@ def main():
     t0 = time.monotonic()
     ranks = load_or_train_tokenizer(documents, os.path.join(out, TOKENIZER_FILE), vocab_size, tokenizer_train_chars,
                                     local=not source.startswith("hub:"))
-    n_regular = len(ranks)
-    if n_regular + len(SPECIAL_TOKENS) < vocab_size:
-        print(f"note: the corpus only supports {n_regular + len(SPECIAL_TOKENS)} tokens (asked for {vocab_size})")
-    specials = special_ids(n_regular)
+    specials = special_ids(len(ranks))
     enc = make_encoding(ranks, specials)
+    if enc.n_vocab < vocab_size:
+        print(f"note: the corpus only supports {enc.n_vocab} tokens (asked for {vocab_size})")
     t1 = time.monotonic()
     dtype = token_dtype(enc.n_vocab)
     # the reference's compression filter, relative to this corpus' median (why not its absolute 0.25: docs/data.md)
@@ -611,7 +608,7 @@ def main():
         raise SystemExit(f"error: {dataset} changed while it was read (is it still being written?): nothing was "
                          f"finished; run the same command once it is complete (the encoding then starts over)")
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
-    meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=specials,
+    meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=len(ranks), special_ids=specials,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.monotonic() - t1, 1))
     write_json(meta_path, meta)
