@@ -5,8 +5,7 @@
     python prepare.py --dataset=HuggingFaceFW/fineweb-edu --hf_config=sample-10BT --vocab_size=32768
 
 Writes to out_dir: tokenizer.tiktoken (tiktoken's BPE ranks), train.bin and val.bin (seq_len-token sequences of the
-documents joined by [SEP]) and, last, meta.json, which marks the work done. Documents stream: memory does not grow.
-"""
+documents joined by [SEP]) and, last, meta.json, which marks the work done. Documents stream: memory does not grow."""
 import ast
 import functools
 import hashlib
@@ -104,8 +103,8 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
     opener = OPENERS.get(os.path.splitext(path)[1], open)
     try:
         with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            lines, chars = [], 0
-            for line in iter(functools.partial(f.readline, max_chars), ""):
+            lines, chars = [], 0  # the file's lines, then a blank one that ends its last document
+            for line in itertools.chain(iter(functools.partial(f.readline, max_chars), ""), ["\n"]):
                 if line.strip() and chars + len(line) <= max_chars:
                     lines.append(line)
                     chars += len(line)
@@ -113,8 +112,6 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
                 if lines:
                     yield "".join(lines).strip()
                 lines, chars = ([line], len(line)) if line.strip() else ([], 0)
-            if lines:
-                yield "".join(lines).strip()
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:  # unreadable, truncated or damaged (compressed) files
         raise SystemExit(f"error: cannot read {path}: {e}")
 
@@ -129,10 +126,9 @@ def pieces(text, max_chars=MAX_DOC_CHARS):
 
 
 class RowStream:
-    """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet
-    file. An interrupted preparation resumes it without reading again what was done (for a hub
-    dataset, downloading it again): state() is datasets' state_dict() after the last document
-    yielded, and calling with that state continues from there. args, kwargs: datasets.load_dataset's."""
+    """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet file. An interrupted
+    preparation resumes it without reading again what was done (for a hub dataset, downloading it again): state() is
+    datasets' state_dict() after the last document yielded, and calling with that state continues from there."""
 
     def __init__(self, where, text_field, *args, **kwargs):
         import datasets
@@ -273,8 +269,7 @@ class SequenceWriter:
         self.file = open(path + ".tmp", "r+b" if state["bytes"] else "wb")
         self.file.truncate(state["bytes"])
         self.file.seek(state["bytes"])
-        self.pending = np.asarray(state["pending"], dtype=dtype)
-        self.sequences = state["sequences"]
+        self.pending, self.sequences = np.asarray(state["pending"], dtype=dtype), state["sequences"]
 
     def add(self, *tokens):
         self.pending = np.concatenate([self.pending, *tokens], dtype=self.dtype)
@@ -340,8 +335,7 @@ class SeenTexts:
 
 
 def read_progress(out_dir, dedup, seq_len, itemsize):
-    """The last progress record of an interrupted preparation in out_dir, or None (it starts over): none, its files
-    gone, or damaged (said)."""
+    """An interrupted preparation's last progress record, or None to start over (none, its files gone, or damaged)."""
     if not all(os.path.exists(os.path.join(out_dir, name)) for name in (STALE if dedup else STALE[:-1])):
         return None
     path = os.path.join(out_dir, PROGRESS_FILE)
