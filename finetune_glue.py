@@ -8,8 +8,7 @@
     python finetune_glue.py --checkpoint=... --from_scratch=True                # the shape never pretrained: the floor
 
 The batch, rate and epochs follow the checkpoint's width and the task's size (settings_for), the rest the reference's;
-prints a table beside the published row and the floor, every number in a JSON file. docs/glue.md: more; a task: a row.
-"""
+prints a table beside the published row and the floor, every number in a JSON file. docs/glue.md: more; a task: a row."""
 import contextlib
 import csv
 import glob
@@ -127,8 +126,7 @@ def accuracy(pred, gold):
 def f1(pred, gold):
     """Binary F1 of the positive class (label 1)."""
     pred, gold = np.asarray(pred), np.asarray(gold)
-    tp = np.sum((pred == 1) & (gold == 1))
-    wrong = np.sum(pred != gold)
+    tp, wrong = np.sum((pred == 1) & (gold == 1)), np.sum(pred != gold)
     return float(2 * tp / (2 * tp + wrong)) if tp + wrong else 0.0
 
 
@@ -149,8 +147,7 @@ def pearson(x, y):
     if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant: no correlation (its mean's rounding would give 1e-17)
         return 0.0
     x, y = x - x.mean(), y - y.mean()
-    denominator = math.sqrt((x @ x) * (y @ y))
-    return float(x @ y / denominator) if denominator else 0.0
+    return float(x @ y / math.sqrt((x @ x) * (y @ y)))
 
 
 def average_ranks(values):

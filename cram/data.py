@@ -53,8 +53,7 @@ def load_tokens(data_dir, split, meta=None):
     """The (sequences, seq_len) token ids of 'train' or 'val', memory-mapped, checked against meta.json and every id
     below the vocabulary size (one pass, not a GPU's opaque device-side assert at the first bad id)."""
     meta = meta or load_meta(data_dir)
-    path = os.path.join(data_dir, f"{split}.bin")
-    n = meta[f"{split}_sequences"]
+    path, n = os.path.join(data_dir, f"{split}.bin"), meta[f"{split}_sequences"]
     if not os.path.isfile(path) or os.path.getsize(path) != n * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize:
         raise unfound(path, f"error: {path} is missing or does not match meta.json: the folder is damaged; delete "
                             f"it and run prepare.py again")
