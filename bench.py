@@ -25,8 +25,6 @@ from cram.data import MASK_RATE, RandomBatches, benchmark_tokens
 from cram.files import gib
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small, cpu}: model.SHAPES' or train_cpu.py's; auto: reference on a GPU
 micro_batch = 0         # >= 0: if 0, 128 on a GPU and 32 on a CPU
@@ -47,7 +45,7 @@ profile = False         # print the crammed step's 20 costliest kernels and its 
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
-CONFIG_DIR = os.path.join(ROOT, "config")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
 CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
 # the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (triton_tem_*: its matmuls),
@@ -117,8 +115,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
     torch.manual_seed(seed)
     model = build().to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
-    fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
-    step_model = rt.compile_model(model, fullgraph=fullgraph)
+    step_model = rt.compile_model(model, fullgraph=isinstance(model, CrammedBert))  # transformers' may break the graph
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
     batches = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
     trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
