@@ -74,8 +74,7 @@ def pydocs_documents():
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for filename in sorted(f for f in filenames if f.endswith(".py")):
                 try:
-                    with open(os.path.join(dirpath, filename), encoding="utf-8") as f:
-                        tree = ast.parse(f.read())
+                    tree = ast.parse(Path(dirpath, filename).read_text(encoding="utf-8"))
                 except (SyntaxError, UnicodeDecodeError, ValueError):
                     continue
                 docstrings = [ast.get_docstring(node) for node in ast.walk(tree) if isinstance(
