@@ -60,10 +60,9 @@ def _check(key, value, known):
 
 
 def _parse(key, raw, expected):
-    try:
+    value = None
+    with contextlib.suppress(ValueError, SyntaxError):
         value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        value = None
     if expected is str and not isinstance(value, str):
         return raw  # a string setting takes the text as typed: --dataset=pydocs, --full_layers=2,4
     if value is None and raw != "None":

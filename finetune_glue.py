@@ -226,10 +226,9 @@ def read_task_file(path, spec, test=False):
 
 def parse_label(raw, spec, where):
     if spec["labels"] is None:
-        try:
+        score = math.nan
+        with contextlib.suppress(ValueError):
             score = float(raw)
-        except ValueError:
-            score = math.nan
         if not math.isfinite(score):
             raise SystemExit(f"error: {where}: score {raw!r} is not a finite number (is this the GLUE layout?)")
         return score
@@ -730,10 +729,9 @@ def plans_for(train_examples, width, settings, given):
     """task -> the settings of its runs (`train_examples`: task -> the examples it trains on, its file's): one, by
     settings_for (`given` ones in their place), or with --protocol=grid one for each rate and batch of grid_lr x
     grid_batch; a one-line error for a grid that is not lists of numbers."""
-    try:  # each point once (3e-4 and 0.0003 are one)
+    points = []
+    with contextlib.suppress(ValueError):  # each point once (3e-4 and 0.0003 are one)
         points = list({(float(r), int(b)): None for r in grid_lr.split(",") for b in grid_batch.split(",")})
-    except ValueError:
-        points = []
     if protocol == "grid" and (not points or not all(r > 0 and b > 0 for r, b in points)):
         raise SystemExit(f"error: --grid_lr={grid_lr!r} and --grid_batch={grid_batch!r} must be lists of rates > 0 and "
                          f"batch sizes >= 1, each comma-separated (3e-4,1e-4 and 16,32)")

@@ -56,20 +56,18 @@ def hub_reachable(timeout=3.0):
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         return False
     host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
+    with contextlib.suppress(OSError):
         socket.create_connection((host, 443), timeout=timeout).close()
         return True
-    except OSError:
-        return False
+    return False
 
 
 def installed(module):
     """Whether an optional dependency can be imported: asked before the work that needs it."""
-    try:
+    with contextlib.suppress(ImportError):
         importlib.import_module(module)
         return True
-    except ImportError:
-        return False
+    return False
 
 
 # The signals that end a run from outside, each taken as Ctrl-C is (train.py finishes the step, saves
