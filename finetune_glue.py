@@ -309,11 +309,6 @@ def collate(sequences, pad_id, device):
 
 
 # ---------------------------------------------------------------- fine-tuning
-def cosine_with_warmup(step, total):
-    warm = max(1, int(warmup * total))
-    return step / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-
-
 def eval_size(rt):
     return eval_batch_size or (512 if rt.device.type == "cuda" else 128)
 
@@ -356,7 +351,9 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     optimizer = rt.optimizer(groups, lr=hp["lr"], betas=(beta1, beta2), eps=eps)
     scaler = rt.grad_scaler()
     total = hp["epochs"] * math.ceil(len(train_ids) / hp["batch_size"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))
+    warm = max(1, int(warmup * total))  # steps of linear warm-up, then a cosine decay to 0
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step / warm if step < warm else
+                                                 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))))
     targets = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     generator = torch.Generator().manual_seed(run_seed)
     lengths = [len(ids) for ids in train_ids]
