@@ -25,8 +25,6 @@ from cram.data import MASK_RATE, RandomBatches, benchmark_tokens
 from cram.files import gib
 from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small, cpu}: model.SHAPES' or train_cpu.py's; auto: reference on a GPU
 micro_batch = 0         # >= 0: if 0, 128 on a GPU and 32 on a CPU
@@ -47,7 +45,7 @@ profile = False         # print the crammed step's 20 costliest kernels and its 
 peak_tflops = 0.0       # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                # [0, 4294967295]
 # -----------------------------------------------------------------------------
-CONFIG_DIR = os.path.join(ROOT, "config")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 ORIGINAL_BERT = read_config_file(os.path.join(CONFIG_DIR, "bert_original.py"))
 CPU_RECIPE_VOCAB = 32768  # config/train_cpu.py's data is prepared with --vocab_size=32768 (its header)
 # the profile's kinds of kernel by name, the first match wins: inductor's fused kernels (triton_tem_*: its matmuls),
@@ -117,26 +115,17 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
     torch.manual_seed(seed)
     model = build().to(rt.device)
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), eps=1e-12)
-    fullgraph = isinstance(model, CrammedBert)  # ours must have no graph break; transformers' may
-    step_model = rt.compile_model(model, fullgraph=fullgraph)
+    step_model = rt.compile_model(model, fullgraph=isinstance(model, CrammedBert))  # transformers' may break the graph
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
     batches = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
     trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
+    step = lambda: trainer.step(batches(accum_steps), 1e-4, 0.5)  # an optimizer step, as train.py takes it
     try:
-        start = time.perf_counter()
-        for _ in range(n_warmup):
-            trainer.step(batches(accum_steps), 1e-4, 0.5)
-        rt.synchronize()
-        warmup_seconds = time.perf_counter() - start
+        warmup_seconds = n_warmup * runtime.best_seconds(step, rt, n_warmup, rounds=1)  # compilation included
         rt.reset_peak_memory()
         profiler = torch.profiler.profile() if profiled else nullcontext()
         with profiler:
-            start = time.perf_counter()
-            for _ in range(n_steps):
-                loss, _ = trainer.step(batches(accum_steps), 1e-4, 0.5)
-            loss.item()
-            rt.synchronize()
-            seconds = (time.perf_counter() - start) / n_steps
+            seconds = runtime.best_seconds(step, rt, n_steps, rounds=1)
         if profiled:
             events = profiler.key_averages()
             key = "self_cpu_time_total" if rt.device.type == "cpu" else "self_device_time_total"
@@ -144,7 +133,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
             print(time_by_kind(events, rt.device.type, n_steps * accum_steps))
         return seconds, warmup_seconds, rt.peak_memory()
     finally:
-        del model, optimizer, step_model, trainer
+        del model, optimizer, step_model, trainer, step
         torch._dynamo.reset()  # the next row (another mode) starts with no graphs, CUDA-graph pools or caches held
         gc.collect()
         torch.cuda.empty_cache()  # (nothing unless CUDA is in use)
@@ -225,7 +214,7 @@ def main():
         runs[1:1] = [(f"crammed, {mode}", *crammed, dataclasses.replace(rt, compile_mode=mode)) for mode in modes[1:]]
         if eager:
             runs.insert(len(modes), ("crammed, eager", *crammed, eager_rt))
-    speeds, crammed_seconds = {}, None
+    speeds = {}  # recipe -> tokens/s
     for recipe, build, mask_rate, flops, run_rt in runs:
         try:
             seconds, warmup_seconds, held = time_training(build, mask_rate, micro, tokens, run_rt, n_steps, n_warmup,
@@ -238,14 +227,13 @@ def main():
             torch.cuda.empty_cache()
             continue
         speeds[recipe], line = row(recipe, micro, seconds, warmup_seconds, held, flops, peak, matmul_peak)
-        crammed_seconds = crammed_seconds or seconds
         print(line, flush=True)
     for recipe in list(speeds)[1:]:
         print(f"\ncrammed / {recipe}: {speeds['crammed'] / speeds[recipe]:.2f}x tokens/s", end="")
     batches = RandomBatches(tokens, dims["vocab_size"], micro, rt, MASK_RATE, seed)
     data_seconds = runtime.best_seconds(functools.partial(batches, 1), rt, 20, rounds=1)  # load and mask a micro-batch
     print(f"\ndata loading + masking: {1e3 * data_seconds:.2f} ms per micro-batch, "
-          f"{100 * data_seconds * accum_steps / crammed_seconds:.1f}% of the crammed step if not overlapped")
+          f"{100 * data_seconds * speeds['crammed'] / (micro * seq_len):.1f}% of the crammed step if not overlapped")
 
     if sweep:
         # eager, as train.py's micro_batch=0 probe: a compilation per size would take minutes

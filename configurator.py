@@ -60,10 +60,9 @@ def _check(key, value, known):
 
 
 def _parse(key, raw, expected):
-    try:
+    value = None
+    with contextlib.suppress(ValueError, SyntaxError):
         value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        value = None
     if expected is str and not isinstance(value, str):
         return raw  # a string setting takes the text as typed: --dataset=pydocs, --full_layers=2,4
     if value is None and raw != "None":
@@ -183,7 +182,7 @@ class HangupSafeStream:
     buffered goes at the exit too. A run saves its work, and a short command ends quietly, whoever reads its lines."""
 
     def __init__(self, stream):
-        self.stream = stream
+        self.stream = stream or open(os.devnull, "w", encoding="utf-8")  # none (pythonw has no console): the null device
 
     def write(self, text):
         return self.unless_gone("write", text) or len(text)
@@ -203,10 +202,15 @@ class HangupSafeStream:
         return getattr(self.stream, name)
 
 
+def hangup_safe(stream):
+    """`stream` as a HangupSafeStream, wrapped once (a process may configure more than once: a tool's, a test's)."""
+    return stream if isinstance(stream, HangupSafeStream) else HangupSafeStream(stream)
+
+
 def configure(namespace, argv, cls=None, skip=(), given=None):
     """argv's config files and --key=value overrides applied to namespace (a script's globals()), each checked; returns
     them and `cls`'s fields (less `skip`: only in the dict) as a dict; `given` gets the keys set; --help prints them."""
-    sys.stdout, sys.stderr = (s if isinstance(s, HangupSafeStream) else HangupSafeStream(s or open(os.devnull, "w", encoding="utf-8")) for s in (sys.stdout, sys.stderr))  # every script starts here
+    sys.stdout, sys.stderr = hangup_safe(sys.stdout), hangup_safe(sys.stderr)  # every script starts here
     known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, set() if given is None else given
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))

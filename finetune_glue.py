@@ -8,8 +8,7 @@
     python finetune_glue.py --checkpoint=... --from_scratch=True                # the shape never pretrained: the floor
 
 The batch, rate and epochs follow the checkpoint's width and the task's size (settings_for), the rest the reference's;
-prints a table beside the published row and the floor, every number in a JSON file. docs/glue.md: more; a task: a row.
-"""
+prints a table beside the published row and the floor, every number in a JSON file. docs/glue.md: more; a task: a row."""
 import contextlib
 import csv
 import glob
@@ -30,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from cram import memory, process, runtime
-from cram.data import MASK_RATE, make_encoding
+from cram.data import MASK_RATE, make_encoding, to_device
 from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, unfound, weights_digest,
                         write_atomically, write_json)
 from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
@@ -127,8 +126,7 @@ def accuracy(pred, gold):
 def f1(pred, gold):
     """Binary F1 of the positive class (label 1)."""
     pred, gold = np.asarray(pred), np.asarray(gold)
-    tp = np.sum((pred == 1) & (gold == 1))
-    wrong = np.sum(pred != gold)
+    tp, wrong = np.sum((pred == 1) & (gold == 1)), np.sum(pred != gold)
     return float(2 * tp / (2 * tp + wrong)) if tp + wrong else 0.0
 
 
@@ -149,8 +147,7 @@ def pearson(x, y):
     if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant: no correlation (its mean's rounding would give 1e-17)
         return 0.0
     x, y = x - x.mean(), y - y.mean()
-    denominator = math.sqrt((x @ x) * (y @ y))
-    return float(x @ y / denominator) if denominator else 0.0
+    return float(x @ y / math.sqrt((x @ x) * (y @ y)))
 
 
 def average_ranks(values):
@@ -229,10 +226,9 @@ def read_task_file(path, spec, test=False):
 
 def parse_label(raw, spec, where):
     if spec["labels"] is None:
-        try:
+        score = math.nan
+        with contextlib.suppress(ValueError):
             score = float(raw)
-        except ValueError:
-            score = math.nan
         if not math.isfinite(score):
             raise SystemExit(f"error: {where}: score {raw!r} is not a finite number (is this the GLUE layout?)")
         return score
@@ -305,11 +301,6 @@ def train_batches(lengths, size, generator, grouped):
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
-def to_device(tensor, device):
-    """On a GPU from pinned memory without waiting (a copy from pageable memory waits for the device's queue)."""
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
-
-
 def collate(sequences, pad_id, device):
     """Right-padded (B, T) ids and the (B, T) mask of real tokens."""
     ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in sequences], batch_first=True, padding_value=pad_id)
@@ -318,11 +309,6 @@ def collate(sequences, pad_id, device):
 
 
 # ---------------------------------------------------------------- fine-tuning
-def cosine_with_warmup(step, total):
-    warm = max(1, int(warmup * total))
-    return step / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-
-
 def eval_size(rt):
     return eval_batch_size or (512 if rt.device.type == "cuda" else 128)
 
@@ -365,7 +351,9 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     optimizer = rt.optimizer(groups, lr=hp["lr"], betas=(beta1, beta2), eps=eps)
     scaler = rt.grad_scaler()
     total = hp["epochs"] * math.ceil(len(train_ids) / hp["batch_size"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(step, total))
+    warm = max(1, int(warmup * total))  # steps of linear warm-up, then a cosine decay to 0
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step / warm if step < warm else
+                                                 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))))
     targets = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     generator = torch.Generator().manual_seed(run_seed)
     lengths = [len(ids) for ids in train_ids]
@@ -492,9 +480,8 @@ def majority_scores(name, data):
 
 
 def how_made(entry):
-    """How a task's scores were made, as the table and tools/glue_plot.py say it, with any cap on the training examples
-    and what diverged (out of the choice): 'best of 3 on dev, 1 diverged: lr 0.0003, batch 32, median of 2 seeds (1 of 3
-    diverged), 5 epochs'."""
+    """How a task's scores were made (the table's, tools/glue_plot.py's), with any cap on the training examples and what
+    diverged: 'best of 3 on dev, 1 diverged: lr 0.0003, batch 32, median of 2 seeds (1 of 3 diverged), 5 epochs'."""
     settings, e, points, seeds, lost = (entry["settings"], entry["settings"]["epochs"], entry.get("grid_size"),
                                         len(entry["seeds"]), len(entry.get("diverged", ())))
     epochs = f", {e} epoch{'s' * (e > 1)}" + f", first {entry['train_examples']:,} train examples" * bool(settings["max_train_examples"])
@@ -739,10 +726,9 @@ def plans_for(train_examples, width, settings, given):
     """task -> the settings of its runs (`train_examples`: task -> the examples it trains on, its file's): one, by
     settings_for (`given` ones in their place), or with --protocol=grid one for each rate and batch of grid_lr x
     grid_batch; a one-line error for a grid that is not lists of numbers."""
-    try:  # each point once (3e-4 and 0.0003 are one)
+    points = []
+    with contextlib.suppress(ValueError):  # each point once (3e-4 and 0.0003 are one)
         points = list({(float(r), int(b)): None for r in grid_lr.split(",") for b in grid_batch.split(",")})
-    except ValueError:
-        points = []
     if protocol == "grid" and (not points or not all(r > 0 and b > 0 for r, b in points)):
         raise SystemExit(f"error: --grid_lr={grid_lr!r} and --grid_batch={grid_batch!r} must be lists of rates > 0 and "
                          f"batch sizes >= 1, each comma-separated (3e-4,1e-4 and 16,32)")
@@ -761,9 +747,8 @@ def kept_files(file, name, group, lost=False):
 
 
 def whole(path):
-    """Whether a file a run keeps is there and whole: an encoder's zip index reads (mmap: not its weights), a prediction
-    file ends its last line. One that is not (a disk's fault, an older cram's write in place) is set aside: its run is
-    done again."""
+    """Whether a file a run keeps is there and whole (an encoder's zip index reads, mmap: not its weights; a prediction
+    file ends its last line), else set aside (a disk's fault, an older cram's write in place): its run is done again."""
     if not os.path.exists(path):
         return False
     try:

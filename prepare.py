@@ -5,8 +5,7 @@
     python prepare.py --dataset=HuggingFaceFW/fineweb-edu --hf_config=sample-10BT --vocab_size=32768
 
 Writes to out_dir: tokenizer.tiktoken (tiktoken's BPE ranks), train.bin and val.bin (seq_len-token sequences of the
-documents joined by [SEP]) and, last, meta.json, which marks the work done. Documents stream: memory does not grow.
-"""
+documents joined by [SEP]) and, last, meta.json, which marks the work done. Documents stream: memory does not grow."""
 import ast
 import functools
 import hashlib
@@ -31,7 +30,7 @@ import numpy as np
 from configurator import config_keys, configure  # first: it checks for the temporary folder torch's import needs
 from cram import process, runtime
 from cram.data import OPENERS, SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
-from cram.files import (cannot_write, claim_folder, read_json, read_ranks, special_ids, unfound, write_json,
+from cram.files import (cannot_write, claim_folder, load_json, read_json, read_ranks, special_ids, unfound, write_json,
                         write_ranks)
 
 # -----------------------------------------------------------------------------
@@ -75,8 +74,7 @@ def pydocs_documents():
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for filename in sorted(f for f in filenames if f.endswith(".py")):
                 try:
-                    with open(os.path.join(dirpath, filename), encoding="utf-8") as f:
-                        tree = ast.parse(f.read())
+                    tree = ast.parse(Path(dirpath, filename).read_text(encoding="utf-8"))
                 except (SyntaxError, UnicodeDecodeError, ValueError):
                     continue
                 docstrings = [ast.get_docstring(node) for node in ast.walk(tree) if isinstance(
@@ -104,8 +102,8 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
     opener = OPENERS.get(os.path.splitext(path)[1], open)
     try:
         with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            lines, chars = [], 0
-            for line in iter(functools.partial(f.readline, max_chars), ""):
+            lines, chars = [], 0  # the file's lines, then a blank one that ends its last document
+            for line in itertools.chain(iter(functools.partial(f.readline, max_chars), ""), ["\n"]):
                 if line.strip() and chars + len(line) <= max_chars:
                     lines.append(line)
                     chars += len(line)
@@ -113,8 +111,6 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
                 if lines:
                     yield "".join(lines).strip()
                 lines, chars = ([line], len(line)) if line.strip() else ([], 0)
-            if lines:
-                yield "".join(lines).strip()
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:  # unreadable, truncated or damaged (compressed) files
         raise SystemExit(f"error: cannot read {path}: {e}")
 
@@ -129,10 +125,9 @@ def pieces(text, max_chars=MAX_DOC_CHARS):
 
 
 class RowStream:
-    """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet
-    file. An interrupted preparation resumes it without reading again what was done (for a hub
-    dataset, downloading it again): state() is datasets' state_dict() after the last document
-    yielded, and calling with that state continues from there. args, kwargs: datasets.load_dataset's."""
+    """The documents of a `datasets` streaming dataset: a hub dataset, or one .jsonl/.json/.parquet file. An interrupted
+    preparation resumes it without reading again what was done (for a hub dataset, downloading it again): state() is
+    datasets' state_dict() after the last document yielded, and calling with that state continues from there."""
 
     def __init__(self, where, text_field, *args, **kwargs):
         import datasets
@@ -189,9 +184,8 @@ def document_source(name, hf_config="", hf_split="train", text_field="text"):
     """(description, function returning a fresh document iterator) for --dataset; the other
     arguments are the settings of the same names (defaults: theirs)."""
     if name == "pydocs":
-        versions = f"Python {platform.python_version()}, " + ", ".join(
-            f"{pkg} {__import__(pkg).__version__}" for pkg in PYDOCS_PACKAGES)
-        return f"pydocs ({versions})", pydocs_documents
+        versions = ", ".join(f"{pkg} {__import__(pkg).__version__}" for pkg in PYDOCS_PACKAGES)
+        return f"pydocs (Python {platform.python_version()}, {versions})", pydocs_documents
     if os.path.exists(name):
         files = local_files(name)
         others = sorted({os.path.join(d, f) for d, _, fs in os.walk(name) for f in fs if f[0] != "."} - set(files))
@@ -242,32 +236,25 @@ def first_characters(documents, n_chars, digest):
             return
 
 
-def train_tokenizer(documents, path, vocab_size, train_chars):
-    """The corpus' tokenizer trained on its first train_chars characters, saved in tiktoken's format, that text's
-    digest beside it (the special tokens take the ids after the BPE's)."""
-    print(f"training a {vocab_size}-token BPE on the corpus' first {train_chars:,} characters (all of it if shorter)")
-    digest = hashlib.blake2b(digest_size=16)
-    ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
-    write_json(path + ".source", dict(digest=digest.hexdigest()))  # first: a tokenizer without one is not reused
-    write_ranks(path, ranks)
-    return ranks
-
-
 def load_or_train_tokenizer(documents, path, vocab_size, train_chars, local):
     """The BPE ranks an earlier run saved here if trained on the text this corpus starts with (a hub dataset's: not read
-    twice), else a new tokenizer's."""
+    twice), else a new BPE of the corpus' first train_chars characters, saved in tiktoken's format with that text's
+    digest beside it (the special tokens take the ids after the BPE's)."""
     if os.path.exists(path) and os.path.exists(path + ".source"):
-        try:
-            trained_on = json.loads(Path(path + ".source").read_text(encoding="utf-8"))["digest"]
-        except (OSError, ValueError, TypeError, KeyError, RecursionError):  # a damaged record proves nothing: train again
-            trained_on = None
+        record = load_json(path + ".source")[0]  # a damaged one (None, or of another shape) proves nothing: train again
+        trained_on = record.get("digest") if isinstance(record, dict) else None
         if trained_on and local:  # the text it would train on now, read through: its digest is the point
             deque(first_characters(documents, train_chars, digest := hashlib.blake2b(digest_size=16)), maxlen=0)
         if trained_on and (not local or trained_on == digest.hexdigest()):
             print(f"reusing {path}")
             return read_ranks(path)
         print(f"note: {path} was trained on other text (or its record is damaged): training it again")
-    return train_tokenizer(documents, path, vocab_size, train_chars)
+    print(f"training a {vocab_size}-token BPE on the corpus' first {train_chars:,} characters (all of it if shorter)")
+    digest = hashlib.blake2b(digest_size=16)
+    ranks = bpe_ranks(train_bpe(first_characters(documents, train_chars, digest), vocab_size - len(SPECIAL_TOKENS)))
+    write_json(path + ".source", dict(digest=digest.hexdigest()))  # first: a tokenizer without one is not reused
+    write_ranks(path, ranks)
+    return ranks
 
 
 # ---------------------------------------------------------------- token files
@@ -281,8 +268,7 @@ class SequenceWriter:
         self.file = open(path + ".tmp", "r+b" if state["bytes"] else "wb")
         self.file.truncate(state["bytes"])
         self.file.seek(state["bytes"])
-        self.pending = np.asarray(state["pending"], dtype=dtype)
-        self.sequences = state["sequences"]
+        self.pending, self.sequences = np.asarray(state["pending"], dtype=dtype), state["sequences"]
 
     def add(self, *tokens):
         self.pending = np.concatenate([self.pending, *tokens], dtype=self.dtype)
@@ -348,8 +334,7 @@ class SeenTexts:
 
 
 def read_progress(out_dir, dedup, seq_len, itemsize):
-    """The last progress record of an interrupted preparation in out_dir, or None (it starts over): none, its files
-    gone, or damaged (said)."""
+    """An interrupted preparation's last progress record, or None to start over (none, its files gone, or damaged)."""
     if not all(os.path.exists(os.path.join(out_dir, name)) for name in (STALE if dedup else STALE[:-1])):
         return None
     path = os.path.join(out_dir, PROGRESS_FILE)
@@ -500,13 +485,12 @@ def start_pool(workers):
 
 
 def encode_corpus(documents, enc, special_ids, dtype, max_tokens_per_char, out_dir, settings):
-    """Encode every document of `documents` (a function returning a fresh document iterator) into
-    out_dir's train.bin and val.bin; returns the counts for meta.json. Documents with more than
-    max_tokens_per_char tokens per character are dropped (0: none are); `settings`: prepare.py's of
-    these names: workers, seq_len, val_fraction, min_doc_chars, dedup, max_tokens, progress_minutes.
-    Resumes from the last progress record of an interrupted run; the result is byte for byte an uninterrupted run's.
-    Batches go to the workers as they are read, each written (here, in order) while the next one encodes; a progress
-    record (every progress_minutes) first writes every batch in flight, so it is exact."""
+    """Encode every document of `documents` (a function returning a fresh document iterator) into out_dir's train.bin
+    and val.bin; returns the counts for meta.json. Documents with more than max_tokens_per_char tokens per character are
+    dropped (0: none are); `settings`: prepare.py's of these names: workers, seq_len, val_fraction, min_doc_chars,
+    dedup, max_tokens, progress_minutes. Resumes from the last progress record of an interrupted run; the result is byte
+    for byte an uninterrupted run's. Batches go to the workers as they are read, each written (here, in order) while the
+    next one encodes; a progress record (every progress_minutes) first writes every batch in flight, so it is exact."""
     s = settings
     progress = read_progress(out_dir, s["dedup"], s["seq_len"], np.dtype(dtype).itemsize)
     files = TokenFiles(out_dir, dtype, s["seq_len"], special_ids["[SEP]"], max_tokens_per_char, s["val_fraction"],
@@ -603,11 +587,10 @@ def main():
     t0 = time.monotonic()
     ranks = load_or_train_tokenizer(documents, os.path.join(out, TOKENIZER_FILE), vocab_size, tokenizer_train_chars,
                                     local=not source.startswith("hub:"))
-    n_regular = len(ranks)
-    if n_regular + len(SPECIAL_TOKENS) < vocab_size:
-        print(f"note: the corpus only supports {n_regular + len(SPECIAL_TOKENS)} tokens (asked for {vocab_size})")
-    specials = special_ids(n_regular)
+    specials = special_ids(len(ranks))
     enc = make_encoding(ranks, specials)
+    if enc.n_vocab < vocab_size:
+        print(f"note: the corpus only supports {enc.n_vocab} tokens (asked for {vocab_size})")
     t1 = time.monotonic()
     dtype = token_dtype(enc.n_vocab)
     # the reference's compression filter, relative to this corpus' median (why not its absolute 0.25: docs/data.md)
@@ -618,7 +601,7 @@ def main():
         raise SystemExit(f"error: {dataset} changed while it was read (is it still being written?): nothing was "
                          f"finished; run the same command once it is complete (the encoding then starts over)")
     stats.update(median_tokens_per_char=round(median, 4), max_tokens_per_char=round(max_compression * median, 4))
-    meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=n_regular, special_ids=specials,
+    meta = dict(source=source, vocab_size=enc.n_vocab, n_regular=len(ranks), special_ids=specials,
                 seq_len=seq_len, dtype=dtype, tokenizer_file=TOKENIZER_FILE, **stats, settings=settings,
                 tokenizer_seconds=round(t1 - t0, 1), encode_seconds=round(time.monotonic() - t1, 1))
     write_json(meta_path, meta)

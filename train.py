@@ -24,6 +24,7 @@ from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import MetricsLog, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
 from cram.guard import Saves, SpikeWatch
+from cram.offload import OffloadTrainer, check_settings as check_offload
 from model import DATA_FIELDS, CrammedBert, Masking, ModelConfig, Trainer, diverged, param_groups
 
 # -----------------------------------------------------------------------------
@@ -133,7 +134,6 @@ def check_settings(world, config, rt):
         raise SystemExit(f"error: --optim={optim} needs --lr: the width's rule (budget.lr_for_width) is AdamW's, and its "
                          f"row in runtime.OPTIMIZERS does not take it (width_lr)")
     if offload:
-        from cram.offload import check_settings as check_offload
         check_offload(world, model, optim, rt.dtype)
 
 
@@ -278,7 +278,6 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     """A model.Trainer (the model on the device, its compiled, DDP-wrapped copy, the optimizer, float16's scaler) or
     off-load mode's, with `checkpoint`'s training state if one is resumed (either mode's: they share the format)."""
     if offload:
-        from cram.offload import OffloadTrainer
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     else:

@@ -83,8 +83,7 @@ def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate,
 
 
 def batch_for_budget(tokens, seq_len):
-    """The final batch for a run of `tokens`: the power of two nearest PAPER_BATCH x (its sequences / PAPER_SEQUENCES)
-    ** BATCH_EXPONENT, from MIN_BATCH to MAX_BATCH: never shrinking as the budget grows."""
+    """The final batch for `tokens` (the power law above, MIN_BATCH to MAX_BATCH): never smaller for more tokens."""
     batch = 2 ** round(math.log2(PAPER_BATCH * (tokens / seq_len / PAPER_SEQUENCES) ** BATCH_EXPONENT))
     return min(MAX_BATCH, max(MIN_BATCH, batch))
 

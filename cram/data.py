@@ -53,8 +53,7 @@ def load_tokens(data_dir, split, meta=None):
     """The (sequences, seq_len) token ids of 'train' or 'val', memory-mapped, checked against meta.json and every id
     below the vocabulary size (one pass, not a GPU's opaque device-side assert at the first bad id)."""
     meta = meta or load_meta(data_dir)
-    path = os.path.join(data_dir, f"{split}.bin")
-    n = meta[f"{split}_sequences"]
+    path, n = os.path.join(data_dir, f"{split}.bin"), meta[f"{split}_sequences"]
     if not os.path.isfile(path) or os.path.getsize(path) != n * meta["seq_len"] * np.dtype(meta["dtype"]).itemsize:
         raise unfound(path, f"error: {path} is missing or does not match meta.json: the folder is damaged; delete "
                             f"it and run prepare.py again")
@@ -69,17 +68,19 @@ def load_tokens(data_dir, split, meta=None):
 
 def get_batch(tokens, rows, device):
     """The sequences of the given rows, in row order (sorted: a sequential read), as an int64 tensor on device."""
-    batch = torch.from_numpy(tokens[np.sort(rows)].astype(np.int64))
-    return batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch
+    return to_device(torch.from_numpy(tokens[np.sort(rows)].astype(np.int64)), device)
+
+
+def to_device(tensor, device):
+    """On a GPU from pinned memory without waiting (a copy from pageable memory waits for the device's queue)."""
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
 
 
 def repeat_warning(expected, train_tokens, basis):
     """A one-line warning where the run trains more tokens than the data holds (`basis`: whence), else None."""
-    if expected > train_tokens:
-        return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
-                f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
-                f"corpus (see the README)")
-    return None
+    return (f"warning: {basis} the run will train about {expected / 1e9:.2f}B tokens, {expected / train_tokens:.1f} "
+            f"epochs of the {train_tokens / 1e9:.2f}B training tokens: repeated data overfits; prepare a larger "
+            f"corpus (see the README)") if expected > train_tokens else None
 
 
 @torch.no_grad()

@@ -37,8 +37,7 @@ def special_ids(n_regular):
 
 
 def cannot_write(path, e):
-    """The one-line error for a failed write of `path`: an OSError or a library's own (torch.save's, safetensors'); its
-    script's process.guarded adds what was kept."""
+    """The one-line error for a failed write of `path` (an OSError or a library's error); guarded adds what was kept."""
     folder = os.path.dirname(os.path.abspath(path))  # under a MiB left there: full
     full = getattr(e, "errno", None) == errno.ENOSPC or (os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 20)
     reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"

@@ -14,7 +14,6 @@ import torch.nn as nn
 
 from model import Block, at_positions, param_groups
 
-
 STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's that off-load judges: the input and the
 # model's attention_mask (a position bias too), streamed to every block; context, narrowed layers', is refused below
 

@@ -1,7 +1,6 @@
 """The process around a script's work: the signals that ask it to stop, its faults made one line, the scripts a tool
 starts (they end with it), progress lines, and what the machine has (an optional module, the hub). Every script's main
-runs inside guarded(); train.py's loop takes the signals over; the configurator keeps the output streams.
-"""
+runs inside guarded(); train.py's loop takes the signals over; the configurator keeps the output streams."""
 import contextlib
 import errno
 import importlib
@@ -57,20 +56,18 @@ def hub_reachable(timeout=3.0):
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         return False
     host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
+    with contextlib.suppress(OSError):
         socket.create_connection((host, 443), timeout=timeout).close()
         return True
-    except OSError:
-        return False
+    return False
 
 
 def installed(module):
     """Whether an optional dependency can be imported: asked before the work that needs it."""
-    try:
+    with contextlib.suppress(ImportError):
         importlib.import_module(module)
         return True
-    except ImportError:
-        return False
+    return False
 
 
 # The signals that end a run from outside, each taken as Ctrl-C is (train.py finishes the step, saves
@@ -86,16 +83,14 @@ INTERRUPTS = [0]  # Ctrl-Cs since a stop began (held)
 
 
 def child_env(env=None):
-    """The environment (os.environ's, or `env`) for a cram script this process starts: with this
-    process's pid, which the child follows (follow_parent)."""
+    """The environment for a cram script this process starts: with this pid, which the child follows (follow_parent)."""
     return dict(os.environ if env is None else env, **{PARENT_VAR: str(os.getpid())})
 
 
 def follow_parent():
-    """In a cram script a tool started (child_env): SIGTERM when that tool ends, however it ends
-    (Linux's PR_SET_PDEATHSIG; elsewhere nothing), at once if it has ended already, so a train.py
-    stops and saves instead of training on into the tool's rerun. The variable is removed here: a
-    process this one starts follows this one only if it is given child_env too."""
+    """In a cram script a tool started (child_env): SIGTERM when that tool ends, however it ends (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing), at once if it has ended already, so a train.py stops and saves instead of
+    training on into the tool's rerun; a process this one starts follows it only if given child_env too."""
     parent = os.environ.pop(PARENT_VAR, None)
     if not parent or not sys.platform.startswith("linux"):
         return
@@ -141,11 +136,10 @@ def held(signum):
 
 
 def guarded(main, kept, *args):
-    """A script's main(*args), with the faults that can come at any moment made one line on stderr that says what
-    was kept and how to continue (`kept`, or kept() when what was kept is known only then): Ctrl-C or another of
-    STOP_SIGNALS ('stopped by SIGHUP: <kept>', status 128 + n: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP;
-    train.py's loop installs StopRequest over this, which finishes its step and saves), and an OSError from the
-    machine, such as a full disk ('error: ...', status 1); output whose reader is gone the configurator drops."""
+    """A script's main(*args), the faults that can come at any moment made one line on stderr saying what was kept and
+    how to continue (`kept`, or kept() if known only then): Ctrl-C or another of STOP_SIGNALS ('stopped by SIGHUP:
+    <kept>', status 128 + n; train.py's loop installs StopRequest over this, which finishes its step and saves), and the
+    machine's OSError (a full disk: 'error: ...', status 1); output whose reader is gone the configurator drops."""
     told = kept if callable(kept) else lambda: kept
     take_signals(interrupt)
     follow_parent()

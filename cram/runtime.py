@@ -10,6 +10,7 @@ import math
 import os
 import tempfile
 import time
+import timeit
 from datetime import timedelta
 from pathlib import Path
 
@@ -193,9 +194,8 @@ def auto_dtype(device, continues=None, speedup=None):
     if device.type == "cuda":
         return ("bfloat16", "auto: a GPU with bfloat16", 0.0) if bfloat16 else ("float16", "auto: a GPU without bfloat16", 0.0)
     speedup = bf16_speedup() if speedup is None else speedup
-    if speedup >= BF16_PICK_RATIO:
-        return "bfloat16", f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, at least {BF16_PICK_RATIO}x", speedup
-    return "float32", f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, under {BF16_PICK_RATIO}x", speedup
+    pick, than = ("bfloat16", "at least") if speedup >= BF16_PICK_RATIO else ("float32", "under")
+    return pick, f"auto: bfloat16 matmuls {speedup:.2g}x float32's here, {than} {BF16_PICK_RATIO}x", speedup
 
 
 def bf16_speedup(size=512, rounds=3, seconds=0.05):
@@ -245,9 +245,8 @@ def compile_problem(device):
             return (f"it needs a C++ compiler and none works ({text[-160:]}): install one (Debian, Ubuntu: apt install "
                     f"g++; Fedora: dnf install gcc-c++; macOS: xcode-select --install; conda: conda install -c "
                     f"conda-forge gxx) or point CXX at it")
-        if device.type == "cuda":  # Triton builds a small C launcher for its kernels
-            return f"{type(e).__name__}: {text[:200]} (Triton needs a C compiler, gcc or clang, and pip install triton)"
-        return f"{type(e).__name__}: {text[:200]}"
+        triton = " (Triton needs a C compiler, gcc or clang, and pip install triton)" * (device.type == "cuda")
+        return f"{type(e).__name__}: {text[:200]}{triton}"  # Triton builds a small C launcher for its kernels
     finally:
         counters["stats"].clear()
         counters["stats"].update(before)
@@ -378,15 +377,10 @@ def matmul_speed(rt, size=2048):
 
 def best_seconds(work, rt, repeats, rounds=3):
     """Seconds a call of work() takes: the fastest of `rounds` timings of `repeats` calls, synchronised around each."""
-    best = float("inf")
-    for _ in range(rounds):
+    def clock():  # a reading first waits for the device: a round's time is all of its work's
         rt.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            work()
-        rt.synchronize()
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+        return time.perf_counter()
+    return min(timeit.repeat(work, timer=clock, repeat=rounds, number=repeats)) / repeats
 
 
 def compiled_graphs():
