@@ -186,6 +186,9 @@ def damaged(checkpoint):
     cases.update({"spike_watch with an unknown key": dict(ckpt, spike_watch=dict(watch, momentum=0.9)),
                   "spike_watch with a negative spread": dict(ckpt, spike_watch=dict(watch, var=-1.0))})
     cases["the four required keys alone"] = {k: ckpt[k] for k in ("model", "model_args", "meta", "tokenizer")}
+    # values another version (or a fork) wrote that this one has no row for: a setting's name, a model's field
+    cases["a setting's value this version lacks"] = dict(ckpt, config=dict(ckpt["config"], optim="lion"))
+    cases["a model field this version lacks"] = dict(ckpt, model_args=dict(ckpt["model_args"], alibi=True))
     data = checkpoint.read_bytes()
     cases.update({"an empty file": b"", "a file cut short": data[:len(data) // 2], "a list": [1, 2],
                   "a pickle that runs code": Code()})
@@ -213,7 +216,8 @@ CHECKPOINT_CASES = ["no model", "no optimizer", "no step", "no config", "no meta
                     "a weight of another shape", "a weight in float16", "a weight of integers", "an empty file",
                     "a file cut short", "a list", "a pickle that runs code", "the four required keys alone",
                     "no spike_watch", "spike_watch of another type", "spike_watch with an unknown key",
-                    "spike_watch with a negative spread", "no run", "run of another type"]
+                    "spike_watch with a negative spread", "no run", "run of another type",
+                    "a setting's value this version lacks", "a model field this version lacks"]
 
 
 @pytest.mark.parametrize("reader,case", sample([(r, c) for r in READERS for c in CHECKPOINT_CASES], 6))
