@@ -434,8 +434,9 @@ def words_alone(name, data):
         warnings.simplefilter("ignore", ConvergenceWarning)
         model = None if one else (Ridge() if TASKS[name]["labels"] is None else LogisticRegression(max_iter=300)).fit(
             features([fitted[i::k] for i in range(k)], True), labels)  # one label (a tiny file): it is all words can say
-    predict = lambda rows: [labels[0]] * len(rows) if one else model.predict(features([bag.transform([r[i] for r in rows]) for i in range(k)]))
-    return {s: {m: 100 * METRICS[m](predict(data[s][0]), data[s][1]) for m in TASKS[name]["metrics"]} for s in TASKS[name]["dev"]}
+    predicted = {s: [labels[0]] * len(data[s][0]) if one else model.predict(features([bag.transform([r[i] for r in data[s][0]])
+                                                                                   for i in range(k)])) for s in TASKS[name]["dev"]}
+    return {s: {m: 100 * METRICS[m](predicted[s], data[s][1]) for m in TASKS[name]["metrics"]} for s in predicted}
 
 
 def kept_words_alone(path, name, data):
@@ -443,7 +444,9 @@ def kept_words_alone(path, name, data):
     for other data (another file, --max_train_examples); None without scikit-learn."""
     file = os.path.join(runs_folder(path), "words_alone", f"{name}.json")
     digest = hashlib.sha1(json.dumps([data["train"], *(data[s] for s in TASKS[name]["dev"])]).encode()).hexdigest()
-    kept = load_json(file)[0] if os.path.isfile(file) else None
+    kept, why = load_json(file) if os.path.isfile(file) else (None, None)
+    if why:  # made again, as any damaged file a command makes
+        set_aside(file, why)
     if isinstance(kept, dict) and kept.get("data") == digest and isinstance(kept.get("scores"), dict):
         return kept["scores"]
     scores = words_alone(name, data)
@@ -856,16 +859,16 @@ def main(config):
     datasets_by_task = {name: check_task(name, load_task(name, tests)) for name in names}  # bad data fails before training
     for data in datasets_by_task.values():
         data["train"] = tuple(column[:max_train_examples or None] for column in data["train"])
-    words = {name: kept_words_alone(path, name, data) for name, data in datasets_by_task.items()}  # seconds each
-    print("words alone (TF-IDF and a linear model, the baseline with no network): " + (", ".join(
-        f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}" for n, w in words.items()) if None not in words.values()
-        else "not fitted: pip install scikit-learn (the table shows '-' there)"))
     per_task = plans_for({name: len(data["train"][0]) for name, data in datasets_by_task.items()},
                          ckpt["model_args"]["d_model"], settings, config)  # the same for the floor
     most = max(s["batch_size"] for plans in per_task.values() for s in plans)
     shape = ModelConfig(**saved_model_args(ckpt["model_args"]))
     for size, setting, training in ((most, "batch_size", True), (eval_size(rt), "eval_batch_size", False)):
         memory.check_memory(shape, rt, 0.0, (size, f"--{setting}={size}"), training=training)  # one that surely cannot fit fails now
+    words = {name: kept_words_alone(path, name, data) for name, data in datasets_by_task.items()}  # seconds each: after the checks
+    print("words alone (TF-IDF and a linear model, the baseline with no network): " + (", ".join(
+        f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}" for n, w in words.items()) if None not in words.values()
+        else "not fitted: pip install scikit-learn (the table shows '-' there)"))
     order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
     n_seeds = seeds or (5 if rt.device.type == "cuda" else 1)
     todo = remaining_seeds(per_task, n_seeds, earlier.get(group, {}), path, group, order)

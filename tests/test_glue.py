@@ -404,6 +404,9 @@ def test_words_alone_reads_a_single_text_and_what_a_pair_shares(tmp_path, monkey
         monkeypatch.setattr(glue, "words_alone", lambda *a: pytest.fail("fitted again for the same data"))
         assert glue.kept_words_alone(path, name, data) == scores
         monkeypatch.undo()
+        kept = tmp_path / "glue_runs" / "words_alone" / f"{name}.json"
+        kept.write_text("{cut")  # damaged: set aside for a look, and fitted again
+        assert glue.kept_words_alone(path, name, data) == scores and (tmp_path / "glue_runs" / "words_alone" / f"{name}.json.damaged").exists()
         monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
     for module in [m for m in sys.modules if m.split(".")[0] == "sklearn"]:  # not installed: each import fails
         monkeypatch.setitem(sys.modules, module, None)
