@@ -21,9 +21,9 @@ from configurator import configure, read_config_file  # first: it checks for the
 import torch
 
 from cram import memory, process, runtime
-from cram.data import MASK_RATE, RandomBatches, benchmark_tokens
+from cram.data import RandomBatches, benchmark_tokens
 from cram.files import gib
-from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
+from model import MASK_RATE, SHAPES, CrammedBert, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
 shape = "auto"          # {auto, reference, small, cpu}: model.SHAPES' or train_cpu.py's; auto: reference on a GPU

@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from cram import memory, process, runtime
-from cram.data import MASK_RATE, make_encoding, to_device
+from cram.data import make_encoding, to_device
 from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, unfound, weights_digest,
                         write_atomically, write_json)
-from model import CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
+from model import MASK_RATE, CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
 checkpoint = "out/quickstart/ckpt.pt"

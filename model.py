@@ -384,13 +384,13 @@ class Trainer:
             group["lr"] = lr
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
-            parts = rows / len(inputs)  # 1 / the micro-batch's share of the step's sequences (n where all are equal)
+            share = len(inputs) / rows  # the micro-batch's share of the step's sequences: its loss's weight in the mean
             # DDP: all-reduce the gradients only after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
                 with self.autocast():
                     loss, _ = self.step_model(inputs, positions, labels)
-                self.scaler.scale(loss / parts).backward()
-            total = total + loss.detach() / parts
+                self.scaler.scale(loss * share).backward()
+            total = total + loss.detach() * share
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
         # one sync per step, so that a non-finite update never lands; the norm of the all-reduced gradients is the same

@@ -16,16 +16,16 @@ import sys
 import time
 from collections import namedtuple
 
-from configurator import configure, disallowed  # first: it checks for the temporary folder that torch's import needs
+from configurator import config_keys, configure, disallowed  # first: it checks for the temporary folder that torch's import needs
 import torch
 
 from cram import budget, data, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
-from cram.data import MASK_RATE, Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
+from cram.data import Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import MetricsLog, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
-from cram.guard import Saves, SpikeWatch
+from cram.guard import BadSteps, Saves, SpikeWatch
 from cram.offload import OffloadTrainer, check_settings as check_offload
-from model import DATA_FIELDS, CrammedBert, Masking, ModelConfig, Trainer, diverged, param_groups
+from model import DATA_FIELDS, MASK_RATE, CrammedBert, Masking, ModelConfig, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -111,12 +111,12 @@ def batch_size_at(progress, start, final, ramp):
     return min(final, int(start + (final - start) * progress / ramp) // start * start)
 
 
-def budget_progress(tokens, seconds):
+def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
 
 
-def budget_spent(progress, step):
+def budget_spent(progress, step, max_steps):
     """Whether a run at this share of its budget and this step has no step left to take."""
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
@@ -124,28 +124,29 @@ def budget_spent(progress, step):
 def check_settings(world, config, rt):
     """One-line errors for settings that cannot run together (one's own range: the configurator's), before any work and
     again once budget.settle has the shape and batch (until then a shape field not given is any rung's)."""
-    model = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)})
-    if wandb_log and not process.installed("wandb"):
+    model, optim = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}), config["optim"]
+    if config["wandb_log"] and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
-    data.split_unit(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
-    if resume_from and not resume:
-        raise SystemExit(f"error: --resume_from={resume_from} continues a run: add --resume=True")
+    data.split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
+    if config["resume_from"] and not config["resume"]:
+        raise SystemExit(f"error: --resume_from={config['resume_from']} continues a run: add --resume=True")
     if not config["lr"] and not runtime.OPTIMIZERS[optim].width_lr:
         raise SystemExit(f"error: --optim={optim} needs --lr: the width's rule (budget.lr_for_width) is AdamW's, and its "
                          f"row in runtime.OPTIMIZERS does not take it (width_lr)")
-    if offload:
+    if config["offload"]:
         check_offload(world, model, optim, rt.dtype)
 
 
 Evaluation = namedtuple("Evaluation", "model val_tokens meta micro rt metrics")  # what evaluation and saving read
 
 
-def run_eval(ev, step, tokens, seconds):
+def run_eval(evaluation, step, tokens, seconds):
     """The validation loss and masked-token accuracy, printed and recorded."""
-    val_loss, accuracy = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, eval_sequences, eval_mask_rate)
+    e = evaluation
+    val_loss, accuracy = evaluate(e.model, e.val_tokens, e.meta, e.micro, e.rt, eval_sequences, eval_mask_rate)
     print(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | "
           f"{seconds / 60:.1f} min, {tokens / 1e6:.1f}M tokens")
-    ev.metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
+    e.metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
                           accuracy=accuracy))
     return val_loss, accuracy
 
@@ -158,22 +159,13 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
 
 def main(config, given):
     ddp, world = runtime.launcher()  # under torchrun, or one process
-    rt, rank, checkpoint, source, said = setup_device(config, world, ddp, given)  # a resume's settings its checkpoint's
+    rt, rank, resumed = setup_device(config, world, ddp, given)  # resumed: (its checkpoint, file, lines) or Nones
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
-    meta, train_tokens, val_tokens, tokenizer_text = load_run_data(data_dir)
-    seq_len, n_rows, data_args = meta["seq_len"], len(train_tokens), dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
-    settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=n_rows * seq_len, rt=rt,
-                                  world=world, master=master, ddp=ddp)
-    config.update(settled)  # the shape, final batch, peak rate and ramp's start
-    check_settings(world, config, rt)  # with the shape and batch settled
-    model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
-    check_resumable(checkpoint, source, model_args, tokenizer_text, meta, log, ddp)  # before any probe
-    cap = memory.choose_micro_batch(micro_batch, config["batch_size"], model_args, rt, world=world,
-                                    mask_rate=max(mask_rate, mask_rate_start), offload=offload, log=log)
-    micro, unit = data.split_unit(world, cap, config["batch_size"], config["batch_ramp_start"], config["batch_ramp"])
-    config["micro_batch"] = micro  # what runs: the fewest micro-batches of at most `cap` (and of `unit` for the rest)
-    opening = said if checkpoint else budget.start_lines(pick, config, seq_len, lr_given=lr)  # what was changed, picked
-    globals().update({k: config[k] for k in (*settled, "micro_batch")})  # the globals run: what was settled and chosen
+    run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
+    model_args, rest_micro, pick, opening = settle(config, resumed, run_data, rt, world, ddp, master, log)
+    # from here on every global is the value that runs: the opening lines show what the budget picked or a resume changed
+    (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
+    seq_len, n_rows = meta["seq_len"], len(train_tokens)
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
     metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
 
@@ -183,62 +175,58 @@ def main(config, given):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
-        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro, unit)}")
+        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, rest_micro)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
-    ev = Evaluation(trainer.model, val_tokens, meta, micro, rt, metrics)  # the model on the device
+    evaluation = Evaluation(trainer.model, val_tokens, meta, micro_batch, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     watch = SpikeWatch(spike_threshold, runtime.mean_over_ranks if ddp else None, **(checkpoint or {}).get("spike_watch", {}))
+    bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
-    init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(ev, step, tokens, seconds)[0] if master else None)
-    batches, masking = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order), Masking.from_settings(config)
-    stop_request, peak = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
+    init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(evaluation, step, tokens, seconds)[0] if master else None)
+    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, rest_micro))
+    masking, stop_request, peak = Masking.from_settings(config), process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
     # the clock (`seconds`) runs from an iteration's top to its step's end: logging, evaluation and saving are free
     last_eval = last_ckpt = seconds
-    window, in_a_row, skipped, warned, last_took = (seconds, tokens), 0, 0, budget_tokens > 0, float("inf")
+    window, warned = (seconds, tokens), budget_tokens > 0
     while True:
         started = time.perf_counter()
-        stop = stop_request.signum is not None
-        if ddp:  # every rank follows rank 0's clock, so all take the same batch size, and all stop together
-            seconds, stop = runtime.rank0_clock(seconds, stop, master, rt.device)
-        progress = budget_progress(tokens, seconds)
-        if budget_spent(progress, step) or stop:
+        # DDP: every rank follows rank 0's clock, so all take the same batch size, and all stop together
+        seconds, stop = runtime.rank0_clock(seconds, stop_request.signum is not None, master, rt.device)
+        progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
+        if budget_spent(progress, step, max_steps) or stop:
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)  # schedules: pure functions
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # this rank's masked micro-batches of its share of the global batch that starts after `tokens // seq_len` sequences
-        micro_batches = batches.step(tokens // seq_len, data.micro_batch_sizes(step_batch, world, micro, unit), step_mask)
+        micro_batches = batches.step(tokens // seq_len, step_batch, step_mask)
         # forward and backward per micro-batch, clipped, one update (model.Trainer.step) unless the loss spikes (watch)
-        applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)[1]
-        step, tokens, skipped = step + 1, tokens + step_batch * seq_len, skipped + (not applied)
-        took = time.perf_counter() - started
-        took = min(took, last_took) if stop_request.resumed() else took  # stopped meanwhile (Ctrl-Z): as the last step
-        seconds, last_took = seconds + took, took
-        in_a_row = in_a_row + 1 if watch.spiked or diverged(watch.loss, meta["vocab_size"], applied, trainer.scaler) else 0
-        if in_a_row >= max_skipped_steps:
-            raise saves.divergence_stop(in_a_row, step, meta["vocab_size"], spike_threshold)
+        _, applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)
+        step, tokens = step + 1, tokens + step_batch * seq_len
+        seconds += stop_request.step_seconds(started)  # stopped meanwhile (Ctrl-Z): the pause is not training
+        bad_steps.count(step, applied, watch, trainer.scaler)  # max_skipped_steps in a row diverged or spiked: the stop
         if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
             mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak if peak else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=watch.loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                                       skipped=skipped), tokens / (n_rows * seq_len), progress)
+                                       skipped=bad_steps.skipped), tokens / (n_rows * seq_len), progress)
             warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval = seconds
-            run_eval(ev, step, tokens, seconds)
-        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not in_a_row:  # never while it spikes
+            run_eval(evaluation, step, tokens, seconds)
+        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:  # never while it spikes
             last_ckpt = seconds
-            saves.save_if_sound(ev, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
+            saves.save_if_sound(evaluation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
                                 eval_mask_rate)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
-        finish(ev, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch),
+        finish(evaluation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch),
                stop_request.signum, saves)
     if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
         del trainer
@@ -248,30 +236,52 @@ def main(config, given):
 
 
 def setup_device(config, world, ddp, given):
-    """(the Runtime, this process's rank, the checkpoint resumed or None, its file, lines on what it changed): its run's
-    settings kept unless `given` (budget.resume_settings) and checked, into `config` and the globals, before torchrun's
-    processes join (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
-    source = resume_from if os.path.dirname(resume_from) else os.path.join(out_dir, resume_from or "ckpt.pt")
-    checkpoint = load_checkpoint(source, "resume") if resume else None
+    """(the Runtime, this process's rank, (the checkpoint resumed or None, its file, lines on what it changed)): its run's
+    settings kept unless `given` (budget.resume_settings) and checked, into `config`, before torchrun's processes join
+    (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
+    resume_from = config["resume_from"]
+    source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
+    checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
     carried, said = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
     problem = disallowed(globals(), carried)  # checked as a command line's: a fork's optimizer, a newer cram's schedule
     if problem:
         raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
                          f"it with the cram that wrote it")
     config.update(carried)
-    globals().update({k: carried[k] for k in carried.keys() & globals().keys()})
     saved = checkpoint.get("config", {}) if checkpoint else {}
-    rt = runtime.setup(device, dtype, compile and not offload, compile_mode,  # off-load: eager blocks
-                       (saved.get("device"), saved.get("dtype")))
+    rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
+                       config["compile_mode"], (saved.get("device"), saved.get("dtype")))
     check_settings(world, config, rt)
-    rank = runtime.join_process_group(rt.device, join_minutes) if ddp else 0
+    rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
-    rt.optim = optim  # the optimizer rt.optimizer builds and the memory check counts (runtime.OPTIMIZERS)
+    rt.optim = config["optim"]  # the optimizer rt.optimizer builds and the memory check counts (runtime.OPTIMIZERS)
     config.update(device=rt.device.type, dtype=rt.dtype_name())
-    if rank == 0 and os.path.isdir(out_dir):  # before any work, a folder another run holds (open_out_dir makes a new one)
-        claim_folder(out_dir, files=("ckpt.pt", "metrics.jsonl"))
-    check_own_files(out_dir, checkpoint, source)  # ... or another run's files, which this one would replace or prune
-    return rt, rank, checkpoint, source, said
+    if rank == 0 and os.path.isdir(config["out_dir"]):  # before any work, a folder another run holds (open_out_dir makes a new one)
+        claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
+    check_own_files(config["out_dir"], checkpoint, source)  # ... or another run's files, which this one would replace or prune
+    return rt, rank, (checkpoint, source, said)
+
+
+def settle(config, resumed, run_data, rt, world, ddp, master, log):
+    """Every setting the run runs with, settled before any work and written into the globals once: a resume's own, the
+    budget's shape, final batch, peak rate and ramp's start (budget.settle), the micro-batch that fits (memory) and every
+    batch's split by it (data.split_micro_batches). Returns (model_args, rest_micro, the budget's pick, opening lines)."""
+    (checkpoint, source, said), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
+    data_args, lr_given = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]), config["lr"]
+    settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=train_tokens.size, rt=rt,
+                                  world=world, master=master, ddp=ddp)
+    config.update(settled)  # the shape, final batch, peak rate and ramp's start
+    check_settings(world, config, rt)  # with the shape and batch settled
+    model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
+    check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
+    cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
+                                    mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
+                                    offload=config["offload"], log=log)
+    # what runs: the fewest micro-batches of at most `cap`, the rest of a ramp's batch in micro-batches of rest_micro
+    config["micro_batch"], rest_micro = data.split_micro_batches(world, cap, config["batch_size"],
+                                                                 config["batch_ramp_start"], config["batch_ramp"])
+    globals().update({k: config[k] for k in config_keys(globals()) if k in config})
+    return model_args, rest_micro, pick, said if checkpoint else budget.start_lines(pick, config, meta["seq_len"], lr_given)
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
@@ -294,18 +304,19 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     return trainer
 
 
-def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, log, ddp):
+def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, config, log, ddp):
     """A resume (`checkpoint`, or None) of the same run on the same data (files.check_resume) with budget left; one
     whose budget is spent ends here, nothing rewritten."""
     if not checkpoint:
         return
-    check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta)
-    if not budget_spent(budget_progress(checkpoint["tokens"], checkpoint["elapsed"]), checkpoint["step"]):
+    check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, config["optim"], config["data_dir"], meta)
+    progress = budget_progress(checkpoint["tokens"], checkpoint["elapsed"], config["budget_tokens"], config["budget_hours"])
+    if not budget_spent(progress, checkpoint["step"], config["max_steps"]):
         return
-    kind = "max_steps" if budget_spent(0.0, checkpoint["step"]) else "budget_tokens" if budget_tokens else "budget_hours"
+    kind = "max_steps" if progress < 1.0 else "budget_tokens" if config["budget_tokens"] else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
-        f"--{kind} (now {globals()[kind]})")
+        f"--{kind} (now {config[kind]})")
     if ddp:
         runtime.leave_process_group()
     raise SystemExit(0)
@@ -327,9 +338,9 @@ def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, openin
             print(warning)
     later = saves.branch()
     if checkpoint:
-        aside = f"; the later ones set aside, kept: {', '.join(later)}" if later else ""
+        set_aside = f"; the later ones set aside, kept: {', '.join(later)}" if later else ""
         print(f"resuming {saves.last_path} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
-              f"{checkpoint['tokens'] / 1e6:.1f}M tokens in{aside}")
+              f"{checkpoint['tokens'] / 1e6:.1f}M tokens in{set_aside}")
     for line in opening:
         print(line)
     wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
@@ -338,32 +349,33 @@ def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, openin
 
 def log_step(metrics, rt, record, epoch, progress):
     """`record` (metrics.jsonl's) printed, with the epoch, the budget left and a GPU's peak memory, and recorded."""
-    held = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
+    peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped = record["mfu"], record["skipped"]
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
-          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{held} | epoch {epoch:.2f} | "
+          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {epoch:.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * (1 - progress):.0f}% of the budget left"
           f"{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
     metrics.write(record)
 
 
-def finish(ev, state, signum, saves):
+def finish(evaluation, state, signum, saves):
     """The last checkpoint (`state`) and lines: a run stopped early, its signal (signum; None: another rank's); a
     finished one (`final`), the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    final = run_eval(ev, step, tokens, seconds) if state["final"] else None
-    saves.save_if_sound(ev, state, eval_mask_rate, at_end=True)
+    final = run_eval(evaluation, step, tokens, seconds) if state["final"] else None
+    saves.save_if_sound(evaluation, state, eval_mask_rate, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {saves.path}; "
               f"continue with the same command and --resume=True")
         return
-    if ev.rt.compile:
+    if evaluation.rt.compile:
         print(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
     if fill_in_examples:
         enc = make_encoding(parse_ranks(state["tokenizer"]), meta["special_ids"])
-        for line in fill_in(ev.model, ev.val_tokens, meta, enc, ev.rt, fill_in_examples, seed):
+        e = evaluation
+        for line in fill_in(e.model, e.val_tokens, meta, enc, e.rt, fill_in_examples, seed):
             print(line)
     print(f"final: step {step} | val loss {final[0]:.4f} (at init {state['init_val_loss']:.4f}) | masked-token "
           f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {saves.path}")

@@ -210,9 +210,9 @@ def start_lines(pick, config, seq_len, lr_given):
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
 
 
-def ramp_line(start, final, ramp, micro, unit):
-    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (data.split_unit's)."""
-    micros = f"micro-batches of {micro} per process{f' (and of {unit} for the rest)' * (unit < micro)}"
+def ramp_line(start, final, ramp, micro, rest):
+    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (data.split_micro_batches')."""
+    micros = f"micro-batches of {micro} per process{f' (and of {rest} for the rest)' * (rest < micro)}"
     if ramp <= 0 or start >= final:
         return f"batch: {final:,} sequences a step throughout; {micros}"
     return (f"batch: {start:,} sequences a step at the start, then {start:,} more at a time up to {final:,} at {ramp:.0%} of the "

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import torch
 
-from model import MASK_RATE, mask_tokens  # noqa: F401  (MASK_RATE: the scripts take it from here)
+from model import mask_tokens
 from .files import SPECIAL_TOKENS, load_meta, parse_ranks, special_ids, unfound  # noqa: F401  (SPECIAL_TOKENS: the scripts take it from here)
 
 # GPT-2's pre-tokenisation regex, `tokenizers`' ByteLevel one too: a BPE trained there gives the same ids through tiktoken
@@ -125,7 +125,7 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
     return np.concatenate(parts)
 
 
-def split_unit(world, micro, final, start, ramp):
+def split_micro_batches(world, micro, final, start, ramp):
     """(a process's micro-batch, its smaller ones' size) for the schedule's batches (final; ramping, multiples of start),
     or a line why `world` processes cannot share them: the fewest of at most `micro` that two sizes in a run (a compiled
     graph each) allow: the cap or the final share, and the gcd of what every share leaves over in it."""
@@ -140,21 +140,24 @@ def split_unit(world, micro, final, start, ramp):
     return micro, math.gcd(ramp, share % micro) or micro
 
 
-def micro_batch_sizes(batch, world, micro, unit):
-    """A process's micro-batches of a global `batch`: as many of `micro` as fit, the rest in `unit`s (split_unit's)."""
-    return [micro] * (batch // world // micro) + [unit] * (batch // world % micro // unit)
+def micro_batch_sizes(batch, world, micro, rest):
+    """A process's micro-batches of a global `batch`: as many of `micro` as fit, the rest of `rest` (split_micro_batches')."""
+    return [micro] * (batch // world // micro) + [rest] * (batch // world % micro // rest)
 
 
 class Batches:
-    """step(consumed, sizes, masking): this rank's masked micro-batches of `sizes`, disjoint slices of rows_at's next
-    world x sum(sizes) sequences after `consumed`, at any world; a slice's masks follow its place and size."""
+    """step(consumed, batch, masking): this rank's masked micro-batches of a global `batch`, split by `split` (micro,
+    rest: split_micro_batches'; None: one micro-batch), disjoint slices of rows_at's next `batch` sequences after `consumed`, at any world; a
+    slice's masks follow its place and size."""
 
-    def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
-        self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
+    def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled", split=None):
+        self.tokens, self.rank, self.world, self.device, self.seed, self.order, self.split = tokens, rank, world, device, seed, order, split
         self.mask_id, self.n_regular, self.generator = meta["special_ids"]["[MASK]"], meta["n_regular"], torch.Generator(device=device)
 
-    def step(self, consumed, sizes, masking):
-        """masking: the step's model.Masking (or its mask_rate alone)."""
+    def step(self, consumed, batch, masking):
+        """The whole path from the schedule's `batch` (train.batch_size_at) to what the Trainer takes: this rank's share,
+        split (micro_batch_sizes), read (rows_at) and masked (mask_tokens; masking: a model.Masking, or its rate)."""
+        sizes = micro_batch_sizes(batch, self.world, *self.split) if self.split else [batch // self.world]
         starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
         return [self.at(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 

@@ -1,5 +1,5 @@
 """A run's guard against its own divergence: loss spikes judged by its recent history (SpikeWatch); checkpoints of sound
-weights only, kept as a series, and the one-line stop that names them (Saves)."""
+weights only, kept as a series (Saves); the stop after too many bad steps in a row, naming them (BadSteps)."""
 import math
 import os
 
@@ -48,11 +48,11 @@ class Saves:
         """Rank 0's, once out_dir is claimed: the names `path` and the later ones got, set aside (files.branch_from)."""
         return branch_from(self.path, self.last) if self.branched else []
 
-    def save_if_sound(self, ev, state, mask_rate, at_end=False):
+    def save_if_sound(self, evaluation, state, mask_rate, at_end=False):
         """`state` saved if its weights are finite and their loss on a validation micro-batch not diverged (a divergence
         stop names one a lower rate recovers from); else said (at_end: an error)."""
-        loss = evaluate(ev.model, ev.val_tokens, ev.meta, ev.micro, ev.rt, ev.micro, mask_rate)[0] \
-            if all_finite(state["model"]) else None
+        e = evaluation  # train.Evaluation: what evaluating needs
+        loss = evaluate(e.model, e.val_tokens, e.meta, e.micro, e.rt, e.micro, mask_rate)[0] if all_finite(state["model"]) else None
         refused = "non-finite weights" if loss is None else \
             f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
         if not refused:
@@ -74,8 +74,20 @@ class Saves:
     def advice(self):
         return f"{self.kept()}: lower --lr and {'resume it' if self.last is not None else 'start again'}"
 
-    def divergence_stop(self, in_a_row, step, vocab_size, threshold):
-        """The one-line stop after max_skipped_steps bad steps in a row, naming the checkpoint to resume."""
-        spike = f", or a spike: {threshold:g} spreads and {SPIKE_MARGIN:.0%} above the recent mean" if threshold else ""
-        return SystemExit(f"error: {in_a_row} steps in a row diverged (a non-finite gradient, a loss above "
-                          f"{math.log(vocab_size) + 1:.2f}{spike}) up to step {step}; {self.advice()}")
+
+class BadSteps:
+    """A run's skipped updates (`skipped`, logged) and its streak of steps that diverged or spiked (`in_a_row`: no save
+    then); count(step, applied, its SpikeWatch) ends the run at `limit` in a row, naming what to resume (Saves.advice)."""
+
+    def __init__(self, limit, saves, vocab_size, threshold):
+        self.limit, self.saves, self.vocab_size, self.threshold, self.skipped, self.in_a_row = limit, saves, vocab_size, threshold, 0, 0
+
+    def count(self, step, applied, watch, scaler=None):
+        self.skipped += not applied
+        bad = watch.spiked or diverged(watch.loss, self.vocab_size, applied, scaler)
+        self.in_a_row = self.in_a_row + 1 if bad else 0
+        if self.in_a_row < self.limit:
+            return
+        spike = f", or a spike: {self.threshold:g} spreads and {SPIKE_MARGIN:.0%} above the recent mean" if self.threshold else ""
+        raise SystemExit(f"error: {self.in_a_row} steps in a row diverged (a non-finite gradient, a loss above "
+                         f"{math.log(self.vocab_size) + 1:.2f}{spike}) up to step {step}; {self.saves.advice()}")

@@ -179,22 +179,22 @@ def guarded(main, kept, *args):
 class StopRequest:
     """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its step, save and
     exit; repeats leave the save alone, a person's next Ctrl-C kills at once (held). SIGCONT says the process was
-    stopped and has continued (Ctrl-Z then fg, a batch system's suspend): `resumed()` tells the loop once."""
+    stopped and has continued (Ctrl-Z then fg, a batch system's suspend): step_seconds leaves the pause off the clock."""
 
     def __init__(self):
-        self.signum, self.continued, INTERRUPTS[0] = None, False, 0
+        self.signum, self.continued, self.last_took, INTERRUPTS[0] = None, False, float("inf"), 0
         take_signals(self.handle)
         if hasattr(signal, "SIGCONT"):
-            signal.signal(signal.SIGCONT, self.handle_continue)
+            signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued", True))
 
     def handle(self, signum, frame):
         self.signum = self.signum or signum  # the first request names the stop
         held(signum)
 
-    def handle_continue(self, signum, frame):
-        self.continued = True
-
-    def resumed(self):
-        """Whether the process was stopped and continued since the last call."""
-        was, self.continued = self.continued, False
-        return was
+    def step_seconds(self, started):
+        """A step's seconds on the budget's clock since `started` (perf_counter's); where the process was stopped and
+        continued meanwhile (Ctrl-Z then fg, a batch system's suspend), the step before's: a pause is not training."""
+        took = time.perf_counter() - started
+        self.last_took = took = min(took, self.last_took) if self.continued else took
+        self.continued = False
+        return took

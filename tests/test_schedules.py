@@ -1,6 +1,6 @@
 import pytest
 
-from cram.data import micro_batch_sizes, split_unit
+from cram.data import micro_batch_sizes, split_micro_batches
 from train import batch_size_at, lr_at
 
 
@@ -42,7 +42,7 @@ def test_the_ramp_starts_at_its_own_start_whatever_the_micro_batch():
     assert batch_size_at(0.59, 100, 250, 0.6) == 200 and batch_size_at(0.6, 100, 250, 0.6) == 250  # final: not a multiple
     assert batch_size_at(0.0, 128, 64, 0.6) == 64  # a start at or above the final batch: no ramp
     for batch in range(64, 8193, 64):  # a process's share under 2 processes, micro-batches of 1,024 (unit 64)
-        parts = micro_batch_sizes(2 * batch, 2, *split_unit(2, 1024, 8192, 128, 0.6))
+        parts = micro_batch_sizes(2 * batch, 2, *split_micro_batches(2, 1024, 8192, 128, 0.6))
         assert sum(parts) == batch and set(parts) <= {1024, 64} and max(parts) <= batch
 
 

@@ -1,6 +1,6 @@
 """The global batch at a step is its run's schedule's (train.batch_size_at, a pure function of the budget's share spent)
 at any number of processes, and a resume in another number reads the same sequences (issue 87, item 6): the per-process
-split (data.split_unit, data.micro_batch_sizes) over many worlds, micro-batches and batches; real runs over gloo
+split (data.split_micro_batches, data.micro_batch_sizes) over many worlds, micro-batches and batches; real runs over gloo
 resumed 1 -> 2 -> 4 -> 1 processes, each step's rows read by every process; one line where a world cannot split it."""
 import itertools
 import os
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, run_script, spawn
-from cram.data import Batches, micro_batch_sizes, rows_at, split_unit
+from cram.data import Batches, micro_batch_sizes, rows_at, split_micro_batches
 from cram.files import load_meta, read_jsonl
 from train import batch_size_at
 
@@ -53,7 +53,7 @@ def test_the_split_gives_the_schedule_s_batch_at_any_world_or_says_why_not():
                                                               range(1, 97, 5), (0.0, 0.6)):
         batches = schedule_batches(start, final, ramp)
         try:
-            cut = split_unit(world, micro, final, start, ramp)
+            cut = split_micro_batches(world, micro, final, start, ramp)
         except SystemExit as e:
             assert any(b % world for b in batches), (world, micro, start, final, ramp)
             assert str(e).startswith("error: ") and "\n" not in str(e) and f"over {world} processes" in str(e)
@@ -90,9 +90,9 @@ def test_a_step_reads_the_same_sequences_at_any_world_and_micro_batch(order):
             for world, micro in ((1, 32), (1, 5), (2, 16), (2, 4), (4, 3), (4, 16)):
                 if batch % world or start % world:
                     continue
-                split = split_unit(world, micro, final, start, 0.6)
-                got = [rows_of(Batches(tokens, meta, rank, world, torch.device("cpu"), 0, order).step(
-                    consumed, micro_batch_sizes(batch, world, *split), 0.25)) for rank in range(world)]
+                split = split_micro_batches(world, micro, final, start, 0.6)
+                got = [rows_of(Batches(tokens, meta, rank, world, torch.device("cpu"), 0, order, split).step(
+                    consumed, batch, 0.25)) for rank in range(world)]
                 assert sorted(sum(got, [])) == want, (consumed, batch, world, micro)
 
 
@@ -131,7 +131,7 @@ def test_a_run_resumed_in_1_2_4_and_1_processes_keeps_its_schedule_and_its_rows(
     for r, (world, reads) in zip(log, legs):
         batch = batch_size_at(consumed * 32 / 49152, 16, 32, 0.2)  # the schedule at the step's start
         assert r["batch"] == batch == (16 if r["step"] <= 20 else 32), r
-        micro_batches = len(micro_batch_sizes(batch, world, *split_unit(world, 16, 32, 16, 0.2)))
+        micro_batches = len(micro_batch_sizes(batch, world, *split_micro_batches(world, 16, 32, 16, 0.2)))
         rows = [row for rank in range(world) for _ in range(micro_batches) for row in reads[rank].pop(0)]
         assert sorted(rows) == sorted(rows_at(consumed, batch, n_rows, 0)), r  # once each, where the run's order is
         consumed += batch
@@ -174,8 +174,8 @@ def test_a_micro_batch_that_does_not_divide_the_batch_is_a_cap(prepared, tmp_pat
 def test_the_split_takes_the_fewest_micro_batches_and_the_start_up_line_says_what_runs(prepared, tmp_path):
     """Issue 93: --micro_batch=48 --batch_size=32 ran 16 + 16 while the start-up line said 'of 48': one of 32 now, said so;
     and a case nobody named, 44 at 16 (16 + 16 + 4 + 4 + 4 before), runs 16 + 16 + 12."""
-    assert split_unit(3, 16, 33, 128, 0.6) == (11, 11) and micro_batch_sizes(33, 3, 11, 11) == [11]
-    assert micro_batch_sizes(44, 1, *split_unit(1, 16, 44, 128, 0.6)) == [16, 16, 12]
+    assert split_micro_batches(3, 16, 33, 128, 0.6) == (11, 11) and micro_batch_sizes(33, 3, 11, 11) == [11]
+    assert micro_batch_sizes(44, 1, *split_micro_batches(1, 16, 44, 128, 0.6)) == [16, 16, 12]
     proc = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--micro_batch=48",
                       "--max_steps=2", "--fill_in_examples=0")
     assert "; micro-batches of 32 per process\n" in proc.stdout, proc.stdout

@@ -34,8 +34,8 @@ CASE = """
 import resource, sys, torch
 sys.path.insert(0, {root!r})
 from cram import memory, runtime
-from cram.data import MASK_RATE, SPECIAL_TOKENS, special_ids
-from model import SHAPES, CrammedBert, ModelConfig, Trainer, mask_tokens, param_groups
+from cram.data import SPECIAL_TOKENS, special_ids
+from model import MASK_RATE, SHAPES, CrammedBert, ModelConfig, Trainer, mask_tokens, param_groups
 args = dict(SHAPES[{shape!r}], seq_len={seq_len}, full_layers={full_layers})
 rt = runtime.setup({device!r}, {dtype!r}, {compile})
 config, micro = ModelConfig(**args), {micro}

@@ -21,11 +21,11 @@ sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up; first, for torch's temporary folder)
 import torch  # noqa: E402
 from cram import process, runtime  # noqa: E402
-from cram.data import MASK_RATE, RandomBatches  # noqa: E402
+from cram.data import RandomBatches  # noqa: E402
 from cram.data import benchmark_tokens  # noqa: E402
 from cram.files import gib  # noqa: E402
 from measure import alternate, spread  # noqa: E402
-from model import SHAPES, CrammedBert, ModelConfig, Trainer, param_groups  # noqa: E402
+from model import MASK_RATE, SHAPES, CrammedBert, ModelConfig, Trainer, param_groups  # noqa: E402
 from cram.offload import OffloadTrainer  # noqa: E402
 
 # -----------------------------------------------------------------------------

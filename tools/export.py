@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import configure  # noqa: E402  (the core sits one folder up)
-from cram.data import MASK_RATE, SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
+from cram.data import SPECIAL_TOKENS, bytes_to_unicode  # noqa: E402
 from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_json, read_metrics, write_atomically,  # noqa: E402
                         weights_digest, write_json)
-from model import ModelConfig, saved_model_args  # noqa: E402
+from model import MASK_RATE, ModelConfig, saved_model_args  # noqa: E402
 from cram.process import guarded  # noqa: E402
 
 # -----------------------------------------------------------------------------

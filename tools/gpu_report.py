@@ -958,9 +958,8 @@ def offload_plan(device_bytes, host_bytes, vocab_size, seq_len):
 def phase_offload(deadline, logs):
     import torch
     from cram import runtime
-    from cram.data import MASK_RATE, RandomBatches
-    from cram.data import benchmark_tokens
-    from model import ModelConfig
+    from cram.data import RandomBatches, benchmark_tokens
+    from model import MASK_RATE, ModelConfig
     args = ["tools/bench_offload.py", f"--data_dir={data_dir}", f"--device={device}", *shape_args(offload_bench_args)]
     bench = f"`{command_line(args)}`\n\n{run_logged(args, os.path.join(logs, 'bench_offload.log'), deadline)}"
     rt = runtime.setup(device, "auto", compile=False)  # after the benchmark: this process holds nothing on the GPU then
