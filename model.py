@@ -322,8 +322,9 @@ class Masking:
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
-    """MLM corruption of exactly round(mask_rate * T) positions per row (static shapes for torch.compile): 80% [MASK],
-    10% a random regular token, 10% kept. masking: a Masking or its rate. Returns (inputs, positions (B, k), labels)."""
+    """MLM corruption of exactly round(mask_rate * T) positions per row (static shapes for torch.compile), any position (a
+    [SEP] between packed documents too): 80% [MASK], 10% a random regular token (ids below n_regular; the special ones
+    follow), 10% kept. masking: a Masking or its rate. Returns (inputs, positions (B, k), labels)."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = max(1, round(masking.mask_rate * T))
@@ -384,13 +385,13 @@ class Trainer:
             group["lr"] = lr
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
-            share = len(inputs) / rows  # the micro-batch's share of the step's sequences: its loss's weight in the mean
+            weight = len(inputs) / rows  # the micro-batch's share of the step's sequences: its loss's weight in the mean
             # DDP: all-reduce the gradients only after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
                 with self.autocast():
                     loss, _ = self.step_model(inputs, positions, labels)
-                self.scaler.scale(loss * share).backward()
-            total = total + loss.detach() * share
+                self.scaler.scale(loss * weight).backward()
+            total = total + loss.detach() * weight
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
         # one sync per step, so that a non-finite update never lands; the norm of the all-reduced gradients is the same

@@ -35,7 +35,7 @@ budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens traine
 max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only); this command's, not kept
 resume = False            # continue from out_dir/ckpt.pt, with its run's settings unless given (cram/budget.py)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
-# model: the budget picks the shape and the final batch (cram/budget.py) unless given; a resumed run keeps its checkpoint's
+# a 0 below asks the budget's rule (cram/budget.py), a resume its checkpoint's: settle() writes the values that run here
 n_layers = 0              # >= 0: 0: by the budget
 d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
 n_heads = 0               # >= 0: 0: by the budget
@@ -48,7 +48,7 @@ mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout;
 eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
 # optimizer and schedules
 optim = "adamw"           # {runtime.OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): peak learning rate; 0: by the width (cram/budget.py), where the optimizer's row takes it
+lr = 0.0                  # [0, inf): peak learning rate; 0: by the width, 1e-3 x (768 / d_model) ** 0.5 (budget.lr_for_width; AdamW's)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -57,9 +57,9 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # >= 0: most sequences per device per forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: by the budget
+batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: by the budget's tokens (a power law, 32-8192)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
-batch_ramp_start = 0      # >= 0: sequences per step at the ramp's start, in steps of it, on any device and process count; 0: 128
+batch_ramp_start = 0      # >= 0: sequences per step at the ramp's start, growing by as many at a time, on any device; 0: 128
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: runtime.auto_dtype (a resume keeps its own)
@@ -72,7 +72,7 @@ seed = 0                  # [0, 4294967295]: model initialisation, data order an
 data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
 log_interval = 10         # >= 1: steps
 max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged or spiked (see train.py's loop)
-spike_threshold = 6.0     # >= 0: a loss this many spreads (and 10%) above the recent mean is a spike: not applied, no save; 0: off
+spike_threshold = 6.0     # >= 0: a loss this many spreads and 10% over its ~50 steps' mean is a spike: not applied, no save; 0: off
 keep_checkpoints = 3      # >= 1: the saves kept: ckpt.pt (the newest sound one) and those before it, as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0
 eval_sequences = 4096     # >= 1: validation sequences per evaluation (fixed masks)
@@ -162,7 +162,7 @@ def main(config, given):
     rt, rank, resumed = setup_device(config, world, ddp, given)  # resumed: (its checkpoint, file, lines) or Nones
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
-    model_args, rest_micro, pick, opening = settle(config, resumed, run_data, rt, world, ddp, master, log)
+    model_args, remainder_micro, pick, opening = settle(config, resumed, run_data, rt, world, ddp, master, log)
     # from here on every global is the value that runs: the opening lines show what the budget picked or a resume changed
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
@@ -175,7 +175,7 @@ def main(config, given):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
-        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, rest_micro)}")
+        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
     evaluation = Evaluation(trainer.model, val_tokens, meta, micro_batch, rt, metrics)  # the model on the device
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
@@ -184,11 +184,11 @@ def main(config, given):
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(evaluation, step, tokens, seconds)[0] if master else None)
-    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, rest_micro))
-    masking, stop_request, peak = Masking.from_settings(config), process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
+    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, remainder_micro))
+    masking, stop_request, peak_flops = Masking.from_settings(config), process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
-    # the clock (`seconds`) runs from an iteration's top to its step's end: logging, evaluation and saving are free
+    # the clock (`seconds`): from an iteration's top to its step's end; set-up, logging, evaluation and saving are off it
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
@@ -199,18 +199,18 @@ def main(config, given):
         if budget_spent(progress, step, max_steps) or stop:
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)  # schedules: pure functions
-        step_lr = lr_at(progress, lr, lr_schedule, warmup)
+        step_lr = lr_at(progress, lr, lr_schedule, warmup)  # lr: the peak
         step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # this rank's masked micro-batches of its share of the global batch that starts after `tokens // seq_len` sequences
         micro_batches = batches.step(tokens // seq_len, step_batch, step_mask)
-        # forward and backward per micro-batch, clipped, one update (model.Trainer.step) unless the loss spikes (watch)
+        # forward and backward per micro-batch, clipped, one update (model.Trainer.step) unless the loss (over ranks) spikes
         _, applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)
-        step, tokens = step + 1, tokens + step_batch * seq_len
+        step, tokens = step + 1, tokens + step_batch * seq_len  # an update skipped or not: its data and time are spent
         seconds += stop_request.step_seconds(started)  # stopped meanwhile (Ctrl-Z): the pause is not training
         bad_steps.count(step, applied, watch, trainer.scaler)  # max_skipped_steps in a row diverged or spiked: the stop
         if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
-            mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak if peak else None
+            mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak_flops if peak_flops else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=watch.loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=bad_steps.skipped), tokens / (n_rows * seq_len), progress)
@@ -265,7 +265,7 @@ def setup_device(config, world, ddp, given):
 def settle(config, resumed, run_data, rt, world, ddp, master, log):
     """Every setting the run runs with, settled before any work and written into the globals once: a resume's own, the
     budget's shape, final batch, peak rate and ramp's start (budget.settle), the micro-batch that fits (memory) and every
-    batch's split by it (data.split_micro_batches). Returns (model_args, rest_micro, the budget's pick, opening lines)."""
+    batch's split by it (data.split_micro_batches). Returns (model_args, remainder_micro, the budget's pick, opening lines)."""
     (checkpoint, source, said), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     data_args, lr_given = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]), config["lr"]
     settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=train_tokens.size, rt=rt,
@@ -277,11 +277,11 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
                                     offload=config["offload"], log=log)
-    # what runs: the fewest micro-batches of at most `cap`, the rest of a ramp's batch in micro-batches of rest_micro
-    config["micro_batch"], rest_micro = data.split_micro_batches(world, cap, config["batch_size"],
+    # what runs: the fewest micro-batches of at most `cap`, the rest of a ramp's batch in micro-batches of remainder_micro
+    config["micro_batch"], remainder_micro = data.split_micro_batches(world, cap, config["batch_size"],
                                                                  config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
-    return model_args, rest_micro, pick, said if checkpoint else budget.start_lines(pick, config, meta["seq_len"], lr_given)
+    return model_args, remainder_micro, pick, said if checkpoint else budget.start_lines(pick, config, meta["seq_len"], lr_given)
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
@@ -374,8 +374,7 @@ def finish(evaluation, state, signum, saves):
         print(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
     if fill_in_examples:
         enc = make_encoding(parse_ranks(state["tokenizer"]), meta["special_ids"])
-        e = evaluation
-        for line in fill_in(e.model, e.val_tokens, meta, enc, e.rt, fill_in_examples, seed):
+        for line in fill_in(evaluation.model, evaluation.val_tokens, meta, enc, evaluation.rt, fill_in_examples, seed):
             print(line)
     print(f"final: step {step} | val loss {final[0]:.4f} (at init {state['init_val_loss']:.4f}) | masked-token "
           f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {saves.path}")

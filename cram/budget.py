@@ -64,15 +64,15 @@ def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
     return STEP_EFFICIENCY * width * eager * (OFFLOAD_SHARE[kind] if offload else 1.0)
 
 
-def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share):
-    """(the LADDER rung a budget picks, the nearest, the tokens it trains on) for `matmul_compute` (a rung's `share` by
-    width) or `tokens`: the rung whose blocks' weights are nearest PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **
+def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of):
+    """(the LADDER rung a budget picks, the nearest, the tokens it trains on) for `matmul_compute` (times
+    efficiency_of(width)) or `tokens`: the rung whose blocks' weights are nearest PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **
     SIZE_EXPONENT, or one up to 4x that where it repeats `data_tokens` over MAX_EPOCHS times."""
     rungs = []  # (weights, best size, tokens) of each rung
     for rung in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(rung, {})})
         per_token = config.flops_per_token(mask_rate)
-        trained = tokens or matmul_compute * share(config.d_model) / per_token
+        trained = tokens or matmul_compute * efficiency_of(config.d_model) / per_token
         best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
         rungs.append((config.n_layers * config.layer_weights(), best, trained))
     i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j][0] / rungs[j][1])))
@@ -118,8 +118,8 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
                        batch_ramp_start=saved.get("batch_ramp_start", saved.get("micro_batch")))
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
-        share = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
-        settled, picked = pick_for(compute, config, given, data_args, data_tokens, world, share)
+        efficiency_of = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
+        settled, picked = pick_for(compute, config, given, data_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
     settled.update(given)
     settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
@@ -170,15 +170,15 @@ def budget_compute(config, rt, world, master, ddp):
     return compute, dict(matmul_flops=speed, matmul_dtype=matmul_rt.dtype_name(), bf16_gain=gain)
 
 
-def pick_for(matmul_compute, config, given, data_args, data_tokens, world, share):
+def pick_for(matmul_compute, config, given, data_args, data_tokens, world, efficiency_of):
     """(a fresh run's shape and final batch by the rule, `given` ones as given; the pick) for budget_compute's FLOPs or
-    config's budget_tokens (`share`: step_efficiency's)."""
+    config's budget_tokens (`efficiency_of`: step_efficiency's)."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
-    rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, share)
+    rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of)
     shape = shape_of(rung, given)
     per_token = ModelConfig.from_settings({**config, **shape}, **data_args).flops_per_token(mask_rate)
-    efficiency = share(shape["d_model"])
+    efficiency = efficiency_of(shape["d_model"])
     tokens = tokens or matmul_compute * efficiency / per_token
     unit = (config["micro_batch"] or 1) * world
     batch = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
@@ -210,9 +210,9 @@ def start_lines(pick, config, seq_len, lr_given):
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
 
 
-def ramp_line(start, final, ramp, micro, rest):
+def ramp_line(start, final, ramp, micro, remainder):
     """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (data.split_micro_batches')."""
-    micros = f"micro-batches of {micro} per process{f' (and of {rest} for the rest)' * (rest < micro)}"
+    micros = f"micro-batches of {micro} per process{f' (and of {remainder} for the rest)' * (remainder < micro)}"
     if ramp <= 0 or start >= final:
         return f"batch: {final:,} sequences a step throughout; {micros}"
     return (f"batch: {start:,} sequences a step at the start, then {start:,} more at a time up to {final:,} at {ramp:.0%} of the "

@@ -133,21 +133,21 @@ def split_micro_batches(world, micro, final, start, ramp):
         if batch % world:
             raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
                              f"of processes that divides {np.gcd(final, start)}, or a new run with a multiple of {world}")
-    share, step = final // world, start // world
-    micro = min(micro, share)
-    left = step % micro  # the ramp's k x step leave k x left over, once past micro all of gcd(left, micro)'s multiples
-    ramp = 0 if not left else left if (share - 1) // step * left < micro else math.gcd(left, micro)
-    return micro, math.gcd(ramp, share % micro) or micro
+    per_rank, ramp_unit = final // world, start // world  # a process's final batch, and what the ramp adds at a time
+    micro = min(micro, per_rank)
+    left = ramp_unit % micro  # the ramp's k x ramp_unit leave k x left over, once past micro all of gcd(left, micro)'s multiples
+    ramp_rest = 0 if not left else left if (per_rank - 1) // ramp_unit * left < micro else math.gcd(left, micro)
+    return micro, math.gcd(ramp_rest, per_rank % micro) or micro
 
 
-def micro_batch_sizes(batch, world, micro, rest):
-    """A process's micro-batches of a global `batch`: as many of `micro` as fit, the rest of `rest` (split_micro_batches')."""
-    return [micro] * (batch // world // micro) + [rest] * (batch // world % micro // rest)
+def micro_batch_sizes(batch, world, micro, remainder):
+    """A process's micro-batches of a global `batch`: as many of `micro` as fit, then of `remainder` (split_micro_batches')."""
+    return [micro] * (batch // world // micro) + [remainder] * (batch // world % micro // remainder)
 
 
 class Batches:
     """step(consumed, batch, masking): this rank's masked micro-batches of a global `batch`, split by `split` (micro,
-    rest: split_micro_batches'; None: one micro-batch), disjoint slices of rows_at's next `batch` sequences after `consumed`, at any world; a
+    remainder: split_micro_batches'; None: one micro-batch), disjoint slices of rows_at's next `batch` sequences after `consumed`, at any world; a
     slice's masks follow its place and size."""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled", split=None):

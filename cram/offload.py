@@ -270,7 +270,7 @@ class OffloadTrainer:
         for i in range(len(self.host)):
             self.host.wait(i)
 
-    def _micro_step(self, inputs, positions, labels, share, last):
+    def _micro_step(self, inputs, positions, labels, weight, last):
         with self.rt.autocast():
             x = self.stem.embed(inputs)  # (B, T, d), its graph kept for the stem's backward at the end
         mask, block_inputs, rng = self.stem.attention_mask(inputs.shape[1]), [], []
@@ -283,7 +283,7 @@ class OffloadTrainer:
             hidden = self.stem.final_norm(top)
             hidden = at_positions(hidden, positions) if self.stem.sparse_prediction else hidden
             loss, _ = self.stem.mlm_loss(hidden, inputs, positions, labels)
-        (loss * share).backward()
+        (loss * weight).backward()
         grad, squares = self.streamer.backward(top.grad, block_inputs, rng, last, mask)
         x.backward(grad)
         device_generator(self.rt.device).set_state(rng_after)  # the recompute replayed the RNG: on from the forward
@@ -293,9 +293,9 @@ class OffloadTrainer:
         """model.Trainer.step's contract; the stem steps here, the blocks' updates are queued on the updater thread."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, batch in enumerate(micro_batches):
-            share = len(batch[0]) / rows  # its share of the step's sequences, as model.Trainer.step
-            loss, squares = self._micro_step(*batch, share, i == n - 1)
-            total = total + loss * share
+            weight = len(batch[0]) / rows  # its share of the step's sequences, as model.Trainer.step
+            loss, squares = self._micro_step(*batch, weight, i == n - 1)
+            total = total + loss * weight
         stem_grads = [p.grad for p in self.stem.parameters() if p.grad is not None]
         stem_norm = torch.stack(torch._foreach_norm(stem_grads)).square().sum().item() if stem_grads else 0.0
         norm = (stem_norm + sum(squares)) ** 0.5
