@@ -385,7 +385,7 @@ class Trainer:
             group["lr"] = lr
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
-            weight = len(inputs) / rows  # the micro-batch's share of the step's sequences: its loss's weight in the mean
+            weight = len(inputs) / rows  # its share of the step's rows (k masked each): the step's loss, a mean over all
             # DDP: all-reduce the gradients only after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
                 with self.autocast():

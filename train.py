@@ -57,7 +57,7 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # >= 0: most sequences per device per forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: by the budget's tokens (a power law, 32-8192)
+batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: 4096 x (sequences / 54M) ** 0.64, a power of 2 in 32-8192
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
 batch_ramp_start = 0      # >= 0: sequences per step at the ramp's start, growing by as many at a time, on any device; 0: 128
 # system
@@ -72,7 +72,7 @@ seed = 0                  # [0, 4294967295]: model initialisation, data order an
 data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
 log_interval = 10         # >= 1: steps
 max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged or spiked (see train.py's loop)
-spike_threshold = 6.0     # >= 0: a loss this many spreads and 10% over its ~50 steps' mean is a spike: not applied, no save; 0: off
+spike_threshold = 6.0     # >= 0: a loss this many s.d.s of its step-to-step noise and 10% over its ~50 steps' mean is a spike: not applied; 0: off
 keep_checkpoints = 3      # >= 1: the saves kept: ckpt.pt (the newest sound one) and those before it, as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0
 eval_sequences = 4096     # >= 1: validation sequences per evaluation (fixed masks)
@@ -201,13 +201,13 @@ def main(config, given):
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)  # schedules: pure functions
         step_lr = lr_at(progress, lr, lr_schedule, warmup)  # lr: the peak
         step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
-        # this rank's masked micro-batches of its share of the global batch that starts after `tokens // seq_len` sequences
+        # this rank's masked micro-batches of its share of the batch after `tokens // seq_len` sequences (384, 2 ranks, 128: 128+64)
         micro_batches = batches.step(tokens // seq_len, step_batch, step_mask)
         # forward and backward per micro-batch, clipped, one update (model.Trainer.step) unless the loss (over ranks) spikes
         _, applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)
         step, tokens = step + 1, tokens + step_batch * seq_len  # an update skipped or not: its data and time are spent
         seconds += stop_request.step_seconds(started)  # stopped meanwhile (Ctrl-Z): the pause is not training
-        bad_steps.count(step, applied, watch, trainer.scaler)  # max_skipped_steps in a row diverged or spiked: the stop
+        bad_steps.count(step, applied, watch, trainer.scaler)  # max_skipped_steps in a row diverged or spiked: SystemExit
         if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
             mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak_flops if peak_flops else None
