@@ -144,8 +144,8 @@ def run_eval(evaluation, step, tokens, seconds):
     """The validation loss and masked-token accuracy, printed and recorded."""
     e = evaluation
     val_loss, accuracy = evaluate(e.model, e.val_tokens, e.meta, e.micro, e.rt, eval_sequences, eval_mask_rate)
-    print(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | "
-          f"{seconds / 60:.1f} min, {tokens / 1e6:.1f}M tokens")
+    print(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | {seconds / 60:.1f} min, "
+          f"{tokens / 1e6:.1f}M tokens{f' | on all {len(e.val_tokens)} sequences' * (len(e.val_tokens) < eval_sequences)}")
     e.metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
                           accuracy=accuracy))
     return val_loss, accuracy

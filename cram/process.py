@@ -195,6 +195,5 @@ class StopRequest:
         """A step's seconds on the budget's clock since `started` (perf_counter's); where the process was stopped and
         continued meanwhile (Ctrl-Z then fg, a batch system's suspend), the step before's: a pause is not training."""
         took = time.perf_counter() - started
-        self.last_took = took = min(took, self.last_took) if self.continued else took
-        self.continued = False
-        return took
+        self.last_took, self.continued = min(took, self.last_took) if self.continued else took, False
+        return self.last_took

@@ -76,5 +76,5 @@ def test_compare_errors(tmp_path):
     assert_one_line_error(run_script("tools/compare.py", "--variants=crammed", "--budget_tokens=1000",
                                      f"--out_dir={out}", check=False), "--protocol=tokens")
     assert not out.exists()  # a refused command creates nothing
-    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed", "--protocol=fast", check=False),
+    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed", "--protocol=no_such_protocol", check=False),
                           "protocol must be one of")

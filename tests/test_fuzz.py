@@ -187,8 +187,8 @@ def damaged(checkpoint):
                   "spike_watch with a negative spread": dict(ckpt, spike_watch=dict(watch, var=-1.0))})
     cases["the four required keys alone"] = {k: ckpt[k] for k in ("model", "model_args", "meta", "tokenizer")}
     # values another version (or a fork) wrote that this one has no row for: a setting's name, a model's field
-    cases["a setting's value this version lacks"] = dict(ckpt, config=dict(ckpt["config"], optim="lion"))
-    cases["a model field this version lacks"] = dict(ckpt, model_args=dict(ckpt["model_args"], alibi=True))
+    cases["a setting's value this version lacks"] = dict(ckpt, config=dict(ckpt["config"], optim="no_such_optimizer"))
+    cases["a model field this version lacks"] = dict(ckpt, model_args=dict(ckpt["model_args"], no_such_field=True))
     data = checkpoint.read_bytes()
     cases.update({"an empty file": b"", "a file cut short": data[:len(data) // 2], "a list": [1, 2],
                   "a pickle that runs code": Code()})

@@ -67,18 +67,18 @@ def test_what_a_checkpoint_carries_that_this_version_lacks_is_one_line(pretraine
     a fork's optimizer (issue 93: `lion`, which ended in KeyError: 'lion'), a newer cram's schedule, data order or a
     value of another type, and a model field this version lacks (the loader's line, kept): one line each, nothing
     written."""
-    cases = {"optim": ("lion", "optim=lion is not allowed: optim must be one of adamw"),
-             "lr_schedule": ("cosine", "lr_schedule=cosine is not allowed: lr_schedule must be one of"),
-             "data_order": ("by_length", "data_order=by_length is not allowed"),
+    cases = {"optim": ("no_such_optimizer", "optim=no_such_optimizer is not allowed: optim must be one of adamw"),
+             "lr_schedule": ("no_such_schedule", "lr_schedule=no_such_schedule is not allowed: lr_schedule must be one of"),
+             "data_order": ("no_such_order", "data_order=no_such_order is not allowed"),
              "grad_clip": ("0.5", "grad_clip=0.5 is not allowed: not float")}
-    for key, (value, fragment) in [*cases.items(), ("wings", (2, "unknown model_args field(s) wings"))]:
+    for key, (value, fragment) in [*cases.items(), ("no_such_field", (2, "unknown model_args field(s) no_such_field"))]:
         ckpt = torch.load(pretrained, weights_only=True)
-        (ckpt["model_args"] if key == "wings" else ckpt["config"])[key] = value
+        (ckpt["model_args"] if key == "no_such_field" else ckpt["config"])[key] = value
         folder = tmp_path / key
         folder.mkdir()
         torch.save(ckpt, folder / "ckpt.pt")
         message = error_of("train.py", f"--data_dir={prepared}", f"--out_dir={folder}", *TINY_MODEL, "--resume=True")
-        assert fragment in message and ("resume it with the cram that wrote it" in message or key == "wings"), message
+        assert fragment in message and ("resume it with the cram that wrote it" in message or key == "no_such_field"), message
         assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt"]
 
 

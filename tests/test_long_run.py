@@ -153,7 +153,7 @@ def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
     same data order, same parameters."""
     common = ["train.py", f"--data_dir={prepared}", *TOKEN_RUN, "--ckpt_interval_minutes=0"]
     whole = run_script(*common, f"--out_dir={tmp_path / 'whole'}").stdout
-    assert "warning: with --budget_tokens=49,152 the run will train about 0.00B tokens, 1.5 epochs" in whole
+    assert "warning: with --budget_tokens=49,152 the run will train about 49.15k tokens, 1.5 epochs" in whole
     out = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, *common, f"--out_dir={out}"], cwd=ROOT, env=env,

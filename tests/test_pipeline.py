@@ -169,6 +169,8 @@ def test_train_learns_checkpoints_and_resumes(prepared, tmp_path):
     steps, loss, init_loss = final_line(proc.stdout)
     assert loss < 0.6 * init_loss, proc.stdout
     assert re.search(r"step \d+ \| loss [\d.]+ \| lr [\d.e+-]+ \| batch \d+ \| [\d,]+ tok/s", proc.stdout)
+    n_val = json.load(open(prepared / "meta.json"))["val_sequences"]  # 60: under TINY_MODEL's 64, so each evaluation says so
+    assert (f"| on all {n_val} sequences\n" in proc.stdout) == (n_val < 64), proc.stdout
 
     ckpt = torch.load(out / "ckpt.pt", weights_only=False)
     assert ckpt["step"] == steps and ckpt["final"] and 0.006 * 3600 <= ckpt["elapsed"] < 0.006 * 3600 + 5
@@ -211,9 +213,9 @@ def test_train_bad_input(prepared, tmp_path):
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", "--resume=True",
                               *TINY_MODEL, check=False), "not a readable checkpoint")
-    assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", "--lr_schedule=cosine", f"--out_dir={tmp_path}/x",
+    assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", "--lr_schedule=no_such_schedule", "--max_steps=1", f"--out_dir={tmp_path}/x",
                               check=False), "lr_schedule must be one of")
-    assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", "--data_order=sorted", f"--out_dir={tmp_path}/y",
+    assert_one_line_error(run_script("train.py", f"--data_dir={prepared}", "--data_order=no_such_order", "--max_steps=1", f"--out_dir={tmp_path}/y",
                               check=False), "data_order must be one of")
 
 

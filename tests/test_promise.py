@@ -194,7 +194,7 @@ def damaged_checkpoint(pretrained, path, damage):
 
 CHECKPOINTS = {  # what is done to a checkpoint -> what the error says
     "weights of another shape": (lambda c: c["model_args"].update(n_layers=3), "do not fit its model_args"),
-    "an unknown model_args field": (lambda c: c["model_args"].update(wings=2), "unknown model_args field(s) wings"),
+    "an unknown model_args field": (lambda c: c["model_args"].update(no_such_field=2), "unknown model_args field(s) no_such_field"),
     "a zero field": (lambda c: c["model_args"].update(d_model=0), "d_model must be >= 1"),
     "a field of the wrong type": (lambda c: c["model_args"].update(glu="yes"), "glu='yes' is not bool"),
     "no special_ids": (lambda c: c["meta"].pop("special_ids"), "no special_ids"),

@@ -67,10 +67,10 @@ SETTINGS = [  # (script, arguments, what the error says)
     ("train.py", ["--budget_hours=0"], "budget_hours must be > 0"),
     ("train.py", ["--micro_batch=-3"], "micro_batch must be >= 0"),
     ("train.py", ["--batch_ramp=1.5"], "batch_ramp must be in [0, 1]"),
-    ("train.py", ["--optim=sgd"], "optim must be one of adamw"),
-    ("train.py", ["--lr_schedule=cosine"], "lr_schedule must be one of"),
-    ("train.py", ["--data_order=sorted"], "data_order must be one of"),
-    ("train.py", ["--dtype=fp8"], "dtype must be one of auto"),
+    ("train.py", ["--optim=no_such_optimizer"], "optim must be one of adamw"),
+    ("train.py", ["--lr_schedule=no_such_schedule"], "lr_schedule must be one of"),
+    ("train.py", ["--data_order=no_such_order"], "data_order must be one of"),
+    ("train.py", ["--dtype=no_such_dtype"], "dtype must be one of auto"),
     ("train.py", ["--micro_batch=1.5"], "--micro_batch expects int"),
     # integers that reach torch's and numpy's limits, compared exactly (not as floats)
     ("train.py", ["--seed=1180591620717411303424"], "seed must be in [0, 4294967295]"),
@@ -84,9 +84,9 @@ SETTINGS = [  # (script, arguments, what the error says)
     ("finetune_glue.py", ["--dropout=1"], "dropout must be in [0, 1)"),
     ("finetune_glue.py", ["--epochs=-1"], "epochs must be >= 0"),
     ("bench.py", ["--steps=-1"], "steps must be >= 0"),
-    ("bench.py", ["--shape=huge"], "shape must be one of"),
+    ("bench.py", ["--shape=no_such_shape"], "shape must be one of"),
     ("tools/compare.py", ["--seeds=0"], "seeds must be in [1, 100000]"),
-    ("tools/compare.py", ["--protocol=steps"], "protocol must be one of"),
+    ("tools/compare.py", ["--protocol=no_such_protocol"], "protocol must be one of"),
     ("tools/curriculum.py", ["--block=0"], "block must be >= 1"),
 ]
 

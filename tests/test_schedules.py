@@ -22,7 +22,7 @@ def test_warmup_linear_learning_rate():
     assert lr_at(0.55, peak, "warmup_linear", 0.1) == pytest.approx(0.5e-4)
     assert lr_at(1.0, peak, "warmup_linear", 0.1) == pytest.approx(0.0)
     with pytest.raises(ValueError):
-        lr_at(0.5, peak, "cosine")
+        lr_at(0.5, peak, "no_such_schedule")
 
 
 def test_batch_size_ramp():
