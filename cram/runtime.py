@@ -351,7 +351,7 @@ def leave_process_group():
 
 def rank0_clock(seconds, stop, master, device):
     """Under DDP: rank 0's training seconds, and whether any rank was asked to stop, on every rank; else as they are."""
-    if not dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):  # one process (a torch without distributed too)
         return seconds, stop
     t = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
