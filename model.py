@@ -322,9 +322,9 @@ class Masking:
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
-    """MLM corruption of exactly round(mask_rate * T) positions per row (static shapes for torch.compile), any position (a
-    [SEP] between packed documents too): 80% [MASK], 10% a random regular token (ids below n_regular; the special ones
-    follow), 10% kept. masking: a Masking or its rate. Returns (inputs, positions (B, k), labels)."""
+    """MLM corruption of exactly round(mask_rate * T) positions per row (static shapes for torch.compile), any position
+    (a [SEP] between packed documents too): 80% [MASK], 10% a random regular token (ids below n_regular; the special
+    ones follow), 10% kept. masking: a Masking or its rate. Returns (inputs, positions (B, k), labels)."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = max(1, round(masking.mask_rate * T))

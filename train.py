@@ -236,9 +236,9 @@ def main(config, given):
 
 
 def setup_device(config, world, ddp, given):
-    """(the Runtime, this process's rank, (the checkpoint resumed or None, its file, lines on what it changed)): its run's
-    settings kept unless `given` (budget.resume_settings) and checked, into `config`, before torchrun's processes join
-    (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
+    """(the Runtime, this process's rank, (the checkpoint resumed or None, its file, lines on what it changed)): its
+    run's settings kept unless `given` (budget.resume_settings) and checked, into `config`, before torchrun's processes
+    join (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
     resume_from = config["resume_from"]
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
@@ -264,8 +264,8 @@ def setup_device(config, world, ddp, given):
 
 def settle(config, resumed, run_data, rt, world, ddp, master, log):
     """Every setting the run runs with, settled before any work and written into the globals once: a resume's own, the
-    budget's shape, final batch, peak rate and ramp's start (budget.settle), the micro-batch that fits (memory) and every
-    batch's split by it (data.split_micro_batches). Returns (model_args, remainder_micro, the budget's pick, opening lines)."""
+    budget's shape, final batch, peak rate and ramp's start (budget.settle), the micro-batch that fits (memory) and
+    every batch's split (data.split_micro_batches). Returns (model_args, remainder_micro, the pick, opening lines)."""
     (checkpoint, source, said), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     data_args, lr_given = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]), config["lr"]
     settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=train_tokens.size, rt=rt,
@@ -279,7 +279,7 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
                                     offload=config["offload"], log=log)
     # what runs: the fewest micro-batches of at most `cap`, the rest of a ramp's batch in micro-batches of remainder_micro
     config["micro_batch"], remainder_micro = data.split_micro_batches(world, cap, config["batch_size"],
-                                                                 config["batch_ramp_start"], config["batch_ramp"])
+                                                                      config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     return model_args, remainder_micro, pick, said if checkpoint else budget.start_lines(pick, config, meta["seq_len"], lr_given)
 

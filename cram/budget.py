@@ -65,9 +65,9 @@ def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
 
 
 def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of):
-    """(the LADDER rung a budget picks, the nearest, the tokens it trains on) for `matmul_compute` (times
-    efficiency_of(width)) or `tokens`: the rung whose blocks' weights are nearest PAPER_WEIGHTS * (compute / PAPER_COMPUTE) **
-    SIZE_EXPONENT, or one up to 4x that where it repeats `data_tokens` over MAX_EPOCHS times."""
+    """(the LADDER rung a budget picks, the nearest, the tokens it trains on) for `matmul_compute` (x a width's
+    efficiency_of) or `tokens`: the rung whose blocks' weights are nearest PAPER_WEIGHTS * (compute / PAPER_COMPUTE)
+    ** SIZE_EXPONENT, or one up to 4x that where it repeats `data_tokens` over MAX_EPOCHS times."""
     rungs = []  # (weights, best size, tokens) of each rung
     for rung in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(rung, {})})
@@ -211,7 +211,7 @@ def start_lines(pick, config, seq_len, lr_given):
 
 
 def ramp_line(start, final, ramp, micro, remainder):
-    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (data.split_micro_batches')."""
+    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (their split)."""
     micros = f"micro-batches of {micro} per process{f' (and of {remainder} for the rest)' * (remainder < micro)}"
     if ramp <= 0 or start >= final:
         return f"batch: {final:,} sequences a step throughout; {micros}"

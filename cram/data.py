@@ -77,7 +77,7 @@ def to_device(tensor, device):
 
 
 def repeat_warning(expected, train_tokens, basis):
-    """A one-line warning in the data's unit (B, M or k) where the run trains more tokens than it holds (`basis`: whence)."""
+    """A one-line warning, in the data's unit (B, M or k), where the run trains more tokens than it holds (`basis`)."""
     scale, unit = next(((s, u) for s, u in ((1e9, "B"), (1e6, "M")) if train_tokens >= s), (1e3, "k"))
     return (f"warning: {basis} the run will train about {expected / scale:.2f}{unit} tokens, {expected / train_tokens:.1f} "
             f"epochs of the {train_tokens / scale:.2f}{unit} training tokens: repeated data overfits; prepare a larger "
@@ -142,14 +142,14 @@ def split_micro_batches(world, micro, final, start, ramp):
 
 
 def micro_batch_sizes(batch, world, micro, remainder):
-    """A process's micro-batches of a global `batch`: as many of `micro` as fit, then of `remainder` (split_micro_batches')."""
+    """A process's micro-batches of a global `batch`: as many of `micro` as fit, then of `remainder` (split's)."""
     return [micro] * (batch // world // micro) + [remainder] * (batch // world % micro // remainder)
 
 
 class Batches:
     """step(consumed, batch, masking): this rank's masked micro-batches of a global `batch`, split by `split` (micro,
-    remainder: split_micro_batches'; None: one micro-batch), disjoint slices of rows_at's next `batch` sequences after `consumed`, at any world; a
-    slice's masks follow its place and size."""
+    remainder: split_micro_batches'; None: one micro-batch), disjoint slices of rows_at's next `batch` sequences after
+    `consumed`, at any world; a slice's masks follow its place and size."""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled", split=None):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order, self.split = tokens, rank, world, device, seed, order, split

@@ -77,7 +77,7 @@ class Saves:
 
 class BadSteps:
     """A run's skipped updates (`skipped`, logged) and its streak of steps that diverged or spiked (`in_a_row`: no save
-    then); count(step, applied, its SpikeWatch) ends the run at `limit` in a row, naming what to resume (Saves.advice)."""
+    then); count(step, applied, its SpikeWatch) ends the run at `limit` in a row, naming what to resume (advice)."""
 
     def __init__(self, limit, saves, vocab_size, threshold):
         self.limit, self.saves, self.vocab_size, self.threshold, self.skipped, self.in_a_row = limit, saves, vocab_size, threshold, 0, 0
