@@ -192,8 +192,7 @@ def main():
     dims = shape_dims(name)
     narrowed = narrowed_after(full_layers, dims["n_layers"])  # a bad --full_layers fails now, not after the timings
     micro = micro_batch or (128 if gpu else 32)
-    n_steps = steps or (10 if gpu else 3)
-    n_warmup = warmup_steps or (3 if gpu else 1)
+    n_steps, n_warmup = steps or (10 if gpu else 3), warmup_steps or (3 if gpu else 1)
     peak = runtime.peak_flops(rt.device, peak_tflops * 1e12)
     memory.check_memory(ModelConfig(**dims, seq_len=seq_len), rt, MASK_RATE, (micro, f"--micro_batch={micro}"))
     tokens, source = benchmark_tokens(data_dir, dims["vocab_size"], seq_len, seed)

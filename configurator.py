@@ -208,10 +208,10 @@ def hangup_safe(stream):
 
 
 def configure(namespace, argv, cls=None, skip=(), given=None):
-    """argv's config files and --key=value overrides applied to namespace (a script's globals()), each checked; returns
-    them and `cls`'s fields (less `skip`: only in the dict) as a dict; `given` gets the keys set; --help prints them."""
+    """argv's config files and --key=value overrides applied to namespace (globals()), each checked; returns them and
+    `cls`'s fields (less `skip`: only in the dict) as a dict; `given` maps each key set to its config file or '--'."""
     sys.stdout, sys.stderr = hangup_safe(sys.stdout), hangup_safe(sys.stderr)  # every script starts here
-    known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, set() if given is None else given
+    known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, {} if given is None else given
     if {"--help", "-h"} & set(argv):
         print(settings_help(namespace, known, cls, skip))
         raise SystemExit(0)
@@ -221,7 +221,7 @@ def configure(namespace, argv, cls=None, skip=(), given=None):
             raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
         for key, value in ({key: _parse(key, raw, type(known.get(key, "")))} if arg.startswith("--") else read_config_file(arg)).items():
             known[key] = _check(key, value, known)
-            given.add(key)
+            given[key] = "--" if arg.startswith("--") else arg
     problem = disallowed(namespace, known, cls, skip)
     if problem:
         raise SystemExit(f"error: --{problem}")

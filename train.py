@@ -121,18 +121,20 @@ def budget_spent(progress, step, max_steps):
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
 
-def check_settings(world, config, rt):
-    """One-line errors for settings that cannot run together (one's own range: the configurator's), before any work and
-    again once budget.settle has the shape and batch (until then a shape field not given is any rung's)."""
+def check_settings(world, config, rt, given=None):
+    """One-line errors for settings that cannot run together (each one's range: the configurator's): before any work,
+    with `given` (where each came from), and once budget.settle has the shape and batch (till then, unset: a rung's)."""
     model, optim = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}), config["optim"]
     if config["wandb_log"] and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     data.split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
     if config["resume_from"] and not config["resume"]:
         raise SystemExit(f"error: --resume_from={config['resume_from']} continues a run: add --resume=True")
-    if not config["lr"] and not runtime.OPTIMIZERS[optim].width_lr:
-        raise SystemExit(f"error: --optim={optim} needs --lr: the width's rule (budget.lr_for_width) is AdamW's, and its "
-                         f"row in runtime.OPTIMIZERS does not take it (width_lr)")
+    lr_from = (given or {}).get("lr")  # None: not given, or the resumed run's; a file that keeps AdamW set AdamW's
+    if not runtime.OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and lr_from not in ("--", given.get("optim"))):
+        why = f"{lr_from}'s lr={config['lr']:g}" if config["lr"] else "the width's rule (budget.lr_for_width)"
+        raise SystemExit(f"error: --optim={optim} needs --lr: {why} is AdamW's, and its row in runtime.OPTIMIZERS does not "
+                         f"take it (width_lr)")
     if config["offload"]:
         check_offload(world, model, optim, rt.dtype)
 
@@ -251,7 +253,7 @@ def setup_device(config, world, ddp, given):
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
                        config["compile_mode"], (saved.get("device"), saved.get("dtype")))
-    check_settings(world, config, rt)
+    check_settings(world, config, rt, given)
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     rt.optim = config["optim"]  # the optimizer rt.optimizer builds and the memory check counts (runtime.OPTIMIZERS)
@@ -382,6 +384,6 @@ def finish(evaluation, state, signum, saves):
 
 if __name__ == "__main__":
     # signals before the loop (StopRequest takes them from there on), a machine's fault anywhere
-    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := set()))
+    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := {}))
     process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings, given)

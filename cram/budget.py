@@ -136,7 +136,7 @@ def resume_settings(checkpoint, config, given):
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
     model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
     run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in SESSION}
-    given = {k for k in given & run.keys() if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
+    given = {k for k in run.keys() & given if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
     asked = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))  # an extension scaled the ramp
     changed = sorted(k for k in given if config[k] != asked[k])
     kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v

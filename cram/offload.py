@@ -171,8 +171,7 @@ class BlockStreamer:
     def forward(self, h, inputs=None, rng=None, mask=None):
         """Run h through every block under no_grad, each given `mask` (CrammedBert.attention_mask's); inputs and rng
         (lists), when given, collect each block's input and the device RNG state it started from, for the recompute."""
-        n = len(self.host)
-        ready = self._fetch(0)
+        n, ready = len(self.host), self._fetch(0)  # block 0's weights on their way
         for i in range(n):
             if ready is not None:
                 self.compute.wait_event(ready)

@@ -37,9 +37,9 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduc
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 
 # The optimizers train.py's --optim names: a new one is a row here. build(groups, lr, betas, eps) takes param_groups'
-# groups; state_bytes: a parameter's state at least (the memory check's); width_lr: whether budget.lr_for_width (AdamW's)
-# sets its rate, else --lr is asked for; fits(state, param): whether a resumed state tensor belongs to its parameter
-# (files.optimizer_problem): by default its shape or a factor of it (Adafactor's row and column statistics).
+# groups; state_bytes: a parameter's state at least (the memory check's); width_lr: whether budget.lr_for_width
+# (AdamW's) sets its rate, else --lr is asked (a config file's is AdamW's unless it sets optim); fits(state, param):
+# whether a resumed state tensor fits its parameter (files.optimizer_problem): by default its shape or a factor of it.
 def factored(state, param):
     return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
 

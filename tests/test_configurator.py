@@ -44,9 +44,10 @@ def test_wrong_type_is_an_error():
 def test_config_file_then_command_line(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text("lr = 5e-4\nsteps = 3\n")
-    ns = namespace()
-    configure(ns, [str(cfg), "--steps=4"])
+    ns, given = namespace(), {}
+    configure(ns, [str(cfg), "--steps=4"], given=given)
     assert ns["lr"] == 5e-4 and ns["steps"] == 4
+    assert given == {"lr": str(cfg), "steps": "--"}  # where each came from, the last word winning
     bad = tmp_path / "bad.py"
     bad.write_text("stepz = 3\n")
     with pytest.raises(SystemExit, match="unknown config key 'stepz'"):

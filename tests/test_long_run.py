@@ -67,7 +67,7 @@ def rows_read(args, monkeypatch):
     try:
         with monkeypatch.context() as patch:  # undone after this run, so the next run records only its own rows
             patch.setattr(data, "get_batch", recording)  # what data.Batches reads the training rows with
-            given = set()
+            given = {}
             train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS + train.SHAPE_FIELDS,
                                  given=given), given)
     finally:

@@ -348,8 +348,9 @@ runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
 @pytest.mark.parametrize("optim", [*runtime.OPTIMIZERS, "adafactor"])
 def test_each_optimizer_in_the_table_and_one_added_as_a_row_resumes_as_the_run_not_stopped(optim, prepared, tmp_path):
     """Every row of runtime.OPTIMIZERS, and Adafactor added as a row: a run stopped at step 4 and resumed ends as the
-    run that was not stopped, to the weights (its optimizer state saved, checked by its row's `fits`, and loaded);
-    a row without the width's lr rule asks for --lr in one line."""
+    run that was not stopped, to the weights (its optimizer state saved, checked by its row's `fits`, and loaded; its
+    rate the run's own); a row without the width's lr rule asks for --lr in one line, and takes a config file's only
+    where that file chooses the optimizer (the others' rates are AdamW's)."""
     from conftest import ROOT
     script = tmp_path / "train_with_adafactor.py"
     script.write_text(ADAFACTOR.format(root=ROOT))
@@ -357,7 +358,8 @@ def test_each_optimizer_in_the_table_and_one_added_as_a_row_resumes_as_the_run_n
               f"--optim={optim}", "--budget_tokens=8192", "--fill_in_examples=0"]
     run_script(*common, f"--out_dir={tmp_path / 'whole'}")
     run_script(*common, f"--out_dir={tmp_path / 'stopped'}", "--max_steps=4")
-    run_script(*common, f"--out_dir={tmp_path / 'stopped'}", "--resume=True")
+    fresh = [arg for arg in common if not arg.startswith("--lr=")]
+    run_script(*fresh, f"--out_dir={tmp_path / 'stopped'}", "--resume=True")  # at the run's own rate
     a, b = (torch.load(tmp_path / run / "ckpt.pt", weights_only=True) for run in ("whole", "stopped"))
     assert a["step"] == b["step"] == 8 and a["config"]["optim"] == optim
     for name in a["model"]:
@@ -365,6 +367,13 @@ def test_each_optimizer_in_the_table_and_one_added_as_a_row_resumes_as_the_run_n
     factored = [v for state in b["optimizer"]["state"].values() for v in state.values() if v.dim() == 2 and 1 in v.shape]
     assert bool(factored) == (optim == "adafactor")
     if not runtime.OPTIMIZERS.get(optim, runtime.Optimizer(None, 0)).width_lr:
-        fresh = [arg for arg in common if not arg.startswith("--lr=")]
         assert_one_line_error(run_script(*fresh, f"--out_dir={tmp_path / 'fresh'}", check=False),
                               "--optim=adafactor needs --lr")
+        # a config file's rate was tuned for the optimizer it runs with, AdamW unless it says another
+        adamw_config, own_config = tmp_path / "adamw_tuned.py", tmp_path / "adafactor_tuned.py"
+        adamw_config.write_text("lr = 2e-3\n")
+        own_config.write_text('optim = "adafactor"\nlr = 1e-2\n')
+        assert_one_line_error(run_script(fresh[0], str(adamw_config), *fresh[1:], f"--out_dir={tmp_path / 'a'}",
+                                         check=False), f"--optim=adafactor needs --lr: {adamw_config}'s lr=0.002 is AdamW's")
+        run_script(fresh[0], str(own_config), *[a for a in fresh[1:] if not a.startswith("--optim=")],
+                   f"--out_dir={tmp_path / 'own'}", "--max_steps=1")
