@@ -3,14 +3,17 @@ change (a switch, a setting, a helper of any size) passes `python -m pytest test
 
     python tools/style.py            # prints each figure against its limit; exit status 1 if one is over
 
-The limits: the core (the top-level scripts and modules and cram/) at most CORE_LINES lines in all, train.py at most
-TRAIN_LINES (nanoGPT's is 336: one flat loop read at once), each main() at most MAIN_LINES, every other function at
-most FUNCTION_LINES lines and FUNCTION_PARAMETERS parameters (self and cls not counted); README.md and BENCHMARKS.md
-at most DOCS' lines.
+The limits count lines of code. Comments, docstrings and blank lines are free, so that the prose explaining the code
+never has to be squeezed to fit. The core (the top-level scripts and modules and cram/) may hold at most CORE_LINES
+lines of code in all, and train.py at most TRAIN_LINES (nanoGPT's train.py has about 250: one flat loop read at once).
+Each main() may hold at most MAIN_LINES and every other function at most FUNCTION_LINES lines of code, and
+FUNCTION_PARAMETERS parameters (self and cls are not counted). README.md and BENCHMARKS.md may have at most DOCS' lines.
 """
 import ast
+import io
 import os
 import sys
+import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -19,9 +22,9 @@ from configurator import configure  # noqa: E402  (the core sits one folder up)
 # -----------------------------------------------------------------------------
 root = ROOT                # the checkout to measure
 # -----------------------------------------------------------------------------
-CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 5150, 400, 90, 60, 8
-# The maintainers' ceiling for the core, in force again since issue 92 cut the core to about 5,080 lines (about 5,140 with
-# a GLUE feature's 60): a change past it first cuts what it repeats elsewhere
+CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 3900, 320, 90, 60, 8
+# The core held 3,740 lines of code when the count left prose out (issue 98). The ceiling leaves a fork's first change
+# about 150 lines of room; a change of ours that would pass it first cuts what it repeats elsewhere.
 DOCS = {"README.md": 220, "BENCHMARKS.md": 400}  # the front page and the summary of figures: at most these lines
 
 
@@ -32,17 +35,36 @@ def core_files(root):
     return sorted(top + package)
 
 
+def code_lines(text):
+    """The numbers of the lines of `text` that hold code. A line holding only a comment, part of a docstring, or
+    nothing is not one of them."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    prose = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type not in prose:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return lines - docstrings
+
+
 def oversized(path, text):
     """'path:line name: why' for each function of `text` over its length or parameter limit."""
-    found = []
+    found, code = [], code_lines(text)
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = node.args
             params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
             params += [a.arg for a in (args.vararg, args.kwarg) if a]
-            lines, most = node.end_lineno - node.lineno + 1, MAIN_LINES if node.name == "main" else FUNCTION_LINES
+            lines = len([n for n in code if node.lineno <= n <= node.end_lineno])
+            most = MAIN_LINES if node.name == "main" else FUNCTION_LINES
             if lines > most:
-                found.append(f"{path}:{node.lineno} {node.name}: {lines} lines (at most {most})")
+                found.append(f"{path}:{node.lineno} {node.name}: {lines} lines of code (at most {most})")
             if len(params) > FUNCTION_PARAMETERS:
                 found.append(f"{path}:{node.lineno} {node.name}: {len(params)} parameters (at most {FUNCTION_PARAMETERS})")
     return found
@@ -51,9 +73,9 @@ def oversized(path, text):
 def report(root):
     """(the figures' lines, the problems' lines) of the checkout at root."""
     texts = {path: open(os.path.join(root, path), encoding="utf-8").read() for path in core_files(root)}
-    total, train = sum(len(t.splitlines()) for t in texts.values()), len(texts.get("train.py", "").splitlines())
-    figures = [f"the core: {total:,} lines (at most {CORE_LINES:,}) in {len(texts)} files",
-               f"train.py: {train} lines (at most {TRAIN_LINES})"]
+    total, train = sum(len(code_lines(t)) for t in texts.values()), len(code_lines(texts.get("train.py", "")))
+    figures = [f"the core: {total:,} lines of code (at most {CORE_LINES:,}) in {len(texts)} files",
+               f"train.py: {train} lines of code (at most {TRAIN_LINES})"]
     problems = [line for line, over in ((figures[0], total > CORE_LINES), (figures[1], train > TRAIN_LINES)) if over]
     for name, most in DOCS.items():
         if os.path.isfile(os.path.join(root, name)):
