@@ -75,7 +75,7 @@ max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diver
 spike_threshold = 6.0     # >= 0: a loss this many s.d.s of its step-to-step noise and 10% over its ~50 steps' mean is a spike: not applied; 0: off
 keep_checkpoints = 3      # >= 1: the saves kept: ckpt.pt (the newest sound one) and those before it, as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0
-eval_sequences = 4096     # >= 1: validation sequences per evaluation (fixed masks)
+eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (data.evaluate)
 ckpt_interval_minutes = 60.0  # >= 0: 0 saves after every step (outside the budget's clock); only sound weights
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)

@@ -226,19 +226,34 @@ def bytes_to_unicode():
     return {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
 
 
+VALIDATION_SEED = 1234  # validation's masks come from this seed and each row's index, never from the run's seed
+
+
+def validation_batch(tokens, rows, mask_rate, meta):
+    """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU. Each row's mask is drawn from a
+    generator seeded by that row's index alone. So a row is masked the same way in every evaluation, whatever the
+    micro-batch, the device, the number of processes or the number of rows evaluated."""
+    masked = []
+    for row in rows:
+        generator = torch.Generator().manual_seed(int(np.random.default_rng((VALIDATION_SEED, row)).integers(2 ** 62)))
+        idx = torch.from_numpy(np.asarray(tokens[row:row + 1], dtype=np.int64))  # (1, T)
+        masked.append(mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], generator))
+    return [torch.cat(parts) for parts in zip(*masked)]  # inputs (B, T), positions (B, k), labels (B, k)
+
+
 @torch.no_grad()
 def evaluate(model, tokens, meta, batch, rt, n_sequences, mask_rate):
-    """Validation MLM loss and masked-token accuracy on the first n_sequences, fixed masks at `mask_rate`."""
+    """The validation loss and masked-token accuracy over the first n_sequences rows, `batch` rows at a time. Every
+    row keeps its own fixed mask (validation_batch), so the result does not depend on `batch` or the device."""
     model.eval()
-    generator = torch.Generator(device=rt.device).manual_seed(1234)
     n = min(n_sequences, len(tokens))
     loss_sum, correct, predicted = 0.0, 0, 0
     for start in range(0, n, batch):
-        idx = get_batch(tokens, np.arange(start, min(n, start + batch)), rt.device)
-        inputs, positions, labels = mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], generator)
+        masked = validation_batch(tokens, range(start, min(n, start + batch)), mask_rate, meta)
+        inputs, positions, labels = (to_device(t, rt.device) for t in masked)
         with rt.autocast():
             loss, hits = model(inputs, positions, labels)
-        loss_sum += loss.item() * labels.numel()
+        loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
         correct += hits.item()
         predicted += labels.numel()
     model.train()

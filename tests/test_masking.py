@@ -61,7 +61,7 @@ def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch)
     seen = []
     monkeypatch.setattr(data, "mask_tokens", lambda idx, m, *rest: seen.append(m) or mask_tokens(idx, m, *rest))
     tokens = np.random.default_rng(0).integers(0, N_REGULAR, (64, 16)).astype(np.uint16)
-    meta = dict(special_ids={"[MASK]": MASK_ID}, n_regular=N_REGULAR)
+    meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
     batches = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
     step = dataclasses.replace(masking, mask_rate=0.5)
     (inputs, positions, labels), = batches.step(8, 4, step)
@@ -69,3 +69,25 @@ def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch)
     (same, *_), = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).step(8, 4, 0.5)
     assert torch.equal(inputs, same)
 
+
+
+def test_validation_masks_each_row_alike_at_any_micro_batch_so_the_val_loss_is_the_same():
+    """Validation draws each row's mask from the row's own index: a row is masked alike whether it is evaluated alone,
+    in a batch of 3 or of 16, or among fewer rows. So the val loss at two micro-batch sizes is the same up to float32
+    rounding in the batched matmuls. (The masks themselves are identical. Drawn batch by batch, as before, they moved
+    this loss by 1.4e-3 between the two sizes.)"""
+    from cram import runtime
+    from model import CrammedBert
+    torch.manual_seed(0)
+    vocab, T = N_REGULAR + 5, 32
+    meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
+    tokens = np.random.default_rng(0).integers(0, N_REGULAR, (40, T)).astype(np.uint16)
+    one_by_one = [data.validation_batch(tokens, [row], 0.25, meta) for row in range(40)]
+    for batch in (data.validation_batch(tokens, range(40), 0.25, meta), data.validation_batch(tokens, range(16), 0.25, meta)):
+        for row, alone in enumerate(one_by_one[:len(batch[0])]):
+            assert all(torch.equal(part[row], single[0]) for part, single in zip(batch, alone))
+    model, rt = CrammedBert(vocab_size=vocab, seq_len=T, n_layers=2, d_model=32, n_heads=2, d_ffn=64), \
+        runtime.setup("cpu", "float32", compile=False)
+    (loss_3, accuracy_3), (loss_16, accuracy_16) = (data.evaluate(model, tokens, meta, micro, rt, 40, 0.25) for micro in (3, 16))
+    assert abs(loss_3 - loss_16) <= 1e-6 * loss_3 and f"{loss_3:.4f}" == f"{loss_16:.4f}"
+    assert accuracy_3 == accuracy_16
