@@ -363,6 +363,15 @@ def param_groups(module, weight_decay, optim="adamw"):
             *(dict(g, muon=False) for g in groups)]
 
 
+def mean_over_processes(value):
+    """A tensor's mean over the processes of a DDP run (each gets the mean); the tensor itself in a run of one."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    value = value.clone()
+    torch.distributed.all_reduce(value)  # the sum, in place
+    return value / torch.distributed.get_world_size()
+
+
 def diverged(loss, vocab_size, applied=True, scaler=None):
     """Whether a step (its loss, whether its update was applied) says the run diverged: a loss not finite or a nat above
     an untrained model's (uniform over the vocabulary), or a skipped update (float16's: only at a scale below 1)."""
@@ -371,37 +380,50 @@ def diverged(loss, vocab_size, applied=True, scaler=None):
 
 
 class Trainer:
-    """A model's optimizer step and training state: `model` (what checkpoints hold), `step_model` (what the step runs:
-    it compiled, DDP-wrapped), the optimizer and float16's `scaler`. offload.OffloadTrainer has the same methods."""
+    """One optimizer step of a model, and the training state a checkpoint keeps.
+
+    `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module as the step
+    runs it: compiled by torch.compile, and wrapped by DDP when several processes train. `scaler` is float16's loss
+    scaler (a pass-through in other precisions). offload.OffloadTrainer has the same methods."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
         self.step_model = model if step_model is None else step_model
 
-    def step(self, micro_batches, lr, clip, accept=None):
-        """One optimizer step over micro-batches (inputs, positions, labels; any sizes), each loss weighted by its share,
-        the gradients' norm clipped to `clip` (0: off): (the mean loss, whether applied: not where not finite or refused)."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+    def backward(self, micro_batches):
+        """Runs the forward and backward pass of each micro-batch (inputs, positions, labels) and returns the step's
+        loss, a float: the mean over every masked token of the step, on every process. The gradients add up over the
+        micro-batches, each loss weighted by its share of the step's rows, so they are those of one large batch."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
-            weight = len(inputs) / rows  # its share of the step's rows (k masked each): the step's loss, a mean over all
-            # DDP: all-reduce the gradients only after the last micro-batch
+            weight = len(inputs) / rows  # every row has the same number of masked tokens, so this weights tokens alike
+            # under DDP the gradients are summed over processes once, after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
-                with self.autocast():
+                with self.autocast():  # the compiled part of the step: the forward and its loss
                     loss, _ = self.step_model(inputs, positions, labels)
                 self.scaler.scale(loss * weight).backward()
             total = total + loss.detach() * weight
+        return mean_over_processes(total).item()  # one synchronisation a step
+
+    def update(self, lr, clip, skip=False):
+        """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless
+        `skip` is set or the norm is not finite. Returns whether the update was applied. The gradients are then
+        cleared either way. Every process sees the same summed gradients, so all of them decide alike."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
-        # one sync per step, so that a non-finite update never lands; the norm of the all-reduced gradients is the same
-        # on every DDP rank, so all ranks decide alike (and `accept`, first, is asked on every step, on every rank)
-        applied = (accept is None or accept(total)) and math.isfinite(norm.item())
+        applied = not skip and math.isfinite(norm.item())
         if applied:
             self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total, applied
+        return applied
+
+    def step(self, micro_batches, lr, clip):
+        """backward, then update: (the step's loss, whether the update was applied)."""
+        loss = self.backward(micro_batches)
+        return loss, self.update(lr, clip)
 
     def state_dict(self):
         return {name: getattr(self, name).state_dict() for name in ("model", "optimizer", "scaler")}

@@ -14,14 +14,13 @@ import os
 import signal
 import sys
 import time
-from collections import namedtuple
 
 from configurator import config_keys, configure, disallowed  # first: it checks for the temporary folder that torch's import needs
 import torch
 
 from cram import budget, data, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
-from cram.data import Batches, evaluate, fill_in, load_run_data, make_encoding, repeat_warning
+from cram.data import Batches, Validation, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import MetricsLog, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
 from cram.guard import BadSteps, Saves, SpikeWatch
 from cram.offload import OffloadTrainer, check_settings as check_offload
@@ -75,7 +74,7 @@ max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diver
 spike_threshold = 6.0     # >= 0: a loss this many s.d.s of its step-to-step noise and 10% over its ~50 steps' mean is a spike: not applied; 0: off
 keep_checkpoints = 3      # >= 1: the saves kept: ckpt.pt (the newest sound one) and those before it, as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0
-eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (data.evaluate)
+eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (data.Validation)
 ckpt_interval_minutes = 60.0  # >= 0: 0 saves after every step (outside the budget's clock); only sound weights
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
@@ -139,16 +138,13 @@ def check_settings(world, config, rt, given=None):
         check_offload(world, model, optim, rt.dtype)
 
 
-Evaluation = namedtuple("Evaluation", "model val_tokens meta micro rt metrics")  # what evaluation and saving read
-
-
-def run_eval(evaluation, step, tokens, seconds):
-    """The validation loss and masked-token accuracy, printed and recorded."""
-    e = evaluation
-    val_loss, accuracy = evaluate(e.model, e.val_tokens, e.meta, e.micro, e.rt, eval_sequences, eval_mask_rate)
+def run_eval(validation, metrics, step, tokens, seconds):
+    """Scores the model on eval_sequences validation rows, prints the line and records it in metrics.jsonl."""
+    val_loss, accuracy = validation.score(eval_sequences, eval_mask_rate)
+    n_rows = len(validation.tokens)
     print(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | {seconds / 60:.1f} min, "
-          f"{tokens / 1e6:.1f}M tokens{f' | on all {len(e.val_tokens)} sequences' * (len(e.val_tokens) < eval_sequences)}")
-    e.metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
+          f"{tokens / 1e6:.1f}M tokens{f' | on all {n_rows} sequences' * (n_rows < eval_sequences)}")
+    metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
                           accuracy=accuracy))
     return val_loss, accuracy
 
@@ -179,13 +175,13 @@ def main(config, given):
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
         f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
-    evaluation = Evaluation(trainer.model, val_tokens, meta, micro_batch, rt, metrics)  # the model on the device
+    validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)  # the plain model, not the compiled one
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
-    watch = SpikeWatch(spike_threshold, runtime.mean_over_ranks if ddp else None, **(checkpoint or {}).get("spike_watch", {}))
+    watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
     bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
-    init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(evaluation, step, tokens, seconds)[0] if master else None)
+    init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(validation, metrics, step, tokens, seconds)[0] if master else None)
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, remainder_micro))
     masking, stop_request, peak_flops = Masking.from_settings(config), process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
@@ -205,30 +201,32 @@ def main(config, given):
         step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # this rank's masked micro-batches of its share of the batch after `tokens // seq_len` sequences (384, 2 ranks, 128: 128+64)
         micro_batches = batches.step(tokens // seq_len, step_batch, step_mask)
-        # forward and backward per micro-batch, clipped, one update (model.Trainer.step) unless the loss (over ranks) spikes
-        _, applied = trainer.step(micro_batches, step_lr, grad_clip, accept=watch.judge)
-        step, tokens = step + 1, tokens + step_batch * seq_len  # an update skipped or not: its data and time are spent
-        seconds += stop_request.step_seconds(started)  # stopped meanwhile (Ctrl-Z): the pause is not training
-        bad_steps.count(step, applied, watch, trainer.scaler)  # max_skipped_steps in a row diverged or spiked: SystemExit
+        # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
+        loss = trainer.backward(micro_batches)  # the step's mean loss over all processes' rows
+        spike = watch.is_spike(loss)
+        applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
+        step, tokens = step + 1, tokens + step_batch * seq_len  # a skipped update still spends its data and time
+        seconds += stop_request.step_seconds(started)  # time stopped meanwhile (Ctrl-Z) is not training time
+        bad_steps.count(step, loss, spike, applied, trainer.scaler)  # ends the run after max_skipped_steps bad in a row
         if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
             mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak_flops if peak_flops else None
-            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=watch.loss,
+            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=bad_steps.skipped), tokens / (n_rows * seq_len), progress)
             warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval = seconds
-            run_eval(evaluation, step, tokens, seconds)
+            run_eval(validation, metrics, step, tokens, seconds)
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:  # never while it spikes
             last_ckpt = seconds
-            saves.save_if_sound(evaluation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
+            saves.save_if_sound(validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
                                 eval_mask_rate)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
-        finish(evaluation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch),
+        finish(validation, metrics, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch),
                stop_request.signum, saves)
     if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
         del trainer
@@ -361,22 +359,22 @@ def log_step(metrics, rt, record, epoch, progress):
     metrics.write(record)
 
 
-def finish(evaluation, state, signum, saves):
+def finish(validation, metrics, state, signum, saves):
     """The last checkpoint (`state`) and lines: a run stopped early, its signal (signum; None: another rank's); a
     finished one (`final`), the graphs compiled, fill-in examples and the final figures."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    final = run_eval(evaluation, step, tokens, seconds) if state["final"] else None
-    saves.save_if_sound(evaluation, state, eval_mask_rate, at_end=True)
+    final = run_eval(validation, metrics, step, tokens, seconds) if state["final"] else None
+    saves.save_if_sound(validation, state, eval_mask_rate, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {saves.path}; "
               f"continue with the same command and --resume=True")
         return
-    if evaluation.rt.compile:
+    if validation.rt.compile:
         print(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
     if fill_in_examples:
         enc = make_encoding(parse_ranks(state["tokenizer"]), meta["special_ids"])
-        for line in fill_in(evaluation.model, evaluation.val_tokens, meta, enc, evaluation.rt, fill_in_examples, seed):
+        for line in fill_in(validation.model, validation.tokens, meta, enc, validation.rt, fill_in_examples, seed):
             print(line)
     print(f"final: step {step} | val loss {final[0]:.4f} (at init {state['init_val_loss']:.4f}) | masked-token "
           f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {saves.path}")

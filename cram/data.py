@@ -241,20 +241,27 @@ def validation_batch(tokens, rows, mask_rate, meta):
     return [torch.cat(parts) for parts in zip(*masked)]  # inputs (B, T), positions (B, k), labels (B, k)
 
 
-@torch.no_grad()
-def evaluate(model, tokens, meta, batch, rt, n_sequences, mask_rate):
-    """The validation loss and masked-token accuracy over the first n_sequences rows, `batch` rows at a time. Every
-    row keeps its own fixed mask (validation_batch), so the result does not depend on `batch` or the device."""
-    model.eval()
-    n = min(n_sequences, len(tokens))
-    loss_sum, correct, predicted = 0.0, 0, 0
-    for start in range(0, n, batch):
-        masked = validation_batch(tokens, range(start, min(n, start + batch)), mask_rate, meta)
-        inputs, positions, labels = (to_device(t, rt.device) for t in masked)
-        with rt.autocast():
-            loss, hits = model(inputs, positions, labels)
-        loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
-        correct += hits.item()
-        predicted += labels.numel()
-    model.train()
-    return loss_sum / predicted, correct / predicted
+class Validation:
+    """The validation rows and what scoring them needs: the model, the data's meta.json, how many rows go through the
+    model at a time (`batch`) and the runtime (device and precision)."""
+
+    def __init__(self, model, tokens, meta, batch, rt):
+        self.model, self.tokens, self.meta, self.batch, self.rt = model, tokens, meta, batch, rt
+
+    @torch.no_grad()
+    def score(self, n_sequences, mask_rate):
+        """The validation loss and masked-token accuracy over the first n_sequences rows. Every row keeps its own fixed
+        mask (validation_batch), so the result does not depend on the batch or the device."""
+        self.model.eval()
+        n = min(n_sequences, len(self.tokens))
+        loss_sum, correct, predicted = 0.0, 0, 0
+        for start in range(0, n, self.batch):
+            masked = validation_batch(self.tokens, range(start, min(n, start + self.batch)), mask_rate, self.meta)
+            inputs, positions, labels = (to_device(t, self.rt.device) for t in masked)
+            with self.rt.autocast():
+                loss, hits = self.model(inputs, positions, labels)
+            loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
+            correct += hits.item()
+            predicted += labels.numel()
+        self.model.train()
+        return loss_sum / predicted, correct / predicted

@@ -3,7 +3,6 @@ weights only, kept as a series (Saves); the stop after too many bad steps in a r
 import math
 import os
 
-from .data import evaluate
 from .files import all_finite, branch_from, checkpoint_series, save_in_series
 from model import diverged
 
@@ -12,24 +11,24 @@ SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 
 
 class SpikeWatch:
-    """judge(loss), Trainer.step's `accept`: True unless the loss (`reduce`d over ranks) spikes (.loss, .spiked); a finite
-    one not a spike joins the history: the mean, and the spread (half the mean square of successive differences)."""
+    """A run's recent training loss: its running mean over about SPIKE_WINDOW steps and its step-to-step spread (half
+    the mean square of successive differences). A checkpoint keeps them (state_dict), so a resume judges as before."""
 
-    def __init__(self, threshold, reduce=None, mean=0.0, var=0.0, count=0, last=0.0):
-        self.threshold, self.reduce = threshold, reduce or (lambda loss: loss)
-        self.mean, self.var, self.count, self.last, self.loss, self.spiked = mean, var, count, last, math.nan, False
+    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0):
+        self.threshold, self.mean, self.var, self.count, self.last = threshold, mean, var, count, last
 
-    def judge(self, loss):
-        self.loss = self.reduce(loss).item()
-        rise = self.loss - self.mean
-        self.spiked = bool(self.threshold and self.count >= SPIKE_HISTORY and
-                           rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
-        if not self.spiked and math.isfinite(self.loss):
+    def is_spike(self, loss):
+        """Whether `loss` is a spike: `threshold` spreads and SPIKE_MARGIN above the recent mean, once SPIKE_HISTORY
+        losses are in (a threshold of 0 turns this off). A finite loss that is not a spike joins the history."""
+        rise = loss - self.mean
+        spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
+                     rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
+        if not spike and math.isfinite(loss):
             self.count += 1
             weight = max(1 / self.count, 1 / SPIKE_WINDOW)
-            jump = self.loss - self.last if self.count > 1 else 0.0
-            self.mean, self.var, self.last = self.mean + weight * rise, self.var + weight * (jump ** 2 / 2 - self.var), self.loss
-        return not self.spiked
+            jump = loss - self.last if self.count > 1 else 0.0
+            self.mean, self.var, self.last = self.mean + weight * rise, self.var + weight * (jump ** 2 / 2 - self.var), loss
+        return spike
 
     def state_dict(self):
         return dict(mean=self.mean, var=self.var, count=self.count, last=self.last)
@@ -48,11 +47,12 @@ class Saves:
         """Rank 0's, once out_dir is claimed: the names `path` and the later ones got, set aside (files.branch_from)."""
         return branch_from(self.path, self.last) if self.branched else []
 
-    def save_if_sound(self, evaluation, state, mask_rate, at_end=False):
-        """`state` saved if its weights are finite and their loss on a validation micro-batch not diverged (a divergence
-        stop names one a lower rate recovers from); else said (at_end: an error)."""
-        e = evaluation  # train.Evaluation: what evaluating needs
-        loss = evaluate(e.model, e.val_tokens, e.meta, e.micro, e.rt, e.micro, mask_rate)[0] if all_finite(state["model"]) else None
+    def save_if_sound(self, validation, state, mask_rate, at_end=False):
+        """Saves the checkpoint `state` if its weights are sound: finite, with a loss on one batch of validation rows
+        (a data.Validation) that has not diverged. Only sound weights are saved, so a run stopped for diverging can
+        resume from one. Unsound weights are not saved, which is said; at the end of a run (at_end) that is an error."""
+        finite = all_finite(state["model"])
+        loss = validation.score(validation.batch, mask_rate)[0] if finite else None  # one batch tells a divergence
         refused = "non-finite weights" if loss is None else \
             f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
         if not refused:
@@ -76,15 +76,17 @@ class Saves:
 
 
 class BadSteps:
-    """A run's skipped updates (`skipped`, logged) and its streak of steps that diverged or spiked (`in_a_row`: no save
-    then); count(step, applied, its SpikeWatch) ends the run at `limit` in a row, naming what to resume (advice)."""
+    """A run's count of skipped updates (`skipped`, which the log shows) and its streak of bad steps (`in_a_row`; no
+    checkpoint is saved during one). A bad step is one whose loss spiked or diverged (model.diverged)."""
 
     def __init__(self, limit, saves, vocab_size, threshold):
         self.limit, self.saves, self.vocab_size, self.threshold, self.skipped, self.in_a_row = limit, saves, vocab_size, threshold, 0, 0
 
-    def count(self, step, applied, watch, scaler=None):
+    def count(self, step, loss, spike, applied, scaler=None):
+        """Counts one step. After `limit` bad steps in a row it ends the run (SystemExit), naming the checkpoint to
+        resume from."""
         self.skipped += not applied
-        bad = watch.spiked or diverged(watch.loss, self.vocab_size, applied, scaler)
+        bad = spike or diverged(loss, self.vocab_size, applied, scaler)
         self.in_a_row = self.in_a_row + 1 if bad else 0
         if self.in_a_row < self.limit:
             return

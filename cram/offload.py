@@ -288,17 +288,22 @@ class OffloadTrainer:
         device_generator(self.rt.device).set_state(rng_after)  # the recompute replayed the RNG: on from the forward
         return loss.detach(), squares
 
-    def step(self, micro_batches, lr, clip, accept=None):
-        """model.Trainer.step's contract; the stem steps here, the blocks' updates are queued on the updater thread."""
+    def backward(self, micro_batches):
+        """model.Trainer.backward's contract. The blocks' gradients go to their host accumulators as they stream."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, batch in enumerate(micro_batches):
-            weight = len(batch[0]) / rows  # its share of the step's sequences, as model.Trainer.step
+            weight = len(batch[0]) / rows  # its share of the step's sequences, as model.Trainer.backward
             loss, squares = self._micro_step(*batch, weight, i == n - 1)
             total = total + loss * weight
+        self.squares = squares  # the last micro-batch's: each block's squared gradient norm, for update's clipping
+        return total.item()
+
+    def update(self, lr, clip, skip=False):
+        """model.Trainer.update's contract. The stem steps here; the blocks' updates are queued on the updater thread."""
         stem_grads = [p.grad for p in self.stem.parameters() if p.grad is not None]
         stem_norm = torch.stack(torch._foreach_norm(stem_grads)).square().sum().item() if stem_grads else 0.0
-        norm = (stem_norm + sum(squares)) ** 0.5
-        applied = (accept is None or accept(total)) and math.isfinite(norm)
+        norm = (stem_norm + sum(self.squares)) ** 0.5
+        applied = not skip and math.isfinite(norm)
         if applied:
             scale = min(1.0, clip / (norm + 1e-6)) if clip else 1.0  # as clip_grad_norm_
             if scale != 1.0:
@@ -308,10 +313,15 @@ class OffloadTrainer:
             self.optimizer.step()
             self.streamer.invalidate()
             self.host.start_updates(lr, scale)
-        else:  # no update (a non-finite norm, or refused): the accumulators emptied
+        else:  # no update (skipped, or a non-finite norm): the accumulators emptied
             torch._foreach_zero_([p.grad for params in self.host.masters for p in params])
         self.optimizer.zero_grad(set_to_none=True)
-        return total, applied
+        return applied
+
+    def step(self, micro_batches, lr, clip):
+        """backward, then update: (the step's loss, whether the update was applied)."""
+        loss = self.backward(micro_batches)
+        return loss, self.update(lr, clip)
 
     def _locate(self):
         """name -> (optimizer, its index of the parameter), for every parameter of the plain model."""

@@ -334,12 +334,6 @@ def set_waits(minutes):
     dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes))
 
 
-def mean_over_ranks(value):
-    """Under DDP: a tensor's mean over all processes, on each."""
-    dist.all_reduce(value)
-    return value / dist.get_world_size()
-
-
 def leave_process_group():
     """The end of a DDP run, once the DDP model is deleted: its reducer freed before the group (at the interpreter's exit
     it can abort the process), a barrier (rank 0 evaluates and saves alone), and the group's end."""

@@ -88,6 +88,7 @@ def test_validation_masks_each_row_alike_at_any_micro_batch_so_the_val_loss_is_t
             assert all(torch.equal(part[row], single[0]) for part, single in zip(batch, alone))
     model, rt = CrammedBert(vocab_size=vocab, seq_len=T, n_layers=2, d_model=32, n_heads=2, d_ffn=64), \
         runtime.setup("cpu", "float32", compile=False)
-    (loss_3, accuracy_3), (loss_16, accuracy_16) = (data.evaluate(model, tokens, meta, micro, rt, 40, 0.25) for micro in (3, 16))
+    (loss_3, accuracy_3), (loss_16, accuracy_16) = (data.Validation(model, tokens, meta, micro, rt).score(40, 0.25)
+                                                    for micro in (3, 16))
     assert abs(loss_3 - loss_16) <= 1e-6 * loss_3 and f"{loss_3:.4f}" == f"{loss_16:.4f}"
     assert accuracy_3 == accuracy_16

@@ -106,7 +106,7 @@ def test_bfloat16_autocast_tracks_float32(device):
         optimizer = rt.optimizer(param_groups(model, 0.01), lr=3e-3)
         batches = [masked_batch(device, seed) for seed in range(2)]
         trainer = Trainer(model, optimizer, rt.grad_scaler(), autocast=rt.autocast)
-        losses[dtype] = [trainer.step(batches, 3e-3, 0.5)[0].item() for _ in range(4)]
+        losses[dtype] = [trainer.step(batches, 3e-3, 0.5)[0] for _ in range(4)]
     assert all(map(torch.isfinite, torch.tensor(losses["bfloat16"])))
     assert losses["float32"][-1] < losses["float32"][0]  # it trains
     torch.testing.assert_close(torch.tensor(losses["bfloat16"]), torch.tensor(losses["float32"]), rtol=0.03, atol=0)
@@ -122,7 +122,7 @@ def test_float16_loss_scaling_trains():
     optimizer = rt.optimizer(param_groups(model, 0.01), lr=3e-3)
     batch = masked_batch("cpu")
     trainer = Trainer(model, optimizer, scaler, autocast=rt.autocast)
-    losses = [trainer.step([batch], 3e-3, 0.5)[0].item() for _ in range(8)]
+    losses = [trainer.step([batch], 3e-3, 0.5)[0] for _ in range(8)]
     assert all(map(torch.isfinite, torch.tensor(losses))) and losses[-1] < 0.9 * losses[0]
     assert scaler.get_scale() > 1  # scaling was on
 

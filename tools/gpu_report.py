@@ -932,7 +932,7 @@ def train_offloaded(model_args, rt, batches):
     for step in range(offload_steps + 1):
         start = time.monotonic()
         loss, applied = trainer.step(batches(offload_accum), 1e-4, 0.5)
-        losses.append(loss.item())
+        losses.append(loss)
         trainer.synchronize()  # the host updates of the blocks finish before the clock stops
         rt.synchronize()
         seconds.append(time.monotonic() - start)
