@@ -444,6 +444,37 @@ def test_glue_plot_refuses_what_is_not_a_result(tmp_path):
     assert not points.exists()  # nothing written by a refused command
 
 
+def test_glue_plot_joins_one_checkpoint_s_files_and_names_a_head_other_than_the_pair_head(tmp_path):
+    """A call that fine-tuned each task, and the control, into a file of its own: '+' makes them one point. A point and a
+    floor fine-tuned with the first-token head say so in the table; the pair head's, the default, need not. Files of
+    two checkpoints are refused."""
+    facts = dict(shape="2x64", vocab_size=384, tokens=1000, hours=0.1, flops=1e12)
+
+    def result(name, pooling, scores=None, control=None, pretraining=facts):
+        def runs(tasks):
+            return {t: dict(how="1 seed, 3 epochs", settings=dict(pooling=pooling)) for t in tasks}
+        (tmp_path / name).write_text(json.dumps(dict(
+            scores=scores or {}, tasks=runs(scores or {}), no_pretraining_scores=control or {},
+            no_pretraining=runs(control or {}), majority={"rte": 50.0, "sst2": 50.0}, pretraining=pretraining)))
+        return str(tmp_path / name)
+    rte, sst2 = result("rte.json", "pair", {"rte": 60.0}), result("sst2.json", "pair", {"sst2": 80.0})
+    floor = result("floor.json", "pair", control={"rte": 55.0, "sst2": 70.0})
+    first = result("first.json", "first", {"rte": 52.0, "sst2": 79.0}, control={"rte": 50.0, "sst2": 71.0})
+    points = tmp_path / "points.json"
+    table = run_script("tools/glue_plot.py", f"--add={rte}+{sst2}+{floor},{first}", "--label=pair,first",
+                       f"--points={points}", f"--png={tmp_path / 'glue.png'}").stdout
+    assert ("| task | pair | first (first-token head) | no pretraining, 2x64, vocabulary 384 (measured) | no pretraining, "
+            "2x64, vocabulary 384, first-token head (measured) | words alone | majority class |") in table
+    assert re.search(r"^\| rte \| 60.0 \| 52.0 \| 55.0 \| 50.0 \| - \| 50.0 \|", table, re.M), table
+    assert re.search(r"^- pair: .*; fine-tuned rte, sst2: 1 seed, 3 epochs$", table, re.M), table
+    assert re.search(r"^- first: .*; fine-tuned rte, sst2: 1 seed, 3 epochs, first-token head$", table, re.M), table
+    saved = {p["label"]: p for p in json.loads(points.read_text())}
+    assert saved["pair"]["source"] == f"{rte}+{sst2}+{floor}" and saved["first"]["heads"] == {"rte": "first", "sst2": "first"}
+    other = result("other.json", "pair", {"mrpc": 70.0}, pretraining=dict(facts, tokens=2000))
+    assert_one_line_error(run_script("tools/glue_plot.py", f"--add={rte}+{other}", f"--points={points}", "--png=",
+                                     check=False), "joins the glue.json files of different checkpoints")
+
+
 def test_bad_input_errors(pretrained, tmp_path):
     args = [f"--checkpoint={pretrained}", f"--glue_dir={FIXTURES}"]
     assert_one_line_error(run_script("finetune_glue.py", *args, "--tasks=rte,squad", check=False), "unknown task 'squad'")

@@ -1,6 +1,7 @@
 """GLUE against pretraining compute: where a budget lands, beside published models of its size.
 
     python tools/glue_plot.py --add=out/laptop/glue.json --label="CPU 2 h"  # add (or replace) a point
+    python tools/glue_plot.py --add=ft/sst2.json+ft/rte.json --label="GPU"     # one point from one checkpoint's files
     python tools/glue_plot.py                                                      # redraw and print the table
 
 A point is one checkpoint's glue.json, as finetune_glue.py writes it: the median main score of
@@ -9,10 +10,15 @@ same shape's scores without pretraining if it was measured
 (finetune_glue.py --from_scratch=True), and the checkpoint's pretraining facts (shape, tokens,
 hours, FLOPs = model.py's flops_per_token x tokens, validation loss). Points live in a small JSON
 file (docs/glue_points.json, committed, so that the picture can be redrawn without the runs);
---add puts a glue.json in it, replacing the point of the same label.
+--add puts a glue.json in it, replacing the point of the same label. A call that fine-tuned each task into a file of
+its own gives them joined by '+': one checkpoint's files make one point.
+
+Each point also keeps the head each task was fine-tuned with (finetune_glue.py's --pooling). The pair head is the
+default; a point or floor measured with another head, such as the first-token head of every figure before issue 91,
+says so in the table and the legend, and its marker is hollow. A floor line is drawn for each shape and head.
 
 The picture: the GLUE average over the tasks every point has, against FLOPs (log scale), with
-lines for the floors (the majority class, words alone, the measured no-pretraining control of each shape, and
+lines for the floors (the majority class, words alone, the measured no-pretraining control of each shape and head, and
 the Cramming paper's BERT-base fine-tuned without pretraining) and for the published BERT
 miniatures, and the ELECTRA paper's small models placed by their own training FLOPs: where MLM
 starts to transfer. Ours are dev-set scores; each published row says its split and source.
@@ -32,7 +38,7 @@ from measure import save_figure  # noqa: E402
 
 # -----------------------------------------------------------------------------
 points = os.path.join(ROOT, "docs", "glue_points.json")  # the points: read, and written by --add
-add = ""                  # comma-separated glue.json files (finetune_glue.py's) to add as points
+add = ""                  # comma-separated glue.json files (finetune_glue.py's) to add as points; '+' joins one checkpoint's
 label = ""                # comma-separated labels, one per --add file; default: '<shape>, <hours> h'
 png = os.path.join(ROOT, "docs", "glue_compute.png")  # the picture; empty: none
 # -----------------------------------------------------------------------------
@@ -56,16 +62,32 @@ ELECTRA = {"ELECTRA-Small (12x256), 6.25% to 100% trained": [(8.9e16, 74.1), (1.
            "BERT-Small (12x256, MLM)": [(1.4e18, 75.1)]}
 
 
-def point_from(path, name):
-    """A point from a glue.json: its label, pretraining facts, main scores, the majority class's,
-    and how each task was fine-tuned."""
+def read_result(path):
+    """A glue.json's contents, refused unless it holds scores and the checkpoint's pretraining facts."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: no file {path} (finetune_glue.py writes glue.json beside the checkpoint)")
     results = read_json(path, "run finetune_glue.py on its checkpoint again")
     if not isinstance(results, dict) or "pretraining" not in results or "scores" not in results:
         raise SystemExit(f"error: {path} is not a glue.json with scores and pretraining facts (finetune_glue.py "
                          f"writes one; an older cram's lacks the facts: fine-tune again)")
-    facts = results["pretraining"]
+    return results
+
+
+def heads_of(entries):
+    """Each task's head (finetune_glue.py's pooling). A glue.json older than the setting had only the first token's."""
+    return {task: entry.get("settings", {}).get("pooling", "first") for task, entry in entries.items()}
+
+
+def point_from(path, name):
+    """A point from a glue.json, or from several of one checkpoint joined by '+': its label, pretraining facts, main
+    scores, the majority class's, and how and with which head each task was fine-tuned."""
+    files = path.split("+")
+    parts = [read_result(f) for f in files]
+    facts = parts[0]["pretraining"]
+    if any(part["pretraining"] != facts for part in parts[1:]):
+        raise SystemExit(f"error: {path} joins the glue.json files of different checkpoints: a point is one checkpoint")
+    results = {key: {k: v for part in parts for k, v in (part.get(key) or {}).items()}
+               for key in ("scores", "tasks", "no_pretraining", "no_pretraining_scores", "majority", "words_alone_scores")}
     if not results["scores"]:
         raise SystemExit(f"error: {path} holds no pretrained model's scores (only the no-pretraining control?): "
                          f"fine-tune the checkpoint itself, and run the control with the same --checkpoint so that "
@@ -77,9 +99,24 @@ def point_from(path, name):
                          f"again (--out_json= elsewhere) or add a seed")
     how = {task: entry["how"] for task, entry in results["tasks"].items()}
     return dict(label=name or f"{facts['shape']}, {facts['hours']:.2g} h", **facts, scores=results["scores"],
-                no_pretraining=results.get("no_pretraining_scores", {}), majority=results.get("majority", {}),
-                words_alone=results.get("words_alone_scores", {}),  # an older glue.json has none
-                how=how, source=shown_path(path))
+                no_pretraining=results["no_pretraining_scores"], majority=results["majority"],
+                words_alone=results["words_alone_scores"],  # an older glue.json has none
+                how=how, heads=heads_of(results["tasks"]), no_pretraining_heads=heads_of(results["no_pretraining"]),
+                source="+".join(shown_path(f) for f in files))
+
+
+def head_note(heads):
+    """'first-token head' where scores came from a head other than the default pair head ('' for the pair head, and
+    for a point kept before points said their heads)."""
+    names = dict(first="first-token head", mean="mean head", pair="pair head")
+    kinds = sorted(set(heads.values()))
+    return "" if kinds in ([], ["pair"]) else ", ".join(names.get(k, f"{k} head") for k in kinds)
+
+
+def shown_label(p):
+    """A point's label, with its head where that is not the pair head."""
+    note = head_note(p.get("heads", {}))
+    return f"{p['label']} ({note})" if note else p["label"]
 
 
 def shown_path(path):
@@ -111,7 +148,8 @@ def floors(all_points):
     found = {}
     for p in all_points:
         if p.get("no_pretraining"):
-            name = f"no pretraining, {p['shape']}, vocabulary {p['vocab_size']:,} (measured)"
+            note = head_note(p.get("no_pretraining_heads", {}))
+            name = f"no pretraining, {p['shape']}, vocabulary {p['vocab_size']:,}{', ' + note if note else ''} (measured)"
             found[name] = {**p["no_pretraining"], **found.get(name, {})}
     return found
 
@@ -138,7 +176,7 @@ def markdown(all_points):
     names = common_tasks(all_points)
     tasks = sorted({n for p in all_points for n in p["scores"]}, key=lambda n: (n not in names, n))
     majority = next((p["majority"] for p in all_points if p["majority"]), {})
-    columns = [(p["label"], p["scores"]) for p in all_points] + list(floors(all_points).items()) + \
+    columns = [(shown_label(p), p["scores"]) for p in all_points] + list(floors(all_points).items()) + \
         [("words alone", words_alone(all_points)), ("majority class", majority)] + [(f"{name}, {split}", row) for name, (split, _, row) in PUBLISHED.items()]
     lines = ["| task | " + " | ".join(c for c, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for task in tasks:
@@ -148,7 +186,8 @@ def markdown(all_points):
     for p in all_points:
         tasks_by_how = {}  # 'rte, mrpc: median of 3 seeds, 5 epochs; sst2: 1 seed, 1 epoch'
         for task, how in p["how"].items():
-            tasks_by_how.setdefault(how, []).append(task)
+            note = head_note({task: p.get("heads", {}).get(task, "pair")})
+            tasks_by_how.setdefault(f"{how}, {note}" if note else how, []).append(task)
         fine_tuned = "; ".join(f"{', '.join(tasks)}: {how}" for how, tasks in tasks_by_how.items())
         mlm = f", val loss {p['val_loss']:.3f} (accuracy {p['accuracy']:.3f})" if p.get("val_loss") is not None else ""
         lines.append(f"- {p['label']}: {p['shape']}, vocabulary {p['vocab_size']:,}, {p['tokens'] / 1e6:,.1f}M tokens in "
@@ -170,10 +209,12 @@ def draw(all_points, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = common_tasks(all_points)
-    fig, ax = plt.subplots(figsize=(9, 6))
-    for p in all_points:  # a legend, not labels: budgets alike overlap
-        ax.scatter(p["flops"], average(p["scores"], names), zorder=3, label=p["label"])
-    for (name, runs), marker in zip(ELECTRA.items(), "^v"):  # their own tasks and FLOPs count: hollow markers
+    fig, ax = plt.subplots(figsize=(12, 7.5))
+    for i, p in enumerate(all_points):  # a legend, not labels: budgets alike overlap; another head than pair's: hollow
+        colour = f"C{i % 10}"
+        ax.scatter(p["flops"], average(p["scores"], names), zorder=3, label=shown_label(p), edgecolors=colour,
+                   facecolors="none" if head_note(p.get("heads", {})) else colour, linewidths=1.5)
+    for (name, runs), marker in zip(ELECTRA.items(), "^v"):  # their own tasks and FLOPs count: black hollow triangles
         ax.plot(*zip(*runs), marker=marker, markerfacecolor="none", color="black", linewidth=0.8,
                 label=f"{name}: ELECTRA paper, GLUE-8 dev average")
     majority = next((p["majority"] for p in all_points if p["majority"]), None)
@@ -181,13 +222,17 @@ def draw(all_points, path):
     lines += [(name, row, "-.", "firebrick") for name, row in floors(all_points).items()]
     lines += [("majority class", majority, ":", "grey")] if majority else []
     lines += [("words alone (TF-IDF and a linear model)", words_alone(all_points), ":", "seagreen")]
-    lines = [line for line in lines if not math.isnan(average(line[1], names))]
-    for i, (name, row, style, colour) in enumerate(sorted(lines, key=lambda line: average(line[1], names))):
-        ax.axhline(average(row, names), linestyle=style, color=colour, linewidth=1)  # labels left and right in turn
-        ax.annotate(name, (0.33 if i % 2 else 0.62, average(row, names)), xycoords=("axes fraction", "data"),
-                    textcoords="offset points", xytext=(0, 3), fontsize=7, color=colour)
+    lines = sorted((line for line in lines if not math.isnan(average(line[1], names))), key=lambda line: average(line[1], names))
+    for name, row, style, colour in lines:
+        ax.axhline(average(row, names), linestyle=style, color=colour, linewidth=1)
+    low, high = ax.get_ylim()
+    shown = -math.inf  # each label right of the axes at its line's height, or a line of text above the one below it
+    for name, row, style, colour in lines:
+        shown = max(average(row, names), shown + 0.03 * (high - low))
+        ax.annotate(name, (1.01, shown), xycoords=("axes fraction", "data"), va="center", fontsize=7, color=colour,
+                    annotation_clip=False)
     ax.set_xscale("log")
-    ax.legend(loc="lower left", fontsize=7)  # the floors and the published lines are labelled above it
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, fontsize=7)  # below: the points stay in sight
     ax.set_xlabel("pretraining compute (FLOPs = flops_per_token x tokens)")
     ax.set_ylabel(f"GLUE dev average ({', '.join(names)})")
     ax.set_title("cram: GLUE against pretraining compute", fontsize=10)
