@@ -48,7 +48,7 @@ weight_decay = 0.0      # >= 0
 epochs = 0              # >= 0: 0: by the checkpoint's width and the task's training examples (settings_for)
 warmup = 0.1            # [0, 1): share of the steps
 dropout = 0.1           # [0, 1)
-pooling = "pair"        # {first, mean, pair}: the head reads each text's mean apart, [u, v, |u - v|, u * v] (docs/glue.md: STS-B 62 against 18 on a CPU model), the first token's state (BERT's [CLS], the published head: --pooling=first to compare with published rows) or all tokens' mean
+pooling = "pair"        # {first, mean, pair}: the head reads each text's mean apart, [u, v, |u - v|, u * v] (of more texts, the first against each later one; docs/glue.md: STS-B 62 against 18 on a CPU model), the first token's state (BERT's [CLS], the published head: --pooling=first to compare with published rows) or all tokens' mean
 from_scratch = False    # fine-tune a freshly initialised encoder of the checkpoint's shape and tokenizer: the no-pretraining floor, kept beside the scores
 eval_batch_size = 0     # >= 0: if 0, 512 on a GPU and 128 on a CPU
 max_train_examples = 0  # >= 0: use only the first N training examples (0: all); for quick looks
@@ -116,6 +116,13 @@ HEADS = dict(first="the first token's state (the published head)", mean="the mea
              pair="each text's mean apart, [u, v, |u - v|, u * v]")  # --pooling's, as the table says them
 MNLI_STARTED = {"rte", "mrpc", "stsb"}  # --protocol=mnli_start's: started from MNLI's fine-tune (RoBERTa, MosaicBERT)
 METRIC_NAMES = {"mcc": "Matthews corr.", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
+
+
+def texts_read(name):
+    """How the pair head and words alone read a task of more than two texts, as the output says it after their own
+    words; '' for one or two texts, which read as docs/glue.md says."""
+    k = len(TASKS[name]["text"])
+    return f" ({k} texts: the first against each later one, side by side)" if k > 2 else ""
 
 
 # ---------------------------------------------------------------- metrics (float64, as percentages / 100)
@@ -274,7 +281,8 @@ def check_task(name, data):
 
 
 def encode_examples(enc, texts, max_len, special_ids):
-    """[CLS] a [SEP] (b [SEP]), the longer segment truncated first to fit max_len."""
+    """Each row's texts as [CLS] a [SEP] b [SEP] ..., every text closed by its [SEP] (one text: [CLS] a [SEP]). Where a
+    row is longer than max_len, its longest text gives way a token at a time until the row fits."""
     cls, sep = special_ids["[CLS]"], special_ids["[SEP]"]
     if texts and max_len < 1 + 2 * len(texts[0]):
         raise SystemExit(f"error: the checkpoint's sequences of {max_len} tokens cannot hold [CLS] and a token and "
@@ -346,7 +354,7 @@ def finetune(name, encoded, ckpt, run_seed, rt, hp, start):
     if start is not None:
         encoder.load_state_dict(start)
     model = SequenceClassifier(encoder, 1 if regression else len(spec["labels"]), dropout=dropout, pooling=pooling,
-                               sep_id=ckpt["meta"]["special_ids"]["[SEP]"]).to(rt.device)
+                               sep_id=ckpt["meta"]["special_ids"]["[SEP]"], texts=len(spec["text"])).to(rt.device)
     groups = [dict(params=list(model.parameters()), weight_decay=weight_decay)]  # the reference decays all of them
     optimizer = rt.optimizer(groups, lr=hp["lr"], betas=(beta1, beta2), eps=eps)
     scaler = rt.grad_scaler()
@@ -404,10 +412,10 @@ def diverged(run):  # whether a run diverged: its weights or a score not finite 
 # ---------------------------------------------------------------- words alone: the baseline with no network
 def words_alone(name, data):
     """Each dev set of `data` scored by a bag-of-words model fitted on its training examples, {score name: {metric:
-    value}}, or None without scikit-learn: TF-IDF of words and word pairs and a linear model (logistic regression,
-    ridge for a score); a pair reads as what its two texts share (the product of their bags, their cosine, overlaps
-    and lengths), not as two bags side by side. Seconds on a small task (minutes on MNLI), no seed: the same numbers
-    on every machine."""
+    value}}, or None without scikit-learn. The model is TF-IDF of words and word pairs and a linear one (logistic
+    regression, ridge for a score). One text is read as its bag. Two texts are read as what they share (shared_words),
+    not as two bags side by side. More texts are read as what the first shares with each later one, those side by side
+    in the row's order. Seconds on a small task (minutes on MNLI), no seed: the same numbers on every machine."""
     try:
         from scipy import sparse
         from sklearn.exceptions import ConvergenceWarning
@@ -417,17 +425,15 @@ def words_alone(name, data):
     except ImportError:
         return None
     (texts, labels), k = data["train"], len(data["train"][0][0])
-    bag, scale, rows_sum = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True), StandardScaler(), lambda m: np.asarray(m.sum(1)).ravel()
+    bag, scale = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True), StandardScaler()
 
     def features(bags, fit=False):  # a bag per text of each row
         if k == 1:
             return bags[0]
-        (a, b), (seen_a, seen_b) = bags, [(m > 0).astype(np.float64) for m in bags]
-        n_a, n_b, shared = rows_sum(seen_a), rows_sum(seen_b), rows_sum(seen_a.multiply(seen_b))
-        pair = np.stack([rows_sum(a.multiply(b)), shared / np.maximum(1, n_a + n_b - shared), shared / np.maximum(1, np.minimum(
-            n_a, n_b)), shared / np.maximum(1, np.maximum(n_a, n_b)), np.log1p(n_a), np.log1p(n_b), abs(np.log1p(n_a) - np.log1p(n_b))], 1)
-        pair = scale.fit_transform(pair) if fit else scale.transform(pair)  # (N, 7): cosine, overlaps, lengths
-        return sparse.hstack([sparse.csr_matrix(pair), a.multiply(b)]).tocsr()
+        shared = [shared_words(bags[0], later) for later in bags[1:]]  # the first text against each later one
+        numbers = np.hstack([n for n, _ in shared])  # (N, 7 (k - 1)): cosines, overlaps, lengths
+        numbers = scale.fit_transform(numbers) if fit else scale.transform(numbers)
+        return sparse.hstack([sparse.csr_matrix(numbers), *(product for _, product in shared)]).tocsr()
 
     fitted, one = bag.fit_transform([t for row in texts for t in row]), len(set(labels)) < 2  # text i of row r at r * k + i
     with warnings.catch_warnings():  # lbfgs' "failed to converge" at its cap on a large task: the fit stands, quietly
@@ -437,6 +443,19 @@ def words_alone(name, data):
     predicted = {s: [labels[0]] * len(data[s][0]) if one else model.predict(features([bag.transform([r[i] for r in data[s][0]])
                                                                                    for i in range(k)])) for s in TASKS[name]["dev"]}
     return {s: {m: 100 * METRICS[m](predicted[s], data[s][1]) for m in TASKS[name]["metrics"]} for s in predicted}
+
+
+def shared_words(a, b):
+    """What two texts' TF-IDF bags a and b (N, V each, sparse, each row of unit length) share, as (numbers, product).
+    numbers (N, 7) holds their cosine, the words they share over those of either, of the shorter and of the longer,
+    and the two lengths and their difference (logs of word counts). product (N, V) is the bags' product, the shared
+    words weighted."""
+    rows_sum = lambda m: np.asarray(m.sum(1)).ravel()  # (N,)
+    seen_a, seen_b = [(m > 0).astype(np.float64) for m in (a, b)]
+    n_a, n_b, shared = rows_sum(seen_a), rows_sum(seen_b), rows_sum(seen_a.multiply(seen_b))
+    numbers = np.stack([rows_sum(a.multiply(b)), shared / np.maximum(1, n_a + n_b - shared), shared / np.maximum(1, np.minimum(
+        n_a, n_b)), shared / np.maximum(1, np.maximum(n_a, n_b)), np.log1p(n_a), np.log1p(n_b), abs(np.log1p(n_a) - np.log1p(n_b))], 1)
+    return numbers, a.multiply(b)
 
 
 def kept_words_alone(path, name, data):
@@ -546,7 +565,8 @@ def table(results, names=None):
         protocols.setdefault(PROTOCOLS[(ours.get(name) or scratch[name]).get("protocol", "fixed")], []).append(name)
     heads = {}
     for name in names:
-        heads.setdefault(HEADS[(ours.get(name) or scratch[name])["settings"].get("pooling", "first")], []).append(name)
+        head = (ours.get(name) or scratch[name])["settings"].get("pooling", "first")
+        heads.setdefault(HEADS[head] + texts_read(name) * (head == "pair"), []).append(name)
     lines += ["", "Dev sets; " + "; ".join(f"{', '.join(n)}: {p}" for p, n in protocols.items()) + " (docs/glue.md).",
               "Heads: " + "; ".join(f"{', '.join(n)}: {h}" for h, n in heads.items()) + "."]
     return "\n".join(lines), averages, counted
@@ -867,7 +887,7 @@ def main(config):
         memory.check_memory(shape, rt, 0.0, (size, f"--{setting}={size}"), training=training)  # one that surely cannot fit fails now
     words = {name: kept_words_alone(path, name, data) for name, data in datasets_by_task.items()}  # seconds each: after the checks
     print("words alone (TF-IDF and a linear model, the baseline with no network): " + (", ".join(
-        f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}" for n, w in words.items()) if None not in words.values()
+        f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}{texts_read(n)}" for n, w in words.items()) if None not in words.values()
         else "not fitted: pip install scikit-learn (the table shows '-' there)"))
     order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
     n_seeds = seeds or (5 if rt.device.type == "cuda" else 1)

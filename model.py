@@ -437,16 +437,20 @@ class Trainer:
 
 class ClassificationHead(nn.Module):
     """The GLUE head: pooled states -> dense 1024 -> Tanh -> dropout -> classes (num_labels=1: regression, STS-B). pooling
-    'first' reads the first token, as BERT's [CLS] (fine-tuning makes its summary), 'mean' the real tokens' mean, 'pair'
-    each text of `[CLS] a [SEP] b [SEP]` apart (by `sep_id`), u and v, as [u, v, |u - v|, u * v] (InferSent's, GLUE's own
-    pair baselines'): what two texts share is in its input, not left to one token (docs/glue.md); one text: a pair of itself."""
+    'first' reads the first token, as BERT's [CLS] (fine-tuning makes its summary), 'mean' the real tokens' mean, and
+    'pair' each text of `[CLS] a [SEP] b [SEP]` apart, found by `sep_id`. The pair head averages each text's final states
+    and sets the first text's mean u against the second's v as [u, v, |u - v|, u * v] (InferSent's features, GLUE's own
+    pair baselines'), so what two texts share is in its input, not left to one token (docs/glue.md). A row of `texts`
+    texts, more than two, sets the first against each later one in turn and puts those blocks side by side, 4 x
+    (texts - 1) x d wide: a choice task's premise against choice 1, then against choice 2. One text reads as a pair of
+    itself, and so does a row whose later text is missing."""
 
-    def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first", sep_id=None):
+    def __init__(self, d_model, num_labels, hidden=1024, dropout=0.1, pooling="first", sep_id=None, texts=2):
         super().__init__()
         if pooling not in ("mean", "first", "pair") or (pooling == "pair" and sep_id is None):
             raise ValueError(f"pooling must be 'mean', 'first' or 'pair' (with sep_id), got {pooling!r}")
-        self.pooling, self.sep_id = pooling, sep_id
-        self.pooler = nn.Linear(4 * d_model if pooling == "pair" else d_model, hidden)
+        self.pooling, self.sep_id, self.texts = pooling, sep_id, max(2, texts)  # one text: a pair of itself
+        self.pooler = nn.Linear(4 * (self.texts - 1) * d_model if pooling == "pair" else d_model, hidden)
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, num_labels)
         self.apply(CrammedBert._init_weights)  # the pooler's, then the classifier's
@@ -455,14 +459,21 @@ class ClassificationHead(nn.Module):
         """states (B, T, d); padding_mask (B, T) True at real tokens; idx (B, T), by which 'pair' finds the texts ->
         (B, num_labels)."""
         real = torch.ones_like(states[..., 0], dtype=torch.bool) if padding_mask is None else padding_mask  # (B, T)
-        if self.pooling == "pair":
-            seps = idx == self.sep_id
-            second = (seps.cumsum(1) - seps.long() == 1) & real  # (B, T): after the first [SEP], through the second
-            u, v = mean_over(states, real & ~second), mean_over(states, second)  # (B, d) each
-            v = torch.where(second.any(1, keepdim=True), v, u)  # one text: a pair of it with itself
         pooled = (states[:, 0] if self.pooling == "first" else mean_over(states, real) if self.pooling == "mean"
-                  else torch.cat([u, v, (u - v).abs(), u * v], dim=-1))  # (B, d); a pair's (B, 4d)
+                  else self.pairs(states, real, idx))  # (B, d); a pair's (B, 4 (texts - 1) d)
         return self.classifier(self.drop(torch.tanh(self.pooler(pooled))))
+
+    def pairs(self, states, real, idx):
+        """[u, v, |u - v|, u * v] for the first text's mean u and each later text's mean v in turn, side by side:
+        (B, 4 (texts - 1) d). A text runs from the token after a [SEP] (the first from [CLS]) through its own [SEP]."""
+        seps = idx == self.sep_id
+        text = seps.cumsum(1) - seps.long()  # (B, T): how many texts end before each token
+        u, blocks = mean_over(states, (text == 0) & real), []  # (B, d)
+        for i in range(1, self.texts):
+            here = (text == i) & real  # (B, T)
+            v = torch.where(here.any(1, keepdim=True), mean_over(states, here), u)  # (B, d); none there: u itself
+            blocks += [u, v, (u - v).abs(), u * v]
+        return torch.cat(blocks, dim=-1)
 
 
 def mean_over(states, where):
@@ -477,7 +488,7 @@ class SequenceClassifier(nn.Module):
     def __init__(self, encoder, num_labels, **head_args):
         super().__init__()
         self.encoder = encoder
-        self.head = ClassificationHead(encoder.config.d_model, num_labels, **head_args)  # hidden, dropout, pooling, sep_id
+        self.head = ClassificationHead(encoder.config.d_model, num_labels, **head_args)  # hidden, dropout, pooling, sep_id, texts
 
     def forward(self, idx, padding_mask=None):
         return self.head(self.encoder.encode(idx, padding_mask), padding_mask, idx)

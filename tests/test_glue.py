@@ -155,6 +155,8 @@ def test_encoding_truncates_longest_first():
     assert ids.count(ord("b")) == 10 and ids.count(ord("a")) == 32 - 3 - 10
     (short,) = glue.encode_examples(enc, [("hi",)], 32, special)
     assert short == [257, ord("h"), ord("i"), 258]
+    (three,) = glue.encode_examples(enc, [("a" * 50, "bb", "c" * 20)], 32, special)  # each text closed by its [SEP]
+    assert three == [257] + [ord("a")] * 13 + [258] + [ord("b")] * 2 + [258] + [ord("c")] * 13 + [258]
 
 
 def test_padding_does_not_change_the_logits(monkeypatch):
@@ -823,6 +825,50 @@ def test_a_task_is_one_row_even_from_jsonl(pretrained, tmp_path, monkeypatch, ca
     with pytest.raises(SystemExit, match="test.jsonl: line 6 lacks a value .not null. in each of question, passage, idx"):
         glue.main(config_keys(vars(glue)))
 
+
+COPA = """import sys
+sys.path.insert(0, {root!r})
+import finetune_glue as glue
+from configurator import configure
+glue.TASKS["copa"] = glue.task("copa", folder="COPA", reader="jsonl", train="train.jsonl", dev={{"copa": ("val.jsonl", "validation")}},
+                               text=("premise", "choice1", "choice2"), hub=("aps/super_glue", "copa"), tests={{}}, glue=False)
+glue.process.guarded(glue.main, glue.kept_runs, configure(vars(glue), sys.argv[1:]))
+"""  # finetune_glue.py with one more row of TASKS, as a fork adds a task: SuperGLUE's COPA, three texts
+
+
+def test_a_task_of_three_texts_runs_end_to_end_and_says_how_it_read_them(pretrained, tmp_path):
+    """A COPA-style task (a premise, two choices, the label naming the choice that goes with the premise; here the one
+    that shares its subject) runs through finetune_glue.py as a process with the default head and words alone. Words
+    alone reads what the premise shares with each choice in turn, so it finds the answer, which no bag of the three
+    texts together holds; the pair head pools each text apart (model.py's tests), and both say so."""
+    rng = random.Random(0)
+
+    def lines(n):
+        rows = []
+        for i in range(n):
+            subject, other = rng.sample(SUBJECTS, 2)
+            right, wrong = (f"{s} {rng.choice(VERBS)} {rng.choice(OBJECTS)} ." for s in (subject, other))
+            rows.append(dict(premise=f"{subject} {rng.choice(VERBS)} {rng.choice(PLACES)} .", idx=i, label=i % 2,
+                             choice1=wrong if i % 2 else right, choice2=right if i % 2 else wrong))
+        return "".join(json.dumps(row) + "\n" for row in rows)
+    (tmp_path / "COPA").mkdir()
+    for file, n in (("train.jsonl", 200), ("val.jsonl", 60)):
+        (tmp_path / "COPA" / file).write_text(lines(n))
+    script = tmp_path / "finetune_copa.py"
+    script.write_text(COPA.format(root=ROOT))
+    proc = run_script(script, f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}", "--tasks=copa", "--epochs=2",
+                      "--seeds=1", "--device=cpu", "--dtype=float32", f"--out_json={tmp_path / 'glue.json'}")
+    results, read = json.loads((tmp_path / "glue.json").read_text()), " (3 texts: the first against each later one, side by side)"
+    assert results["words_alone_scores"]["copa"] > 90  # each choice read against the premise, in order
+    assert f"with no network): copa {results['words_alone_scores']['copa']:.1f}{read}" in proc.stdout
+    assert f"Heads: copa: each text's mean apart, [u, v, |u - v|, u * v]{read}." in proc.stdout
+    entry = results["tasks"]["copa"]
+    assert entry["settings"]["pooling"] == "pair" and entry["train_examples"] == 200
+    assert 0 <= entry["median"]["copa"]["accuracy"] <= 100 and f"copa: accuracy {entry['median']['copa']['accuracy']:.1f}" in proc.stdout
+    # the first token's head reads all of it as one, and the table says only that
+    proc = run_script(script, f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}", "--tasks=copa", "--epochs=1",
+                      "--seeds=1", "--device=cpu", "--dtype=float32", f"--out_json={tmp_path / 'glue.json'}", "--pooling=first")
+    assert "Heads: copa: the first token's state (the published head)." in proc.stdout
 
 def test_the_progress_shows_the_mean_loss_of_every_step(pretrained, monkeypatch):
     """A 30-step run shows the loss at its first step, the 25th and its last, each the mean of the steps' losses since

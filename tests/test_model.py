@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import CrammedBert, SequenceClassifier, attend, mask_tokens, param_groups
+from model import ClassificationHead, CrammedBert, SequenceClassifier, attend, mask_tokens, mean_over, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 
@@ -246,6 +246,62 @@ def test_pair_pooling_reads_each_text_apart_through_padding_and_truncation():
     ids = finetune_glue.encode_examples(enc, [("a much longer first sentence", "short")], 12, {"[CLS]": 256, "[SEP]": sep})[0]
     assert len(ids) == 12 and [i for i, t in enumerate(ids) if t == sep] == [5, 11] and bytes(ids[6:11]) == b"short"
 
+
+
+def test_pair_pooling_of_two_texts_is_the_formula_it_always_was():
+    """The pair head's features for one or two texts are exactly the two-text head's from before it read more texts,
+    bit for bit: the first text's mean ([CLS] through its [SEP]) against the rest of the real tokens up to the second
+    [SEP], v = u where there is no second text. So fine-tuned scores and published figures stand, and the pooler has
+    the same 4d inputs, so a seed starts the same weights."""
+    torch.manual_seed(0)
+    encoder, sep, pad = CrammedBert(**TINY).eval(), 297, 296
+    idx = torch.tensor([[1, 5, 6, sep, 7, 8, 9, sep, pad, pad],   # a pair, padded
+                        [1, 5, 6, 7, 8, sep, pad, pad, pad, pad],  # one text, padded
+                        [1, 5, sep, 7, 8, 9, 10, 11, 12, sep]])    # a pair, the longest row
+    real = idx != pad
+    states = encoder.encode(idx, real)  # (3, 10, d)
+    seps = idx == sep
+    second = (seps.cumsum(1) - seps.long() == 1) & real  # the old head's: after the first [SEP], through the second
+    u, v = mean_over(states, real & ~second), mean_over(states, second)
+    v = torch.where(second.any(1, keepdim=True), v, u)
+    before = torch.cat([u, v, (u - v).abs(), u * v], dim=-1)  # (3, 4d)
+    for texts in (1, 2):
+        head = ClassificationHead(64, 2, pooling="pair", sep_id=sep, texts=texts)
+        assert head.pooler.in_features == 4 * 64 and torch.equal(head.pairs(states, real, idx), before)
+
+
+def test_pair_pooling_reads_each_of_three_texts_apart():
+    """Three texts, [CLS] a [SEP] b [SEP] c [SEP] (a choice task's premise and two choices), pool as [u, v, |u - v|,
+    u * v] of a against b, then of a against c, 8d wide. A change in b's final states changes only the first block's
+    parts that hold v, one in c's only the second block's, one in a's every block's u parts, and one in the padding
+    nothing: each text is pooled apart."""
+    torch.manual_seed(0)
+    d, sep, pad = 4, 9, 0
+    head = ClassificationHead(d, 2, pooling="pair", sep_id=sep, texts=3)
+    assert head.pooler.in_features == 8 * d
+    idx = torch.tensor([[1, 2, sep, 3, 4, 5, sep, 6, sep, pad, pad]])
+    real = idx != pad
+    states = torch.randn(1, 11, d)
+    pooled = head.pairs(states, real, idx)  # (1, 8d)
+    a, b, c = states[0, :3].mean(0), states[0, 3:7].mean(0), states[0, 7:9].mean(0)
+    torch.testing.assert_close(pooled[0], torch.cat([a, b, (a - b).abs(), a * b, a, c, (a - c).abs(), a * c]))
+    changed_parts = {}
+    for text, positions in (("a", slice(0, 3)), ("b", slice(3, 7)), ("c", slice(7, 9)), ("padding", slice(9, 11))):
+        changed = states.clone()
+        changed[0, positions] += 1.0
+        moved = (head.pairs(changed, real, idx) - pooled)[0].view(2, 4, d).abs().sum(-1) > 0  # (block, part)
+        changed_parts[text] = moved.tolist()
+    assert changed_parts == {"a": [[True, False, True, True]] * 2, "b": [[False, True, True, True], [False] * 4],
+                             "c": [[False] * 4, [False, True, True, True]], "padding": [[False] * 4] * 2}
+    # a row whose third text is missing reads it as the first (a pair of itself), as a missing second text always did
+    two = torch.tensor([[1, 2, sep, 3, 4, 5, sep, pad, pad, pad, pad]])
+    u, v = states[0, :3].mean(0), states[0, 3:7].mean(0)
+    torch.testing.assert_close(head.pairs(states, two != pad, two)[0], torch.cat([u, v, (u - v).abs(), u * v, u, u, u * 0, u * u]))
+    # through the whole classifier: the encoding finetune_glue makes for three texts, padded or not, reads the same
+    clf = SequenceClassifier(CrammedBert(**TINY).eval(), num_labels=2, pooling="pair", sep_id=297, texts=3).eval()
+    row = torch.tensor([[1, 5, 297, 6, 7, 297, 8, 297]])
+    padded = torch.cat([row, torch.full((1, 4), 296)], 1)
+    torch.testing.assert_close(clf(padded, padded != 296), clf(row), rtol=1e-5, atol=1e-6)
 
 def alibi(self, T, padding_mask=None):
     """CrammedBert.attention_mask as a fork's ALiBi makes it: a float bias (1, H, T, S) falling with the distance, at a

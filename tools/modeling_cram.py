@@ -21,7 +21,7 @@ from .model import ClassificationHead, CrammedBert, ModelConfig
 
 MODEL_ARGS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}  # the fields and their defaults
 HEAD_ARGS = {name: p.default for name, p in inspect.signature(ClassificationHead).parameters.items()
-             if p.default is not p.empty}  # hidden, dropout, pooling: config.json's classifier_<name>
+             if p.default is not p.empty}  # hidden, dropout, pooling, sep_id, texts: config.json's classifier_<name>
 
 
 def padding_mask(attention_mask):
@@ -31,7 +31,8 @@ def padding_mask(attention_mask):
 
 class CramConfig(PretrainedConfig):
     """model.ModelConfig's fields, plus the GLUE head's settings (ClassificationHead's keyword
-    arguments as classifier_hidden, classifier_dropout, classifier_pooling)."""
+    arguments as classifier_hidden, classifier_dropout, classifier_pooling, classifier_sep_id and
+    classifier_texts, the texts a row holds for the pair head)."""
     model_type = "cram"
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                      "intermediate_size": "d_ffn", "max_position_embeddings": "seq_len"}
