@@ -34,7 +34,8 @@ budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens traine
 max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only); this command's, not kept
 resume = False            # continue from out_dir/ckpt.pt, with its run's settings unless given (cram/budget.py)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
-# a 0 below asks the budget's rule (cram/budget.py), a resume its checkpoint's: settle() writes the values that run here
+# A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, from the checkpoint in a resume.
+# The start-up line "settled:" prints the value each of them runs with and why, and settle() writes it here.
 n_layers = 0              # >= 0: 0: by the budget
 d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
 n_heads = 0               # >= 0: 0: by the budget
@@ -160,7 +161,9 @@ def main(config, given):
     rt, rank, resumed = setup_device(config, world, ddp, given)  # resumed: (its checkpoint, file, lines) or Nones
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
+    asked = {k: config[k] if k in given else 0 for k in SETTLED}  # what was typed, before settle fills in the zeros
     model_args, remainder_micro, pick, opening = settle(config, resumed, run_data, rt, world, ddp, master, log)
+    opening.append(settled_line(asked, config, resumed[0] is not None))
     # from here on every global is the value that runs: the opening lines show what the budget picked or a resume changed
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
@@ -282,6 +285,25 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     return model_args, remainder_micro, pick, said if checkpoint else budget.start_lines(pick, config, meta["seq_len"], lr_given)
+
+
+SETTLED = ("n_layers", "d_model", "batch_size", "n_heads", "d_ffn", "lr", "batch_ramp_start", "micro_batch")
+
+
+def settled_line(asked, config, resumed):
+    """The start-up line that says the value of each setting whose 0 is decided at start-up, grouped by why: given
+    (`asked` holds what was typed, 0 where nothing was), its checkpoint's in a resume, or the rule that picked it."""
+    rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
+                 n_heads="heads of 64", d_ffn="4 x d_model", lr="the width's rule",
+                 batch_ramp_start="the default",
+                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else "up to 32 off a GPU")
+    groups = {}
+    for k, rule in rules.items():
+        why = "given" if asked[k] else "its checkpoint's" if resumed and k != "micro_batch" else rule
+        shown = (lambda v: f"{v:.3g}") if k == "lr" else str
+        cut = f" of {shown(asked[k])} given" if asked[k] and asked[k] != config[k] else ""  # a micro-batch over the batch
+        groups.setdefault(why, []).append(f"{k}={shown(config[k])}{cut}")
+    return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):

@@ -178,6 +178,10 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
                      r"compute\), about 0.0M tokens \([\d.]+ epochs\), a final batch of 32 sequences, about \d+ "
                      r"optimizer steps$", first, re.M)
     assert line, first
+    # every setting whose 0 the start-up decides, in one line, with why (train.settled_line)
+    assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32 \(the budget's pick\); n_heads=2 \(heads of 64\); "
+                     r"d_ffn=512 \(4 x d_model\); lr=0.00245 \(the width's rule\); batch_ramp_start=128 \(the default\); "
+                     r"micro_batch=16 \(given\)$", first, re.M), first
     ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
     assert (ckpt["model_args"]["n_layers"], ckpt["model_args"]["d_model"], ckpt["config"]["batch_size"]) == (2, 128, 32)
     assert ckpt["budget"]["rung"] == [2, 128] and ckpt["budget"]["matmul_flops"] == 0.0
@@ -185,6 +189,8 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     resumed = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=5000000", "--max_steps=20",
                          "--resume=True").stdout
     assert "budget:" not in resumed and max(map(int, re.findall(r"\| batch (\d+) \|", resumed))) <= 32
+    assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32, n_heads=2, d_ffn=512, lr=0.00245, "
+                     r"batch_ramp_start=128 \(its checkpoint's\); micro_batch=16 \(given\)$", resumed, re.M), resumed
     again = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
     assert again["model_args"] == ckpt["model_args"] and again["config"]["batch_size"] == 32 and again["step"] == 20
     assert again["config"]["lr"] == ckpt["config"]["lr"] == pytest.approx(2.449e-3, rel=1e-3) and "lr:" not in resumed
