@@ -6,9 +6,10 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget (hours, compilation included; or tokens) picks the shape, final batch and peak lr unless given
-(cram/budget.py); the schedules follow its share spent, so a run ends on time on any hardware. Ctrl-C, SIGTERM and
-process.STOP_SIGNALS' others finish the step, save and exit 128 + the signal; --resume=True continues there."""
+The budget is a number of hours (compilation included) or of tokens. Unless they are given, it picks the model's
+shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the share of the budget
+spent, not the step count, so a run ends on time on any hardware. Ctrl-C or SIGTERM finishes the current step, saves
+a checkpoint and exits; --resume=True continues from there."""
 import dataclasses
 import os
 import signal
@@ -30,25 +31,26 @@ from model import DATA_FIELDS, MASK_RATE, CrammedBert, Masking, ModelConfig, Tra
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 budget_hours = 24.0       # > 0: training time, compilation included; the schedules follow the share spent
-budget_tokens = 0         # >= 0: if above 0, the schedules follow tokens trained instead of the clock (reproducible runs)
-max_steps = 0             # >= 0: also stop after this many optimizer steps (0: budget only); this command's, not kept
-resume = False            # continue from out_dir/ckpt.pt, with its run's settings unless given (cram/budget.py)
+budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours (reproducible runs)
+max_steps = 0             # >= 0: also stop after this many optimizer steps (0: no limit); a resume does not keep it
+resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, from the checkpoint in a resume.
 # The start-up line "settled:" prints the value each of them runs with and why, and settle() writes it here.
-n_layers = 0              # >= 0: 0: by the budget
-d_model = 0               # >= 0: 0: by the budget; when given, n_heads and d_ffn follow it (heads of 64, 4x) unless given
-n_heads = 0               # >= 0: 0: by the budget
-d_ffn = 0                 # >= 0: 0: by the budget
-# every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (--help); vocabulary, sequence length: the data
+n_layers = 0              # >= 0: 0 lets the budget pick the shape
+d_model = 0               # >= 0: 0 lets the budget pick the shape
+n_heads = 0               # >= 0: 0 means heads of 64
+d_ffn = 0                 # >= 0: 0 means 4 x d_model
+# Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
+# the sequence length come from the data.
 # objective
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
-mask_levels = 4           # [1, 8]: ... in this many steps (1: start throughout; torch.compile keeps 8 graphs)
-eval_mask_rate = MASK_RATE  # (0, 1): validation masks this share whatever mask_rate is, so recipes compare
+mask_levels = 4           # [1, 8]: the number of steps that fall takes (each rate is a new shape for torch.compile)
+eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # optimizer and schedules
 optim = "adamw"           # {runtime.OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): peak learning rate; 0: by the width, 1e-3 x (768 / d_model) ** 0.5 (budget.lr_for_width; AdamW's)
+lr = 0.0                  # [0, inf): the peak learning rate; 0 takes AdamW's rule, 1e-3 x (768 / d_model) ** 0.5
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -56,27 +58,27 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
-micro_batch = 0           # >= 0: most sequences per device per forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step at the end of the ramp; 0: 4096 x (sequences / 54M) ** 0.64, a power of 2 in 32-8192
+micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
+batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
-batch_ramp_start = 0      # >= 0: sequences per step at the ramp's start, growing by as many at a time, on any device; 0: 128
+batch_ramp_start = 0      # >= 0: sequences per step at the start; the batch grows by this many at a time; 0 means 128
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
-dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast; auto: runtime.auto_dtype (a resume keeps its own)
-compile = True            # torch.compile the training step (inductor; on a CPU too)
+dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
+compile = True            # torch.compile the model's forward and backward (clipping and the update run uncompiled)
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
-join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start and set up (one that refused ends the rest)
+join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: model initialisation, data order and masks (2^32 seeds)
-data_order = "shuffled"   # {shuffled, file}: file: the first epoch reads train.bin in its order (tools/curriculum.py's)
-log_interval = 10         # >= 1: steps
-max_skipped_steps = 5     # >= 1: stop after this many steps in a row that diverged or spiked (see train.py's loop)
-spike_threshold = 6.0     # >= 0: a loss this many s.d.s of its step-to-step noise and 10% over its ~50 steps' mean is a spike: not applied; 0: off
-keep_checkpoints = 3      # >= 1: the saves kept: ckpt.pt (the newest sound one) and those before it, as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0
+seed = 0                  # [0, 4294967295]: for the model's initialisation, the data order and the training masks
+data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
+log_interval = 10         # >= 1: print and record a training line every this many steps
+max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (cram/guard.py's BadSteps says which are bad)
+spike_threshold = 6.0     # >= 0: a loss this many times its step-to-step noise (and 10%) over its recent mean is a spike: its update is skipped; 0: off
+keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
+eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of training, and at the end
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (data.Validation)
-ckpt_interval_minutes = 60.0  # >= 0: 0 saves after every step (outside the budget's clock); only sound weights
+ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes (0: after every step); saving is off the clock
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
@@ -151,20 +153,31 @@ def run_eval(validation, metrics, step, tokens, seconds):
 
 
 def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, watch):
-    """A checkpoint: the training state, the run's place in its schedules and data, `watch`'s history, `about` it."""
+    """What a checkpoint holds, and so what --resume=True restores:
+    - the weights, the optimizer's state and float16's loss scale (trainer.state_dict);
+    - the run's place: its step, the tokens it trained on and the seconds it spent. The schedules are functions of the
+      share of the budget spent, and the data order and masks are functions of the sequences read so far (rows_at), so
+      these three numbers put a resumed run back on the same learning rate, batch size, rows and masks;
+    - the loss history that the spike check judges by (watch);
+    - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
+    A resume runs with the run's own settings (cram/budget.py's resume_settings). It may change a few: a larger budget,
+    to train further; the optimizer's rate, clipping and decay and the spike check, which a diverged run asks to
+    lower; and how this command runs (device, precision, micro-batch, logging, where the data is). Any other change
+    is refused in one line."""
     return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final, spike_watch=watch.state_dict())
 
 
 def main(config, given):
-    ddp, world = runtime.launcher()  # under torchrun, or one process
-    rt, rank, resumed = setup_device(config, world, ddp, given)  # resumed: (its checkpoint, file, lines) or Nones
+    # -------------------------------------------------------------------- the settings
+    ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
+    rt, rank, resumed = setup_device(config, world, ddp, given)
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     asked = {k: config[k] if k in given else 0 for k in SETTLED}  # what was typed, before settle fills in the zeros
     model_args, remainder_micro, pick, opening = settle(config, resumed, run_data, rt, world, ddp, master, log)
     opening.append(settled_line(asked, config, resumed[0] is not None))
-    # from here on every global is the value that runs: the opening lines show what the budget picked or a resume changed
+    # From here on, every global at the top of this file holds the value the run uses.
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
@@ -189,20 +202,22 @@ def main(config, given):
     masking, stop_request, peak_flops = Masking.from_settings(config), process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
-    # the clock (`seconds`): from an iteration's top to its step's end; set-up, logging, evaluation and saving are off it
+    # The clock (`seconds`) counts the steps only: set-up, logging, evaluation and saving are off it.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
         started = time.perf_counter()
-        # DDP: every rank follows rank 0's clock, so all take the same batch size, and all stop together
+        # Under DDP every process follows rank 0's clock, so that all take the same batch and stop together.
         seconds, stop = runtime.rank0_clock(seconds, stop_request.signum is not None, master, rt.device)
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if budget_spent(progress, step, max_steps) or stop:
             break
-        step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)  # schedules: pure functions
-        step_lr = lr_at(progress, lr, lr_schedule, warmup)  # lr: the peak
+        # The schedules are functions of the share of the budget spent.
+        step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
+        step_lr = lr_at(progress, lr, lr_schedule, warmup)  # lr is the peak
         step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
-        # this rank's masked micro-batches of its share of the batch after `tokens // seq_len` sequences (384, 2 ranks, 128: 128+64)
+        # This process's share of the batch: the next rows of the data order after the sequences trained so far, masked
+        # and cut into micro-batches (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
         micro_batches = batches.step(tokens // seq_len, step_batch, step_mask)
         # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
         loss = trainer.backward(micro_batches)  # the step's mean loss over all processes' rows
@@ -211,7 +226,7 @@ def main(config, given):
         step, tokens = step + 1, tokens + step_batch * seq_len  # a skipped update still spends its data and time
         seconds += stop_request.step_seconds(started)  # time stopped meanwhile (Ctrl-Z) is not training time
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # ends the run after max_skipped_steps bad in a row
-        if master and step % log_interval == 0:  # logging, evaluation and saving: rank 0 alone
+        if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
             mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak_flops if peak_flops else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
@@ -222,7 +237,7 @@ def main(config, given):
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval = seconds
             run_eval(validation, metrics, step, tokens, seconds)
-        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:  # never while it spikes
+        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:  # never mid-streak
             last_ckpt = seconds
             saves.save_if_sound(validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
                                 eval_mask_rate)
@@ -231,17 +246,18 @@ def main(config, given):
     if master:
         finish(validation, metrics, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch),
                stop_request.signum, saves)
-    if ddp:  # DDP's reducer freed before its process group, which waits for rank 0 (runtime.leave_process_group)
+    if ddp:  # DDP's model is freed before its process group ends, and the group waits for rank 0 to save
         del trainer
         runtime.leave_process_group()
-    if stop:  # the shell's status for the signal (130 for SIGINT, 143 for SIGTERM, ...): the run is not finished
+    if stop:  # exit with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
         process.exit_stopped(stop_request.signum or signal.SIGTERM)
 
 
 def setup_device(config, world, ddp, given):
-    """(the Runtime, this process's rank, (the checkpoint resumed or None, its file, lines on what it changed)): its
-    run's settings kept unless `given` (budget.resume_settings) and checked, into `config`, before torchrun's processes
-    join (a refusal ends the others after join_minutes); rank 0's precision on every rank."""
+    """Picks the device and precision, loads the checkpoint of a resume and checks every setting, all before torchrun's
+    processes join, so that a refusal comes first. A resume's own settings are written into `config`, except those
+    `given` that it may change (budget.resume_settings). Every process takes rank 0's precision. Returns the Runtime,
+    this process's rank and `resumed`: the checkpoint (or None), its path and lines that say what the resume changed."""
     resume_from = config["resume_from"]
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
@@ -266,9 +282,11 @@ def setup_device(config, world, ddp, given):
 
 
 def settle(config, resumed, run_data, rt, world, ddp, master, log):
-    """Every setting the run runs with, settled before any work and written into the globals once: a resume's own, the
-    budget's shape, final batch, peak rate and ramp's start (budget.settle), the micro-batch that fits (memory) and
-    every batch's split (data.split_micro_batches). Returns (model_args, remainder_micro, the pick, opening lines)."""
+    """Settles every setting the run will use, before any work, and writes them into this module's globals once.
+    budget.settle fills in the shape, final batch, peak rate and the ramp's start (a resume's are its checkpoint's).
+    memory.choose_micro_batch finds the largest micro-batch that fits, and data.split_micro_batches how every batch of
+    the schedule is cut into micro-batches: as many of micro_batch as fit, the rest in ones of remainder_micro.
+    Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what was picked)."""
     (checkpoint, source, said), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     data_args, lr_given = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]), config["lr"]
     settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=train_tokens.size, rt=rt,
@@ -307,8 +325,10 @@ def settled_line(asked, config, resumed):
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
-    """A model.Trainer (the model on the device, its compiled, DDP-wrapped copy, the optimizer, float16's scaler) or
-    off-load mode's, with `checkpoint`'s training state if one is resumed (either mode's: they share the format)."""
+    """Builds the model.Trainer: the model on the device, its compiled copy (wrapped by DDP under torchrun) that the
+    step runs, and the optimizer over param_groups (weight decay on matrices only), built by runtime.OPTIMIZERS's row
+    for `optim`. Off-load mode builds its own trainer with the same methods. A resume loads the checkpoint's state,
+    which both modes save in one format."""
     if offload:
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
@@ -327,8 +347,8 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
 
 
 def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, config, log, ddp):
-    """A resume (`checkpoint`, or None) of the same run on the same data (files.check_resume) with budget left; one
-    whose budget is spent ends here, nothing rewritten."""
+    """Refuses, in one line, a resume of another model, tokenizer, optimizer or data (files.check_resume). A resume
+    whose budget is already spent ends here with status 0 and writes nothing. Does nothing for a new run."""
     if not checkpoint:
         return
     check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, config["optim"], config["data_dir"], meta)
@@ -345,8 +365,8 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
 
 
 def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, opening):
-    """Rank 0's: out_dir locked, writable, with room for its saves at their peak; warnings of a run too large for a CPU
-    or its data; the opening lines (`opening`, or where a resume starts, Saves.branch). Returns the MetricsLog."""
+    """Rank 0's start: claims out_dir (a lock, and room on disk for the checkpoints kept), warns of a run too large for
+    a CPU or one that repeats its data, and prints the start-up lines. Returns the metrics.jsonl log."""
     with torch.device("meta"):  # the exact counts, without the memory
         model = CrammedBert(**model_args)
     each = max(12 * model.num_params() + 32 * model_args["vocab_size"] + 2 ** 20,  # weights, AdamW, tokenizer, records
@@ -370,7 +390,7 @@ def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, openin
 
 
 def log_step(metrics, rt, record, epoch, progress):
-    """`record` (metrics.jsonl's) printed, with the epoch, the budget left and a GPU's peak memory, and recorded."""
+    """Prints a training line (the record, the epoch, the budget left, a GPU's peak memory) and records it."""
     peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped = record["mfu"], record["skipped"]
@@ -382,8 +402,9 @@ def log_step(metrics, rt, record, epoch, progress):
 
 
 def finish(validation, metrics, state, signum, saves):
-    """The last checkpoint (`state`) and lines: a run stopped early, its signal (signum; None: another rank's); a
-    finished one (`final`), the graphs compiled, fill-in examples and the final figures."""
+    """Saves the last checkpoint. A run stopped by a signal (signum, or None when another process got it) says how to
+    continue it. A finished run evaluates, prints how many graphs torch.compile built, the fill-in examples and the
+    final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     final = run_eval(validation, metrics, step, tokens, seconds) if state["final"] else None
     saves.save_if_sound(validation, state, eval_mask_rate, at_end=True)
