@@ -1,6 +1,9 @@
-"""The crammed-BERT encoder (Geiping & Goldstein 2022), with its MLM and classification heads. Every architectural
-choice is a field of ModelConfig: the defaults are the crammed recipe, config/bert_original.py the original BERT, and
-`smear` (config/recipe_reference.py turns it off) cram's one addition, each position's neighbours in its embedding."""
+"""The crammed-BERT encoder (Geiping & Goldstein 2022), its masked-language-model objective, the optimizer step, and
+the classification head that GLUE fine-tuning adds.
+
+Every architectural choice is a field of ModelConfig. Its defaults are the crammed recipe; config/bert_original.py
+sets the original BERT's. cram's one addition to the recipe is `smear`: each position's embedding also sees its two
+neighbours' (config/recipe_reference.py turns it off)."""
 import dataclasses
 import math
 from contextlib import nullcontext
@@ -19,7 +22,8 @@ class Attention(nn.Module):
         self.dropout = dropout
 
     def forward(self, x, attn_mask=None, context=None):
-        """Self-attention of x (B, T, C); with `context` (B, S, C) x's queries attend to its keys and values (narrowed)."""
+        """Self-attention of x (B, T, C). With `context` (B, S, C), x's queries attend to the context's keys and values
+        instead: a narrowed layer's positions read the last full layer (see CrammedBert.encode)."""
         B, T, C = x.shape
         if context is None:
             q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
@@ -33,9 +37,10 @@ class Attention(nn.Module):
 
 
 def attend(q, k, v, attn_mask, dropout_p):
-    """Scaled dot-product attention of q, k, v (B, H, T, d_head); attn_mask as F.scaled_dot_product_attention's
-    (boolean: True takes part). On a CPU, bfloat16 runs as two bfloat16 products around a float32 softmax, faster than
-    torch's bfloat16 CPU flash kernel (BENCHMARKS.md, "The CPU's precision by a timing"); a GPU runs the fused one."""
+    """Scaled dot-product attention of q, k, v (B, H, T, d_head). attn_mask is F.scaled_dot_product_attention's: a
+    boolean mask is True where a key takes part. A GPU, and a CPU in float32, run PyTorch's fused kernel (flash
+    attention where it applies). A CPU in bfloat16 runs two bfloat16 matmuls around a float32 softmax instead, which
+    is faster there than PyTorch's bfloat16 CPU kernel (BENCHMARKS.md, "The CPU's precision by a timing")."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         # q scaled rather than the scores: inductor's softmax of scaled scores adds a pass of finiteness checks
         scores = ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).float()  # (B, H, T, S)
@@ -85,9 +90,10 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Every model setting, declared once: train.py's --key=value (its four shape fields declared again there, 0 for the
-    budget's pick), a checkpoint's `model_args`, what the other scripts and the export read. A switch is a field here
-    and its use below. The defaults: the reference crammed-BERT shape (~120M parameters) and recipe."""
+    """Every model setting, declared once. Each field is also a train.py setting (--key=value), and a checkpoint saves
+    them as `model_args`. A fork's new switch is a field here and its use below. The defaults are the reference
+    crammed-BERT's shape (about 120M parameters) and recipe; train.py declares the four shape fields again, with 0
+    meaning that the budget picks them."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too
     n_layers: int = 16         # >= 1
@@ -192,7 +198,8 @@ def sinusoid_table(seq_len, d_model):
 
 
 class CrammedBert(nn.Module):
-    """Encoder + tied MLM output layer: CrammedBert(**settings), any ModelConfig fields; `model.config` holds them all."""
+    """The encoder and its MLM output layer, which shares the token embedding's weights (tied). Built from any
+    ModelConfig fields, CrammedBert(**settings); `model.config` holds them all."""
 
     def __init__(self, **settings):
         super().__init__()
@@ -229,7 +236,8 @@ class CrammedBert(nn.Module):
             nn.init.zeros_(module.bias)
 
     def embed(self, idx, padding_mask=None, tokens=None):
-        """What enters the first block (B, T, d): token (`tokens`: looked up already) + position embeddings, normalised."""
+        """What enters the first block (B, T, d): the token embeddings plus the position embeddings, normalised.
+        `tokens` is the token embeddings when the caller has looked them up already (see forward)."""
         T = idx.shape[1]
         pos = self.pos_emb[:T] if self.config.position_scheme == "learned" else self.pos_scale * self.pos_table[:T]
         x = self.tok_emb(idx) if tokens is None else tokens  # (B, T, d)
@@ -241,10 +249,11 @@ class CrammedBert(nn.Module):
         return self.emb_drop(self.emb_norm(x + pos))
 
     def encode(self, idx, padding_mask=None, positions=None, tokens=None):
-        """Final hidden states (B, T, d), or (B, k, d) at `positions` (B, k); padding_mask (B, T): True at real tokens.
-        Narrowed layers (NarrowBERT's SparseQueries, Li et al. 2023): after the first full_layers, a layer updates a
-        position from its own state while attending to the last full layer's output (the context, fixed), so a position's
-        result does not depend on which others are updated: pretraining updates the masked ones, fine-tuning all."""
+        """The final hidden states (B, T, d), or only those at `positions` (B, k) as (B, k, d). padding_mask (B, T) is
+        True at real tokens (fine-tuning pads; pretraining does not, and passes None).
+        With full_layers below n_layers, the later layers are narrowed (NarrowBERT, Li et al. 2023): they update only
+        the chosen positions, which attend to the last full layer's output. A position's result then does not depend on
+        which others are updated, so pretraining updates the masked positions alone and fine-tuning updates all."""
         x = self.embed(idx, padding_mask, tokens)
         attn_mask, full = self.attention_mask(idx.shape[1], padding_mask), self.config.full_layer_count()
         for block in self.blocks[:full]:
@@ -256,11 +265,11 @@ class CrammedBert(nn.Module):
         return self.final_norm(x)
 
     def attention_mask(self, T, padding_mask=None):
-        """Every layer's attn_mask over T positions, built once a forward (narrowed layers take its rows at their queries,
-        query_rows; off-load streams it): padding's (B, 1, 1, S), True at real keys, or None; a position bias (ALiBi) goes
-        here as a float mask. SDPA's fused kernels (flash on a CPU, memory-efficient on a GPU), keeping no (B, H, T, S)
-        scores as step_bytes assumes, take None, a 2-D (T, S) or a 4-D (B or 1, H or 1, T or 1, S) mask, boolean or
-        float; a 3-D one falls back to the math kernel, which keeps them (1.7x the memory: test_model's cost test)."""
+        """The attention mask every layer uses, built once a forward. Pretraining has no padding, so this is None and
+        attention runs unmasked. Fine-tuning's padded batches get (B, 1, 1, T), True at real keys.
+        A fork's position bias (ALiBi, say) would go here as a float mask. Keep its shape 2-D (T, S) or 4-D (B or 1,
+        H or 1, T or 1, S): PyTorch's fused kernels take those and keep no (B, H, T, S) scores, as step_bytes assumes.
+        A 3-D mask falls back to the unfused kernel, which keeps them (1.7x the memory: test_model checks the cost)."""
         return None if padding_mask is None else padding_mask[:, None, None, :]
 
     def logits(self, hidden, weight=None):
@@ -268,8 +277,9 @@ class CrammedBert(nn.Module):
         return logits if self.decoder_bias is None else logits + self.decoder_bias
 
     def forward(self, inputs, positions, labels):
-        """MLM loss and correct predictions at the masked positions (None in training mode): sparse prediction sends only
-        them through the output layer, dense every position, the rest ignored (the original BERT)."""
+        """The MLM loss at the masked positions, and in eval mode how many of them the model predicts right (None in
+        training mode). With sparse prediction only the masked positions go through the output layer; without it
+        every position does and the others are ignored, as in the original BERT."""
         tokens = weight = None
         if inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # the tied weight's uses in one node
             tokens, weight = TiedLookup.apply(self.tok_emb.weight, inputs, torch.get_autocast_dtype("cpu"))
@@ -277,8 +287,8 @@ class CrammedBert(nn.Module):
         return self.mlm_loss(hidden, inputs, positions, labels, weight)
 
     def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
-        """forward's loss and correct count from the final hidden states, (B, k, d) at the masked positions with sparse
-        prediction, else (B, T, d): off-load mode runs the blocks itself and joins here."""
+        """forward's loss and correct count from the final hidden states: (B, k, d) at the masked positions with sparse
+        prediction, else (B, T, d). Off-load mode runs the blocks itself and calls this for the rest."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -292,8 +302,9 @@ class CrammedBert(nn.Module):
 
 
 class TiedLookup(torch.autograd.Function):
-    """(weight[idx], weight in `dtype`): the embedding's lookup and the tied output layer's copy as one node, whose
-    backward adds the lookups' gradient into the output layer's in place (autograd's sum: two more passes over V x d)."""
+    """The tied weight's two uses on a CPU under autocast, as one autograd node: the embedding lookup weight[idx] and
+    the output layer's copy of the weight in `dtype`. Its backward adds the lookup's gradient into the output layer's
+    in place, where autograd would sum two (V, d) gradients in two more passes over them."""
 
     @staticmethod
     def forward(ctx, weight, idx, dtype):
@@ -312,8 +323,9 @@ MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: 
 
 @dataclasses.dataclass(frozen=True)
 class Masking:
-    """The objective's settings, train.py's of their names (from_settings): a fork's new one (span lengths, say) is a
-    field here, its use in mask_tokens and a global in train.py. Validation masks with the defaults at its own rate."""
+    """The objective's settings, read from train.py's globals of the same names (from_settings). A fork's new one (span
+    lengths, say) is a field here, its use in mask_tokens and a global in train.py. Validation masks with the defaults
+    at its own rate."""
     mask_rate: float = MASK_RATE  # (0, 1): share of each row's tokens to predict (train.py's schedule sets it each step)
 
     @classmethod
@@ -322,9 +334,11 @@ class Masking:
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
-    """MLM corruption of exactly round(mask_rate * T) positions per row (static shapes for torch.compile), any position
-    (a [SEP] between packed documents too): 80% [MASK], 10% a random regular token (ids below n_regular; the special
-    ones follow), 10% kept. masking: a Masking or its rate. Returns (inputs, positions (B, k), labels)."""
+    """BERT's corruption of each row of idx (B, T). Exactly k = round(mask_rate * T) positions of every row are chosen,
+    so every batch has the same shape and torch.compile builds one graph. Any position may be chosen, a [SEP] between
+    packed documents too. Of the chosen positions 80% become [MASK], 10% a random regular token (the ids below
+    n_regular; the special ones come after them) and 10% stay. `masking` is a Masking or just its rate.
+    Returns (inputs (B, T), positions (B, k), labels (B, k): the original tokens there)."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = max(1, round(masking.mask_rate * T))
@@ -351,8 +365,9 @@ def at_positions(hidden, positions):
 
 
 def param_groups(module, weight_decay, optim="adamw"):
-    """The optimizer's groups: decay on matrices, none on biases, norms and scalars; optim='muon': the blocks' matrices
-    first, in a group runtime.Muon updates."""
+    """The optimizer's parameter groups: weight decay on the matrices (the embeddings too), none on biases, norms and
+    scalars. With optim='muon' the blocks' matrices come first, in a group of their own that runtime.Muon updates;
+    AdamW updates the rest."""
     params = [p for p in module.parameters() if p.requires_grad]
     hidden = {id(p) for p in module.blocks.parameters() if p.dim() == 2} if optim == "muon" else set()
     groups = [{"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden], "weight_decay": weight_decay},
@@ -373,8 +388,9 @@ def mean_over_processes(value):
 
 
 def diverged(loss, vocab_size, applied=True, scaler=None):
-    """Whether a step (its loss, whether its update was applied) says the run diverged: a loss not finite or a nat above
-    an untrained model's (uniform over the vocabulary), or a skipped update (float16's: only at a scale below 1)."""
+    """Whether a step says the run diverged: its loss is not finite, or more than a nat above an untrained model's
+    (uniform over the vocabulary), or its update was skipped for a non-finite gradient. Under float16 the loss scaler
+    skips updates as it searches for its scale, so there a skip counts only once the scale is below 1."""
     skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
     return skipped or not loss <= math.log(vocab_size) + 1.0
 

@@ -1,6 +1,7 @@
-"""The data: the tokens prepare.py wrote and their tokenizer; the training data's order (rows_at: a pure function of the
-position in the run) and its masked micro-batches (Batches, masked by model.mask_tokens); the validation loss and
-fill-in examples. Free of `datasets`: training, benchmarks and fine-tuning need only torch, numpy and tiktoken."""
+"""The data a run reads: the token files prepare.py wrote and their tokenizer; the training data's order (rows_at, a
+function of the position in the run alone) and the masked micro-batches of each step (Batches); the validation score
+(Validation) and the fill-in examples. Training, benchmarks and fine-tuning need only torch, numpy and tiktoken here,
+not `datasets`."""
 import bz2
 import contextlib
 import functools
@@ -110,13 +111,15 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
 
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
-    """The rows epoch `epoch` visits, shuffled; order='file': the first epoch in the file's order (tools/curriculum.py)."""
+    """The rows epoch `epoch` visits, in an order shuffled by (seed, epoch). With order='file' the first epoch keeps
+    the file's order (tools/curriculum.py writes files meant to be read so)."""
     return np.arange(n_rows) if order == "file" and epoch == 0 else np.random.default_rng((seed, epoch)).permutation(n_rows)
 
 
 def rows_at(start, count, n_rows, seed, order="shuffled"):
-    """Rows of the run's sequences start .. start + count - 1, sequence i being epoch_order(i // n_rows)[i % n_rows]: a
-    resumed run continues from the sequences consumed (the checkpoint's tokens / seq_len)."""
+    """The rows of the run's sequences number `start` to start + count - 1. The run's sequence i is row
+    epoch_order(i // n_rows)[i % n_rows]: every epoch reads every row once, in its own order. The answer depends on
+    the position alone, so a resumed run reads on from the sequences consumed (the checkpoint's tokens / seq_len)."""
     parts = []
     while count > 0:
         epoch, offset = divmod(start, n_rows)
@@ -127,9 +130,12 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 def split_micro_batches(world, micro, final, start, ramp):
-    """(a process's micro-batch, its smaller ones' size) for the schedule's batches (final; ramping, multiples of start),
-    or a line why `world` processes cannot share them: the fewest of at most `micro` that two sizes in a run (a compiled
-    graph each) allow: the cap or the final share, and the gcd of what every share leaves over in it."""
+    """How every batch of the schedule is cut into micro-batches: returns (micro, remainder). A process's share of a
+    batch is as many micro-batches of `micro` as fit, and the rest in micro-batches of `remainder`.
+    The schedule's batches are `final` and, while the batch ramps up, multiples of `start`. Each micro-batch size is a
+    compiled graph, so two sizes serve them all: `micro` is the cap (or a process's share of the final batch, if
+    smaller), and `remainder` the largest size that divides every share's leftover. Refuses in one line a batch
+    that `world` processes cannot share evenly."""
     for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
         if batch % world:
             raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
@@ -142,22 +148,25 @@ def split_micro_batches(world, micro, final, start, ramp):
 
 
 def micro_batch_sizes(batch, world, micro, remainder):
-    """A process's micro-batches of a global `batch`: as many of `micro` as fit, then of `remainder` (split's)."""
+    """The sizes of a process's micro-batches of a global `batch`: as many of `micro` as fit, then the rest in ones of
+    `remainder` (split_micro_batches's two sizes)."""
     return [micro] * (batch // world // micro) + [remainder] * (batch // world % micro // remainder)
 
 
 class Batches:
-    """step(consumed, batch, masking): this rank's masked micro-batches of a global `batch`, split by `split` (micro,
-    remainder: split_micro_batches'; None: one micro-batch), disjoint slices of rows_at's next `batch` sequences after
-    `consumed`, at any world; a slice's masks follow its place and size."""
+    """The training batches of one process (`rank` of `world`). `split` is split_micro_batches's (micro, remainder), or
+    None for one micro-batch a step. Each micro-batch's rows and masks depend only on its place in the run, so a
+    resumed run, or one on more processes, reads and masks exactly what the same place would have had."""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled", split=None):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order, self.split = tokens, rank, world, device, seed, order, split
         self.mask_id, self.n_regular, self.generator = meta["special_ids"]["[MASK]"], meta["n_regular"], torch.Generator(device=device)
 
     def step(self, consumed, batch, masking):
-        """The whole path from the schedule's `batch` (train.batch_size_at) to what the Trainer takes: this rank's share,
-        split (micro_batch_sizes), read (rows_at) and masked (mask_tokens; masking: a model.Masking, or its rate)."""
+        """This process's masked micro-batches of a step of `batch` sequences, after `consumed` sequences of the run.
+        The step's next `batch` sequences of the data order (rows_at) are cut into micro-batches; each micro-batch is
+        spread over the processes, each reading its own slice. Each slice is masked (model.mask_tokens, by `masking`)
+        with a generator seeded by the run's seed and the slice's first sequence."""
         sizes = micro_batch_sizes(batch, self.world, *self.split) if self.split else [batch // self.world]
         starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
         return [self.at(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
