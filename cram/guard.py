@@ -1,5 +1,6 @@
-"""A run's guard against its own divergence: loss spikes judged by its recent history (SpikeWatch); checkpoints of sound
-weights only, kept as a series (Saves); the stop after too many bad steps in a row, naming them (BadSteps)."""
+"""A run's guard against its own divergence. SpikeWatch tells a loss spike by the loss's recent history, and the loop
+skips that step's update. Saves keeps a series of checkpoints, of sound weights only. BadSteps ends the run after too
+many bad steps in a row and names the checkpoint to resume from."""
 import math
 import os
 
@@ -35,8 +36,8 @@ class SpikeWatch:
 
 
 class Saves:
-    """A run's checkpoints: `path` (ckpt.pt) the newest sound one, `keep` - 1 older beside it; a resumed `checkpoint`
-    (from `source`) the last until the run saves."""
+    """A run's checkpoints: `path` (ckpt.pt) is the newest sound one, and `keep` - 1 older ones stay beside it. In a
+    resume the checkpoint it started from (`source`) counts as the last until the run saves."""
 
     def __init__(self, path, keep, checkpoint=None, source=None):
         self.path, self.keep = path, keep
@@ -44,7 +45,8 @@ class Saves:
         self.branched = checkpoint is not None and os.path.abspath(source) != os.path.abspath(path)
 
     def branch(self):
-        """Rank 0's, once out_dir is claimed: the names `path` and the later ones got, set aside (files.branch_from)."""
+        """For a resume from an older checkpoint, once out_dir is claimed: sets aside the checkpoints saved after it
+        (files.branch_from) and returns their new names."""
         return branch_from(self.path, self.last) if self.branched else []
 
     def save_if_sound(self, validation, state, mask_rate, at_end=False):
@@ -64,7 +66,7 @@ class Saves:
             print(f"checkpoint at step {state['step']} not saved: {refused}; {self.kept()}")
 
     def kept(self):
-        """Where the last sound save is, and the one before it by name; or that there is none."""
+        """A phrase that says where the last sound checkpoint is and names the one before it, or that none was saved."""
         if self.last is None:
             return "no checkpoint was saved"
         older = [p for step, p in checkpoint_series(os.path.dirname(self.path)) if step < self.last]

@@ -36,10 +36,13 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 
-# The optimizers train.py's --optim names: a new one is a row here. build(groups, lr, betas, eps) takes param_groups'
-# groups; state_bytes: a parameter's state at least (the memory check's); width_lr: whether budget.lr_for_width
-# (AdamW's) sets its rate, else --lr is asked (a config file's is AdamW's unless it sets optim); fits(state, param):
-# whether a resumed state tensor fits its parameter (files.optimizer_problem): by default its shape or a factor of it.
+# The optimizers that train.py's --optim names. A fork's new optimizer is one row here, with four fields:
+# - build(groups, lr, betas, eps) makes it over model.param_groups's groups (each group carries its weight decay);
+# - state_bytes is the least memory its state takes per parameter, which the memory check counts;
+# - width_lr says whether the width's rule for the peak rate (budget.lr_for_width, tuned for AdamW) suits it. Where
+#   it does not, train.py asks for --lr (and takes a config file's lr only if that file also sets optim);
+# - fits(state, param) says whether a resumed state tensor fits its parameter (files.optimizer_problem). By default
+#   it must have the parameter's shape, or a shape that factors it (Adafactor's rows and columns).
 def factored(state, param):
     return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
 
@@ -63,7 +66,7 @@ BF16_PICK_RATIO = 1.5
 
 
 def peak_flops(device, override=0.0):
-    """Peak bf16 FLOP/s of a CUDA device, or 0 when unknown (then MFU is not reported)."""
+    """The peak bfloat16 FLOP/s of a CUDA device by its name, for MFU, or 0 when unknown (then MFU is not shown)."""
     if override or device.type != "cuda":
         return override or 0.0
     name = torch.cuda.get_device_name(device)  # the longest name first: "L40S" before "L40" and "L4"
@@ -113,12 +116,14 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
     def optimizer(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-        """This run's optimizer (OPTIMIZERS[self.optim]) over `params`: model.param_groups' groups, weight decay in them."""
+        """This run's optimizer, OPTIMIZERS[self.optim], over `params`: model.param_groups's groups, each with its own
+        weight decay."""
         return OPTIMIZERS[self.optim].build(params, lr, betas, eps)
 
     def compile_model(self, model, fullgraph=True):
-        """torch.compile if on: fullgraph=True makes a graph break an error, not a silent slowdown; dynamic=False gives
-        each shape (each masking-rate level) a static graph."""
+        """The model compiled by torch.compile, if compilation is on; its forward and backward then run as compiled
+        kernels. fullgraph=True makes a graph break an error rather than a silent slowdown, and dynamic=False gives
+        each shape (each masking-rate level) a graph of its own."""
         if not self.compile:
             return model
         if self.device.type == "cpu":
