@@ -73,7 +73,7 @@ def _parse(key, raw, expected):
 def read_config_file(path):
     """The settings a config file assigns (not _names or imports); an error is one line naming the file's line."""
     try:
-        source = Path(path).read_text(encoding="utf-8")
+        source = Path(path).read_text(encoding="utf-8-sig")  # Notepad's UTF-8 mark dropped: no character of Python's
     except PermissionError:  # another user's file, or in a folder of theirs
         raise SystemExit(f"error: permission denied: config file {path}")
     except OSError:  # not there, or a folder

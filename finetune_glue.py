@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -30,8 +31,8 @@ import torch.nn.functional as F
 
 from cram import memory, process, runtime
 from cram.data import make_encoding, to_device
-from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, unfound, weights_digest,
-                        write_atomically, write_json)
+from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, text_encoding, unfound,
+                        weights_digest, write_atomically, write_json)
 from model import MASK_RATE, CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
@@ -172,7 +173,7 @@ def read_rows(path, reader):
         raise unfound(path, f"error: GLUE file not found: {path}")
     rows, n = [], 0
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC starts with a BOM; \r\n and \r end lines
+        with open(path, encoding=text_encoding(path), newline="") as f:  # MRPC starts with a UTF-8 mark; \r\n and \r end lines
             quotes = sum(line.count('"') for line in f) if reader == "tsv" else 0
             csv.field_size_limit(2 ** 31 - 1)  # no limit on a field's size (csv's: 128 kB; this: Windows' C long's most)
             for quoting in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE) * (reader == "tsv"):
@@ -188,9 +189,11 @@ def read_rows(path, reader):
                         return rows
             for n, line in enumerate(f, 1):
                 rows += [(n, json.loads(line))] if line.strip() else []
-    except UnicodeDecodeError as e:
-        raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): the GLUE "
-                         f"files are UTF-8; convert it (iconv -t utf-8) or fetch it again")
+    except UnicodeDecodeError as e:  # no mark, and not UTF-8: its writer's encoding is a guess (Excel's Text: cp1252)
+        quoted = shlex.quote(path)
+        raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): fetch it "
+                         f"again, or convert it from the encoding it was saved in (Excel's Text: cp1252) with iconv -f "
+                         f"cp1252 -t utf-8 {quoted} > {quoted}.new && mv {quoted}.new {quoted}")
     except ValueError:
         raise SystemExit(f"error: {path}:{n} is not a JSON line: mend or remove it") from None
     return rows

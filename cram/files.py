@@ -1,6 +1,7 @@
 """cram's own files, written so that nothing is lost and read so that damage is one line: atomic writes, locks, disk
 checks, meta.json, the tokenizer's format, checkpoints and metrics.jsonl (a reader learning a step skips it)."""
 import base64
+import codecs
 import contextlib
 import dataclasses
 import errno
@@ -29,11 +30,22 @@ RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,)
 LOCK_FILE = ".lock"
 HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's answers for a lock another process holds
 HELD = {}  # the folders this process has claimed, and their lock files: held until it ends
+# The byte-order marks a text file may start with, and the decoding that reads it and drops the mark
+BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
 def special_ids(n_regular):
     """The special tokens' ids, worked out here alone: after the n_regular BPE tokens, in SPECIAL_TOKENS' order."""
     return {token: n_regular + i for i, token in enumerate(SPECIAL_TOKENS)}
+
+
+def text_encoding(path, opener=open):
+    """The encoding a user's text file (a corpus, a task's file) is read in. Its byte-order mark decides: Notepad's
+    UTF-8 mark, or Excel's "Unicode Text", which is UTF-16. A file without one is read as UTF-8. `opener` opens a
+    compressed file (gzip.open)."""
+    with opener(path, "rb") as f:
+        head = f.read(3)
+    return next((name for bom, name in BOMS if head.startswith(bom)), "utf-8")
 
 
 def cannot_write(path, e):

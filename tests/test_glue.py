@@ -97,6 +97,33 @@ def test_a_task_file_is_read_as_its_writer_wrote_it_or_said(tmp_path, monkeypatc
         glue.load_task("boolq", tests=True)
 
 
+def test_a_task_file_saved_with_a_byte_order_mark_reads_as_its_utf8_twin(tmp_path, monkeypatch):
+    """Issue 100, class 1. Named: RTE's train.tsv saved by Excel as "Unicode Text" (UTF-16 LE with its mark) reads as
+    the UTF-8 file it was. Unnamed: a dev.tsv in UTF-16 BE, a jsonl task's files with a UTF-16 or UTF-8 mark. A file in
+    another encoding without a mark is one line whose command, followed as written, converts it."""
+    import codecs
+    shutil.copytree(FIXTURES, tmp_path, dirs_exist_ok=True)
+    monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
+    rte = tmp_path / "RTE"
+    expected = glue.load_task("rte")
+    for name, encode in (("train.tsv", lambda t: t.encode("utf-16")), ("dev.tsv", lambda t: codecs.BOM_UTF16_BE + t.encode("utf-16-be"))):
+        (rte / name).write_bytes(encode((rte / name).read_text(encoding="utf-8").replace("\n", "\r\n")))
+    assert glue.load_task("rte") == expected
+    row = glue.task("boolq", folder="BoolQ", reader="jsonl", train="train.jsonl", dev={"boolq": ("dev.jsonl", "validation")},
+                    text=("question", "passage"), labels=("False", "True"))
+    monkeypatch.setitem(glue.TASKS, "boolq", row)
+    (tmp_path / "BoolQ").mkdir()
+    lines = "".join(json.dumps(dict(question=f"q{i}?", passage="caf\u00e9 \u2713", label=i % 2 == 0)) + "\n" for i in range(3))
+    (tmp_path / "BoolQ" / "train.jsonl").write_bytes(lines.encode("utf-16"))
+    (tmp_path / "BoolQ" / "dev.jsonl").write_bytes(codecs.BOM_UTF8 + lines.encode())
+    assert glue.load_task("boolq") == {s: ([(f"q{i}?", "caf\u00e9 \u2713") for i in range(3)], [1, 0, 1]) for s in ("train", "boolq")}
+    (rte / "train.tsv").write_bytes((rte / "train.tsv").read_text(encoding="utf-16").replace("No", "Caf\u00e9").encode("cp1252"))
+    with pytest.raises(SystemExit, match="is not UTF-8 text") as refusal:
+        glue.load_task("rte")
+    subprocess.run(str(refusal.value).split(" with ", 1)[1], shell=True, check=True)  # the advice, as written
+    assert glue.load_task("rte")["train"][0][0][0].startswith("Caf\u00e9 weapons")
+
+
 def test_metrics_match_sklearn_and_scipy():
     rng = np.random.default_rng(0)
     for _ in range(20):

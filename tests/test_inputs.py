@@ -155,6 +155,46 @@ def test_a_locale_s_encoding_reads_cram_s_own_text_as_utf8(tmp_path, prepared):
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == 3
 
 
+def test_a_text_file_is_read_as_its_writer_saved_it(tmp_path):
+    """Issue 100, class 1: a file is read by its byte-order mark, never with the mark as a character. Named: a folder of
+    .txt files saved by Notepad (a UTF-8 mark each, CRLF) reads as the same files without. Unnamed: Excel's UTF-16 (LE)
+    and UTF-16 BE, a gzipped Notepad file, a config file saved by Notepad; a .jsonl file in UTF-16, which the JSON
+    reader cannot take, is one line whose command, followed as written (gzipped too), converts it."""
+    import codecs
+    import gzip
+    import prepare
+    from configurator import configure
+    from conftest import synthetic_corpus
+    docs = synthetic_corpus(30)
+    text = "\n\n".join(docs) + "\n"
+    saved = {"plain.txt": text.encode(), "notepad.txt": codecs.BOM_UTF8 + text.replace("\n", "\r\n").encode(),
+             "excel.txt": text.encode("utf-16"), "big_endian.txt": codecs.BOM_UTF16_BE + text.encode("utf-16-be"),
+             "notepad.txt.gz": gzip.compress(codecs.BOM_UTF8 + text.encode())}
+    for name, data in saved.items():
+        (tmp_path / name).write_bytes(data)
+        assert list(prepare.text_file_documents(str(tmp_path / name))) == docs, name
+    for folder, mark in (("plain", b""), ("notepad", codecs.BOM_UTF8)):  # the named case, as prepare.py reads a folder
+        (tmp_path / folder).mkdir()
+        for i in range(3):
+            (tmp_path / folder / f"{i}.txt").write_bytes(mark + "\r\n\r\n".join(docs[i::3]).encode())
+    assert [list(prepare.document_source(str(tmp_path / f))[1]()) for f in ("plain", "notepad")] == [
+        [d for i in range(3) for d in docs[i::3]]] * 2
+    config = tmp_path / "notepad_config.py"
+    config.write_bytes(codecs.BOM_UTF8 + b"steps = 3\r\n")
+    assert configure({"steps": 1}, [str(config)])["steps"] == 3
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in docs)
+    for name, data in (("excel.jsonl", lines.encode("utf-16")), ("excel.jsonl.gz", gzip.compress(lines.encode("utf-16")))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(SystemExit, match="is UTF-16 text") as refusal:
+            prepare.document_source(str(path))
+        command = str(refusal.value).split("convert it in place with ", 1)[1]
+        subprocess.run(command, shell=True, check=True)
+        assert list(prepare.document_source(str(path))[1]()) == docs
+    (tmp_path / "notepad.jsonl").write_bytes(codecs.BOM_UTF8 + lines.encode())
+    assert list(prepare.document_source(str(tmp_path / "notepad.jsonl"))[1]()) == docs
+
+
 @pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
 def test_a_file_system_that_cannot_lock_is_said_as_such(tmp_path, monkeypatch, code):
     """flock answers ENOSYS on Lustre mounted without -o flock, ENOLCK on NFS without its lock daemon: no
