@@ -830,12 +830,15 @@ def earlier_precision(runs):
 
 def check_earlier(path, identity):
     """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, of an older
-    cram (which kept the scores in glue.json alone) or JSON of another shape is not replaced, and said as what it is."""
+    cram (which kept the scores in glue.json alone) or JSON of another shape is not replaced, and said as what it is. One
+    that does not parse is cram's, damaged, only where its runs' folder is beside it (cram writes that first): else it
+    is a file of the user's (a JSON-lines log), never moved nor called damaged."""
     old, why = load_json(path) if os.path.exists(path) else ({"runs": True, **identity}, None)
-    if why:  # glue.json is made from its runs' files: made again
+    if why and os.path.isdir(runs_folder(path)):  # cram's, damaged (its runs' files come first): made again from them
         return set_aside(path, why)
     if not isinstance(old, dict) or "runs" not in old or not same_checkpoint(old, identity):
-        what = ("the scores of another checkpoint" if "runs" in old else "an older cram's scores, kept in it alone") if \
+        what = f"text that is not JSON ({why}) and no runs' folder beside it: not finetune_glue.py's" if why else (
+            "the scores of another checkpoint" if "runs" in old else "an older cram's scores, kept in it alone") if \
             isinstance(old, dict) and "tasks" in old else "JSON of another shape (no tasks: not finetune_glue.py's)"
         raise SystemExit(f"error: {path} holds {what}: pass --out_json= for this checkpoint's, or move it away")
 

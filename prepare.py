@@ -566,7 +566,8 @@ def fingerprint(dataset):
 def check_folder(out_dir, settings, source):
     """Refuse a folder whose work depends on other settings (finished: any; unfinished, what a rerun continues: a progress
     record, any; a tokenizer, TOKENIZER_SETTINGS; none after a failed attempt, so its correction runs) or finished from
-    another version of the corpus (`source`); an unfinished one's stale encoding is removed, these settings recorded."""
+    another version of the corpus (`source`), or from a corpus its settings.json does not record (a folder of token files
+    copied in is not this command's work); an unfinished one's stale encoding is removed, these settings recorded."""
     path, has = os.path.join(out_dir, "settings.json"), lambda *names: all(os.path.exists(os.path.join(out_dir, n)) for n in names)
     previous = read_json(path, f"delete {out_dir} and prepare again") if has("settings.json") else {}
     if not isinstance(previous, dict):
@@ -576,6 +577,10 @@ def check_folder(out_dir, settings, source):
     changed = ", ".join(k for k in held if k in previous and previous[k] != settings[k])
     if changed:
         raise SystemExit(f"error: {out_dir} was prepared with other settings ({changed}); use another --out_dir or delete it")
+    if not unfinished and "source" not in previous:  # finished, but prepare.py's record of what from is not there
+        raise SystemExit(f"error: {out_dir} holds prepared data without prepare.py's record of what it was prepared from "
+                         f"(settings.json): it may be another corpus; delete {out_dir} to prepare this one there, or "
+                         f"choose another --out_dir")
     moved = previous.get("source", source) != source
     if moved and not unfinished:
         raise SystemExit(f"error: {out_dir} was prepared from another version of this corpus (its files changed "

@@ -472,14 +472,19 @@ def all_finite(state_dict):
 
 
 def check_own_files(out_dir, checkpoint, source):
-    """A one-line error unless a run touches only its own files: a fresh one (`checkpoint` None) replaces no checkpoint;
-    a resume (from `source`) none of another run's (by the run id they name) nor, from elsewhere, an older cram's."""
+    """A one-line error unless a run touches only its own files: a fresh one (`checkpoint` None) replaces no checkpoint
+    and no metrics.jsonl but a run's (one whose lines name their run); a resume (from `source`) none of another run's
+    (by the run id they name) nor, from elsewhere, an older cram's."""
     path, run = os.path.join(out_dir, "ckpt.pt"), (checkpoint or {}).get("run")
     series = [p for _, p in checkpoint_series(out_dir)]
     if checkpoint is None and (os.path.exists(path) or series):  # only a series: its newest, by name
         path, named = (series[-1], f" --resume_from={os.path.basename(series[-1])}") if not os.path.exists(path) else (path, "")
         raise SystemExit(f"error: {path} exists: continue it with --resume=True{named} (a run that has spent its budget "
                          f"also needs a larger one: it says which), or choose another --out_dir")
+    logged = logged_runs(os.path.join(out_dir, "metrics.jsonl"))
+    if checkpoint is None and None in logged and not any(logged):  # a new run starts the file: only a run's is replaced
+        raise SystemExit(f"error: {os.path.join(out_dir, 'metrics.jsonl')} is not a train.py run's log (no line names "
+                         f"its run), and a new run writes its own there: move it away, or choose another --out_dir")
     home = os.path.realpath(os.path.dirname(os.path.abspath(source or ""))) == os.path.realpath(out_dir)
     if checkpoint is None or run is None and home:  # an older cram's run in its own folder: known by the folder alone
         return
@@ -488,13 +493,20 @@ def check_own_files(out_dir, checkpoint, source):
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             owners.append((os.path.basename(p), torch.load(p, map_location="cpu", weights_only=True, mmap=True).get("run")))
-    with contextlib.suppress(OSError), open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
-        owners += [("metrics.jsonl", (m := re.search(r'"run": "(\w+)"}\s*$', line)) and m[1]) for line in f]  # cut: None
+    owners += [("metrics.jsonl", owner) for owner in logged]
     others = sorted({name for name, owner in owners if owner != run and (owner or not home)})
     if others:
         raise SystemExit(f"error: {out_dir} holds another run's files ({', '.join(others)}), which resuming {source} "
                          f"there would prune, set aside or append to: resume it with a fresh --out_dir"
                          f"{'' if home else f' (or its own, {os.path.dirname(os.path.abspath(source))})'}")
+
+
+def logged_runs(path):
+    """The run each line of a metrics.jsonl names, as MetricsLog wrote it ([]: no file). A whole line that names none is
+    None (an older cram's, or a line train.py did not write); the last one cut short by a kill or a full disk is ''."""
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+        return [m[1] if (m := re.search(r'"run": "(\w+)"}\s*$', line)) else None if line.endswith("\n") else "" for line in f]
+    return []
 
 
 def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta):
