@@ -114,7 +114,7 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
     if checkpoint:  # its run's (resume_settings carried them); from before the ramp's start: its micro-batch
-        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved.get("batch_size", 8192),
+        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved["batch_size"],
                        batch_ramp_start=saved.get("batch_ramp_start", saved.get("micro_batch")))
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
@@ -130,7 +130,7 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
 def resume_settings(checkpoint, config, given):
     """(the settings a resume runs, lines on what it changed): its checkpoint's unless `given`, the data where it trained;
     a given budget of its kind rescales the schedules (the ramp ends where it did), any other change is an error."""
-    saved = checkpoint.get("config", {})
+    saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
     data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
     if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")

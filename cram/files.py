@@ -27,6 +27,10 @@ META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "toke
 RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,), budget=(dict, type(None)),
               step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,),
               spike_watch=(dict,))
+# The run's settings a resume reads from its checkpoint's config, recorded by every train.py since the first: a
+# checkpoint without one is not resumed, where the command's defaults would run as the run's own. (A newer setting
+# that an older run's config lacks takes its default, which is how that run ran.)
+RUN_SETTINGS = ("budget_hours", "batch_size", "batch_ramp", "lr", "mask_rate", "seed")
 LOCK_FILE = ".lock"
 HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's answers for a lock another process holds
 HELD = {}  # the folders this process has claimed, and their lock files: held until it ends
@@ -358,7 +362,7 @@ def branch_from(path, step):
 def load_checkpoint(path, use="weights"):
     """A checkpoint of train.py's, checked for what its reader uses, or a one-line error on what is missing or damaged:
     `use` 'settings' (config and model_args), 'weights' (finite too: fine-tuning, the export), 'resume' (the optimizer
-    state and the run's counters too; check_resume checks them against the run)."""
+    state, the run's counters and its settings, RUN_SETTINGS, too; check_resume checks them against the run)."""
     if not os.path.isfile(path):
         raise unfound(path, f"error: checkpoint not found: {path}")
     try:
@@ -373,7 +377,8 @@ def load_checkpoint(path, use="weights"):
     if use != "settings" and not all_finite(checkpoint["model"]):
         raise SystemExit(f"error: {path} holds non-finite weights (a run that diverged?): it cannot be "
                          f"{'resumed' if use == 'resume' else 'fine-tuned or exported'}; use an earlier checkpoint")
-    missing = [k for k in ("optimizer", "step", "tokens", "elapsed") if k not in checkpoint] if use == "resume" else []
+    missing = ([k for k in ("optimizer", "step", "tokens", "elapsed", "config") if k not in checkpoint] or [
+        f"config['{k}']" for k in RUN_SETTINGS if k not in checkpoint["config"]]) if use == "resume" else []
     if missing:
         raise SystemExit(f"error: {path} has no {', '.join(missing)} (weights shared without the training state?): it "
                          f"cannot be resumed; fine-tune it (finetune_glue.py) or export it (tools/export.py) as it is")

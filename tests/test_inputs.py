@@ -61,6 +61,31 @@ def test_a_checkpoint_without_what_its_reader_needs_is_one_line_and_left_as_it_w
     assert (export / "config.json").exists()
 
 
+def test_a_resume_takes_its_settings_from_its_checkpoint_or_refuses(pretrained, prepared, tmp_path):
+    """Issue 100, class 3. Named: a checkpoint that keeps its settings under another key (`settings`, not `config`)
+    resumed silently with the command's defaults (a 24-hour budget, a batch of 8192 where the run had 32) and wrote them
+    into the checkpoint as the run's own; the export's card said "nan% of the tokens masked". Now the resume is one
+    line, the file as it was, and the card says the share is not recorded. Unnamed: a config that lacks a setting the
+    resume reads (batch_size, which the resume took as 8192), and the export of that checkpoint, which knows its share."""
+    import export
+    from cram.files import load_checkpoint
+    ckpt = torch.load(pretrained, weights_only=True)
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    torch.save(dict({k: v for k, v in ckpt.items() if k != "config"}, settings=ckpt["config"]), renamed / "ckpt.pt")
+    before = (renamed / "ckpt.pt").read_bytes()
+    message = error_of("train.py", f"--data_dir={prepared}", f"--out_dir={renamed}", "--resume=True", "--device=cpu")
+    assert "has no config" in message and "cannot be resumed" in message, message
+    assert (renamed / "ckpt.pt").read_bytes() == before
+    lines = export.training_facts(load_checkpoint(str(renamed / "ckpt.pt")), str(tmp_path))
+    assert "the share masked not recorded" in "\n".join(lines) and "nan" not in "\n".join(lines)
+    lacking = tmp_path / "lacking.pt"
+    torch.save(dict(ckpt, config={k: v for k, v in ckpt["config"].items() if k != "batch_size"}), lacking)
+    with pytest.raises(SystemExit, match=r"has no config\['batch_size'\] .*: it cannot be resumed"):
+        load_checkpoint(str(lacking), "resume")
+    assert "25% of the tokens masked" in "\n".join(export.training_facts(load_checkpoint(str(lacking)), str(tmp_path)))
+
+
 # ------------------------------------------------------------------ names and encodings
 def test_what_a_checkpoint_carries_that_this_version_lacks_is_one_line(pretrained, prepared, tmp_path):
     """Every value a checkpoint carries is checked against this version's tables before use, as a command line's is:
