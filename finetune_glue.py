@@ -444,7 +444,8 @@ def words_alone(name, data):
 
 def kept_words_alone(path, name, data):
     """words_alone's scores of a task, kept under glue.json's runs (the summary reads them there) and fitted again only
-    for other data (another file, --max_train_examples); None without scikit-learn."""
+    for other data (another file, --max_train_examples); or, where it cannot be fitted, why, in a few words (the table
+    shows '-' there): a baseline beside the work never ends it."""
     file = os.path.join(runs_folder(path), "words_alone", f"{name}.json")
     digest = hashlib.sha1(json.dumps([data["train"], *(data[s] for s in TASKS[name]["dev"])]).encode()).hexdigest()
     kept, why = load_json(file) if os.path.isfile(file) else (None, None)
@@ -452,9 +453,13 @@ def kept_words_alone(path, name, data):
         set_aside(file, why)
     if isinstance(kept, dict) and kept.get("data") == digest and isinstance(kept.get("scores"), dict):
         return kept["scores"]
-    scores = words_alone(name, data)
-    if scores is not None:
-        write_json(file, dict(data=digest, scores=scores))
+    try:
+        scores = words_alone(name, data)
+    except Exception as e:  # scikit-learn's refusal (texts of one-letter words: "empty vocabulary"), or out of memory
+        return f"not fitted: {type(e).__name__}" + "".join(f": {line[:120]}" for line in str(e).splitlines()[:1])
+    if scores is None:
+        return "not fitted: pip install scikit-learn"
+    write_json(file, dict(data=digest, scores=scores))
     return scores
 
 
@@ -872,9 +877,9 @@ def main(config):
     for size, setting, training in ((most, "batch_size", True), (eval_size(rt), "eval_batch_size", False)):
         memory.check_memory(shape, rt, 0.0, (size, f"--{setting}={size}"), training=training)  # one that surely cannot fit fails now
     words = {name: kept_words_alone(path, name, data) for name, data in datasets_by_task.items()}  # seconds each: after the checks
-    print("words alone (TF-IDF and a linear model, the baseline with no network): " + (", ".join(
-        f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}" for n, w in words.items()) if None not in words.values()
-        else "not fitted: pip install scikit-learn (the table shows '-' there)"))
+    print("words alone (TF-IDF and a linear model, the baseline with no network; '-' in the table where not fitted): " +
+          ", ".join(f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}" if isinstance(w, dict) else f"{n} - ({w})"
+                    for n, w in words.items()))
     order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
     n_seeds = seeds or (5 if rt.device.type == "cuda" else 1)
     todo = remaining_seeds(per_task, n_seeds, earlier.get(group, {}), path, group, order)

@@ -440,6 +440,33 @@ def test_words_alone_reads_a_single_text_and_what_a_pair_shares(tmp_path, monkey
     assert glue.words_alone("sst2", glue.load_task("sst2")) is None
 
 
+def test_a_baseline_that_cannot_be_fitted_is_a_dash_with_its_reason_not_the_end_of_the_run(pretrained, tmp_path, monkeypatch):
+    """Issue 100, class 4. Named: words alone on a task whose texts are one-letter words (scikit-learn's "empty
+    vocabulary" ended the run in a traceback before any fine-tuning): the run fine-tunes and scores, its line says
+    '-' and why, the table shows '-'. Unnamed: a fit that runs out of memory (MNLI on a small machine) is the same
+    line; a task whose training labels are all one class is fitted (the one label is all words can say)."""
+    (tmp_path / "SST-2").mkdir()
+    for split in ("train", "dev"):
+        (tmp_path / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{c} {c} x\t{i % 2}\n" for i, c in enumerate("abcd")))
+    proc = run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}", "--tasks=sst2",
+                      "--epochs=1", "--seeds=1", "--device=cpu", f"--out_json={tmp_path / 'glue.json'}")
+    assert "sst2 - (not fitted: ValueError: empty vocabulary" in proc.stdout and "sst2: accuracy" in proc.stdout
+    assert re.search(r"^\| sst2 \| accuracy .* \| - \| 50.0 \| 92.0 \|$", proc.stdout, re.M), proc.stdout
+    (tmp_path / "marker").mkdir()
+    monkeypatch.setattr(glue, "glue_dir", str(marker_task(tmp_path / "marker")))
+    data = glue.load_task("sst2")
+    ones = dict(data, train=(data["train"][0], [1] * len(data["train"][1])))
+    assert glue.kept_words_alone(str(tmp_path / "ones.json"), "sst2", ones)["sst2"]["accuracy"] == 100 * np.mean(
+        np.array(data["sst2"][1]) == 1)
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    def out_of_memory(*args):
+        raise MemoryError()
+    monkeypatch.setattr(TfidfVectorizer, "fit_transform", out_of_memory)
+    assert glue.kept_words_alone(str(tmp_path / "oom.json"), "sst2", data) == "not fitted: MemoryError"
+    assert not (tmp_path / "oom_runs").exists()
+
+
 def test_an_older_glue_json_without_words_alone_is_read(tmp_path):
     """A glue.json written before the column: the table shows '-' there, glue_plot adds it as a point."""
     entry = dict(median={"rte": {"accuracy": 60.0}}, spread={"rte": {"accuracy": [59.0, 61.0]}}, majority={"rte": {"accuracy": 50.0}},
