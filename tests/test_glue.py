@@ -106,7 +106,8 @@ def test_a_task_file_saved_with_a_byte_order_mark_reads_as_its_utf8_twin(tmp_pat
     monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
     rte = tmp_path / "RTE"
     expected = glue.load_task("rte")
-    for name, encode in (("train.tsv", lambda t: t.encode("utf-16")), ("dev.tsv", lambda t: codecs.BOM_UTF16_BE + t.encode("utf-16-be"))):
+    for name, encode in (("train.tsv", lambda t: t.encode("utf-16")),
+                         ("dev.tsv", lambda t: codecs.BOM_UTF16_BE + t.encode("utf-16-be"))):
         (rte / name).write_bytes(encode((rte / name).read_text(encoding="utf-8").replace("\n", "\r\n")))
     assert glue.load_task("rte") == expected
     row = glue.task("boolq", folder="BoolQ", reader="jsonl", train="train.jsonl", dev={"boolq": ("dev.jsonl", "validation")},
@@ -447,7 +448,8 @@ def test_a_baseline_that_cannot_be_fitted_is_a_dash_with_its_reason_not_the_end_
     line; a task whose training labels are all one class is fitted (the one label is all words can say)."""
     (tmp_path / "SST-2").mkdir()
     for split in ("train", "dev"):
-        (tmp_path / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{c} {c} x\t{i % 2}\n" for i, c in enumerate("abcd")))
+        rows = "".join(f"{c} {c} x\t{i % 2}\n" for i, c in enumerate("abcd"))  # words of one letter
+        (tmp_path / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
     proc = run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}", "--tasks=sst2",
                       "--epochs=1", "--seeds=1", "--device=cpu", f"--out_json={tmp_path / 'glue.json'}")
     assert "sst2 - (not fitted: ValueError: empty vocabulary" in proc.stdout and "sst2: accuracy" in proc.stdout
