@@ -209,7 +209,8 @@ def hangup_safe(stream):
 
 def configure(namespace, argv, cls=None, skip=(), given=None):
     """argv's config files and --key=value overrides applied to namespace (globals()), each checked; returns them and
-    `cls`'s fields (less `skip`: only in the dict) as a dict; `given` maps each key set to its config file or '--'."""
+    `cls`'s fields (less `skip`: only in the dict) as a dict. `given` records where each key was set and to what: key ->
+    {its config file, or '--' for the command line: the value it set}, in the order set, the last the value in effect."""
     sys.stdout, sys.stderr = hangup_safe(sys.stdout), hangup_safe(sys.stderr)  # every script starts here
     known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, {} if given is None else given
     if {"--help", "-h"} & set(argv):
@@ -221,7 +222,9 @@ def configure(namespace, argv, cls=None, skip=(), given=None):
             raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
         for key, value in ({key: _parse(key, raw, type(known.get(key, "")))} if arg.startswith("--") else read_config_file(arg)).items():
             known[key] = _check(key, value, known)
-            given[key] = "--" if arg.startswith("--") else arg
+            source = given.setdefault(key, {})
+            source.pop(where := "--" if arg.startswith("--") else arg, None)  # set again: the last in effect
+            source[where] = known[key]
     problem = disallowed(namespace, known, cls, skip)
     if problem:
         raise SystemExit(f"error: --{problem}")

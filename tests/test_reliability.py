@@ -1,9 +1,11 @@
 """Reliability, class by class: every bad input and every fault is a one-line answer, and nothing
 already finished is lost. Each class has its mechanism and a table of cases here."""
+import contextlib
 import errno
 import json
 import math
 import os
+import re
 import runpy
 import shutil
 import signal
@@ -199,6 +201,40 @@ def test_a_bad_config_file_names_its_file_and_line(tmp_path):
         assert fragment in error_of("train.py", path)
     # and as a user sees it: one line on stderr, status 1
     assert_one_line_error(run_script("train.py", tmp_path / "config0.py", check=False), "config0.py:2")
+
+
+def test_a_rule_s_answer_is_the_same_in_any_order_of_the_arguments(tmp_path, monkeypatch):
+    """Issue 100, class 5. Named: `train.py my_adafactor.py --optim=adafactor`, the file choosing Adafactor and setting
+    its own lr, was refused ("my_adafactor.py's lr=0.01 is AdamW's"), the other order ran. The rule now asks who set the
+    rate in effect and whether that source chose this optimizer, not which argument came last. Unnamed: every order of
+    three arguments, and two files that set the same rate, only one of them choosing Adafactor (the old rule's answer
+    followed whichever came last); where the order changes the rate in effect (later wins), the answer follows the rate."""
+    from itertools import permutations
+    import train
+    from configurator import configure
+    from cram import runtime
+    from cram.budget import SHAPE_FIELDS
+    from model import DATA_FIELDS, ModelConfig
+    monkeypatch.setitem(runtime.OPTIMIZERS, "adafactor", runtime.Optimizer(None, 4))  # a fork's row: no width rule
+    own, same, adamw = tmp_path / "my_adafactor.py", tmp_path / "same_rate.py", tmp_path / "adamw_tuned.py"
+    own.write_text('optim = "adafactor"\nlr = 0.01\n')
+    same.write_text("lr = 0.01\n")
+    adamw.write_text("lr = 2e-3\n")
+
+    refusal = f"--optim=adafactor needs --lr: {adamw}'s lr=0.002 is AdamW's"
+
+    def check(argv):
+        """Refused exactly where adamw_tuned.py's rate is the one in effect, else it runs: never by the order."""
+        given = {}
+        config = configure(dict(vars(train)), list(map(str, argv)), ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=given)
+        with pytest.raises(SystemExit, match=re.escape(refusal)) if config["lr"] == 2e-3 else contextlib.nullcontext():
+            train.check_settings(1, config, None, given)
+    check([own, "--optim=adafactor"])  # the named pair, each order
+    check(["--optim=adafactor", own])
+    for args in ([own, "--optim=adafactor", "--seed=3"], [same, own, "--optim=adafactor"], [adamw, own, "--optim=adafactor"],
+                 [adamw, "--optim=adafactor", "--seed=3"]):
+        for order in permutations(args):
+            check(order)
 
 
 def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(prepared, tmp_path):
