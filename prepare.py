@@ -12,6 +12,7 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 import lzma
 import os
 import platform
@@ -151,6 +152,8 @@ class RowStream:
 
     def __init__(self, where, text_field, *args, **kwargs):
         import datasets
+        # its JSON loader logs a bad record by its row in a chunk of the file, beside bad_line's true line: not shown
+        logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
         self.load = functools.partial(datasets.load_dataset, *args, streaming=True, **kwargs)
         self.where, self.text_field, self.rows = where, text_field, None
 

@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from configurator import named
 from . import runtime
 from .data import repeat_warning
 from model import ModelConfig, saved_model_args
@@ -136,14 +137,14 @@ def resume_settings(checkpoint, config, given):
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
     model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
     run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in SESSION}
-    given = {k for k in run.keys() & given if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
+    chosen = {k for k in run.keys() & given if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
     asked = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))  # an extension scaled the ramp
-    changed = sorted(k for k in given if config[k] != asked[k])
+    changed = sorted(k for k in chosen if config[k] != asked[k])
     kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
     for k in (k for k in changed if k not in ADJUSTABLE and (k != kind or not config[k])):
         extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
-        raise SystemExit(f"error: --{k}={shown(config[k])} differs from its checkpoint's {shown(asked[k])}, and a resume "
-                         f"continues its run: leave --{k} out, or start a new run in another --out_dir{extend}")
+        raise SystemExit(f"error: {named(k, given)}={shown(config[k])} differs from its checkpoint's {shown(asked[k])}, and "
+                         f"a resume continues its run: leave it out, or start a new run in another --out_dir{extend}")
     carried = {**run, **{k: config[k] for k in changed}, "recipe_ramp": asked["batch_ramp"], "data_dir": data_dir}
     spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
     if kind in changed:
