@@ -48,14 +48,21 @@ def printable(text):
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _check(key, value, known):
+def named(key, given=None):
+    """How a line names a setting: --key where it was typed, <file>'s key where a config file set the value in effect
+    (`given`: configure's record of where each key was set), the bare key where neither did (a checkpoint's)."""
+    where = [*(given or {}).get(key, ())][-1:]
+    return f"--{key}" if where == ["--"] else f"{where[0]}'s {key}" if where else key
+
+
+def _check(key, value, known, name):
     if key not in known:
         raise SystemExit(f"error: unknown config key '{shown(key)}' (known keys: {', '.join(sorted(known))})")
     expected = type(known[key])
     if expected is float and type(value) is int:
         return float(value) if abs(value) < 2 ** 1024 else value  # past float's range: refused with the others below
     if type(value) is not expected:
-        raise SystemExit(f"error: --{key} expects {expected.__name__}, got {shown(repr(value))} ({type(value).__name__})")
+        raise SystemExit(f"error: {name} expects {expected.__name__}, got {shown(repr(value))} ({type(value).__name__})")
     return value
 
 
@@ -73,7 +80,7 @@ def _parse(key, raw, expected):
 def read_config_file(path):
     """The settings a config file assigns (not _names or imports); an error is one line naming the file's line."""
     try:
-        source = Path(path).read_text(encoding="utf-8")
+        source = Path(path).read_text(encoding="utf-8-sig")  # Notepad's UTF-8 mark dropped: no character of Python's
     except PermissionError:  # another user's file, or in a folder of theirs
         raise SystemExit(f"error: permission denied: config file {path}")
     except OSError:  # not there, or a folder
@@ -209,7 +216,8 @@ def hangup_safe(stream):
 
 def configure(namespace, argv, cls=None, skip=(), given=None):
     """argv's config files and --key=value overrides applied to namespace (globals()), each checked; returns them and
-    `cls`'s fields (less `skip`: only in the dict) as a dict; `given` maps each key set to its config file or '--'."""
+    `cls`'s fields (less `skip`: only in the dict) as a dict. `given` records where each key was set and to what: key ->
+    {its config file, or '--' for the command line: the value it set}, in the order set, the last the value in effect."""
     sys.stdout, sys.stderr = hangup_safe(sys.stdout), hangup_safe(sys.stderr)  # every script starts here
     known, given = {**dataclass_settings(cls, skip), **config_keys(namespace)}, {} if given is None else given
     if {"--help", "-h"} & set(argv):
@@ -219,20 +227,23 @@ def configure(namespace, argv, cls=None, skip=(), given=None):
         key, sep, raw = arg[2:].partition("=")
         if arg.startswith("--") and not sep:
             raise SystemExit(f"error: expected --key=value, got '{shown(arg)}'")
-        for key, value in ({key: _parse(key, raw, type(known.get(key, "")))} if arg.startswith("--") else read_config_file(arg)).items():
-            known[key] = _check(key, value, known)
-            given[key] = "--" if arg.startswith("--") else arg
-    problem = disallowed(namespace, known, cls, skip)
+        where = "--" if arg.startswith("--") else arg
+        for key, value in ({key: _parse(key, raw, type(known.get(key, "")))} if where == "--" else read_config_file(arg)).items():
+            known[key] = _check(key, value, known, named(key, {key: [where]}))
+            given.setdefault(key, {}).pop(where, None)  # set again: the last in effect
+            given[key][where] = known[key]
+    problem = disallowed(namespace, known, cls, skip, given)
     if problem:
-        raise SystemExit(f"error: --{problem}")
+        raise SystemExit(f"error: {problem}")
     for key in config_keys(namespace):
         namespace[key] = known[key]
     return known
 
 
-def disallowed(namespace, values, cls=None, skip=()):
+def disallowed(namespace, values, cls=None, skip=(), given=None):
     """'key=value is not allowed: why' for the first setting in `values` (a configured dict, or the settings a checkpoint
-    carries) of another type than its default's, outside the values its comment declares, or unusable; else None."""
+    carries) of another type than its default's, outside the values its comment declares, or unusable; else None. The
+    setting is named as the user gave it (`named`: --key, or the config file's key)."""
     defaults = {**dataclass_settings(cls, skip), **config_keys(namespace)}
     for kind, *rest in declarations(namespace, cls, skip):
         if kind != "setting" or rest[0] not in values:
@@ -242,5 +253,5 @@ def disallowed(namespace, values, cls=None, skip=()):
         problem = f"not {type(defaults[key]).__name__}" if wrong else f"{key} must be {rule[1]}" if rule and \
             not rule[0](value) else unusable(value, defaults[key], comment)  # NaN fails any rule
         if problem:
-            return f"{key}={shown(value)} is not allowed: {problem}"
+            return f"{named(key, given)}={shown(value)} is not allowed: {problem}"
     return None

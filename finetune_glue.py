@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -30,8 +31,8 @@ import torch.nn.functional as F
 
 from cram import memory, process, runtime
 from cram.data import make_encoding, to_device
-from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, unfound, weights_digest,
-                        write_atomically, write_json)
+from cram.files import (check_writable, load_checkpoint, load_json, parse_ranks, read_jsonl, set_aside, text_encoding, unfound,
+                        weights_digest, write_atomically, write_json)
 from model import MASK_RATE, CrammedBert, ModelConfig, SequenceClassifier, saved_model_args
 
 # -----------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def read_rows(path, reader):
         raise unfound(path, f"error: GLUE file not found: {path}")
     rows, n = [], 0
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC starts with a BOM; \r\n and \r end lines
+        with open(path, encoding=text_encoding(path), newline="") as f:  # MRPC starts with a UTF-8 mark; \r\n and \r end lines
             quotes = sum(line.count('"') for line in f) if reader == "tsv" else 0
             csv.field_size_limit(2 ** 31 - 1)  # no limit on a field's size (csv's: 128 kB; this: Windows' C long's most)
             for quoting in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE) * (reader == "tsv"):
@@ -195,9 +196,11 @@ def read_rows(path, reader):
                         return rows
             for n, line in enumerate(f, 1):
                 rows += [(n, json.loads(line))] if line.strip() else []
-    except UnicodeDecodeError as e:
-        raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): the GLUE "
-                         f"files are UTF-8; convert it (iconv -t utf-8) or fetch it again")
+    except UnicodeDecodeError as e:  # no mark, and not UTF-8: its writer's encoding is a guess (Excel's Text: cp1252)
+        quoted = shlex.quote(path)
+        raise SystemExit(f"error: {path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}): fetch it "
+                         f"again, or convert it from the encoding it was saved in (Excel's Text: cp1252) with iconv -f "
+                         f"cp1252 -t utf-8 {quoted} > {quoted}.new && mv {quoted}.new {quoted}")
     except ValueError:
         raise SystemExit(f"error: {path}:{n} is not a JSON line: mend or remove it") from None
     return rows
@@ -460,7 +463,8 @@ def shared_words(a, b):
 
 def kept_words_alone(path, name, data):
     """words_alone's scores of a task, kept under glue.json's runs (the summary reads them there) and fitted again only
-    for other data (another file, --max_train_examples); None without scikit-learn."""
+    for other data (another file, --max_train_examples); or, where it cannot be fitted, why, in a few words (the table
+    shows '-' there): a baseline beside the work never ends it."""
     file = os.path.join(runs_folder(path), "words_alone", f"{name}.json")
     digest = hashlib.sha1(json.dumps([data["train"], *(data[s] for s in TASKS[name]["dev"])]).encode()).hexdigest()
     kept, why = load_json(file) if os.path.isfile(file) else (None, None)
@@ -468,9 +472,13 @@ def kept_words_alone(path, name, data):
         set_aside(file, why)
     if isinstance(kept, dict) and kept.get("data") == digest and isinstance(kept.get("scores"), dict):
         return kept["scores"]
-    scores = words_alone(name, data)
-    if scores is not None:
-        write_json(file, dict(data=digest, scores=scores))
+    try:
+        scores = words_alone(name, data)
+    except Exception as e:  # scikit-learn's refusal (texts of one-letter words: "empty vocabulary"), or out of memory
+        return f"not fitted: {type(e).__name__}" + "".join(f": {line[:120]}" for line in str(e).splitlines()[:1])
+    if scores is None:
+        return "not fitted: pip install scikit-learn"
+    write_json(file, dict(data=digest, scores=scores))
     return scores
 
 
@@ -847,12 +855,15 @@ def earlier_precision(runs):
 
 def check_earlier(path, identity):
     """A glue.json already there must be this checkpoint's summary of its runs: one of another checkpoint, of an older
-    cram (which kept the scores in glue.json alone) or JSON of another shape is not replaced, and said as what it is."""
+    cram (which kept the scores in glue.json alone) or JSON of another shape is not replaced, and said as what it is. One
+    that does not parse is cram's, damaged, only where its runs' folder is beside it (cram writes that first): else it
+    is a file of the user's (a JSON-lines log), never moved nor called damaged."""
     old, why = load_json(path) if os.path.exists(path) else ({"runs": True, **identity}, None)
-    if why:  # glue.json is made from its runs' files: made again
+    if why and os.path.isdir(runs_folder(path)):  # cram's, damaged (its runs' files come first): made again from them
         return set_aside(path, why)
     if not isinstance(old, dict) or "runs" not in old or not same_checkpoint(old, identity):
-        what = ("the scores of another checkpoint" if "runs" in old else "an older cram's scores, kept in it alone") if \
+        what = f"text that is not JSON ({why}) and no runs' folder beside it: not finetune_glue.py's" if why else (
+            "the scores of another checkpoint" if "runs" in old else "an older cram's scores, kept in it alone") if \
             isinstance(old, dict) and "tasks" in old else "JSON of another shape (no tasks: not finetune_glue.py's)"
         raise SystemExit(f"error: {path} holds {what}: pass --out_json= for this checkpoint's, or move it away")
 
@@ -886,9 +897,9 @@ def main(config):
     for size, setting, training in ((most, "batch_size", True), (eval_size(rt), "eval_batch_size", False)):
         memory.check_memory(shape, rt, 0.0, (size, f"--{setting}={size}"), training=training)  # one that surely cannot fit fails now
     words = {name: kept_words_alone(path, name, data) for name, data in datasets_by_task.items()}  # seconds each: after the checks
-    print("words alone (TF-IDF and a linear model, the baseline with no network): " + (", ".join(
-        f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}{texts_read(n)}" for n, w in words.items()) if None not in words.values()
-        else "not fitted: pip install scikit-learn (the table shows '-' there)"))
+    print("words alone (TF-IDF and a linear model, the baseline with no network; '-' in the table where not fitted): " +
+          ", ".join(f"{n} {next(iter(w.values()))[TASKS[n]['metrics'][0]]:.1f}{texts_read(n)}" if isinstance(w, dict)
+                    else f"{n} - ({w})" for n, w in words.items()))
     order = 1 + max((latest(r)[0] for runs in earlier.get(group, {}).values() for r in runs), default=0)  # this command's
     n_seeds = seeds or (5 if rt.device.type == "cuda" else 1)
     todo = remaining_seeds(per_task, n_seeds, earlier.get(group, {}), path, group, order)

@@ -12,9 +12,11 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 import lzma
 import os
 import platform
+import shlex
 import sys
 import sysconfig
 import threading
@@ -30,8 +32,8 @@ import numpy as np
 from configurator import config_keys, configure  # first: it checks for the temporary folder torch's import needs
 from cram import process, runtime
 from cram.data import OPENERS, SPECIAL_TOKENS, TOKENIZER_FILE, bytes_to_unicode, load_tokens, make_encoding, token_dtype
-from cram.files import (cannot_write, claim_folder, load_json, read_json, read_ranks, special_ids, unfound, write_json,
-                        write_ranks)
+from cram.files import (cannot_write, claim_folder, load_json, read_json, read_ranks, special_ids, text_encoding, unfound,
+                        write_json, write_ranks)
 
 # -----------------------------------------------------------------------------
 dataset = "pydocs"      # 'pydocs' (embedded), a local file or folder, or a Hugging Face hub dataset name
@@ -58,6 +60,7 @@ TOKENIZER_SETTINGS = ("dataset", "hf_config", "hf_split", "text_field", "vocab_s
 LOCAL_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2", ".txt.xz", ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 # The most text the tokenizer, its trainer and the de-duplication see at once (text_file_documents, pieces).
 MAX_DOC_CHARS = 1_000_000
+COMPRESSORS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}  # the command-line tools of OPENERS' compressions
 PYDOCS_PACKAGES = ("numpy", "torch")  # the project cannot run without them, so they are always there
 
 
@@ -89,10 +92,28 @@ def local_files(path):
         files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(LOCAL_SUFFIXES))
         if not files:
             raise SystemExit(f"error: no {'/'.join(LOCAL_SUFFIXES)} files in folder {path}")
-        return files
-    if not path.endswith(LOCAL_SUFFIXES):
+    elif not path.endswith(LOCAL_SUFFIXES):
         raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)})")
-    return [path]
+    else:
+        files = [path]
+    for file in files:
+        check_json_encoding(file)
+    return files
+
+
+def check_json_encoding(path):
+    """A one-line error for a .json or .jsonl file in UTF-16 (by its byte-order mark), which datasets' JSON reader
+    cannot read, with the command that converts it to UTF-8 in place (through its compressor if it has one)."""
+    suffix = os.path.splitext(path)[1]
+    try:
+        utf16 = ".json" in os.path.basename(path) and text_encoding(path, OPENERS.get(suffix, open)) == "utf-16"
+    except (OSError, EOFError, zlib.error, lzma.LZMAError):  # unreadable: its reader says so
+        return
+    if utf16:
+        tool, quoted = COMPRESSORS.get(suffix), shlex.quote(path)
+        convert = f"{tool} -dc {quoted} | iconv -f utf-16 -t utf-8 | {tool}" if tool else f"iconv -f utf-16 -t utf-8 {quoted}"
+        raise SystemExit(f"error: {path} is UTF-16 text (its byte-order mark says so), and the JSON reader takes UTF-8 "
+                         f"alone: convert it in place with {convert} > {quoted}.new && mv {quoted}.new {quoted}")
 
 
 def text_file_documents(path, max_chars=MAX_DOC_CHARS):
@@ -100,8 +121,8 @@ def text_file_documents(path, max_chars=MAX_DOC_CHARS):
     reaching max_chars ends at the line before (a longer line is read in max_chars pieces), so no
     layout makes one huge document: memory stays flat, and held-out documents stay spread."""
     opener = OPENERS.get(os.path.splitext(path)[1], open)
-    try:
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+    try:  # in the encoding its byte-order mark names, the mark dropped (Notepad's: not a character of the text)
+        with opener(path, "rt", encoding=text_encoding(path, opener), errors="replace") as f:
             lines, chars = [], 0  # the file's lines, then a blank one that ends its last document
             for line in itertools.chain(iter(functools.partial(f.readline, max_chars), ""), ["\n"]):
                 if line.strip() and chars + len(line) <= max_chars:
@@ -131,6 +152,8 @@ class RowStream:
 
     def __init__(self, where, text_field, *args, **kwargs):
         import datasets
+        # its JSON loader logs a bad record by its row in a chunk of the file, beside bad_line's true line: not shown
+        logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
         self.load = functools.partial(datasets.load_dataset, *args, streaming=True, **kwargs)
         self.where, self.text_field, self.rows = where, text_field, None
 
@@ -546,7 +569,8 @@ def fingerprint(dataset):
 def check_folder(out_dir, settings, source):
     """Refuse a folder whose work depends on other settings (finished: any; unfinished, what a rerun continues: a progress
     record, any; a tokenizer, TOKENIZER_SETTINGS; none after a failed attempt, so its correction runs) or finished from
-    another version of the corpus (`source`); an unfinished one's stale encoding is removed, these settings recorded."""
+    another version of the corpus (`source`), or from a corpus its settings.json does not record (a folder of token files
+    copied in is not this command's work); an unfinished one's stale encoding is removed, these settings recorded."""
     path, has = os.path.join(out_dir, "settings.json"), lambda *names: all(os.path.exists(os.path.join(out_dir, n)) for n in names)
     previous = read_json(path, f"delete {out_dir} and prepare again") if has("settings.json") else {}
     if not isinstance(previous, dict):
@@ -556,6 +580,10 @@ def check_folder(out_dir, settings, source):
     changed = ", ".join(k for k in held if k in previous and previous[k] != settings[k])
     if changed:
         raise SystemExit(f"error: {out_dir} was prepared with other settings ({changed}); use another --out_dir or delete it")
+    if not unfinished and "source" not in previous:  # finished, but prepare.py's record of what from is not there
+        raise SystemExit(f"error: {out_dir} holds prepared data without prepare.py's record of what it was prepared from "
+                         f"(settings.json): it may be another corpus; delete {out_dir} to prepare this one there, or "
+                         f"choose another --out_dir")
     moved = previous.get("source", source) != source
     if moved and not unfinished:
         raise SystemExit(f"error: {out_dir} was prepared from another version of this corpus (its files changed "

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from configurator import config_keys, configure, disallowed  # first: it checks for the temporary folder that torch's import needs
+from configurator import config_keys, configure, disallowed, named  # first: it checks for the temporary folder that torch's import needs
 import torch
 
 from cram import budget, data, memory, process, runtime
@@ -131,12 +131,15 @@ def check_settings(world, config, rt, given=None):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     data.split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
     if config["resume_from"] and not config["resume"]:
-        raise SystemExit(f"error: --resume_from={config['resume_from']} continues a run: add --resume=True")
-    lr_from = (given or {}).get("lr")  # None: not given, or the resumed run's; a file that keeps AdamW set AdamW's
-    if not runtime.OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and lr_from not in ("--", given.get("optim"))):
-        why = f"{lr_from}'s lr={config['lr']:g}" if config["lr"] else "the width's rule (budget.lr_for_width)"
-        raise SystemExit(f"error: --optim={optim} needs --lr: {why} is AdamW's, and its row in runtime.OPTIMIZERS does not "
-                         f"take it (width_lr)")
+        raise SystemExit(f"error: {named('resume_from', given)}={config['resume_from']} continues a run: add --resume=True")
+    # the rate in effect, where given (not: the resumed run's), is this optimizer's if typed, or set by a file that also
+    # set this optimizer (a file that keeps AdamW set AdamW's): whoever set what, in any order of the arguments
+    lr_from = [s for s, v in (given or {}).get("lr", {}).items() if v == config["lr"]]
+    chose = [s for s in lr_from if s == "--" or given.get("optim", {}).get(s) == optim]
+    if not runtime.OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and not chose):
+        why = f"{lr_from[-1]}'s lr={config['lr']:g}" if config["lr"] else "the width's rule (budget.lr_for_width)"
+        raise SystemExit(f"error: {named('optim', given)}={optim} needs --lr: {why} is AdamW's, and its row in "
+                         f"runtime.OPTIMIZERS does not take it (width_lr)")
     if config["offload"]:
         check_offload(world, model, optim, rt.dtype)
 

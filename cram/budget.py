@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from configurator import named
 from . import runtime
 from .data import repeat_warning
 from model import ModelConfig, saved_model_args
@@ -114,7 +115,7 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
     if checkpoint:  # its run's (resume_settings carried them); from before the ramp's start: its micro-batch
-        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved.get("batch_size", 8192),
+        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved["batch_size"],
                        batch_ramp_start=saved.get("batch_ramp_start", saved.get("micro_batch")))
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
@@ -130,20 +131,20 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
 def resume_settings(checkpoint, config, given):
     """(the settings a resume runs, lines on what it changed): its checkpoint's unless `given`, the data where it trained;
     a given budget of its kind rescales the schedules (the ramp ends where it did), any other change is an error."""
-    saved = checkpoint.get("config", {})
+    saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
     data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
     if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
     model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
     run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in SESSION}
-    given = {k for k in run.keys() & given if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
+    chosen = {k for k in run.keys() & given if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
     asked = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))  # an extension scaled the ramp
-    changed = sorted(k for k in given if config[k] != asked[k])
+    changed = sorted(k for k in chosen if config[k] != asked[k])
     kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
     for k in (k for k in changed if k not in ADJUSTABLE and (k != kind or not config[k])):
         extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
-        raise SystemExit(f"error: --{k}={shown(config[k])} differs from its checkpoint's {shown(asked[k])}, and a resume "
-                         f"continues its run: leave --{k} out, or start a new run in another --out_dir{extend}")
+        raise SystemExit(f"error: {named(k, given)}={shown(config[k])} differs from its checkpoint's {shown(asked[k])}, and "
+                         f"a resume continues its run: leave it out, or start a new run in another --out_dir{extend}")
     carried = {**run, **{k: config[k] for k in changed}, "recipe_ramp": asked["batch_ramp"], "data_dir": data_dir}
     spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
     if kind in changed:

@@ -1,6 +1,7 @@
 """cram's own files, written so that nothing is lost and read so that damage is one line: atomic writes, locks, disk
 checks, meta.json, the tokenizer's format, checkpoints and metrics.jsonl (a reader learning a step skips it)."""
 import base64
+import codecs
 import contextlib
 import dataclasses
 import errno
@@ -26,14 +27,29 @@ META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "toke
 RECORD = dict(optimizer=(dict,), scaler=(dict,), config=(dict,), data_dir=(str,), budget=(dict, type(None)),
               step=(int,), tokens=(int,), elapsed=(float, int), init_val_loss=(float, int, type(None)), final=(bool,),
               spike_watch=(dict,))
+# The run's settings a resume reads from its checkpoint's config, recorded by every train.py since the first: a
+# checkpoint without one is not resumed, where the command's defaults would run as the run's own. (A newer setting
+# that an older run's config lacks takes its default, which is how that run ran.)
+RUN_SETTINGS = ("budget_hours", "batch_size", "batch_ramp", "lr", "mask_rate", "seed")
 LOCK_FILE = ".lock"
 HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's answers for a lock another process holds
 HELD = {}  # the folders this process has claimed, and their lock files: held until it ends
+# The byte-order marks a text file may start with, and the decoding that reads it and drops the mark
+BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
 def special_ids(n_regular):
     """The special tokens' ids, worked out here alone: after the n_regular BPE tokens, in SPECIAL_TOKENS' order."""
     return {token: n_regular + i for i, token in enumerate(SPECIAL_TOKENS)}
+
+
+def text_encoding(path, opener=open):
+    """The encoding a user's text file (a corpus, a task's file) is read in. Its byte-order mark decides: Notepad's
+    UTF-8 mark, or Excel's "Unicode Text", which is UTF-16. A file without one is read as UTF-8. `opener` opens a
+    compressed file (gzip.open)."""
+    with opener(path, "rb") as f:
+        head = f.read(3)
+    return next((name for bom, name in BOMS if head.startswith(bom)), "utf-8")
 
 
 def cannot_write(path, e):
@@ -346,7 +362,7 @@ def branch_from(path, step):
 def load_checkpoint(path, use="weights"):
     """A checkpoint of train.py's, checked for what its reader uses, or a one-line error on what is missing or damaged:
     `use` 'settings' (config and model_args), 'weights' (finite too: fine-tuning, the export), 'resume' (the optimizer
-    state and the run's counters too; check_resume checks them against the run)."""
+    state, the run's counters and its settings, RUN_SETTINGS, too; check_resume checks them against the run)."""
     if not os.path.isfile(path):
         raise unfound(path, f"error: checkpoint not found: {path}")
     try:
@@ -361,7 +377,8 @@ def load_checkpoint(path, use="weights"):
     if use != "settings" and not all_finite(checkpoint["model"]):
         raise SystemExit(f"error: {path} holds non-finite weights (a run that diverged?): it cannot be "
                          f"{'resumed' if use == 'resume' else 'fine-tuned or exported'}; use an earlier checkpoint")
-    missing = [k for k in ("optimizer", "step", "tokens", "elapsed") if k not in checkpoint] if use == "resume" else []
+    missing = ([k for k in ("optimizer", "step", "tokens", "elapsed", "config") if k not in checkpoint] or [
+        f"config['{k}']" for k in RUN_SETTINGS if k not in checkpoint["config"]]) if use == "resume" else []
     if missing:
         raise SystemExit(f"error: {path} has no {', '.join(missing)} (weights shared without the training state?): it "
                          f"cannot be resumed; fine-tune it (finetune_glue.py) or export it (tools/export.py) as it is")
@@ -460,14 +477,19 @@ def all_finite(state_dict):
 
 
 def check_own_files(out_dir, checkpoint, source):
-    """A one-line error unless a run touches only its own files: a fresh one (`checkpoint` None) replaces no checkpoint;
-    a resume (from `source`) none of another run's (by the run id they name) nor, from elsewhere, an older cram's."""
+    """A one-line error unless a run touches only its own files: a fresh one (`checkpoint` None) replaces no checkpoint
+    and no metrics.jsonl but a run's (one whose lines name their run); a resume (from `source`) none of another run's
+    (by the run id they name) nor, from elsewhere, an older cram's."""
     path, run = os.path.join(out_dir, "ckpt.pt"), (checkpoint or {}).get("run")
     series = [p for _, p in checkpoint_series(out_dir)]
     if checkpoint is None and (os.path.exists(path) or series):  # only a series: its newest, by name
         path, named = (series[-1], f" --resume_from={os.path.basename(series[-1])}") if not os.path.exists(path) else (path, "")
         raise SystemExit(f"error: {path} exists: continue it with --resume=True{named} (a run that has spent its budget "
                          f"also needs a larger one: it says which), or choose another --out_dir")
+    logged = logged_runs(os.path.join(out_dir, "metrics.jsonl"))
+    if checkpoint is None and None in logged and not any(logged):  # a new run starts the file: only a run's is replaced
+        raise SystemExit(f"error: {os.path.join(out_dir, 'metrics.jsonl')} is not a train.py run's log (no line names "
+                         f"its run), and a new run writes its own there: move it away, or choose another --out_dir")
     home = os.path.realpath(os.path.dirname(os.path.abspath(source or ""))) == os.path.realpath(out_dir)
     if checkpoint is None or run is None and home:  # an older cram's run in its own folder: known by the folder alone
         return
@@ -476,13 +498,20 @@ def check_own_files(out_dir, checkpoint, source):
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             owners.append((os.path.basename(p), torch.load(p, map_location="cpu", weights_only=True, mmap=True).get("run")))
-    with contextlib.suppress(OSError), open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
-        owners += [("metrics.jsonl", (m := re.search(r'"run": "(\w+)"}\s*$', line)) and m[1]) for line in f]  # cut: None
+    owners += [("metrics.jsonl", owner) for owner in logged]
     others = sorted({name for name, owner in owners if owner != run and (owner or not home)})
     if others:
         raise SystemExit(f"error: {out_dir} holds another run's files ({', '.join(others)}), which resuming {source} "
                          f"there would prune, set aside or append to: resume it with a fresh --out_dir"
                          f"{'' if home else f' (or its own, {os.path.dirname(os.path.abspath(source))})'}")
+
+
+def logged_runs(path):
+    """The run each line of a metrics.jsonl names, as MetricsLog wrote it ([]: no file). A whole line that names none is
+    None (an older cram's, or a line train.py did not write); the last one cut short by a kill or a full disk is ''."""
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+        return [m[1] if (m := re.search(r'"run": "(\w+)"}\s*$', line)) else None if line.endswith("\n") else "" for line in f]
+    return []
 
 
 def check_resume(path, checkpoint, model_args, tokenizer_text, optim, data_dir, meta):

@@ -47,7 +47,10 @@ def test_config_file_then_command_line(tmp_path):
     ns, given = namespace(), {}
     configure(ns, [str(cfg), "--steps=4"], given=given)
     assert ns["lr"] == 5e-4 and ns["steps"] == 4
-    assert given == {"lr": str(cfg), "steps": "--"}  # where each came from, the last word winning
+    assert given == {"lr": {str(cfg): 5e-4}, "steps": {str(cfg): 3, "--": 4}}  # where each came from, and what it set
+    configure(ns, ["--steps=5", str(cfg), "--lr=1e-3", "--steps=4"], given=(given := {}))  # the last in effect, last
+    assert list(given["steps"].items()) == [(str(cfg), 3), ("--", 4)]
+    assert list(given["lr"].items()) == [(str(cfg), 5e-4), ("--", 1e-3)]
     bad = tmp_path / "bad.py"
     bad.write_text("stepz = 3\n")
     with pytest.raises(SystemExit, match="unknown config key 'stepz'"):

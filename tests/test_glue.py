@@ -97,6 +97,34 @@ def test_a_task_file_is_read_as_its_writer_wrote_it_or_said(tmp_path, monkeypatc
         glue.load_task("boolq", tests=True)
 
 
+def test_a_task_file_saved_with_a_byte_order_mark_reads_as_its_utf8_twin(tmp_path, monkeypatch):
+    """Issue 100, class 1. Named: RTE's train.tsv saved by Excel as "Unicode Text" (UTF-16 LE with its mark) reads as
+    the UTF-8 file it was. Unnamed: a dev.tsv in UTF-16 BE, a jsonl task's files with a UTF-16 or UTF-8 mark. A file in
+    another encoding without a mark is one line whose command, followed as written, converts it."""
+    import codecs
+    shutil.copytree(FIXTURES, tmp_path, dirs_exist_ok=True)
+    monkeypatch.setattr(glue, "glue_dir", str(tmp_path))
+    rte = tmp_path / "RTE"
+    expected = glue.load_task("rte")
+    for name, encode in (("train.tsv", lambda t: t.encode("utf-16")),
+                         ("dev.tsv", lambda t: codecs.BOM_UTF16_BE + t.encode("utf-16-be"))):
+        (rte / name).write_bytes(encode((rte / name).read_text(encoding="utf-8").replace("\n", "\r\n")))
+    assert glue.load_task("rte") == expected
+    row = glue.task("boolq", folder="BoolQ", reader="jsonl", train="train.jsonl", dev={"boolq": ("dev.jsonl", "validation")},
+                    text=("question", "passage"), labels=("False", "True"))
+    monkeypatch.setitem(glue.TASKS, "boolq", row)
+    (tmp_path / "BoolQ").mkdir()
+    lines = "".join(json.dumps(dict(question=f"q{i}?", passage="caf\u00e9 \u2713", label=i % 2 == 0)) + "\n" for i in range(3))
+    (tmp_path / "BoolQ" / "train.jsonl").write_bytes(lines.encode("utf-16"))
+    (tmp_path / "BoolQ" / "dev.jsonl").write_bytes(codecs.BOM_UTF8 + lines.encode())
+    assert glue.load_task("boolq") == {s: ([(f"q{i}?", "caf\u00e9 \u2713") for i in range(3)], [1, 0, 1]) for s in ("train", "boolq")}
+    (rte / "train.tsv").write_bytes((rte / "train.tsv").read_text(encoding="utf-16").replace("No", "Caf\u00e9").encode("cp1252"))
+    with pytest.raises(SystemExit, match="is not UTF-8 text") as refusal:
+        glue.load_task("rte")
+    subprocess.run(str(refusal.value).split(" with ", 1)[1], shell=True, check=True)  # the advice, as written
+    assert glue.load_task("rte")["train"][0][0][0].startswith("Caf\u00e9 weapons")
+
+
 def test_metrics_match_sklearn_and_scipy():
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -413,6 +441,34 @@ def test_words_alone_reads_a_single_text_and_what_a_pair_shares(tmp_path, monkey
     for module in [m for m in sys.modules if m.split(".")[0] == "sklearn"]:  # not installed: each import fails
         monkeypatch.setitem(sys.modules, module, None)
     assert glue.words_alone("sst2", glue.load_task("sst2")) is None
+
+
+def test_a_baseline_that_cannot_be_fitted_is_a_dash_with_its_reason_not_the_end_of_the_run(pretrained, tmp_path, monkeypatch):
+    """Issue 100, class 4. Named: words alone on a task whose texts are one-letter words (scikit-learn's "empty
+    vocabulary" ended the run in a traceback before any fine-tuning): the run fine-tunes and scores, its line says
+    '-' and why, the table shows '-'. Unnamed: a fit that runs out of memory (MNLI on a small machine) is the same
+    line; a task whose training labels are all one class is fitted (the one label is all words can say)."""
+    (tmp_path / "SST-2").mkdir()
+    for split in ("train", "dev"):
+        rows = "".join(f"{c} {c} x\t{i % 2}\n" for i, c in enumerate("abcd"))  # words of one letter
+        (tmp_path / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
+    proc = run_script("finetune_glue.py", f"--checkpoint={pretrained}", f"--glue_dir={tmp_path}", "--tasks=sst2",
+                      "--epochs=1", "--seeds=1", "--device=cpu", f"--out_json={tmp_path / 'glue.json'}")
+    assert "sst2 - (not fitted: ValueError: empty vocabulary" in proc.stdout and "sst2: accuracy" in proc.stdout
+    assert re.search(r"^\| sst2 \| accuracy .* \| - \| 50.0 \| 92.0 \|$", proc.stdout, re.M), proc.stdout
+    (tmp_path / "marker").mkdir()
+    monkeypatch.setattr(glue, "glue_dir", str(marker_task(tmp_path / "marker")))
+    data = glue.load_task("sst2")
+    ones = dict(data, train=(data["train"][0], [1] * len(data["train"][1])))
+    assert glue.kept_words_alone(str(tmp_path / "ones.json"), "sst2", ones)["sst2"]["accuracy"] == 100 * np.mean(
+        np.array(data["sst2"][1]) == 1)
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    def out_of_memory(*args):
+        raise MemoryError()
+    monkeypatch.setattr(TfidfVectorizer, "fit_transform", out_of_memory)
+    assert glue.kept_words_alone(str(tmp_path / "oom.json"), "sst2", data) == "not fitted: MemoryError"
+    assert not (tmp_path / "oom_runs").exists()
 
 
 def test_an_older_glue_json_without_words_alone_is_read(tmp_path):

@@ -61,6 +61,31 @@ def test_a_checkpoint_without_what_its_reader_needs_is_one_line_and_left_as_it_w
     assert (export / "config.json").exists()
 
 
+def test_a_resume_takes_its_settings_from_its_checkpoint_or_refuses(pretrained, prepared, tmp_path):
+    """Issue 100, class 3. Named: a checkpoint that keeps its settings under another key (`settings`, not `config`)
+    resumed silently with the command's defaults (a 24-hour budget, a batch of 8192 where the run had 32) and wrote them
+    into the checkpoint as the run's own; the export's card said "nan% of the tokens masked". Now the resume is one
+    line, the file as it was, and the card says the share is not recorded. Unnamed: a config that lacks a setting the
+    resume reads (batch_size, which the resume took as 8192), and the export of that checkpoint, which knows its share."""
+    import export
+    from cram.files import load_checkpoint
+    ckpt = torch.load(pretrained, weights_only=True)
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    torch.save(dict({k: v for k, v in ckpt.items() if k != "config"}, settings=ckpt["config"]), renamed / "ckpt.pt")
+    before = (renamed / "ckpt.pt").read_bytes()
+    message = error_of("train.py", f"--data_dir={prepared}", f"--out_dir={renamed}", "--resume=True", "--device=cpu")
+    assert "has no config" in message and "cannot be resumed" in message, message
+    assert (renamed / "ckpt.pt").read_bytes() == before
+    lines = export.training_facts(load_checkpoint(str(renamed / "ckpt.pt")), str(tmp_path))
+    assert "the share masked not recorded" in "\n".join(lines) and "nan" not in "\n".join(lines)
+    lacking = tmp_path / "lacking.pt"
+    torch.save(dict(ckpt, config={k: v for k, v in ckpt["config"].items() if k != "batch_size"}), lacking)
+    with pytest.raises(SystemExit, match=r"has no config\['batch_size'\] .*: it cannot be resumed"):
+        load_checkpoint(str(lacking), "resume")
+    assert "25% of the tokens masked" in "\n".join(export.training_facts(load_checkpoint(str(lacking)), str(tmp_path)))
+
+
 # ------------------------------------------------------------------ names and encodings
 def test_what_a_checkpoint_carries_that_this_version_lacks_is_one_line(pretrained, prepared, tmp_path):
     """Every value a checkpoint carries is checked against this version's tables before use, as a command line's is:
@@ -153,6 +178,46 @@ def test_a_locale_s_encoding_reads_cram_s_own_text_as_utf8(tmp_path, prepared):
         proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, timeout=300)
         assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == 3
+
+
+def test_a_text_file_is_read_as_its_writer_saved_it(tmp_path):
+    """Issue 100, class 1: a file is read by its byte-order mark, never with the mark as a character. Named: a folder of
+    .txt files saved by Notepad (a UTF-8 mark each, CRLF) reads as the same files without. Unnamed: Excel's UTF-16 (LE)
+    and UTF-16 BE, a gzipped Notepad file, a config file saved by Notepad; a .jsonl file in UTF-16, which the JSON
+    reader cannot take, is one line whose command, followed as written (gzipped too), converts it."""
+    import codecs
+    import gzip
+    import prepare
+    from configurator import configure
+    from conftest import synthetic_corpus
+    docs = synthetic_corpus(30)
+    text = "\n\n".join(docs) + "\n"
+    saved = {"plain.txt": text.encode(), "notepad.txt": codecs.BOM_UTF8 + text.replace("\n", "\r\n").encode(),
+             "excel.txt": text.encode("utf-16"), "big_endian.txt": codecs.BOM_UTF16_BE + text.encode("utf-16-be"),
+             "notepad.txt.gz": gzip.compress(codecs.BOM_UTF8 + text.encode())}
+    for name, data in saved.items():
+        (tmp_path / name).write_bytes(data)
+        assert list(prepare.text_file_documents(str(tmp_path / name))) == docs, name
+    for folder, mark in (("plain", b""), ("notepad", codecs.BOM_UTF8)):  # the named case, as prepare.py reads a folder
+        (tmp_path / folder).mkdir()
+        for i in range(3):
+            (tmp_path / folder / f"{i}.txt").write_bytes(mark + "\r\n\r\n".join(docs[i::3]).encode())
+    assert [list(prepare.document_source(str(tmp_path / f))[1]()) for f in ("plain", "notepad")] == [
+        [d for i in range(3) for d in docs[i::3]]] * 2
+    config = tmp_path / "notepad_config.py"
+    config.write_bytes(codecs.BOM_UTF8 + b"steps = 3\r\n")
+    assert configure({"steps": 1}, [str(config)])["steps"] == 3
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in docs)
+    for name, data in (("excel.jsonl", lines.encode("utf-16")), ("excel.jsonl.gz", gzip.compress(lines.encode("utf-16")))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(SystemExit, match="is UTF-16 text") as refusal:
+            prepare.document_source(str(path))
+        command = str(refusal.value).split("convert it in place with ", 1)[1]
+        subprocess.run(command, shell=True, check=True)
+        assert list(prepare.document_source(str(path))[1]()) == docs
+    (tmp_path / "notepad.jsonl").write_bytes(codecs.BOM_UTF8 + lines.encode())
+    assert list(prepare.document_source(str(tmp_path / "notepad.jsonl"))[1]()) == docs
 
 
 @pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])

@@ -319,6 +319,7 @@ def test_damaged_results_and_glue_files_are_named_set_aside_and_made_again(pretr
     run = copy_run(pretrained, tmp_path / "run")
     cut = '{"checkpoint": "x", "tasks": {"rte"'
     (run / "glue.json").write_text(cut)
+    (run / "glue_runs").mkdir()  # what makes it cram's: its runs' folder, which cram writes before glue.json
     proc = run_script("tools/export.py", f"--checkpoint={run / 'ckpt.pt'}")
     assert f"warning: {run / 'glue.json'} is damaged (JSONDecodeError" in proc.stdout and "Traceback" not in proc.stderr
     assert (run / "glue.json").read_text() == cut and "GLUE dev scores" not in (run / "hf" / "README.md").read_text()
@@ -603,6 +604,42 @@ def test_an_export_never_replaces_a_users_files(pretrained, tmp_path):
     before = snapshot(ours)
     proc = run_script("tools/export.py", f"--checkpoint={pretrained}", f"--out_dir={ours}", check=False)
     assert_kept(proc, before, 1, "error:", "changed since", "README.md")
+
+
+def test_a_folder_or_file_is_a_command_s_own_result_only_when_its_record_says_so(prepared, tmp_path, monkeypatch):
+    """Issue 100, class 2. Named: prepare.py into a folder of another corpus' token files and meta.json without
+    settings.json (it said "already prepared" and exited 0), and finetune_glue.py's --out_json naming the user's own
+    JSON-lines log (renamed .damaged and replaced): each one line before any work, the files as they were, nothing set
+    aside. Unnamed: a new train.py run in a folder holding a metrics.jsonl no run wrote; an earlier attempt's log, whose
+    lines name their run, is still the run's to replace."""
+    import finetune_glue
+    import prepare
+    from cram.files import check_own_files
+    other = tmp_path / "other"
+    shutil.copytree(prepared, other)
+    (other / "settings.json").unlink()  # corpus A's token files, copied without prepare.py's record
+    corpus_b = tmp_path / "b.txt"
+    corpus_b.write_text("\n\n".join(synthetic_corpus(50, seed=1)))
+    for name, value in dict(dataset=str(corpus_b), out_dir=str(other), vocab_size=384, seq_len=32).items():
+        monkeypatch.setattr(prepare, name, value)
+    (other / ".lock").unlink(missing_ok=True)
+    before = snapshot(other)
+    with pytest.raises(SystemExit, match="without prepare.py's record of what it was prepared from"):
+        prepare.main()
+    assert {path: data for path, data in snapshot(other).items() if not path.endswith(".lock")} == before
+    log = tmp_path / "results.jsonl"
+    log.write_text('{"epoch": 1, "acc": 0.5}\n{"epoch": 2, "acc": 0.6}\n')
+    with pytest.raises(SystemExit, match="holds text that is not JSON .* not finetune_glue.py's: pass --out_json="):
+        finetune_glue.check_earlier(str(log), dict(checkpoint_digest="x"))
+    assert sorted(os.listdir(tmp_path)) == ["b.txt", "other", "results.jsonl"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "loss": 9.1}\n')  # the user's own notes
+    with pytest.raises(SystemExit, match="metrics.jsonl is not a train.py run's log .no line names its run"):
+        check_own_files(str(run), None, None)
+    for attempt in ('{"kind": "eval", "step": 0, "run": "5eed"}\n{"kind": "tr', '{"kind": "ev'):  # cut by a kill, a full disk
+        (run / "metrics.jsonl").write_text(attempt)
+        check_own_files(str(run), None, None)
 
 
 # ------------------------------------------------------------------ 6. safe loading says what it refused: data.refusal

@@ -1,9 +1,11 @@
 """Reliability, class by class: every bad input and every fault is a one-line answer, and nothing
 already finished is lost. Each class has its mechanism and a table of cases here."""
+import contextlib
 import errno
 import json
 import math
 import os
+import re
 import runpy
 import shutil
 import signal
@@ -192,13 +194,86 @@ def test_the_memory_check_lets_off_load_mode_train_what_it_was_measured_training
 
 def test_a_bad_config_file_names_its_file_and_line(tmp_path):
     cases = {"lr = 1e-3\nn_layers = (\n": ":2: '(' was never closed", "lr = 1e-3\nx = 1 / 0\n": ":2: ZeroDivisionError",
-             "lr = float('nan')\n": "lr must be in [0, inf)", "budget_hours = '1'\n": "--budget_hours expects float"}
+             "lr = float('nan')\n": "lr must be in [0, inf)", "budget_hours = '1'\n": "config3.py's budget_hours expects float"}
     for i, (text, fragment) in enumerate(cases.items()):
         path = tmp_path / f"config{i}.py"
         path.write_text(text)
         assert fragment in error_of("train.py", path)
     # and as a user sees it: one line on stderr, status 1
     assert_one_line_error(run_script("train.py", tmp_path / "config0.py", check=False), "config0.py:2")
+
+
+def test_a_rule_s_answer_is_the_same_in_any_order_of_the_arguments(tmp_path, monkeypatch):
+    """Issue 100, class 5. Named: `train.py my_adafactor.py --optim=adafactor`, the file choosing Adafactor and setting
+    its own lr, was refused ("my_adafactor.py's lr=0.01 is AdamW's"), the other order ran. The rule now asks who set the
+    rate in effect and whether that source chose this optimizer, not which argument came last. Unnamed: every order of
+    three arguments, and two files that set the same rate, only one of them choosing Adafactor (the old rule's answer
+    followed whichever came last); where the order changes the rate in effect (later wins), the answer follows the rate."""
+    from itertools import permutations
+    import train
+    from configurator import configure
+    from cram import runtime
+    from cram.budget import SHAPE_FIELDS
+    from model import DATA_FIELDS, ModelConfig
+    monkeypatch.setitem(runtime.OPTIMIZERS, "adafactor", runtime.Optimizer(None, 4))  # a fork's row: no width rule
+    own, same, adamw = tmp_path / "my_adafactor.py", tmp_path / "same_rate.py", tmp_path / "adamw_tuned.py"
+    own.write_text('optim = "adafactor"\nlr = 0.01\n')
+    same.write_text("lr = 0.01\n")
+    adamw.write_text("lr = 2e-3\n")
+
+    refusal = f"optim=adafactor needs --lr: {adamw}'s lr=0.002 is AdamW's"  # the optimizer named where it was set
+
+    def check(argv):
+        """Refused exactly where adamw_tuned.py's rate is the one in effect, else it runs: never by the order."""
+        given = {}
+        config = configure(dict(vars(train)), list(map(str, argv)), ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=given)
+        with pytest.raises(SystemExit, match=re.escape(refusal)) if config["lr"] == 2e-3 else contextlib.nullcontext():
+            train.check_settings(1, config, None, given)
+    check([own, "--optim=adafactor"])  # the named pair, each order
+    check(["--optim=adafactor", own])
+    for args in ([own, "--optim=adafactor", "--seed=3"], [same, own, "--optim=adafactor"], [adamw, own, "--optim=adafactor"],
+                 [adamw, "--optim=adafactor", "--seed=3"]):
+        for order in permutations(args):
+            check(order)
+
+
+def test_a_line_names_a_setting_as_the_user_gave_it(tmp_path, capfd, monkeypatch):
+    """Issue 100, class 6. Named: a resume's refusal named --batch_ramp_start=32, a value from a config file, as if typed;
+    datasets' own log said "row 1455" beside prepare.py's true "line 8723". Now a setting from a file is named by the
+    file and its key (configurator.named) and the loader's row is not shown. Unnamed: a config file's value out of its
+    range or of the wrong type, and its optimizer where the rate rule refuses."""
+    import dataclasses
+    import prepare
+    import train
+    from configurator import config_keys, configure
+    from cram import runtime
+    from cram.budget import SHAPE_FIELDS, resume_settings
+    from model import DATA_FIELDS, ModelConfig
+    run = dict(config_keys(vars(train)), batch_ramp_start=64, batch_size=256, lr=1e-3, budget_tokens=8192)
+    ckpt = dict(config=run, model_args=dataclasses.asdict(ModelConfig()), data_dir=str(tmp_path), tokens=0, elapsed=0.0)
+    ramp = tmp_path / "ramp.py"
+    ramp.write_text("batch_ramp_start = 32\n")
+    given = {}
+    config = configure(dict(vars(train)), [str(ramp), "--resume=True"], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS,
+                       given=given)
+    with pytest.raises(SystemExit, match=f"error: {re.escape(str(ramp))}'s batch_ramp_start=32 differs from its "
+                                         f"checkpoint's 64, and a resume continues its run: leave it out"):
+        resume_settings(ckpt, config, given)
+    records = tmp_path / "books.jsonl"
+    records.write_text("".join(json.dumps({"text": f"book {i}"}) + "\n" for i in range(3000)) + '{"text": "cut\n')
+    with pytest.raises(SystemExit, match=f"{re.escape(str(records))}:3001 is not a JSON line"):
+        list(prepare.record_file(str(records))())
+    assert "row" not in capfd.readouterr().err
+    monkeypatch.setitem(runtime.OPTIMIZERS, "adafactor", runtime.Optimizer(None, 4))  # a fork's row: no width rule
+    for i, (text, fragment) in enumerate((("mask_rate = 2.0\n", "'s mask_rate=2.0 is not allowed: mask_rate must be in (0, 1)"),
+                                          ("seed = 1.5\n", "'s seed expects int, got 1.5 (float)"),
+                                          ('optim = "adafactor"\n', "'s optim=adafactor needs --lr: the width's rule"))):
+        path = tmp_path / f"settings{i}.py"
+        path.write_text(text)
+        given = {}
+        with pytest.raises(SystemExit, match=f"error: {re.escape(str(path) + fragment)}"):
+            train.check_settings(1, configure(dict(vars(train)), [str(path)], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS,
+                                              given=given), None, given)
 
 
 def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(prepared, tmp_path):

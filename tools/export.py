@@ -101,8 +101,9 @@ def training_facts(ckpt, run_dir):
              f"- Budget: {budget}; " + (f"trained {ckpt['step']:,} steps, {ckpt['tokens'] / 1e6:,.1f}M tokens in "
                                          f"{ckpt['elapsed'] / 60:,.1f} minutes" if trained else "the training not recorded")
              + ("" if ckpt.get("final") or not trained else " (an intermediate checkpoint)"),
-             f"- Objective: masked language modelling, {100 * config.get('mask_rate', float('nan')):g}% of the tokens "
-             f"masked (80% [MASK], 10% random, 10% kept)"]
+             f"- Objective: masked language modelling, " + (f"{100 * config['mask_rate']:g}% of the tokens masked" if
+                                                             "mask_rate" in config else "the share masked not recorded")
+             + " (80% [MASK], 10% random, 10% kept)"]
     evals = read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) else []  # one a step
     last = next((r for r in evals if (r["step"], r.get("run")) == (ckpt.get("step"), ckpt.get("run"))), None)  # its own
     if last:
