@@ -39,13 +39,19 @@ LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 RAMP_START = 128  # the batch's ramp starts at the reference's micro-batch, 128 sequences (cramming's impl/_default.yaml)
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
-PICKED = (*SHAPE_FIELDS, "batch_size", "batch_ramp_start", "lr")  # settings whose 0 asks for the rule's pick
+# What a resume keeps and what it may change (train.checkpoint_state says it in words):
+# - PICKED settings have a 0 that means "pick it": in a resume a 0 keeps the checkpoint's value.
+# - SESSION settings say how this command runs, not what the run is, so a resume takes them from the command.
+# - ADJUSTABLE settings are the run's own, but a resume may change them when given: they are what a diverged run
+#   asks to lower. A larger budget may be given too. Every other setting of the run is kept, and a different value
+#   given for one is refused in one line.
+PICKED = (*SHAPE_FIELDS, "batch_size", "batch_ramp_start", "lr")
 SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
            "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
            "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes",
-           "data_dir")  # how a command runs; a resume's data, where it is, is files.check_resume's to judge
+           "data_dir")  # files.check_resume judges whether the data given is the data the run trained on
 ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
-              "keep_checkpoints")  # a resume's own where given (said): what a divergence asks to change
+              "keep_checkpoints")
 
 
 def shape_of(rung, given):
@@ -110,8 +116,9 @@ def cpu_bf16_gain(speedup):
 
 
 def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp):
-    """(the settled settings, the rule's pick or None, for the checkpoint and start_lines): the shape, final batch, peak
-    rate and ramp's start, each given (non-zero) as given, else a resumed run's; a fresh run's by the rule (pick_for)."""
+    """Settles the shape, the final batch, the peak rate and the ramp's start. Each one given (not 0) is used as given.
+    A resume keeps its checkpoint's. A new run has the budget's rule pick the rest (pick_for).
+    Returns (the settled settings, the rule's pick or None), the pick for the checkpoint and the start-up lines."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
     if checkpoint:  # its run's (resume_settings carried them); from before the ramp's start: its micro-batch
@@ -129,8 +136,10 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
 
 
 def resume_settings(checkpoint, config, given):
-    """(the settings a resume runs, lines on what it changed): its checkpoint's unless `given`, the data where it trained;
-    a given budget of its kind rescales the schedules (the ramp ends where it did), any other change is an error."""
+    """The settings a resume runs with, and the start-up lines that say what it changed. They are the checkpoint's
+    own, except those `given` that may change (see PICKED, SESSION and ADJUSTABLE above). A larger budget of the run's
+    kind (hours or tokens) makes the schedules follow the share of the new budget, and the batch ramp still ends
+    where it did. The data is where the run trained unless --data_dir is given."""
     saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
     data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
     if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
