@@ -95,12 +95,12 @@ class ModelConfig:
     crammed-BERT's shape (about 120M parameters) and recipe; train.py declares the four shape fields again, with 0
     meaning that the budget picks them."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
-    seq_len: int = 128         # >= 2: train.py: from the data too
+    seq_len: int = 128         # >= 2: train.py: from the data too (prepare.py --seq_len sets it)
     n_layers: int = 16         # >= 1
     d_model: int = 768         # >= 1: a multiple of n_heads
     n_heads: int = 12          # >= 1
     d_ffn: int = 3072          # >= 2: feed-forward width (split into gate and value halves when glu)
-    bias: bool = False         # biases in the linear layers
+    bias: bool = False         # biases in the blocks' linear layers and on the output layer's logits
     norm_first: bool = True    # pre-LayerNorm (False: the original post-norm)
     glu: bool = True           # gated GELU feed-forward
     position_scheme: str = "sinusoidal"  # {sinusoidal, learned}: scaled sinusoidal, or learned (the original BERT's)
@@ -209,16 +209,19 @@ class CrammedBert(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         if c.position_scheme == "learned":
             self.pos_emb = nn.Parameter(torch.zeros(seq_len, d_model))
-        else:  # scaled sinusoidal: a fixed table times one learned scalar
+        else:  # scaled sinusoidal: a fixed table times one learned scalar, which starts at d_model ** -0.5 (the
+            # reference's): a position's vector then has length 0.71 at any width (d_model / 2 sine-cosine pairs)
             self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
             self.pos_scale = nn.Parameter(torch.tensor(d_model ** -0.5))
-        # smear (modded-nanogpt's, RWKV's token shift; both directions): the first layer already sees local context
+        # smear: each token's embedding also gets a learned linear map of its two neighbours' embeddings, so the first
+        # layer already sees local context (a "token shift", as in RWKV and modded-nanogpt, here in both directions)
         self.smear = nn.Linear(2 * d_model, d_model, bias=False) if c.smear else None
         self.emb_norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.emb_drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         # pre-norm leaves the residual stream un-normalised, so it needs a final norm
         self.final_norm = nn.LayerNorm(d_model, eps=norm_eps) if c.norm_first else nn.Identity()
+        # the original BERT's transform before the output layer (its dense layer has a bias, as BERT's does)
         self.head = (nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
                      if c.head_transform else nn.Identity())
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if c.bias else None
@@ -230,14 +233,19 @@ class CrammedBert(nn.Module):
 
     @staticmethod
     def _init_weights(module):
+        """BERT's initialisation, applied to every module at construction: each Linear and Embedding weight drawn from
+        N(0, 0.02), each bias zero. LayerNorms keep PyTorch's ones and zeros. There is no depth-scaled init of the
+        residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in
+        __init__ before `self.apply`; the exceptions (learned positions, smear at zero) are set after it."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
     def embed(self, idx, padding_mask=None, tokens=None):
-        """What enters the first block (B, T, d): the token embeddings plus the position embeddings, normalised.
-        `tokens` is the token embeddings when the caller has looked them up already (see forward)."""
+        """What enters the first block (B, T, d): the token embeddings, each plus smear's map of its neighbours, plus
+        the position embeddings, then LayerNorm and dropout. `tokens` holds the token embeddings when forward has
+        looked them up already (TiedLookup, on a CPU under autocast)."""
         T = idx.shape[1]
         pos = self.pos_emb[:T] if self.config.position_scheme == "learned" else self.pos_scale * self.pos_table[:T]
         x = self.tok_emb(idx) if tokens is None else tokens  # (B, T, d)
@@ -273,15 +281,21 @@ class CrammedBert(nn.Module):
         return None if padding_mask is None else padding_mask[:, None, None, :]
 
     def logits(self, hidden, weight=None):
-        logits = self.head(hidden) @ (self.tok_emb.weight if weight is None else weight).t()  # tied output layer
+        """The scores over the vocabulary for hidden states (..., d): the output layer is the token embedding's weight,
+        transposed (tied). `weight` is that same weight when forward has already cast it (TiedLookup)."""
+        logits = self.head(hidden) @ (self.tok_emb.weight if weight is None else weight).t()
         return logits if self.decoder_bias is None else logits + self.decoder_bias
 
     def forward(self, inputs, positions, labels):
         """The MLM loss at the masked positions, and in eval mode how many of them the model predicts right (None in
         training mode). With sparse prediction only the masked positions go through the output layer; without it
-        every position does and the others are ignored, as in the original BERT."""
+        every position does and the others are ignored, as in the original BERT.
+        Off-load mode (cram/offload.py) does not call this: it runs embed, its streamed blocks, final_norm and
+        mlm_loss itself. A change to the objective belongs in mlm_loss, which both modes call."""
         tokens = weight = None
-        if inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # the tied weight's uses in one node
+        # On a CPU under autocast, one autograd function (TiedLookup) serves both uses of the tied weight, the lookup
+        # and the output layer. That only makes the step faster: the result is the same.
+        if inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             tokens, weight = TiedLookup.apply(self.tok_emb.weight, inputs, torch.get_autocast_dtype("cpu"))
         hidden = self.encode(inputs, positions=positions if self.sparse_prediction else None, tokens=tokens)
         return self.mlm_loss(hidden, inputs, positions, labels, weight)
@@ -409,7 +423,9 @@ class Trainer:
     def backward(self, micro_batches):
         """Runs the forward and backward pass of each micro-batch (inputs, positions, labels) and returns the step's
         loss, a float: the mean over every masked token of the step, on every process. The gradients add up over the
-        micro-batches, each loss weighted by its share of the step's rows, so they are those of one large batch."""
+        micro-batches, each loss weighted by its share of the step's rows, so they are those of one large batch.
+        The loop judges this loss: a spike skips the update (guard.SpikeWatch), and a loss that is not finite or above
+        an untrained model's counts as diverged (diverged, below). A term a fork adds to the loss is judged with it."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
             weight = len(inputs) / rows  # every row has the same number of masked tokens, so this weights tokens alike

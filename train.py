@@ -37,12 +37,17 @@ resume = False            # continue the run in out_dir/ckpt.pt with its own set
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, from the checkpoint in a resume.
 # The start-up line "settled:" prints the value each of them runs with and why, and settle() writes it here.
+# How the budget picks the shape (cram/budget.py): train.py times a 2048^3 matmul, and the budget's hours times that
+# speed, times the share of it a step reaches, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
+# 24 x 1024, it takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs: the paper's
+# 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one would read
+# the data more than 16 times.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape
 d_model = 0               # >= 0: 0 lets the budget pick the shape
-n_heads = 0               # >= 0: 0 means heads of 64
+n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
-# the sequence length come from the data.
+# the sequence length come from the data (prepare.py's --vocab_size and --seq_len).
 # objective
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
@@ -124,16 +129,18 @@ def budget_spent(progress, step, max_steps):
 
 
 def check_settings(world, config, rt, given=None):
-    """One-line errors for settings that cannot run together (each one's range: the configurator's): before any work,
-    with `given` (where each came from), and once budget.settle has the shape and batch (till then, unset: a rung's)."""
+    """Refuses, in one line each, settings that cannot run together (the configurator has already checked each
+    setting's own range). It runs twice: before any work, with `given` (where each setting came from), and again
+    once budget.settle has picked the shape and batch. Before that, an unset shape is checked as the ladder's first."""
     model, optim = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}), config["optim"]
     if config["wandb_log"] and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     data.split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
     if config["resume_from"] and not config["resume"]:
         raise SystemExit(f"error: {named('resume_from', given)}={config['resume_from']} continues a run: add --resume=True")
-    # the rate in effect, where given (not: the resumed run's), is this optimizer's if typed, or set by a file that also
-    # set this optimizer (a file that keeps AdamW set AdamW's): whoever set what, in any order of the arguments
+    # An optimizer without the width's rate rule needs a rate of its own. A rate typed on the command line is taken
+    # as meant for it. A rate from a config file is taken only if that file also chose this optimizer; otherwise it
+    # was tuned for AdamW. The answer does not depend on the order of the arguments.
     lr_from = [s for s, v in (given or {}).get("lr", {}).items() if v == config["lr"]]
     chose = [s for s in lr_from if s == "--" or given.get("optim", {}).get(s) == optim]
     if not runtime.OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and not chose):
@@ -178,17 +185,17 @@ def main(config, given):
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     asked = {k: config[k] if k in given else 0 for k in SETTLED}  # what was typed, before settle fills in the zeros
-    model_args, remainder_micro, pick, opening = settle(config, resumed, run_data, rt, world, ddp, master, log)
-    opening.append(settled_line(asked, config, resumed[0] is not None))
+    model_args, remainder_micro, budget_pick, start_lines = settle(config, resumed, run_data, rt, world, ddp, master, log)
+    start_lines.append(settled_line(asked, config, resumed[0] is not None))
     # From here on, every global at the top of this file holds the value the run uses.
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
-    metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, opening) if master else None
+    metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, start_lines) if master else None
 
     # -------------------------------------------------------------------- the model and its optimizer
     torch.manual_seed(seed)
-    model = CrammedBert(**model_args)  # on the host: the same initialisation in both modes
+    model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
@@ -199,39 +206,41 @@ def main(config, given):
     watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
     bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
-                 budget=pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
+                 budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(validation, metrics, step, tokens, seconds)[0] if master else None)
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, remainder_micro))
     masking, stop_request, peak_flops = Masking.from_settings(config), process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
-    # The clock (`seconds`) counts the steps only: set-up, logging, evaluation and saving are off it.
+    # The clock (`seconds`) counts each step from `started` at the top of the loop to the end of its update: the batch
+    # drawn and masked, forward, backward and update, and torch.compile's compilation, which happens in the first
+    # steps. Set-up (the memory probe included), logging, evaluation and saving are off it, and so is a pause (Ctrl-Z).
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
         started = time.perf_counter()
         # Under DDP every process follows rank 0's clock, so that all take the same batch and stop together.
-        seconds, stop = runtime.rank0_clock(seconds, stop_request.signum is not None, master, rt.device)
+        seconds, stop = runtime.agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if budget_spent(progress, step, max_steps) or stop:
             break
         # The schedules are functions of the share of the budget spent.
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)  # lr is the peak
-        step_mask = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
+        step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # This process's share of the batch: the next rows of the data order after the sequences trained so far, masked
         # and cut into micro-batches (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
-        micro_batches = batches.step(tokens // seq_len, step_batch, step_mask)
+        micro_batches = batches.step(tokens // seq_len, step_batch, step_masking)
         # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
         loss = trainer.backward(micro_batches)  # the step's mean loss over all processes' rows
         spike = watch.is_spike(loss)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
         step, tokens = step + 1, tokens + step_batch * seq_len  # a skipped update still spends its data and time
-        seconds += stop_request.step_seconds(started)  # time stopped meanwhile (Ctrl-Z) is not training time
+        seconds += stop_request.step_seconds(started)  # the clock stops here; a pause (Ctrl-Z) is not counted
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # ends the run after max_skipped_steps bad in a row
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
-            mfu = model.config.flops_per_token(step_mask.mask_rate) * tokens_per_s / world / peak_flops if peak_flops else None
+            mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / peak_flops if peak_flops else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=bad_steps.skipped), tokens / (n_rows * seq_len), progress)
@@ -264,12 +273,12 @@ def setup_device(config, world, ddp, given):
     resume_from = config["resume_from"]
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
-    carried, said = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
-    problem = disallowed(globals(), carried)  # checked as a command line's: a fork's optimizer, a newer cram's schedule
+    kept, changes = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
+    problem = disallowed(globals(), kept)  # checked as a command line's: a fork's optimizer, a newer cram's schedule
     if problem:
         raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
                          f"it with the cram that wrote it")
-    config.update(carried)
+    config.update(kept)
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
                        config["compile_mode"], (saved.get("device"), saved.get("dtype")))
@@ -281,7 +290,7 @@ def setup_device(config, world, ddp, given):
     if rank == 0 and os.path.isdir(config["out_dir"]):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
     check_own_files(config["out_dir"], checkpoint, source)  # ... or another run's files, which this one would replace or prune
-    return rt, rank, (checkpoint, source, said)
+    return rt, rank, (checkpoint, source, changes)
 
 
 def settle(config, resumed, run_data, rt, world, ddp, master, log):
@@ -290,9 +299,9 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     memory.choose_micro_batch finds the largest micro-batch that fits, and data.split_micro_batches how every batch of
     the schedule is cut into micro-batches: as many of micro_batch as fit, the rest in ones of remainder_micro.
     Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what was picked)."""
-    (checkpoint, source, said), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
+    (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     data_args, lr_given = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]), config["lr"]
-    settled, pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=train_tokens.size, rt=rt,
+    settled, budget_pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=train_tokens.size, rt=rt,
                                   world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
     check_settings(world, config, rt)  # with the shape and batch settled
@@ -305,7 +314,8 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     config["micro_batch"], remainder_micro = data.split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
-    return model_args, remainder_micro, pick, said if checkpoint else budget.start_lines(pick, config, meta["seq_len"], lr_given)
+    lines = changes if checkpoint else budget.start_lines(budget_pick, config, meta["seq_len"], lr_given)
+    return model_args, remainder_micro, budget_pick, lines
 
 
 SETTLED = ("n_layers", "d_model", "batch_size", "n_heads", "d_ffn", "lr", "batch_ramp_start", "micro_batch")
@@ -367,7 +377,7 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
     raise SystemExit(0)
 
 
-def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, opening):
+def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, start_lines):
     """Rank 0's start: claims out_dir (a lock, and room on disk for the checkpoints kept), warns of a run too large for
     a CPU or one that repeats its data, and prints the start-up lines. Returns the metrics.jsonl log."""
     with torch.device("meta"):  # the exact counts, without the memory
@@ -386,7 +396,7 @@ def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, openin
         set_aside = f"; the later ones set aside, kept: {', '.join(later)}" if later else ""
         print(f"resuming {saves.last_path} at step {checkpoint['step']}, {checkpoint['elapsed'] / 60:.1f} minutes and "
               f"{checkpoint['tokens'] / 1e6:.1f}M tokens in{set_aside}")
-    for line in opening:
+    for line in start_lines:
         print(line)
     wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
     return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config, (checkpoint or {}).get("run"))

@@ -19,8 +19,10 @@ LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640),
 STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768; a CPU 0.6-0.9)
 GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200's 3.5-min runs: 0.41 at 8 x 512, 0.45 at 10 x 640)
 EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over compiled, over eager (BENCHMARKS)
-PAPER_COMPUTE = 4.3e18   # the paper's 24 hours on an RTX A6000 (its matmul ~100 TFLOP/s, x STEP_EFFICIENCY), in
-PAPER_WEIGHTS = 94.4e6   # which 16 x 768 (these blocks' matmul weights) was its best shape
+# The paper's point: in its 24 hours on an RTX A6000 (a matmul speed of about 100 TFLOP/s, times STEP_EFFICIENCY,
+# gives 4.3e18 FLOPs), 16 x 768 was its best shape, and 94.4M is the matmul weights of its blocks.
+PAPER_COMPUTE = 4.3e18
+PAPER_WEIGHTS = 94.4e6
 SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
 MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)
 # The final batch: a power law through the CPU's measured point (32 sequences at 29k) and the published ~4k at the
@@ -55,8 +57,9 @@ ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike
 
 
 def shape_of(rung, given):
-    """A LADDER rung (layers, width) as ModelConfig's shape fields, those `given` (non-zero) in their place: heads of 64
-    (or the most up to width / 64 that divide it), a feed-forward 4x; given heads alone take the nearest width."""
+    """A LADDER rung (layers, width) as ModelConfig's four shape fields, with any `given` (not 0) in their place.
+    Heads are 64 wide (or, where 64 does not divide the width, the most heads up to width / 64 that do), and the
+    feed-forward is 4x the width. Where only the heads are given, the width is the multiple of them nearest the rung's."""
     heads = given.get("n_heads")
     width = given.get("d_model") or (heads * max(1, round(rung[1] / heads)) if heads else rung[1])
     heads = heads or max(h for h in range(1, max(1, width // 64) + 1) if width % h == 0)
@@ -72,9 +75,11 @@ def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
 
 
 def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of):
-    """(the LADDER rung a budget picks, the nearest, the tokens it trains on) for `matmul_compute` (x a width's
-    efficiency_of) or `tokens`: the rung whose blocks' weights are nearest PAPER_WEIGHTS * (compute / PAPER_COMPUTE)
-    ** SIZE_EXPONENT, or one up to 4x that where it repeats `data_tokens` over MAX_EPOCHS times."""
+    """Picks the LADDER rung for a budget of `matmul_compute` FLOPs at the matmul's speed (or of `tokens`).
+    For each rung, the FLOPs it can spend are matmul_compute times its width's share (efficiency_of), and the best
+    size for them is PAPER_WEIGHTS * (FLOPs / PAPER_COMPUTE) ** SIZE_EXPONENT. The nearest rung is the one whose
+    blocks' weights are nearest that size, by ratio. Where the nearest would read `data_tokens` more than MAX_EPOCHS
+    times, a larger rung is taken, up to 4x the best size. Returns (the rung taken, the nearest, its tokens)."""
     rungs = []  # (weights, best size, tokens) of each rung
     for rung in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(rung, {})})

@@ -192,8 +192,9 @@ class StopRequest:
         held(signum)
 
     def step_seconds(self, started):
-        """A step's seconds on the budget's clock since `started` (perf_counter's); where the process was stopped and
-        continued meanwhile (Ctrl-Z then fg, a batch system's suspend), the step before's: a pause is not training."""
+        """The seconds of the step that began at `started` (a perf_counter reading), for the budget's clock. If the
+        process was stopped and continued during the step (Ctrl-Z then fg, or a batch system's suspend), the pause is
+        not training: the step counts as the shorter of its own time and the step before's."""
         took = time.perf_counter() - started
         self.last_took, self.continued = min(took, self.last_took) if self.continued else took, False
         return self.last_took

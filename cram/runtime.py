@@ -348,8 +348,9 @@ def leave_process_group():
     dist.destroy_process_group()
 
 
-def rank0_clock(seconds, stop, master, device):
-    """Under DDP: rank 0's training seconds, and whether any rank was asked to stop, on every rank; else as they are."""
+def agree_on_clock(seconds, stop, master, device):
+    """Under DDP, gives every process rank 0's training seconds, and whether any process was asked to stop. In a run
+    of one process, returns them as they are."""
     if not (dist.is_available() and dist.is_initialized()):  # one process (a torch without distributed too)
         return seconds, stop
     t = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
