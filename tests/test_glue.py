@@ -916,7 +916,7 @@ def test_a_task_of_three_texts_runs_end_to_end_and_says_how_it_read_them(pretrai
                       "--seeds=1", "--device=cpu", "--dtype=float32", f"--out_json={tmp_path / 'glue.json'}")
     results, read = json.loads((tmp_path / "glue.json").read_text()), " (3 texts: the first against each later one, side by side)"
     assert results["words_alone_scores"]["copa"] > 90  # each choice read against the premise, in order
-    assert f"with no network): copa {results['words_alone_scores']['copa']:.1f}{read}" in proc.stdout
+    assert f"not fitted): copa {results['words_alone_scores']['copa']:.1f}{read}" in proc.stdout
     assert f"Heads: copa: each text's mean apart, [u, v, |u - v|, u * v]{read}." in proc.stdout
     entry = results["tasks"]["copa"]
     assert entry["settings"]["pooling"] == "pair" and entry["train_examples"] == 200
