@@ -51,7 +51,9 @@ def attend(q, k, v, attn_mask, dropout_p):
 
 
 class FeedForward(nn.Module):
-    """GELU MLP; glu=True splits the up-projection into gate and value halves (the plain MLP's parameters)."""
+    """The feed-forward block: up-projection, GELU, down-projection. With glu=True (the recipe's) the up-projection's
+    d_ffn outputs are split into a gate half and a value half, gelu(gate) * value, so the hidden width is d_ffn / 2
+    and the block has 3/4 of the plain MLP's parameters at the same d_ffn."""
 
     def __init__(self, d_model, d_ffn, bias, glu):
         super().__init__()
@@ -99,7 +101,7 @@ class ModelConfig:
     n_layers: int = 16         # >= 1
     d_model: int = 768         # >= 1: a multiple of n_heads
     n_heads: int = 12          # >= 1
-    d_ffn: int = 3072          # >= 2: feed-forward width (split into gate and value halves when glu)
+    d_ffn: int = 3072          # >= 2: the feed-forward's up-projection width (with glu, halves: a hidden width of d_ffn / 2)
     bias: bool = False         # biases in the blocks' linear layers and on the output layer's logits
     norm_first: bool = True    # pre-LayerNorm (False: the original post-norm)
     glu: bool = True           # gated GELU feed-forward
@@ -413,7 +415,8 @@ class Trainer:
     """One optimizer step of a model, and the training state a checkpoint keeps.
 
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module as the step
-    runs it: compiled by torch.compile, and wrapped by DDP when several processes train. `scaler` is float16's loss
+    runs it: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in training
+    mode; only evaluation (data.Validation) switches it to eval mode, and back. `scaler` is float16's loss
     scaler (a pass-through in other precisions). offload.OffloadTrainer has the same methods."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
@@ -435,7 +438,7 @@ class Trainer:
                     loss, _ = self.step_model(inputs, positions, labels)
                 self.scaler.scale(loss * weight).backward()
             total = total + loss.detach() * weight
-        return mean_over_processes(total).item()  # one synchronisation a step
+        return mean_over_processes(total).item()  # the host waits for the device here (and in update, for the norm)
 
     def update(self, lr, clip, skip=False):
         """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless

@@ -32,7 +32,7 @@ data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prep
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 budget_hours = 24.0       # > 0: training time, compilation included; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours (reproducible runs)
-max_steps = 0             # >= 0: also stop after this many optimizer steps (0: no limit); a resume does not keep it
+max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit); a resume does not keep it
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, from the checkpoint in a resume.
@@ -75,7 +75,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: for the model's initialisation, the data order and the training masks
+seed = 0                  # [0, 4294967295]: the initialisation, data order, training masks and fill-in picks; one for all processes
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (cram/guard.py's BadSteps says which are bad)
@@ -166,8 +166,9 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
     """What a checkpoint holds, and so what --resume=True restores:
     - the weights, the optimizer's state and float16's loss scale (trainer.state_dict);
     - the run's place: its step, the tokens it trained on and the seconds it spent. The schedules are functions of the
-      share of the budget spent, and the data order and masks are functions of the sequences read so far (rows_at), so
-      these three numbers put a resumed run back on the same learning rate, batch size, rows and masks;
+      share of the budget spent, and the data order is a function of the sequences read so far (rows_at), so these
+      three numbers put a resumed run back on the same learning rate, batch size and rows. The masks come back too
+      where the micro-batch, the process count and the kind of device are the same (see data.Batches);
     - the loss history that the spike check judges by (watch);
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/budget.py's resume_settings). It may change a few: a larger budget,
@@ -201,7 +202,8 @@ def main(config, given):
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
         f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
-    validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)  # the plain model, not the compiled one
+    # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
+    validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
     bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
@@ -437,7 +439,9 @@ def finish(validation, metrics, state, signum, saves):
 
 
 if __name__ == "__main__":
-    # signals before the loop (StopRequest takes them from there on), a machine's fault anywhere
+    # process.guarded turns a stop signal before the loop (Ctrl-C, SIGTERM) or a machine's fault (a full disk, the
+    # GPU's memory) into one line that says what was kept. In the loop, process.StopRequest only records a stop
+    # signal: the step finishes, the loop ends at its top, and finish() saves the checkpoint.
     settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := {}))
     process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings, given)

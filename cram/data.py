@@ -142,7 +142,9 @@ def split_micro_batches(world, micro, final, start, ramp):
                              f"of processes that divides {np.gcd(final, start)}, or a new run with a multiple of {world}")
     per_rank, ramp_unit = final // world, start // world  # a process's final batch, and what the ramp adds at a time
     micro = min(micro, per_rank)
-    left = ramp_unit % micro  # the ramp's k x ramp_unit leave k x left over, once past micro all of gcd(left, micro)'s multiples
+    # A ramp batch of k units leaves k * left sequences over after its full micro-batches (mod micro). Once k * left
+    # passes micro, those leftovers take every multiple of gcd(left, micro), so that gcd is the size that divides them.
+    left = ramp_unit % micro
     ramp_rest = 0 if not left else left if (per_rank - 1) // ramp_unit * left < micro else math.gcd(left, micro)
     return micro, math.gcd(ramp_rest, per_rank % micro) or micro
 
@@ -155,8 +157,10 @@ def micro_batch_sizes(batch, world, micro, remainder):
 
 class Batches:
     """The training batches of one process (`rank` of `world`). `split` is split_micro_batches's (micro, remainder), or
-    None for one micro-batch a step. Each micro-batch's rows and masks depend only on its place in the run, so a
-    resumed run, or one on more processes, reads and masks exactly what the same place would have had."""
+    None for one micro-batch a step. Each micro-batch's rows depend only on its place in the run, so a resumed run, or
+    one on more processes, reads exactly the rows the same place would have had. Its masks are drawn for the whole
+    slice a process reads, on the device, so they are the same only where the slices and the kind of device are:
+    another micro-batch or process count masks the same rows differently. (Validation masks row by row instead.)"""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled", split=None):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order, self.split = tokens, rank, world, device, seed, order, split
@@ -260,17 +264,20 @@ class Validation:
     @torch.no_grad()
     def score(self, n_sequences, mask_rate):
         """The validation loss and masked-token accuracy over the first n_sequences rows. Every row keeps its own fixed
-        mask (validation_batch), so the result does not depend on the batch or the device."""
-        self.model.eval()
+        mask (validation_batch), so the result does not depend on the batch or the device. The model is in eval mode
+        meanwhile (no dropout; forward counts its correct predictions) and back in training mode after."""
         n = min(n_sequences, len(self.tokens))
         loss_sum, correct, predicted = 0.0, 0, 0
-        for start in range(0, n, self.batch):
-            masked = validation_batch(self.tokens, range(start, min(n, start + self.batch)), mask_rate, self.meta)
-            inputs, positions, labels = (to_device(t, self.rt.device) for t in masked)
-            with self.rt.autocast():
-                loss, hits = self.model(inputs, positions, labels)
-            loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
-            correct += hits.item()
-            predicted += labels.numel()
-        self.model.train()
+        self.model.eval()
+        try:
+            for start in range(0, n, self.batch):
+                masked = validation_batch(self.tokens, range(start, min(n, start + self.batch)), mask_rate, self.meta)
+                inputs, positions, labels = (to_device(t, self.rt.device) for t in masked)
+                with self.rt.autocast():
+                    loss, hits = self.model(inputs, positions, labels)
+                loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
+                correct += hits.item()
+                predicted += labels.numel()
+        finally:
+            self.model.train()
         return loss_sum / predicted, correct / predicted

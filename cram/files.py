@@ -80,7 +80,7 @@ def write_atomically(path, write):
         os.replace(tmp, path)
     except Exception as e:  # OSError, or a library's own error for one (torch.save: RuntimeError)
         raise cannot_write(path, e)
-    finally:  # a failed or interrupted write leaves nothing behind
+    finally:  # a failed or interrupted write leaves no temporary file (a second Ctrl-C, which kills, may leave one)
         if os.path.exists(tmp):
             os.remove(tmp)
     with contextlib.suppress(OSError):  # the rename itself on the disk (POSIX; elsewhere a folder cannot be opened)

@@ -112,7 +112,8 @@ def take_signals(handler):
 
 
 def interrupt(signum, frame):
-    """A stop signal unwinds the work as Ctrl-C does (through its finally blocks), once: repeats only count (held)."""
+    """Before the loop, turns a stop signal into a KeyboardInterrupt, as Ctrl-C's, so the work unwinds through its
+    finally blocks. Repeats after the first are handled by held."""
     take_signals(lambda repeat, _: held(repeat))
     held(signum)
     raise KeyboardInterrupt(signum)
@@ -127,9 +128,10 @@ def exit_stopped(signum):
 
 
 def held(signum):
-    """A stop signal once a stop is under way: a repeat is the same request and leaves the save alone (scancel
-    signals torchrun's workers, which torchrun then forwards it to; a soft CPU limit repeats SIGXCPU every
-    CPU-second; a closed terminal's SIGHUP comes twice), the sender's SIGKILL stays the end; a second Ctrl-C kills."""
+    """Handles a stop signal that arrives once a stop is under way. A repeat is the same request, so it leaves the save
+    alone: schedulers and terminals often send one signal twice (scancel signals torchrun's workers and torchrun
+    forwards it again; a soft CPU limit repeats SIGXCPU every CPU-second; a closed terminal's SIGHUP comes twice).
+    A second Ctrl-C is the exception: it kills the process at once, as a user pressing it twice means."""
     INTERRUPTS[0] += signum == signal.SIGINT
     if INTERRUPTS[0] and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
