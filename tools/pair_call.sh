@@ -13,13 +13,13 @@
 # $OUT: train.log, timeline.txt, env.txt, summary.txt (the table), ft.tar (every glue.json and log).
 #
 #   device run:  P=. OUT=$OUT bash tools/pair_call.sh            (carry: data/gpu_call)
-#   rehearsal:   P=. OUT=/tmp/pc DEVICE=cpu PT_MINUTES=0.5 PREP_ARGS=--vocab_size=2048 SEEDS=1 FT_LIMIT=120 \
-#                EXTRA=--max_train_examples=64 bash tools/pair_call.sh
+#   rehearsal:   P=. OUT=/tmp/pc DEVICE=cpu PT_MINUTES=0.5 PREP_ARGS="--vocab_size=2048 --val_fraction=0.4" SEEDS=1 \
+#                FT_LIMIT=150 EXTRA="--max_train_examples=64 --epochs=1" CARRY=<a small carry> bash tools/pair_call.sh
 set -u
 export PYTHONUNBUFFERED=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 P=${P:-.}; OUT=${OUT:-/tmp/paircall}; W=${W:-/tmp/paircall_work}; DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}
 SEEDS=${SEEDS:-3}; PT_MINUTES=${PT_MINUTES:-4}; PREP_LIMIT=${PREP_LIMIT:-90}; FT_LIMIT=${FT_LIMIT:-230}
-PREP_ARGS=${PREP_ARGS:---vocab_size=32768}; EXTRA=${EXTRA:-}
+PREP_ARGS=${PREP_ARGS:---vocab_size=32768 --tokenizer_train_chars=120000000}; EXTRA=${EXTRA:-}
 CARRY=${CARRY:-data/gpu_call}
 mkdir -p "$OUT" "$W/ft" "$W/logs"
 T0=$(date +%s); mark() { echo "$1 at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/timeline.txt"; }
