@@ -47,7 +47,7 @@ d_model = 0               # >= 0: 0 lets the budget pick the shape
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
-# the sequence length come from the data (prepare.py's --vocab_size and --seq_len).
+# the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # objective
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
@@ -75,7 +75,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: the initialisation, data order, training masks and fill-in picks; one for all processes
+seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (numpy, data.epoch_order), training masks (data.Batches) and fill-in picks; one for all processes
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (cram/guard.py's BadSteps says which are bad)

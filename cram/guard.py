@@ -36,8 +36,10 @@ class SpikeWatch:
 
 
 class Saves:
-    """A run's checkpoints: `path` (ckpt.pt) is the newest sound one, and `keep` - 1 older ones stay beside it. In a
-    resume the checkpoint it started from (`source`) counts as the last until the run saves."""
+    """A run's checkpoints: `path` (ckpt.pt) is the newest sound one, and `keep` - 1 older ones stay beside it as
+    ckpt_<step>.pt. Each save is written to a temporary file and renamed into place (files.write_atomically), so a
+    crash leaves the old checkpoint or the new one, never half of one. In a resume the checkpoint it started from
+    (`source`) counts as the last until the run saves."""
 
     def __init__(self, path, keep, checkpoint=None, source=None):
         self.path, self.keep = path, keep
