@@ -185,9 +185,8 @@ def main(config, given):
     rt, rank, resumed = setup_device(config, world, ddp, given)
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
-    asked = {k: config[k] if k in given else 0 for k in SETTLED}  # what was typed, before settle fills in the zeros
     model_args, remainder_micro, budget_pick, start_lines = settle(config, resumed, run_data, rt, world, ddp, master, log)
-    start_lines.append(settled_line(asked, config, resumed[0] is not None))
+    start_lines.append(settled_line(given, config, resumed[0] is not None))
     # From here on, every global at the top of this file holds the value the run uses.
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
@@ -320,16 +319,16 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     return model_args, remainder_micro, budget_pick, lines
 
 
-SETTLED = ("n_layers", "d_model", "batch_size", "n_heads", "d_ffn", "lr", "batch_ramp_start", "micro_batch")
-
-
-def settled_line(asked, config, resumed):
+def settled_line(given, config, resumed):
     """The start-up line that says the value of each setting whose 0 is decided at start-up, grouped by why: given
-    (`asked` holds what was typed, 0 where nothing was), its checkpoint's in a resume, or the rule that picked it."""
+    (a value other than 0 typed or set by a config file, as `given` records), its checkpoint's in a resume, or the
+    rule that picked it."""
     rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
-                 n_heads="heads of 64", d_ffn="4 x d_model", lr="the width's rule",
+                 n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
                  batch_ramp_start="the default",
-                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else "up to 32 off a GPU")
+                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
+                 "32, or the batch if smaller")
+    asked = {k: [*given[k].values()][-1] if k in given else 0 for k in rules}  # the value in effect where set, else 0
     groups = {}
     for k, rule in rules.items():
         why = "given" if asked[k] else "its checkpoint's" if resumed and k != "micro_batch" else rule
