@@ -403,14 +403,6 @@ def mean_over_processes(value):
     return value / torch.distributed.get_world_size()
 
 
-def diverged(loss, vocab_size, applied=True, scaler=None):
-    """Whether a step says the run diverged: its loss is not finite, or more than a nat above an untrained model's
-    (uniform over the vocabulary), or its update was skipped for a non-finite gradient. Under float16 the loss scaler
-    skips updates as it searches for its scale, so there a skip counts only once the scale is below 1."""
-    skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
-    return skipped or not loss <= math.log(vocab_size) + 1.0
-
-
 class Trainer:
     """One optimizer step of a model, and the training state a checkpoint keeps.
 
@@ -427,7 +419,7 @@ class Trainer:
         """Runs the forward and backward pass of each micro-batch (inputs, positions, labels) and returns the step's
         loss, a float: the mean over every masked token of the step, on every process. The gradients add up over the
         micro-batches, each loss weighted by its share of the step's rows, so they are those of one large batch.
-        The loop judges this loss: a spike skips the update (guard.SpikeWatch), and a loss that is not finite or above
+        The loop judges this loss: a spike skips the update (SpikeWatch, below), and a loss that is not finite or above
         an untrained model's counts as diverged (diverged, below). A term a fork adds to the loss is judged with it."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
@@ -468,6 +460,66 @@ class Trainer:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if checkpoint.get("scaler"):  # float16's loss scale; empty when the run used another dtype
             self.scaler.load_state_dict(checkpoint["scaler"])
+
+
+# -----------------------------------------------------------------------------
+# The bad-step rule: the loop skips the update of a step whose loss spikes (SpikeWatch) or whose gradient is not
+# finite (Trainer.update), and ends the run after too many bad steps in a row (BadSteps).
+# A loss is a spike when it is more than `threshold` spreads, and SPIKE_MARGIN of the mean, above the mean of about
+# the last SPIKE_WINDOW losses. The watch starts judging once SPIKE_HISTORY losses are in.
+SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
+
+
+def diverged(loss, vocab_size, applied=True, scaler=None):
+    """Whether a step says the run diverged: its loss is not finite, or more than a nat above an untrained model's
+    (uniform over the vocabulary), or its update was skipped for a non-finite gradient. Under float16 the loss scaler
+    skips updates as it searches for its scale, so there a skip counts only once the scale is below 1."""
+    skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
+    return skipped or not loss <= math.log(vocab_size) + 1.0
+
+
+class SpikeWatch:
+    """A run's recent training loss: its running mean over about SPIKE_WINDOW steps and its step-to-step spread (half
+    the mean square of successive differences). A checkpoint keeps them (state_dict), so a resume judges as before."""
+
+    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0):
+        self.threshold, self.mean, self.var, self.count, self.last = threshold, mean, var, count, last
+
+    def is_spike(self, loss):
+        """Whether `loss` is a spike: `threshold` spreads and SPIKE_MARGIN above the recent mean, once SPIKE_HISTORY
+        losses are in (a threshold of 0 turns this off). A finite loss that is not a spike joins the history."""
+        rise = loss - self.mean
+        spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
+                     rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
+        if not spike and math.isfinite(loss):
+            self.count += 1
+            weight = max(1 / self.count, 1 / SPIKE_WINDOW)
+            jump = loss - self.last if self.count > 1 else 0.0
+            self.mean, self.var, self.last = self.mean + weight * rise, self.var + weight * (jump ** 2 / 2 - self.var), loss
+        return spike
+
+    def state_dict(self):
+        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last)
+
+
+class BadSteps:
+    """A run's count of skipped updates (`skipped`, which the log shows) and its streak of bad steps (`in_a_row`; no
+    checkpoint is saved during one). A bad step is one whose loss spiked or diverged (diverged)."""
+
+    def __init__(self, limit, saves, vocab_size, threshold):
+        self.limit, self.saves, self.vocab_size, self.threshold, self.skipped, self.in_a_row = limit, saves, vocab_size, threshold, 0, 0
+
+    def count(self, step, loss, spike, applied, scaler=None):
+        """Counts one step. After `limit` bad steps in a row it ends the run (SystemExit), naming the checkpoint to
+        resume from."""
+        self.skipped += not applied
+        bad = spike or diverged(loss, self.vocab_size, applied, scaler)
+        self.in_a_row = self.in_a_row + 1 if bad else 0
+        if self.in_a_row < self.limit:
+            return
+        spike = f", or a spike: {self.threshold:g} spreads and {SPIKE_MARGIN:.0%} above the recent mean" if self.threshold else ""
+        raise SystemExit(f"error: {self.in_a_row} steps in a row diverged (a non-finite gradient, a loss above "
+                         f"{math.log(self.vocab_size) + 1:.2f}{spike}) up to step {step}; {self.saves.advice()}")
 
 
 class ClassificationHead(nn.Module):

@@ -22,10 +22,9 @@ import torch
 from cram import budget, data, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import Batches, Validation, fill_in, load_run_data, make_encoding, repeat_warning
-from cram.files import MetricsLog, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
-from cram.guard import BadSteps, Saves, SpikeWatch
+from cram.files import MetricsLog, Saves, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
 from cram.offload import OffloadTrainer, check_settings as check_offload
-from model import DATA_FIELDS, MASK_RATE, CrammedBert, Masking, ModelConfig, Trainer, param_groups
+from model import DATA_FIELDS, MASK_RATE, BadSteps, CrammedBert, Masking, ModelConfig, SpikeWatch, Trainer, param_groups
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -78,7 +77,7 @@ peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (numpy, data.epoch_order), training masks (data.Batches) and fill-in picks; one for all processes
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
-max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (cram/guard.py's BadSteps says which are bad)
+max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (model.py's BadSteps says which are bad)
 spike_threshold = 6.0     # >= 0: a loss this many times its step-to-step noise (and 10%) over its recent mean is a spike: its update is skipped; 0: off
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of training, and at the end

@@ -18,7 +18,7 @@ import torch
 
 from configurator import allowed, declarations
 from .runtime import OPTIMIZERS
-from model import REPLACED_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
+from model import REPLACED_FIELDS, CrammedBert, ModelConfig, diverged, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -411,7 +411,7 @@ def checkpoint_problem(checkpoint, path):
     for key, kinds in RECORD.items():  # the rest is optional (a user's conversion holds only the four), but typed
         if key in checkpoint and type(checkpoint[key]) not in kinds:
             return f"its {key} is {type(checkpoint[key]).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
-    watch = checkpoint.get("spike_watch", {})  # guard.SpikeWatch's state, which a resume unpacks
+    watch = checkpoint.get("spike_watch", {})  # model.SpikeWatch's state, which a resume unpacks
     if set(watch) - {"mean", "var", "count", "last"} or not all(type(v) in (float, int) and v >= 0 for v in watch.values()):
         return "its spike_watch is not the mean, var, count and last of a run's losses (numbers, none negative)"
     problem = model_args_problem(args) or meta_problem(checkpoint["meta"])
@@ -572,3 +572,47 @@ def optimizer_problem(checkpoint, optim):
                 fits(v, params[index]) for v in state.values() if isinstance(v, torch.Tensor))):
             return f"does not fit the model's parameters (entry {index})"
     return None
+
+
+class Saves:
+    """A run's checkpoints: `path` (ckpt.pt) is the newest sound one, and `keep` - 1 older ones stay beside it as
+    ckpt_<step>.pt. Each save is written to a temporary file and renamed into place (write_atomically), so a
+    crash leaves the old checkpoint or the new one, never half of one. In a resume the checkpoint it started from
+    (`source`) counts as the last until the run saves."""
+
+    def __init__(self, path, keep, checkpoint=None, source=None):
+        self.path, self.keep = path, keep
+        self.last, self.last_path = (checkpoint["step"], source) if checkpoint is not None else (None, None)
+        self.branched = checkpoint is not None and os.path.abspath(source) != os.path.abspath(path)
+
+    def branch(self):
+        """For a resume from an older checkpoint, once out_dir is claimed: sets aside the checkpoints saved after it
+        (branch_from) and returns their new names."""
+        return branch_from(self.path, self.last) if self.branched else []
+
+    def save_if_sound(self, validation, state, mask_rate, at_end=False):
+        """Saves the checkpoint `state` if its weights are sound: finite, with a loss on one batch of validation rows
+        (a data.Validation) that has not diverged. Only sound weights are saved, so a run stopped for diverging can
+        resume from one. Unsound weights are not saved, which is said; at the end of a run (at_end) that is an error."""
+        finite = all_finite(state["model"])
+        loss = validation.score(validation.batch, mask_rate)[0] if finite else None  # one batch tells a divergence
+        refused = "non-finite weights" if loss is None else \
+            f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
+        if not refused:
+            save_in_series(self.path, state, self.keep, None if self.branched else self.last)
+            self.last, self.last_path, self.branched = state["step"], self.path, False
+        elif at_end:
+            raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {self.advice()}")
+        else:
+            print(f"checkpoint at step {state['step']} not saved: {refused}; {self.kept()}")
+
+    def kept(self):
+        """A phrase that says where the last sound checkpoint is and names the one before it, or that none was saved."""
+        if self.last is None:
+            return "no checkpoint was saved"
+        older = [p for step, p in checkpoint_series(os.path.dirname(self.path)) if step < self.last]
+        before = f" (the one before it: --resume_from={os.path.basename(older[-1])})" if older else ""
+        return f"the last checkpoint is {self.last_path} at step {self.last}{before}"
+
+    def advice(self):
+        return f"{self.kept()}: lower --lr and {'resume it' if self.last is not None else 'start again'}"
