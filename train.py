@@ -127,11 +127,12 @@ def budget_spent(progress, step, max_steps):
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
 
-def check_settings(world, config, rt, given=None):
+def check_settings(world, config, rt, model, given=None):
     """Refuses, in one line each, settings that cannot run together (the configurator has already checked each
     setting's own range). It runs twice: before any work, with `given` (where each setting came from), and again
-    once budget.settle has picked the shape and batch. Before that, an unset shape is checked as the ladder's first."""
-    model, optim = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}), config["optim"]
+    once budget.settle has picked the shape and batch. `model` is the ModelConfig the settings ask for: before the
+    budget's pick, in the ladder's first shape where the shape is unset."""
+    optim = config["optim"]
     if config["wandb_log"] and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
     data.split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
@@ -282,7 +283,7 @@ def setup_device(config, world, ddp, given):
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
                        config["compile_mode"], (saved.get("device"), saved.get("dtype")))
-    check_settings(world, config, rt, given)
+    check_settings(world, config, rt, ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}), given)
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     rt.optim = config["optim"]  # the optimizer rt.optimizer builds and the memory check counts (runtime.OPTIMIZERS)
@@ -301,11 +302,13 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what was picked)."""
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     data_args, lr_given = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]), config["lr"]
-    settled, budget_pick = budget.settle(config, checkpoint, data_args=data_args, data_tokens=train_tokens.size, rt=rt,
-                                  world=world, master=master, ddp=ddp)
+    unshaped = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}, **data_args)  # budget.settle shapes it
+    settled, budget_pick = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
+                                         data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
-    check_settings(world, config, rt)  # with the shape and batch settled
-    model_args = dataclasses.asdict(ModelConfig.from_settings(config, **data_args))
+    model = ModelConfig.from_settings(config, **data_args)
+    check_settings(world, config, rt, model)  # with the shape and batch settled
+    model_args = dataclasses.asdict(model)
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),

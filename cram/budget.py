@@ -120,10 +120,11 @@ def cpu_bf16_gain(speedup):
     return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
 
 
-def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp):
+def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, ddp):
     """Settles the shape, the final batch, the peak rate and the ramp's start. Each one given (not 0) is used as given.
-    A resume keeps its checkpoint's. A new run has the budget's rule pick the rest (pick_for).
-    Returns (the settled settings, the rule's pick or None), the pick for the checkpoint and the start-up lines."""
+    A resume keeps its checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the
+    model's other settings and its data's vocabulary and sequence length, with any shape (the rule replaces it).
+    Returns (the settled settings, the rule's pick or None); the pick goes in the checkpoint."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
     if checkpoint:  # its run's (resume_settings carried them); from before the ramp's start: its micro-batch
@@ -132,7 +133,7 @@ def settle(config, checkpoint, *, data_args, data_tokens, rt, world, master, ddp
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         efficiency_of = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
-        settled, picked = pick_for(compute, config, given, data_args, data_tokens, world, efficiency_of)
+        settled, picked = pick_for(compute, config, given, model_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
     settled.update(given)
     settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
@@ -185,18 +186,17 @@ def budget_compute(config, rt, world, master, ddp):
     return compute, dict(matmul_flops=speed, matmul_dtype=matmul_rt.dtype_name(), bf16_gain=gain)
 
 
-def pick_for(matmul_compute, config, given, data_args, data_tokens, world, efficiency_of):
+def pick_for(matmul_compute, config, given, model_args, data_tokens, world, efficiency_of):
     """(a fresh run's shape and final batch by the rule, `given` ones as given; the pick) for budget_compute's FLOPs or
-    config's budget_tokens (`efficiency_of`: step_efficiency's)."""
+    config's budget_tokens (`efficiency_of`: step_efficiency's), for a model of `model_args` in another shape."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
-    model_args = dataclasses.asdict(ModelConfig.from_settings({**config, **shape_of(LADDER[0], {})}, **data_args))
     rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of)
     shape = shape_of(rung, given)
-    per_token = ModelConfig.from_settings({**config, **shape}, **data_args).flops_per_token(mask_rate)
+    per_token = ModelConfig(**{**model_args, **shape}).flops_per_token(mask_rate)
     efficiency = efficiency_of(shape["d_model"])
     tokens = tokens or matmul_compute * efficiency / per_token
     unit = (config["micro_batch"] or 1) * world
-    batch = given.get("batch_size") or max(1, round(batch_for_budget(tokens, data_args["seq_len"]) / unit)) * unit
+    batch = given.get("batch_size") or max(1, round(batch_for_budget(tokens, model_args["seq_len"]) / unit)) * unit
     return dict(shape, batch_size=batch), dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens,
                                                epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest), given=sorted(given))
 

@@ -155,7 +155,7 @@ def test_a_resume_keeps_its_ramp_and_an_older_checkpoint_ramps_from_its_micro_ba
     config = dict(n_layers=2, d_model=64, n_heads=2, d_ffn=256, batch_size=0, lr=0.0, batch_ramp_start=0)
     shape = {k: config[k] for k in ("n_layers", "d_model", "n_heads", "d_ffn")}
     ckpt = dict(model_args=shape, config=dict(batch_size=64, lr=1e-3, micro_batch=16, batch_ramp_start=48))
-    common = dict(data_args=dict(vocab_size=512, seq_len=32), data_tokens=1e6, rt=None, world=1, master=True, ddp=False)
+    common = dict(model_args=dict(vocab_size=512, seq_len=32), data_tokens=1e6, rt=None, world=1, master=True, ddp=False)
     assert settle(config, ckpt, **common)[0]["batch_ramp_start"] == 48
     assert settle({**config, "batch_ramp_start": 32}, ckpt, **common)[0]["batch_ramp_start"] == 32
     older = dict(ckpt, config=dict(batch_size=64, lr=1e-3, micro_batch=16))
@@ -266,7 +266,7 @@ def test_the_readme_s_start_up_lines_for_an_h100_s_day_are_the_budget_s():
     config = dict(BOOKS, budget_hours=24.0, budget_tokens=0, mask_rate=train.mask_rate, micro_batch=0,
                   batch_ramp=train.batch_ramp, batch_ramp_start=128)
     share = functools.partial(step_efficiency, gpu=True)
-    settled, picked = pick_for(DAY * 688e12, config, {}, dict(vocab_size=32768, seq_len=128), FINEWEB, 1, share)
+    settled, picked = pick_for(DAY * 688e12, config, {}, dict(BOOKS, vocab_size=32768, seq_len=128), FINEWEB, 1, share)
     config.update(settled, lr=lr_for_width(settled["d_model"]))
     pick = dict(picked, matmul_flops=688e12, matmul_dtype="bfloat16")
     lines = start_lines(pick, config, 128, lr_given=False)
