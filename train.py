@@ -201,16 +201,19 @@ def main(config, given):
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
         f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
+    watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
+    bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
+    masking = Masking.from_settings(config)  # the objective's settings; the loop sets the rate of each step
+
+    # -------------------------------------------------------------------- the data, and the score before training
+    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, remainder_micro))
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
-    watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
-    bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(validation, metrics, step, tokens, seconds)[0] if master else None)
-    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, remainder_micro))
-    masking, stop_request, peak_flops = Masking.from_settings(config), process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
+    stop_request, peak_flops = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
 
     # -------------------------------------------------------------------- the loop
     # The clock (`seconds`) counts each step from `started` at the top of the loop to the end of its update: the batch
