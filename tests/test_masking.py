@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from cram import data
+from cram.data import Batches, mask_keys, micro_batch_sizes, rows_at, split_micro_batches
 from model import MASK32, Masking, mask_tokens, row_noise
 
 MASK_ID, N_REGULAR = 999, 900
@@ -60,7 +61,7 @@ def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch)
     masking = SpanMasking.from_settings(dict(mask_rate=0.2, span=3, lr=1e-3, n_layers=2))  # train.py's config
     assert masking == SpanMasking(mask_rate=0.2, span=3)
     seen = []
-    monkeypatch.setattr(data, "mask_tokens", lambda idx, m, *rest: seen.append(m) or mask_tokens(idx, m, *rest))
+    monkeypatch.setattr(data, "mask_tokens", lambda idx, m, *rest, **keys: seen.append(m) or mask_tokens(idx, m, *rest, **keys))
     tokens = np.random.default_rng(0).integers(0, N_REGULAR, (64, 16)).astype(np.uint16)
     meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
     batches = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
@@ -144,6 +145,32 @@ def test_a_keyed_row_is_masked_alike_alone_and_in_any_batch():
         for i, r in enumerate(rows.tolist()):
             assert all(torch.equal(part[i], single[0]) for part, single in zip(batch, alone[r])), r
     assert len({tuple(positions[0].tolist()) for _, positions, _ in alone}) == 40
+
+
+def masked_rows(micro_batches):
+    """The masked rows of a step's micro-batches, each as a tuple of (inputs, positions, labels) lists, sorted."""
+    return sorted((tuple(i.tolist()), tuple(p.tolist()), tuple(l.tolist()))
+                  for inputs, positions, labels in micro_batches for i, p, l in zip(inputs, positions, labels))
+
+
+def test_a_step_s_masks_are_the_same_at_any_micro_batch_and_process_count():
+    """Batches.step masks each row by the run's seed and the row's number in the run: at micro-batches of 4 and of 8
+    in one process, in one micro-batch, and over 2 processes, a step gives the same masked rows, each exactly as
+    mask_tokens masks that sequence alone under mask_keys(seed, its number). In the first epoch and across the second's
+    start, where a row read twice in one step is masked once per reading."""
+    n_rows, T, seed, batch = 500, 16, 3, 32
+    tokens = np.random.default_rng(0).integers(0, N_REGULAR, (n_rows, T)).astype(np.uint16)
+    meta = dict(special_ids={"[MASK]": MASK_ID}, n_regular=N_REGULAR)
+    for consumed in (0, 96, 480):  # 480: the step crosses into epoch 2
+        alone = [mask_tokens(torch.from_numpy(tokens[rows_at(s, 1, n_rows, seed)].astype(np.int64)), 0.25, MASK_ID,
+                             N_REGULAR, keys=mask_keys(seed, [s])) for s in range(consumed, consumed + batch)]
+        want = masked_rows(alone)
+        for world, micro in ((1, 4), (1, 8), (1, None), (2, 8), (2, 4)):
+            split = micro and split_micro_batches(world, micro, 48, 16, 0.6)
+            assert not split or len(micro_batch_sizes(batch, world, *split)) == batch // world // micro
+            step = [part for rank in range(world) for part in
+                    Batches(tokens, meta, rank, world, torch.device("cpu"), seed, split=split).step(consumed, batch, 0.25)]
+            assert masked_rows(step) == want, (consumed, world, micro)
 
 
 def test_keyed_masks_keep_k_distinct_positions_and_the_80_10_10_shares():
