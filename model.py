@@ -349,21 +349,51 @@ class Masking:
         return cls(**{f.name: settings[f.name] for f in dataclasses.fields(cls) if f.name in settings})
 
 
-def mask_tokens(idx, masking, mask_id, n_regular, generator=None):
+def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     """BERT's corruption of each row of idx (B, T). Exactly k = round(mask_rate * T) positions of every row are chosen,
     so every batch has the same shape and torch.compile builds one graph. Any position may be chosen, a [SEP] between
     packed documents too. Of the chosen positions 80% become [MASK], 10% a random regular token (the ids below
     n_regular; the special ones come after them) and 10% stay. `masking` is a Masking or just its rate.
+    The draws come from `generator` (torch's own where None), or, where `keys` (B,) int64 is given, from row_noise of
+    each row's key: its first T values rank the positions, the next k pick the rule and the last k the random ids. Then
+    a row's mask depends on its key alone, the same in any batch and on any device.
     Returns (inputs (B, T), positions (B, k), labels (B, k): the original tokens there)."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = max(1, round(masking.mask_rate * T))
-    positions = torch.rand(B, T, device=idx.device, generator=generator).topk(k, dim=1).indices
+    if keys is None:
+        scores, rule, cuts = torch.rand(B, T, device=idx.device, generator=generator), \
+            torch.rand(B, k, device=idx.device, generator=generator), (0.8, 0.9)
+        random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
+    else:
+        noise = row_noise(keys.to(idx.device), T + 2 * k)  # (B, T + 2k)
+        scores = noise[:, :T] * T + torch.arange(T, device=idx.device)  # (B, T): distinct in a row, so topk has no ties
+        rule, cuts, random_ids = noise[:, T:T + k] % 10, (8, 9), noise[:, T + k:] % n_regular  # (B, k) each
+    positions = scores.topk(k, dim=1).indices
     labels = idx.gather(1, positions)
-    rule = torch.rand(B, k, device=idx.device, generator=generator)
-    random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
-    replacement = torch.where(rule < 0.8, torch.full_like(labels, mask_id), torch.where(rule < 0.9, random_ids, labels))
+    replacement = torch.where(rule < cuts[0], torch.full_like(labels, mask_id), torch.where(rule < cuts[1], random_ids, labels))
     return idx.scatter(1, positions, replacement), positions, labels
+
+
+MASK32, GOLDEN = 0xFFFFFFFF, 0x9E3779B9  # 32 bits, and 2**32 over the golden ratio (an arbitrary odd constant)
+
+
+def mix32(h):
+    """Thomas Mueller's 32-bit integer hash (a multiply-xorshift mix like murmur3's finalizer): a bijection of
+    [0, 2**32) in which each input bit flips each output bit about half the time. For an int or an int64 tensor; the
+    products stay below 2**59, so int64 never overflows and every device computes the same bits."""
+    h = ((h ^ (h >> 16)) * 0x45D9F3B) & MASK32
+    h = ((h ^ (h >> 16)) * 0x45D9F3B) & MASK32
+    return h ^ (h >> 16)
+
+
+def row_noise(keys, n):
+    """n pseudo-random integers in [0, 2**32) for each row, (B, n): a pure function of the row's key (keys (B,)
+    int64) and the column, like a counter-based generator's. Integer operations alone, so any device and any batch
+    give a row the same values. A row's hash chains mix32 over its key's two 32-bit halves; each column's value mixes
+    that hash with the column's own."""
+    h = mix32(mix32(((keys >> 32) & MASK32) ^ GOLDEN) ^ (keys & MASK32))  # (B,)
+    return mix32(h[:, None] ^ mix32(torch.arange(n, device=keys.device) + GOLDEN))  # (B, n)
 
 
 def query_rows(mask, positions):

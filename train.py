@@ -74,7 +74,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (numpy, data.epoch_order), training masks (data.Batches) and fill-in picks; one for all processes
+seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (numpy, data.epoch_order), training masks (data.mask_keys, each row's by its place in the run) and fill-in picks; one for all processes
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (model.py's BadSteps says which are bad)
@@ -167,8 +167,9 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
     - the weights, the optimizer's state and float16's loss scale (trainer.state_dict);
     - the run's place: its step, the tokens it trained on and the seconds it spent. The schedules are functions of the
       share of the budget spent, and the data order is a function of the sequences read so far (rows_at), so these
-      three numbers put a resumed run back on the same learning rate, batch size and rows. The masks come back too
-      where the micro-batch, the process count and the kind of device are the same (see data.Batches);
+      three numbers put a resumed run back on the same learning rate, batch size and rows. Each row's mask is a
+      function of the seed and the row's place in the run, so the masks come back too, at any micro-batch, process
+      count and kind of device (see data.Batches);
     - the loss history that the spike check judges by (watch);
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/budget.py's resume_settings). It may change a few: a larger budget,

@@ -155,30 +155,39 @@ def micro_batch_sizes(batch, world, micro, remainder):
     return [micro] * (batch // world // micro) + [remainder] * (batch // world % micro // remainder)
 
 
+def mask_keys(seed, numbers):
+    """The keys model.mask_tokens draws rows' masks from, as an int64 tensor: each row's number (its place in the run,
+    or a validation row's index) xor a 62-bit salt drawn from `seed`. Distinct numbers get distinct keys, and another
+    seed other keys."""
+    return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
+
+
 class Batches:
     """The training batches of one process (`rank` of `world`). `split` is split_micro_batches's (micro, remainder), or
     None for one micro-batch a step. Each micro-batch's rows depend only on its place in the run, so a resumed run, or
-    one on more processes, reads exactly the rows the same place would have had. Its masks are drawn for the whole
-    slice a process reads, on the device, so they are the same only where the slices and the kind of device are:
-    another micro-batch or process count masks the same rows differently. (Validation masks row by row instead.)"""
+    one on more processes, reads exactly the rows the same place would have had. Each row's mask depends only on the
+    run's seed and the row's place in the run, so the masks come back too. A row is masked the same way at any
+    micro-batch, on any number of processes and on any kind of device. (Validation masks its rows so too, by index.)"""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled", split=None):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order, self.split = tokens, rank, world, device, seed, order, split
-        self.mask_id, self.n_regular, self.generator = meta["special_ids"]["[MASK]"], meta["n_regular"], torch.Generator(device=device)
+        self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
 
     def step(self, consumed, batch, masking):
         """This process's masked micro-batches of a step of `batch` sequences, after `consumed` sequences of the run.
         The step's next `batch` sequences of the data order (rows_at) are cut into micro-batches; each micro-batch is
-        spread over the processes, each reading its own slice. Each slice is masked (model.mask_tokens, by `masking`)
-        with a generator seeded by the run's seed and the slice's first sequence."""
+        spread over the processes, each reading its own slice. Each row is masked (model.mask_tokens, by `masking`)
+        with its own key, made of the run's seed and the row's number in the run (mask_keys). So the step's rows come
+        back masked alike however the step is cut: at any micro-batch, process count and device."""
         sizes = micro_batch_sizes(batch, self.world, *self.split) if self.split else [batch // self.world]
         starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
         return [self.at(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 
     def at(self, start, size, masking):
-        idx = get_batch(self.tokens, rows_at(start, size, len(self.tokens), self.seed, self.order), self.device)
-        self.generator.manual_seed(int(np.random.default_rng((self.seed, start)).integers(2 ** 62)))
-        return mask_tokens(idx, masking, self.mask_id, self.n_regular, self.generator)
+        rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
+        numbers = start + np.argsort(rows, kind="stable")  # the run's number of each row, in get_batch's (sorted) order
+        keys = to_device(mask_keys(self.seed, numbers), self.device)
+        return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
 
 
 def load_run_data(path):
@@ -243,15 +252,12 @@ VALIDATION_SEED = 1234  # validation's masks come from this seed and each row's 
 
 
 def validation_batch(tokens, rows, mask_rate, meta):
-    """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU. Each row's mask is drawn from a
-    generator seeded by that row's index alone. So a row is masked the same way in every evaluation, whatever the
-    micro-batch, the device, the number of processes or the number of rows evaluated."""
-    masked = []
-    for row in rows:
-        generator = torch.Generator().manual_seed(int(np.random.default_rng((VALIDATION_SEED, row)).integers(2 ** 62)))
-        idx = torch.from_numpy(np.asarray(tokens[row:row + 1], dtype=np.int64))  # (1, T)
-        masked.append(mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], generator))
-    return [torch.cat(parts) for parts in zip(*masked)]  # inputs (B, T), positions (B, k), labels (B, k)
+    """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU. Each row's mask is drawn from its
+    own key, made of VALIDATION_SEED and the row's index alone (mask_keys). So a row is masked the same way in every
+    evaluation, whatever the micro-batch, the device, the number of processes or the number of rows evaluated."""
+    rows = np.asarray(rows, dtype=np.int64)
+    idx = torch.from_numpy(np.asarray(tokens[rows], dtype=np.int64))  # (B, T)
+    return mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], keys=mask_keys(VALIDATION_SEED, rows))
 
 
 class Validation:

@@ -1,10 +1,12 @@
 import dataclasses
+import math
 
 import numpy as np
 import torch
 
 from cram import data
-from model import Masking, mask_tokens
+from cram.data import Batches, mask_keys, micro_batch_sizes, rows_at, split_micro_batches
+from model import MASK32, Masking, mask_tokens, row_noise
 
 MASK_ID, N_REGULAR = 999, 900
 
@@ -59,7 +61,7 @@ def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch)
     masking = SpanMasking.from_settings(dict(mask_rate=0.2, span=3, lr=1e-3, n_layers=2))  # train.py's config
     assert masking == SpanMasking(mask_rate=0.2, span=3)
     seen = []
-    monkeypatch.setattr(data, "mask_tokens", lambda idx, m, *rest: seen.append(m) or mask_tokens(idx, m, *rest))
+    monkeypatch.setattr(data, "mask_tokens", lambda idx, m, *rest, **keys: seen.append(m) or mask_tokens(idx, m, *rest, **keys))
     tokens = np.random.default_rng(0).integers(0, N_REGULAR, (64, 16)).astype(np.uint16)
     meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
     batches = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
@@ -92,3 +94,102 @@ def test_validation_masks_each_row_alike_at_any_micro_batch_so_the_val_loss_is_t
                                                     for micro in (3, 16))
     assert abs(loss_3 - loss_16) <= 1e-6 * loss_3 and f"{loss_3:.4f}" == f"{loss_16:.4f}"
     assert accuracy_3 == accuracy_16
+
+
+def reference_noise(key, column):
+    """row_noise's value for one key and column in plain Python integers, wrapping at 2**32 by hand: the spec the
+    tensor version (int64, no overflow) must match bit for bit on any device."""
+    def mix(h):
+        h = ((h ^ (h >> 16)) * 0x45D9F3B) % 2 ** 32
+        h = ((h ^ (h >> 16)) * 0x45D9F3B) % 2 ** 32
+        return h ^ (h >> 16)
+    key %= 2 ** 64  # the key's bits as an unsigned number (a negative int64 too)
+    row = mix(mix((key >> 32) ^ 0x9E3779B9) ^ (key % 2 ** 32))
+    return mix(row ^ mix(column + 0x9E3779B9))
+
+
+def test_row_noise_is_a_function_of_the_key_and_column_alone():
+    """The noise of a row is the same computed alone, in a batch, in another order, split in two, or with more
+    columns, and equals the plain-integer spec. Only integer operations that never overflow int64 make it, so a GPU
+    gives the same bits; where CUDA is available the test compares it, and where not, that follows from the
+    operations (no float, no wrap-around)."""
+    keys = torch.from_numpy(np.random.default_rng(0).integers(-2 ** 63, 2 ** 63 - 1, 40, dtype=np.int64))
+    keys[:3] = torch.tensor([0, 1, -1])
+    noise = row_noise(keys, 48)  # (40, 48)
+    assert noise.dtype == torch.int64 and noise.min() >= 0 and noise.max() <= MASK32
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(row_noise(keys[order], 48), noise[order])
+    assert torch.equal(torch.cat([row_noise(keys[:7], 48), row_noise(keys[7:], 48)]), noise)
+    assert torch.equal(row_noise(keys, 20), noise[:, :20]) and torch.equal(row_noise(keys[5:6], 48)[0], noise[5])
+    assert all(noise[r, c] == reference_noise(int(keys[r]), c) for r in range(0, 40, 7) for c in (0, 1, 17, 47))
+    if torch.cuda.is_available():
+        assert torch.equal(row_noise(keys.cuda(), 48).cpu(), noise)
+    assert len(set(noise.flatten().tolist())) > 0.99 * noise.numel()  # 32-bit values: hardly a repeat among 1,920
+
+
+def keyed(B=40, T=32, rate=0.25, seed=0):
+    """(idx, keys) for B random rows, each with its own random int64 key."""
+    rng = np.random.default_rng(seed)
+    idx = torch.from_numpy(rng.integers(0, N_REGULAR, (B, T)))
+    return idx, torch.from_numpy(rng.integers(-2 ** 63, 2 ** 63 - 1, B, dtype=np.int64))
+
+
+def test_a_keyed_row_is_masked_alike_alone_and_in_any_batch():
+    """mask_tokens with keys: a row with the same key and tokens gets the same inputs, positions and labels alone, in
+    a batch of 16 (in another order) and in one of 40; rows of other keys are masked otherwise."""
+    idx, keys = keyed()
+    alone = [mask_tokens(idx[r:r + 1], 0.25, MASK_ID, N_REGULAR, keys=keys[r:r + 1]) for r in range(40)]
+    picks = torch.randperm(40, generator=torch.Generator().manual_seed(1))[:16]
+    for rows in (picks, torch.arange(40)):
+        batch = mask_tokens(idx[rows], 0.25, MASK_ID, N_REGULAR, keys=keys[rows])
+        for i, r in enumerate(rows.tolist()):
+            assert all(torch.equal(part[i], single[0]) for part, single in zip(batch, alone[r])), r
+    assert len({tuple(positions[0].tolist()) for _, positions, _ in alone}) == 40
+
+
+def masked_rows(micro_batches):
+    """The masked rows of a step's micro-batches, each as a tuple of (inputs, positions, labels) lists, sorted."""
+    return sorted((tuple(i.tolist()), tuple(p.tolist()), tuple(l.tolist()))
+                  for inputs, positions, labels in micro_batches for i, p, l in zip(inputs, positions, labels))
+
+
+def test_a_step_s_masks_are_the_same_at_any_micro_batch_and_process_count():
+    """Batches.step masks each row by the run's seed and the row's number in the run: at micro-batches of 4 and of 8
+    in one process, in one micro-batch, and over 2 processes, a step gives the same masked rows, each exactly as
+    mask_tokens masks that sequence alone under mask_keys(seed, its number). In the first epoch and across the second's
+    start, where a row read twice in one step is masked once per reading."""
+    n_rows, T, seed, batch = 500, 16, 3, 32
+    tokens = np.random.default_rng(0).integers(0, N_REGULAR, (n_rows, T)).astype(np.uint16)
+    meta = dict(special_ids={"[MASK]": MASK_ID}, n_regular=N_REGULAR)
+    for consumed in (0, 96, 480):  # 480: the step crosses into epoch 2
+        alone = [mask_tokens(torch.from_numpy(tokens[rows_at(s, 1, n_rows, seed)].astype(np.int64)), 0.25, MASK_ID,
+                             N_REGULAR, keys=mask_keys(seed, [s])) for s in range(consumed, consumed + batch)]
+        want = masked_rows(alone)
+        for world, micro in ((1, 4), (1, 8), (1, None), (2, 8), (2, 4)):
+            split = micro and split_micro_batches(world, micro, 48, 16, 0.6)
+            assert not split or len(micro_batch_sizes(batch, world, *split)) == batch // world // micro
+            step = [part for rank in range(world) for part in
+                    Batches(tokens, meta, rank, world, torch.device("cpu"), seed, split=split).step(consumed, batch, 0.25)]
+            assert masked_rows(step) == want, (consumed, world, micro)
+
+
+def test_keyed_masks_keep_k_distinct_positions_and_the_80_10_10_shares():
+    """With keys: exactly k distinct positions a row, labels the tokens there, the rest unchanged; over 4,000 rows
+    the shares of [MASK], random and kept tokens, and each position's share, within 5 standard deviations of their
+    binomial expectation (a random replacement equals the original 1/900 of the time)."""
+    B, T, rate = 4000, 128, 0.25
+    idx, keys = keyed(B, T)
+    inputs, positions, labels = mask_tokens(idx, rate, MASK_ID, N_REGULAR, keys=keys)
+    k = round(rate * T)
+    assert positions.shape == labels.shape == (B, k) and torch.equal(labels, idx.gather(1, positions))
+    assert (positions.sort(1).values.diff(dim=1) > 0).all()  # distinct in every row
+    chosen = torch.zeros_like(idx, dtype=torch.bool).scatter(1, positions, True)
+    assert torch.equal(inputs[~chosen], idx[~chosen])
+    at_chosen, n = inputs.gather(1, positions), B * k
+    is_random = (at_chosen != MASK_ID) & (at_chosen != labels)
+    for share, p in (((at_chosen == MASK_ID).sum(), 0.8), (is_random.sum(), 0.1 * (1 - 1 / N_REGULAR)),
+                     ((at_chosen == labels).sum(), 0.1 + 0.1 / N_REGULAR)):
+        assert abs(share.item() / n - p) < 5 * math.sqrt(p * (1 - p) / n), (share.item() / n, p)
+    assert at_chosen[at_chosen != MASK_ID].max() < N_REGULAR
+    counts = torch.bincount(positions.flatten(), minlength=T).float()  # each position's times chosen, of B rows
+    assert ((counts / B - k / T).abs() < 5 * math.sqrt(k / T * (1 - k / T) / B)).all()
