@@ -11,6 +11,7 @@ shape, the final batch size and the peak learning rate (cram/budget.py). The sch
 spent, not the step count, so a run ends on time on any hardware. Ctrl-C or SIGTERM finishes the current step, saves
 a checkpoint and exits; --resume=True continues from there."""
 import dataclasses
+import math
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ import time
 from configurator import config_keys, configure, disallowed, named  # first: it checks for the temporary folder that torch's import needs
 import torch
 
-from cram import budget, data, memory, process, runtime
+from cram import budget, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import Batches, Validation, fill_in, load_run_data, make_encoding, repeat_warning
 from cram.files import MetricsLog, Saves, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
@@ -117,6 +118,34 @@ def batch_size_at(progress, start, final, ramp):
     return min(final, int(start + (final - start) * progress / ramp) // start * start)
 
 
+# How a step is cut into micro-batches. A process runs its share of a batch as several forward and backward passes
+# whose gradients add up (model.Trainer.backward), so a batch larger than the memory holds still trains as one.
+def split_micro_batches(world, micro, final, start, ramp):
+    """How every batch of the schedule is cut into micro-batches: returns (micro, remainder). A process's share of a
+    batch is as many micro-batches of `micro` as fit, and the rest in micro-batches of `remainder`.
+    The schedule's batches are `final` and, while the batch ramps up, multiples of `start`. Each micro-batch size is a
+    compiled graph, so two sizes serve them all: `micro` is the cap (or a process's share of the final batch, if
+    smaller), and `remainder` the largest size that divides every share's leftover. Refuses in one line a batch
+    that `world` processes cannot share evenly."""
+    for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
+        if batch % world:
+            raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
+                             f"of processes that divides {math.gcd(final, start)}, or a new run with a multiple of {world}")
+    per_rank, ramp_unit = final // world, start // world  # a process's final batch, and what the ramp adds at a time
+    micro = min(micro, per_rank)
+    # A ramp batch of k units leaves k * left sequences over after its full micro-batches (mod micro). Once k * left
+    # passes micro, those leftovers take every multiple of gcd(left, micro), so that gcd is the size that divides them.
+    left = ramp_unit % micro
+    ramp_rest = 0 if not left else left if (per_rank - 1) // ramp_unit * left < micro else math.gcd(left, micro)
+    return micro, math.gcd(ramp_rest, per_rank % micro) or micro
+
+
+def micro_batch_sizes(batch, world, micro, remainder):
+    """The sizes of a process's micro-batches of a global `batch`: as many of `micro` as fit, then the rest in ones of
+    `remainder` (split_micro_batches's two sizes)."""
+    return [micro] * (batch // world // micro) + [remainder] * (batch // world % micro // remainder)
+
+
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
@@ -135,7 +164,7 @@ def check_settings(world, config, rt, model, given=None):
     optim = config["optim"]
     if config["wandb_log"] and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
-    data.split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
+    split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
     if config["resume_from"] and not config["resume"]:
         raise SystemExit(f"error: {named('resume_from', given)}={config['resume_from']} continues a run: add --resume=True")
     # An optimizer without the width's rate rule needs a rate of its own. A rate typed on the command line is taken
@@ -207,7 +236,7 @@ def main(config, given):
     masking = Masking.from_settings(config)  # the objective's settings; the loop sets the rate of each step
 
     # -------------------------------------------------------------------- the data, and the score before training
-    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order, split=(micro_batch, remainder_micro))
+    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
@@ -233,9 +262,11 @@ def main(config, given):
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)  # lr is the peak
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
-        # This process's share of the batch: the next rows of the data order after the sequences trained so far, masked
-        # and cut into micro-batches (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
-        micro_batches = batches.step(tokens // seq_len, step_batch, step_masking)
+        # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
+        # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each). Their rows
+        # are the next ones of the data order after the sequences trained so far, each with its own mask.
+        sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
+        micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
         # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
         loss = trainer.backward(micro_batches)  # the step's mean loss over all processes' rows
         spike = watch.is_spike(loss)
@@ -301,7 +332,7 @@ def setup_device(config, world, ddp, given):
 def settle(config, resumed, run_data, rt, world, ddp, master, log):
     """Settles every setting the run will use, before any work, and writes them into this module's globals once.
     budget.settle fills in the shape, final batch, peak rate and the ramp's start (a resume's are its checkpoint's).
-    memory.choose_micro_batch finds the largest micro-batch that fits, and data.split_micro_batches how every batch of
+    memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches how every batch of
     the schedule is cut into micro-batches: as many of micro_batch as fit, the rest in ones of remainder_micro.
     Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what was picked)."""
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
@@ -318,7 +349,7 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
                                     offload=config["offload"], log=log)
     # what runs: the fewest micro-batches of at most `cap`, the rest of a ramp's batch in micro-batches of remainder_micro
-    config["micro_batch"], remainder_micro = data.split_micro_batches(world, cap, config["batch_size"],
+    config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     lines = changes if checkpoint else budget.start_lines(budget_pick, config, meta["seq_len"], lr_given)

@@ -8,7 +8,6 @@ import functools
 import gzip
 import hashlib
 import lzma
-import math
 import os
 import re
 
@@ -129,32 +128,6 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
     return np.concatenate(parts)
 
 
-def split_micro_batches(world, micro, final, start, ramp):
-    """How every batch of the schedule is cut into micro-batches: returns (micro, remainder). A process's share of a
-    batch is as many micro-batches of `micro` as fit, and the rest in micro-batches of `remainder`.
-    The schedule's batches are `final` and, while the batch ramps up, multiples of `start`. Each micro-batch size is a
-    compiled graph, so two sizes serve them all: `micro` is the cap (or a process's share of the final batch, if
-    smaller), and `remainder` the largest size that divides every share's leftover. Refuses in one line a batch
-    that `world` processes cannot share evenly."""
-    for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
-        if batch % world:
-            raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
-                             f"of processes that divides {np.gcd(final, start)}, or a new run with a multiple of {world}")
-    per_rank, ramp_unit = final // world, start // world  # a process's final batch, and what the ramp adds at a time
-    micro = min(micro, per_rank)
-    # A ramp batch of k units leaves k * left sequences over after its full micro-batches (mod micro). Once k * left
-    # passes micro, those leftovers take every multiple of gcd(left, micro), so that gcd is the size that divides them.
-    left = ramp_unit % micro
-    ramp_rest = 0 if not left else left if (per_rank - 1) // ramp_unit * left < micro else math.gcd(left, micro)
-    return micro, math.gcd(ramp_rest, per_rank % micro) or micro
-
-
-def micro_batch_sizes(batch, world, micro, remainder):
-    """The sizes of a process's micro-batches of a global `batch`: as many of `micro` as fit, then the rest in ones of
-    `remainder` (split_micro_batches's two sizes)."""
-    return [micro] * (batch // world // micro) + [remainder] * (batch // world % micro // remainder)
-
-
 def mask_keys(seed, numbers):
     """The keys model.mask_tokens draws rows' masks from, as an int64 tensor: each row's number (its place in the run,
     or a validation row's index) xor a 62-bit salt drawn from `seed`. Distinct numbers get distinct keys, and another
@@ -163,23 +136,22 @@ def mask_keys(seed, numbers):
 
 
 class Batches:
-    """The training batches of one process (`rank` of `world`). `split` is split_micro_batches's (micro, remainder), or
-    None for one micro-batch a step. Each micro-batch's rows depend only on its place in the run, so a resumed run, or
+    """The training batches of one process (`rank` of `world`). Each micro-batch's rows depend only on its place in the run, so a resumed run, or
     one on more processes, reads exactly the rows the same place would have had. Each row's mask depends only on the
     run's seed and the row's place in the run, so the masks come back too. A row is masked the same way at any
     micro-batch, on any number of processes and on any kind of device. (Validation masks its rows so too, by index.)"""
 
-    def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled", split=None):
-        self.tokens, self.rank, self.world, self.device, self.seed, self.order, self.split = tokens, rank, world, device, seed, order, split
+    def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
+        self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
         self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
 
-    def step(self, consumed, batch, masking):
-        """This process's masked micro-batches of a step of `batch` sequences, after `consumed` sequences of the run.
-        The step's next `batch` sequences of the data order (rows_at) are cut into micro-batches; each micro-batch is
-        spread over the processes, each reading its own slice. Each row is masked (model.mask_tokens, by `masking`)
+    def step(self, consumed, sizes, masking):
+        """This process's masked micro-batches of a step, after `consumed` sequences of the run. Every process cuts
+        the step alike into micro-batches of `sizes` each (train.micro_batch_sizes), so the step holds world x
+        sum(sizes) sequences: the next ones of the data order (rows_at). Each micro-batch is spread over the processes,
+        each reading its own slice. Each row is masked (model.mask_tokens, by `masking`)
         with its own key, made of the run's seed and the row's number in the run (mask_keys). So the step's rows come
         back masked alike however the step is cut: at any micro-batch, process count and device."""
-        sizes = micro_batch_sizes(batch, self.world, *self.split) if self.split else [batch // self.world]
         starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
         return [self.at(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 

@@ -5,8 +5,9 @@ import numpy as np
 import torch
 
 from cram import data
-from cram.data import Batches, mask_keys, micro_batch_sizes, rows_at, split_micro_batches
+from cram.data import Batches, mask_keys, rows_at
 from model import MASK32, Masking, mask_tokens, row_noise
+from train import micro_batch_sizes, split_micro_batches
 
 MASK_ID, N_REGULAR = 999, 900
 
@@ -66,9 +67,9 @@ def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch)
     meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
     batches = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
     step = dataclasses.replace(masking, mask_rate=0.5)
-    (inputs, positions, labels), = batches.step(8, 4, step)
+    (inputs, positions, labels), = batches.step(8, [4], step)
     assert seen == [SpanMasking(mask_rate=0.5, span=3)] and positions.shape == (4, 8)
-    (same, *_), = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).step(8, 4, 0.5)
+    (same, *_), = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).step(8, [4], 0.5)
     assert torch.equal(inputs, same)
 
 
@@ -168,8 +169,9 @@ def test_a_step_s_masks_are_the_same_at_any_micro_batch_and_process_count():
         for world, micro in ((1, 4), (1, 8), (1, None), (2, 8), (2, 4)):
             split = micro and split_micro_batches(world, micro, 48, 16, 0.6)
             assert not split or len(micro_batch_sizes(batch, world, *split)) == batch // world // micro
+            sizes = micro_batch_sizes(batch, world, *split) if split else [batch // world]
             step = [part for rank in range(world) for part in
-                    Batches(tokens, meta, rank, world, torch.device("cpu"), seed, split=split).step(consumed, batch, 0.25)]
+                    Batches(tokens, meta, rank, world, torch.device("cpu"), seed).step(consumed, sizes, 0.25)]
             assert masked_rows(step) == want, (consumed, world, micro)
 
 

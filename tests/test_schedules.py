@@ -1,7 +1,6 @@
 import pytest
 
-from cram.data import micro_batch_sizes, split_micro_batches
-from train import batch_size_at, lr_at
+from train import batch_size_at, lr_at, micro_batch_sizes, split_micro_batches
 
 
 def test_triangle_learning_rate():

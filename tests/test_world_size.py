@@ -1,6 +1,6 @@
 """The global batch at a step is its run's schedule's (train.batch_size_at, a pure function of the budget's share spent)
 at any number of processes, and a resume in another number reads the same sequences (issue 87, item 6): the per-process
-split (data.split_micro_batches, data.micro_batch_sizes) over many worlds, micro-batches and batches; real runs over gloo
+split (train.split_micro_batches, train.micro_batch_sizes) over many worlds, micro-batches and batches; real runs over gloo
 resumed 1 -> 2 -> 4 -> 1 processes, each step's rows read by every process; one line where a world cannot split it."""
 import itertools
 import os
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, run_script, spawn
-from cram.data import Batches, micro_batch_sizes, rows_at, split_micro_batches
+from cram.data import Batches, rows_at
 from cram.files import load_meta, read_jsonl
-from train import batch_size_at
+from train import batch_size_at, micro_batch_sizes, split_micro_batches
 
 # a token budget (the schedule a pure function of tokens), the ramp from 16 to 32 sequences over its first fifth: steps
 # 1 to 20 take 16, then 32
@@ -91,8 +91,8 @@ def test_a_step_reads_the_same_sequences_at_any_world_and_micro_batch(order):
                 if batch % world or start % world:
                     continue
                 split = split_micro_batches(world, micro, final, start, 0.6)
-                got = [rows_of(Batches(tokens, meta, rank, world, torch.device("cpu"), 0, order, split).step(
-                    consumed, batch, 0.25)) for rank in range(world)]
+                got = [rows_of(Batches(tokens, meta, rank, world, torch.device("cpu"), 0, order).step(
+                    consumed, micro_batch_sizes(batch, world, *split), 0.25)) for rank in range(world)]
                 assert sorted(sum(got, [])) == want, (consumed, batch, world, micro)
 
 
