@@ -345,6 +345,7 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     check_settings(world, config, rt, model)  # with the shape and batch settled
     model_args = dataclasses.asdict(model)
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
+    lines = changes if checkpoint else budget.start_lines(budget_pick, config, meta["seq_len"], lr_given)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
                                     offload=config["offload"], log=log)
@@ -352,7 +353,6 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
-    lines = changes if checkpoint else budget.start_lines(budget_pick, config, meta["seq_len"], lr_given)
     return model_args, remainder_micro, budget_pick, lines
 
 
