@@ -161,7 +161,8 @@ class ModelConfig:
 
     def flops_per_token(self, mask_rate):
         """Training FLOPs per input token (3x the forward): matmul weights, attention scores and values, the tied output
-        layer at the predicted positions; a narrowed layer keys and values at every position, the rest at the masked."""
+        layer at the predicted positions. A narrowed layer computes keys and values at every position and the rest at the
+        masked positions only. The predicted share is mask_rate, not the k / T that mask_tokens rounds it to."""
         predicted = mask_rate if self.sparse_prediction else 1.0
         full = self.full_layer_count()
         layers = full + (self.n_layers - full) * predicted  # full layers' worth of queries
@@ -350,12 +351,13 @@ class Masking:
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
-    """BERT's corruption of each row of idx (B, T). Exactly k = round(mask_rate * T) positions of every row are chosen,
-    so every batch has the same shape and torch.compile builds one graph. Any position may be chosen, a [SEP] between
-    packed documents too. Of the chosen positions 80% become [MASK], 10% a random regular token (the ids below
-    n_regular; the special ones come after them) and 10% stay. `masking` is a Masking or just its rate.
+    """BERT's corruption of each row of idx (B, T). Exactly k = max(1, round(mask_rate * T)) positions of every row are
+    chosen, so every batch has the same shape and torch.compile builds one graph. Any position may be chosen, a [SEP]
+    between packed documents too. Each chosen position, on its own draw, becomes [MASK] with probability 0.8, a random
+    regular token with 0.1 (the ids below n_regular, which come before the special ones; it may be the original), and
+    stays with 0.1. `masking` is a Masking or just its rate.
     The draws come from `generator` (torch's own where None), or, where `keys` (B,) int64 is given, from row_noise of
-    each row's key: its first T values rank the positions, the next k pick the rule and the last k the random ids. Then
+    each row's key: its first T values rank the positions, the next k choose among [MASK], random and kept, and the last k give the random ids. Then
     a row's mask depends on its key alone, the same in any batch and on any device.
     Returns (inputs (B, T), positions (B, k), labels (B, k): the original tokens there)."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
@@ -454,7 +456,7 @@ class Trainer:
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
             weight = len(inputs) / rows  # every row has the same number of masked tokens, so this weights tokens alike
-            # under DDP the gradients are summed over processes once, after the last micro-batch
+            # under DDP the gradients are averaged over processes once, after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
                 with self.autocast():  # the compiled part of the step: the forward and its loss
                     loss, _ = self.step_model(inputs, positions, labels)
@@ -465,7 +467,7 @@ class Trainer:
     def update(self, lr, clip, skip=False):
         """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless
         `skip` is set or the norm is not finite. Returns whether the update was applied. The gradients are then
-        cleared either way. Every process sees the same summed gradients, so all of them decide alike."""
+        cleared either way. Every process sees the same averaged gradients, so all of them decide alike."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)

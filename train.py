@@ -49,9 +49,9 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # objective
-mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (80% [MASK], 10% random, 10% kept)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share falls from this to mask_rate over the budget (see mask_rate_at)
-mask_levels = 4           # [1, 8]: the number of steps that fall takes (each rate is a new shape for torch.compile)
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (each one [MASK], random or kept: 80/10/10)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (see mask_rate_at)
+mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (each is a new shape for torch.compile)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # optimizer and schedules
 optim = "adamw"           # {runtime.OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
@@ -66,7 +66,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
-batch_ramp_start = 0      # >= 0: sequences per step at the start; the batch grows by this many at a time; 0 means 128
+batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -102,8 +102,10 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
 
 
 def mask_rate_at(progress, end, start=0.0, levels=4):
-    """The masking rate at a fraction `progress` of the budget: `end`, or from `start` (if not 0) a linear fall to `end`
-    (Ankner et al. 2023) in `levels` equal steps, each a static shape for a while (one level: `start` throughout)."""
+    """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
+    it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
+    each rate is one shape that torch.compile compiles once (Ankner et al. 2023 lower the rate so). With one level the
+    rate is `start` throughout."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
@@ -111,8 +113,9 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
 
 
 def batch_size_at(progress, start, final, ramp):
-    """Sequences per optimizer step: a linear ramp from `start` to `final`, reached at `ramp` of the budget, rounded
-    down to a multiple of `start` (`final` throughout where start >= final). The same on any device and process count."""
+    """Sequences per optimizer step at a fraction `progress` of the budget. The batch grows linearly from `start` to
+    `final`, which it reaches at `ramp` of the budget, rounded down to a multiple of `start`; where `final` is not a
+    multiple of `start`, the last increase is smaller. Where start >= final, the batch is `final` throughout."""
     if progress >= ramp or start >= final:
         return final
     return min(final, int(start + (final - start) * progress / ramp) // start * start)
