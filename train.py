@@ -145,8 +145,14 @@ def split_micro_batches(world, micro, final, start, ramp):
 
 def micro_batch_sizes(batch, world, micro, remainder):
     """The sizes of a process's micro-batches of a global `batch`: as many of `micro` as fit, then the rest in ones of
-    `remainder` (split_micro_batches's two sizes)."""
-    return [micro] * (batch // world // micro) + [remainder] * (batch // world % micro // remainder)
+    `remainder` (split_micro_batches's two sizes). They always add up to the process's whole share. A batch that the
+    two sizes do not cover (from a fork's schedule, say) takes one more micro-batch of what is left, a shape that
+    torch.compile compiles once more. A batch that `world` processes cannot share evenly is refused in one line."""
+    if batch % world:
+        raise SystemExit(f"error: a batch of {batch} sequences cannot be split evenly over {world} processes")
+    share = batch // world
+    sizes = [micro] * (share // micro) + [remainder] * (share % micro // remainder)
+    return sizes + [share - sum(sizes)] * (sum(sizes) < share)
 
 
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):

@@ -45,6 +45,19 @@ def test_the_ramp_starts_at_its_own_start_whatever_the_micro_batch():
         assert sum(parts) == batch and set(parts) <= {1024, 64} and max(parts) <= batch
 
 
+def test_any_batch_is_cut_whole_and_one_that_processes_cannot_share_is_refused():
+    """micro_batch_sizes never drops a row: a batch outside the schedule's family (a fork's schedule, say 200 while
+    the split was made for a start of 128) gets one more micro-batch of what is left; an uneven share is one line."""
+    for world in (1, 2, 4):
+        split = split_micro_batches(world, 64, 8192, 128, 0.6)
+        for batch in range(world, 3001, world):
+            parts = micro_batch_sizes(batch, world, *split)
+            assert sum(parts) == batch // world and min(parts) > 0 and len(set(parts) - set(split)) <= 1, (world, batch)
+    assert micro_batch_sizes(200, 1, 128, 128) == [128, 72]
+    with pytest.raises(SystemExit, match="error: a batch of 201 sequences cannot be split evenly over 2 processes"):
+        micro_batch_sizes(201, 2, 64, 64)
+
+
 def test_masking_rate_schedule_is_a_pure_function_of_progress_in_few_levels():
     from train import mask_rate_at
     assert mask_rate_at(0.3, 0.25) == 0.25  # no start: the constant rate
