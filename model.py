@@ -147,7 +147,8 @@ class ModelConfig:
         layer's widest tensors; both the float32 logits of the predicted positions (none at mask_rate 0). No attention
         scores (the fused kernels keep none: see attention_mask). A narrowed layer keeps that at the masked positions
         and its keys and values elsewhere; off-load mode each block's input, recomputing one block at a time."""
-        predicted = round(mask_rate * self.seq_len) if self.sparse_prediction else self.seq_len * (mask_rate > 0)
+        k = masked_count(mask_rate, self.seq_len) if mask_rate > 0 else 0
+        predicted = k if self.sparse_prediction else self.seq_len * (mask_rate > 0)  # positions with logits
         logits = predicted * self.vocab_size * 4
         if not training:
             return int(self.seq_len * ((3 * self.d_model + self.d_ffn) * value_bytes + 4 * self.d_model) + logits)
@@ -162,8 +163,9 @@ class ModelConfig:
     def flops_per_token(self, mask_rate):
         """Training FLOPs per input token (3x the forward): matmul weights, attention scores and values, the tied output
         layer at the predicted positions. A narrowed layer computes keys and values at every position and the rest at the
-        masked positions only. The predicted share is mask_rate, not the k / T that mask_tokens rounds it to."""
-        predicted = mask_rate if self.sparse_prediction else 1.0
+        masked positions only. The predicted share is the k / T that mask_tokens masks (masked_count)."""
+        k = masked_count(mask_rate, self.seq_len) if mask_rate > 0 else 0
+        predicted = k / self.seq_len if self.sparse_prediction else 1.0  # the share of positions predicted
         full = self.full_layer_count()
         layers = full + (self.n_layers - full) * predicted  # full layers' worth of queries
         attention = 2 * 2 * layers * self.seq_len * self.d_model
@@ -350,8 +352,14 @@ class Masking:
         return cls(**{f.name: settings[f.name] for f in dataclasses.fields(cls) if f.name in settings})
 
 
+def masked_count(mask_rate, seq_len):
+    """How many positions of a row of seq_len tokens mask_tokens masks at mask_rate: the nearest whole number, at least
+    one. The memory estimate and the FLOP count use it too, so all three agree."""
+    return max(1, round(mask_rate * seq_len))
+
+
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
-    """BERT's corruption of each row of idx (B, T). Exactly k = max(1, round(mask_rate * T)) positions of every row are
+    """BERT's corruption of each row of idx (B, T). Exactly k = masked_count(mask_rate, T) positions of every row are
     chosen, so every batch has the same shape and torch.compile builds one graph. Any position may be chosen, a [SEP]
     between packed documents too. Each chosen position, on its own draw, becomes [MASK] with probability 0.8, a random
     regular token with 0.1 (the ids below n_regular, which come before the special ones; it may be the original), and
@@ -362,7 +370,7 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     Returns (inputs (B, T), positions (B, k), labels (B, k): the original tokens there)."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
-    k = max(1, round(masking.mask_rate * T))
+    k = masked_count(masking.mask_rate, T)
     if keys is None:
         scores, rule, cuts = torch.rand(B, T, device=idx.device, generator=generator), \
             torch.rand(B, k, device=idx.device, generator=generator), (0.8, 0.9)
