@@ -92,8 +92,11 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Every model setting, declared once. Each field is also a train.py setting (--key=value), and a checkpoint saves
-    them as `model_args`. A fork's new switch is a field here and its use below. The defaults are the reference
+    """Every model setting, declared once. Each field but vocab_size and seq_len (the data's) is also a train.py
+    setting (--key=value), and a checkpoint saves them all as `model_args`. A fork's new switch is a field here and its
+    use below. A switch that is on by default also goes in MISSING_FIELD_DEFAULTS, off, so that older checkpoints load
+    as they were trained; one that changes the work per token also goes in flops_per_token and step_bytes, which the
+    budget's pick, the memory check and the MFU read. The defaults are the reference
     crammed-BERT's shape (about 120M parameters) and recipe; train.py declares the four shape fields again, with 0
     meaning that the budget picks them."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
@@ -296,7 +299,8 @@ class CrammedBert(nn.Module):
         training mode). With sparse prediction only the masked positions go through the output layer; without it
         every position does and the others are ignored, as in the original BERT.
         Off-load mode (cram/offload.py) does not call this: it runs embed, its streamed blocks, final_norm and
-        mlm_loss itself. A change to the objective belongs in mlm_loss, which both modes call."""
+        mlm_loss itself. A change to the loss belongs in mlm_loss, which both modes call; a change to which tokens are
+        predicted belongs in mask_tokens."""
         tokens = weight = None
         # On a CPU under autocast, one autograd function (TiedLookup) serves both uses of the tied weight, the lookup
         # and the output layer. That only makes the step faster: the result is the same.
@@ -342,9 +346,9 @@ MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: 
 
 @dataclasses.dataclass(frozen=True)
 class Masking:
-    """The objective's settings, read from train.py's globals of the same names (from_settings). A fork's new one (span
-    lengths, say) is a field here, its use in mask_tokens and a global in train.py. Validation masks with the defaults
-    at its own rate."""
+    """The objective's settings: which tokens mask_tokens picks and how. from_settings reads them from train.py's
+    settings of the same names. A fork's new one (span lengths, say) is a field here, its use in mask_tokens and a
+    global in train.py. Validation, the memory probe and bench.py mask with the defaults, at their own rate."""
     mask_rate: float = MASK_RATE  # (0, 1): share of each row's tokens to predict (train.py's schedule sets it each step)
 
     @classmethod

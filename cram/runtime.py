@@ -36,7 +36,10 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 
-# The optimizers that train.py's --optim names. A fork's new optimizer is one row here, with four fields:
+# The optimizers that train.py's --optim names. A fork's new optimizer is one row here, with four fields. One that
+# takes settings beyond lr, betas and eps also needs them passed where train.py's make_trainer calls rt.optimizer, and
+# one that updates some parameters apart (as muon does) needs its group in model.param_groups. Off-load mode runs
+# AdamW alone.
 # - build(groups, lr, betas, eps) makes it over model.param_groups's groups (each group carries its weight decay);
 # - state_bytes is the least memory its state takes per parameter, which the memory check counts;
 # - width_lr says whether the width's rule for the peak rate (budget.lr_for_width, tuned for AdamW) suits it. Where
