@@ -165,11 +165,11 @@ def budget_spent(progress, step, max_steps):
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
 
-def check_settings(world, config, rt, model, given=None):
+def check_settings(world, config, rt, given=None, model=None):
     """Refuses, in one line each, settings that cannot run together (the configurator has already checked each
     setting's own range). It runs twice: before any work, with `given` (where each setting came from), and again
-    once budget.settle has picked the shape and batch. `model` is the ModelConfig the settings ask for: before the
-    budget's pick, in the ladder's first shape where the shape is unset."""
+    once budget.settle has picked the shape and batch. `model` is the ModelConfig the settings make: the first time,
+    in the ladder's first shape where the shape is unset, so that a bad model setting is refused before any work."""
     optim = config["optim"]
     if config["wandb_log"] and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
@@ -327,7 +327,7 @@ def setup_device(config, world, ddp, given):
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
                        config["compile_mode"], (saved.get("device"), saved.get("dtype")))
-    check_settings(world, config, rt, ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}), given)
+    check_settings(world, config, rt, given, ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}))
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     rt.optim = config["optim"]  # the optimizer rt.optimizer builds and the memory check counts (runtime.OPTIMIZERS)
@@ -351,7 +351,7 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
     model = ModelConfig.from_settings(config, **data_args)
-    check_settings(world, config, rt, model)  # with the shape and batch settled
+    check_settings(world, config, rt, model=model)  # with the shape and batch settled
     model_args = dataclasses.asdict(model)
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
     lines = changes if checkpoint else budget.start_lines(budget_pick, config, meta["seq_len"], lr_given)
