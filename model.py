@@ -145,11 +145,12 @@ class ModelConfig:
         return self.vocab_size * self.d_model + matmuls
 
     def step_bytes(self, mask_rate, value_bytes, training=True, offload=False):
-        """Bytes one sequence adds to a step, a lower estimate: training keeps, per layer and position, each matmul's
-        input and q, k, v (6 widths and the feed-forward's 1.5 in `value_bytes`) and the float32 residual; inference one
-        layer's widest tensors; both the float32 logits of the predicted positions (none at mask_rate 0). No attention
-        scores (the fused kernels keep none: see attention_mask). A narrowed layer keeps that at the masked positions
-        and its keys and values elsewhere; off-load mode each block's input, recomputing one block at a time."""
+        """The bytes one sequence adds to a step's memory, a lower estimate. Training keeps, for each layer and
+        position, each matmul's input and q, k and v (6 widths and the feed-forward's 1.5, in `value_bytes` each) and
+        the float32 residual. Inference keeps one layer's widest tensors. Both keep the float32 logits of the predicted
+        positions (none at mask_rate 0). Attention scores are not counted, since the fused kernels keep none (see
+        attention_mask). A narrowed layer keeps all that at the masked positions only, and its keys and values at the
+        others. Off-load mode keeps each block's input and recomputes one block at a time."""
         k = masked_count(mask_rate, self.seq_len) if mask_rate > 0 else 0
         predicted = k if self.sparse_prediction else self.seq_len * (mask_rate > 0)  # positions with logits
         logits = predicted * self.vocab_size * 4
@@ -164,9 +165,10 @@ class ModelConfig:
         return int(self.seq_len * full * per_position + (self.n_layers - full) * narrowed + logits)
 
     def flops_per_token(self, mask_rate):
-        """Training FLOPs per input token (3x the forward): matmul weights, attention scores and values, the tied output
-        layer at the predicted positions. A narrowed layer computes keys and values at every position and the rest at the
-        masked positions only. The predicted share is the k / T that mask_tokens masks (masked_count)."""
+        """Training FLOPs per input token: 3 times the forward's (the backward costs about twice the forward). The
+        forward counts the matmul weights, the attention's scores and values, and the tied output layer at the
+        predicted positions, a share k / T of them (masked_count). A narrowed layer computes keys and values at every
+        position and the rest at the masked positions only."""
         k = masked_count(mask_rate, self.seq_len) if mask_rate > 0 else 0
         predicted = k / self.seq_len if self.sparse_prediction else 1.0  # the share of positions predicted
         full = self.full_layer_count()
@@ -363,29 +365,34 @@ def masked_count(mask_rate, seq_len):
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
-    """BERT's corruption of each row of idx (B, T). Exactly k = masked_count(mask_rate, T) positions of every row are
-    chosen, so every batch has the same shape and torch.compile builds one graph. Any position may be chosen, a [SEP]
-    between packed documents too. Each chosen position, on its own draw, becomes [MASK] with probability 0.8, a random
-    regular token with 0.1 (the ids below n_regular, which come before the special ones; it may be the original), and
-    stays with 0.1. `masking` is a Masking or just its rate.
-    The draws come from `generator` (torch's own where None), or, where `keys` (B,) int64 is given, from row_noise of
-    each row's key: its first T values rank the positions, the next k choose among [MASK], random and kept, and the last k give the random ids. Then
-    a row's mask depends on its key alone, the same in any batch and on any device.
-    Returns (inputs (B, T), positions (B, k), labels (B, k): the original tokens there)."""
+    """BERT's corruption of each row of idx (B, T). Returns (inputs (B, T), positions (B, k), labels (B, k)): the
+    corrupted rows, the k chosen positions of each row, and the original tokens there.
+
+    Exactly k = masked_count(mask_rate, T) positions of every row are chosen, so every batch has the same shape and
+    torch.compile builds one graph. Any position may be chosen, a [SEP] between packed documents too. Each chosen
+    position, on its own draw, becomes [MASK] with probability 0.8, a random regular token with 0.1 (one of the ids
+    below n_regular, which come before the special ones; it may be the original), and stays as it was with 0.1.
+    `masking` is a Masking or just its rate.
+
+    The draws come from `generator` (torch's own where None). Where `keys` (B,) int64 are given, they come from
+    row_noise of each row's key instead: its first T values rank the positions, the next k choose among [MASK], random
+    and kept, and the last k give the random ids. Then a row's mask depends on its key alone, in any batch and on any
+    device."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = masked_count(masking.mask_rate, T)
     if keys is None:
-        scores, rule, cuts = torch.rand(B, T, device=idx.device, generator=generator), \
-            torch.rand(B, k, device=idx.device, generator=generator), (0.8, 0.9)
+        scores = torch.rand(B, T, device=idx.device, generator=generator)
+        choice, thresholds = torch.rand(B, k, device=idx.device, generator=generator), (0.8, 0.9)  # below 0.8: [MASK]
         random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
     else:
         noise = row_noise(keys.to(idx.device), T + 2 * k)  # (B, T + 2k)
         scores = noise[:, :T] * T + torch.arange(T, device=idx.device)  # (B, T): distinct in a row, so topk has no ties
-        rule, cuts, random_ids = noise[:, T:T + k] % 10, (8, 9), noise[:, T + k:] % n_regular  # (B, k) each
-    positions = scores.topk(k, dim=1).indices
+        choice, thresholds, random_ids = noise[:, T:T + k] % 10, (8, 9), noise[:, T + k:] % n_regular  # (B, k) each
+    positions = scores.topk(k, dim=1).indices  # (B, k)
     labels = idx.gather(1, positions)
-    replacement = torch.where(rule < cuts[0], torch.full_like(labels, mask_id), torch.where(rule < cuts[1], random_ids, labels))
+    masked = torch.full_like(labels, mask_id)
+    replacement = torch.where(choice < thresholds[0], masked, torch.where(choice < thresholds[1], random_ids, labels))
     return idx.scatter(1, positions, replacement), positions, labels
 
 

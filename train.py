@@ -92,8 +92,11 @@ wandb_run_name = ""       # default: the name of out_dir
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """Learning rate at a fraction `progress` of the budget. triangle (the reference's): 25% of peak at the start, peak at
-    75%, linear to 0 at the end; warmup_linear (BERT's): linear warm-up over `warmup`, then linear decay to 0."""
+    """The learning rate at a fraction `progress` of the budget, for a `peak` rate (the `lr` setting, or the width's
+    rule where it is 0). "triangle" is the cramming reference's: it starts at 25% of the peak, rises linearly to the
+    peak at 75% of the budget, then falls linearly to 0 at its end. Ending at 0 exactly when the budget ends is what
+    trains best under a fixed budget (Li et al. 2020, budgeted training). "warmup_linear" is original BERT's: a linear
+    warm-up over `warmup` of the budget, then a linear decay to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":

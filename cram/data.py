@@ -146,19 +146,20 @@ class Batches:
         self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
 
     def step(self, consumed, sizes, masking):
-        """This process's masked micro-batches of a step, after `consumed` sequences of the run. Every process cuts
-        the step alike into micro-batches of `sizes` each (train.micro_batch_sizes), so the step holds world x
-        sum(sizes) sequences: the next ones of the data order (rows_at). Each micro-batch is spread over the processes,
-        each reading its own slice. Each row is masked (model.mask_tokens, by `masking`)
-        with its own key, made of the run's seed and the row's number in the run (mask_keys). So the step's rows come
-        back masked alike however the step is cut: at any micro-batch, process count and device."""
+        """This process's masked micro-batches of one step, as a list of (inputs, positions, labels).
+        `consumed` is how many sequences the run has trained on before this step, and `sizes` the sizes of this
+        process's micro-batches (train.micro_batch_sizes; every process cuts the step alike). The step's sequences are
+        the next ones of the data order (rows_at). Each micro-batch is spread over the processes: rank r reads the
+        r-th slice of it. Each row is masked by model.mask_tokens with its own key (mask_keys), made of the run's seed
+        and the row's place in the run, so a row's mask does not depend on how the step is cut."""
         starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
-        return [self.at(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
+        return [self.micro_batch(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 
-    def at(self, start, size, masking):
+    def micro_batch(self, start, size, masking):
+        """The `size` sequences from place `start` of the run, read and masked."""
         rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
-        numbers = start + np.argsort(rows, kind="stable")  # the run's number of each row, in get_batch's (sorted) order
-        keys = to_device(mask_keys(self.seed, numbers), self.device)
+        places = start + np.argsort(rows, kind="stable")  # each row's place in the run, in get_batch's (sorted) order
+        keys = to_device(mask_keys(self.seed, places), self.device)
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
 
 
