@@ -64,7 +64,7 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it
+batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it (a power of two from 32 to 8192 that grows with the budget's tokens)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
 batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128
 # system

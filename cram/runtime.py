@@ -54,7 +54,7 @@ def same_shape(state, param):
     return state.dim() == 0 or state.shape == param.shape
 
 
-Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))
+Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))  # width_lr=False, fits=factored unless given
 OPTIMIZERS = {
     # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
     "adamw": Optimizer(lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
