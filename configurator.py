@@ -4,7 +4,7 @@ Unknown keys and values of the wrong type are errors. A setting's comment may st
 
     lr = 1e-3            # > 0: peak learning rate          (also >= x)
     mask_rate = 0.25     # (0, 1): share of tokens to predict  (intervals: [ ] closed, ( ) open, inf)
-    optim = "adamw"      # {adamw, muon}: the optimizer         (names; {runtime.OPTIMIZERS}: a table's keys)
+    optim = "adamw"      # {adamw, muon}: the optimizer         (names; {OPTIMIZERS}: a table's keys)
 """
 import ast
 import contextlib
@@ -119,7 +119,8 @@ def number(text):
 
 def allowed(comment, namespace=None):
     """(test, words) for the values a setting's comment starts with (see the module's docstring), or None when it
-    declares none; {module.TABLE} names a dict of a module in `namespace` (a script's globals), whose keys are allowed."""
+    declares none. {TABLE} names a dict in `namespace` (a script's globals), and {module.TABLE} a dict of a module there:
+    their keys are allowed."""
     m = ALLOWED.match(comment or "")
     if not m:
         return None
@@ -129,6 +130,8 @@ def allowed(comment, namespace=None):
         module, _, table = names[0].partition(".")
         if table.isupper() and module in (namespace or {}):
             names = list(getattr(namespace[module], table))
+        elif not table and module.isupper() and module in (namespace or {}):
+            names = list(namespace[module])
         return (lambda v: v in names), f"one of {', '.join(names)}"
     if op:
         b = number(bound)

@@ -1,9 +1,10 @@
-"""The crammed-BERT encoder (Geiping & Goldstein 2022), its masked-language-model objective, the optimizer step, and
-the classification head that GLUE fine-tuning adds.
+"""The crammed-BERT encoder (Geiping & Goldstein 2022), its masked-language-model objective, the optimizers and the
+training step, and the classification head that GLUE fine-tuning adds.
 
 Every architectural choice is a field of ModelConfig. Its defaults are the crammed recipe; config/bert_original.py
 sets the original BERT's. cram's one addition to the recipe is `smear`: each position's embedding also sees its two
 neighbours' (config/recipe_reference.py turns it off)."""
+import collections
 import dataclasses
 import math
 from contextlib import nullcontext
@@ -431,9 +432,12 @@ def at_positions(hidden, positions):
     return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
 
+# -----------------------------------------------------------------------------
+# The optimizer. param_groups says which parameters decay, and OPTIMIZERS[optim].build makes the optimizer over those
+# groups (train.py's make_trainer). nanoGPT's configure_optimizers does the same in one function.
 def param_groups(module, weight_decay, optim="adamw"):
     """The optimizer's parameter groups: weight decay on the matrices (the embeddings too), none on biases, norms and
-    scalars. With optim='muon' the blocks' matrices come first, in a group of their own that runtime.Muon updates;
+    scalars. With optim='muon' the blocks' matrices come first, in a group of their own that Muon updates;
     AdamW updates the rest."""
     params = [p for p in module.parameters() if p.requires_grad]
     hidden = {id(p) for p in module.blocks.parameters() if p.dim() == 2} if optim == "muon" else set()
@@ -443,6 +447,84 @@ def param_groups(module, weight_decay, optim="adamw"):
         return groups
     return [{"params": [p for p in params if id(p) in hidden], "weight_decay": weight_decay, "muon": True},
             *(dict(g, muon=False) for g in groups)]
+
+
+# The optimizers that train.py's --optim names. A fork's new optimizer is one row of OPTIMIZERS, with four fields:
+# - build(groups, lr, betas, eps) makes it over param_groups's groups. Each group carries its own weight decay.
+# - state_bytes is the least memory its state takes per parameter. The memory check counts it.
+# - width_lr says whether the width's rule for the peak rate suits it (budget.lr_for_width, which was tuned for
+#   AdamW). Where it does not, train.py asks for --lr, and takes a config file's lr only if that file also sets optim.
+# - fits(state, param) says whether a resumed state tensor fits its parameter (files.optimizer_problem). By default
+#   it must have the parameter's shape, or a shape that factors it (Adafactor keeps a row's and a column's statistics).
+# An optimizer that takes settings beyond lr, betas and eps also needs them passed in make_trainer. One that updates
+# some parameters apart from the rest, as Muon does, needs its group in param_groups. Off-load mode runs AdamW alone.
+def factored(state, param):
+    return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
+
+
+def same_shape(state, param):
+    return state.dim() == 0 or state.shape == param.shape
+
+
+Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))  # width_lr=False, fits=factored unless given
+OPTIMIZERS = {
+    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
+    "adamw": Optimizer(lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
+                       8, True, same_shape),
+    # a momentum on param_groups(..., optim="muon")'s first group, AdamW's two moments on the rest (below)
+    "muon": Optimizer(lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4, True, same_shape),
+}
+
+
+# Muon (Keller Jordan 2024) on the blocks' matrices, AdamW on the rest, as one optimizer: momentum made the nearest
+# semi-orthogonal matrix, scaled to AdamW's update RMS (Moonshot AI 2025), so one lr serves both; torch >= 2.4's.
+def orthogonalize(g, steps=5):
+    """The semi-orthogonal matrix nearest to g (U V^T of its SVD), approximately: a quintic Newton-Schulz iteration
+    (Jordan's coefficients) puts every singular value in about [0.7, 1.2] in five steps, as good for an update."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.bfloat16() if g.is_cuda else g.float()  # bfloat16 is fast on a GPU and slow on a CPU
+    x = x / (x.norm() + 1e-7)  # singular values into [0, 1]
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x  # iterate on the smaller Gram matrix
+    for _ in range(steps):
+        gram = x @ x.T                             # (r, r), r = min(rows, cols)
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Groups with muon=True: Nesterov momentum, orthogonalized, RMS-matched to AdamW; the others AdamW's update."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01, momentum=0.95, ns_steps=5):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      ns_steps=ns_steps, muon=False))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = torch.enable_grad()(closure)() if closure else None
+        for group in self.param_groups:
+            lr, wd, (beta1, beta2) = group["lr"], group["weight_decay"], group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if group["muon"]:
+                    if not state:
+                        state["momentum"] = torch.zeros_like(p)
+                    buf = state["momentum"].lerp_(p.grad, 1 - group["momentum"])
+                    update = p.grad.lerp(buf, group["momentum"])  # Nesterov: look ahead along the momentum
+                    update = orthogonalize(update, group["ns_steps"]) * (0.2 * math.sqrt(max(p.shape)))
+                    p.mul_(1 - lr * wd).add_(update, alpha=-lr)
+                else:
+                    if not state:
+                        state.update(step=torch.zeros(()), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                    state["step"] += 1
+                    t = state["step"].item()
+                    state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                    state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+                    p.mul_(1 - lr * wd).addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
+        return loss
 
 
 def mean_over_processes(value):
@@ -459,7 +541,7 @@ class Trainer:
 
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module as the step
     runs it: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in training
-    mode; only evaluation (data.Validation) switches it to eval mode, and back. `scaler` is float16's loss
+    mode; only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is float16's loss
     scaler (a pass-through in other precisions). offload.OffloadTrainer has the same methods."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):

@@ -11,6 +11,7 @@ shape, the final batch size and the peak learning rate (cram/budget.py). The sch
 spent, not the step count, so a run ends on time on any hardware. Ctrl-C or SIGTERM finishes the current step, saves
 a checkpoint and exits; --resume=True continues from there."""
 import dataclasses
+import functools
 import math
 import os
 import signal
@@ -18,14 +19,16 @@ import sys
 import time
 
 from configurator import config_keys, configure, disallowed, named  # first: it checks for the temporary folder that torch's import needs
+import numpy as np
 import torch
 
 from cram import budget, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
-from cram.data import Batches, Validation, fill_in, load_run_data, make_encoding, repeat_warning
+from cram.data import fill_in, get_batch, load_run_data, make_encoding, repeat_warning, to_device
 from cram.files import MetricsLog, Saves, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
 from cram.offload import OffloadTrainer, check_settings as check_offload
-from model import DATA_FIELDS, MASK_RATE, BadSteps, CrammedBert, Masking, ModelConfig, SpikeWatch, Trainer, param_groups
+from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Masking, ModelConfig, SpikeWatch, Trainer,
+                   mask_tokens, param_groups)
 
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
@@ -54,7 +57,7 @@ mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mas
 mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (each is a new shape for torch.compile)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # optimizer and schedules
-optim = "adamw"           # {runtime.OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
+optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
 lr = 0.0                  # [0, inf): the peak learning rate; 0 takes AdamW's rule, 1e-3 x (768 / d_model) ** 0.5
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
@@ -75,14 +78,14 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (numpy, data.epoch_order), training masks (data.mask_keys, each row's by its place in the run) and fill-in picks; one for all processes
+seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (epoch_order), training masks (mask_keys, each row's by its place in the run) and fill-in picks; one for all processes
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (model.py's BadSteps says which are bad)
 spike_threshold = 6.0     # >= 0: a loss this many times its step-to-step noise (and 10%) over its recent mean is a spike: its update is skipped; 0: off
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of training, and at the end
-eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (data.Validation)
+eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
 ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes (0: after every step); saving is off the clock
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
@@ -158,6 +161,105 @@ def micro_batch_sizes(batch, world, micro, remainder):
     return sizes + [share - sum(sizes)] * (sum(sizes) < share)
 
 
+# -----------------------------------------------------------------------------
+# The data a step reads. The run reads the training rows epoch after epoch, each epoch in its own shuffled order, and
+# its sequence number i is always the same row. So where a run is (the sequences it has consumed) says which rows come
+# next, and a resumed run reads on exactly where it stopped. Each row's mask is drawn from a key made of the seed and
+# the row's place in the run, so a row is masked the same way however the step is cut, on any device.
+@functools.lru_cache(maxsize=2)
+def epoch_order(n_rows, seed, epoch, order="shuffled"):
+    """The rows that epoch `epoch` visits, in an order shuffled by (seed, epoch). With order="file" the first epoch
+    keeps the file's order (tools/curriculum.py writes files meant to be read that way)."""
+    return np.arange(n_rows) if order == "file" and epoch == 0 else np.random.default_rng((seed, epoch)).permutation(n_rows)
+
+
+def rows_at(start, count, n_rows, seed, order="shuffled"):
+    """The rows of the run's sequences number `start` to start + count - 1. The run's sequence i is row
+    epoch_order(i // n_rows)[i % n_rows], so every epoch reads every row once. The answer depends on the position
+    alone, which is why a resumed run reads on from the checkpoint's tokens / seq_len."""
+    parts = []
+    while count > 0:
+        epoch, offset = divmod(start, n_rows)
+        take = min(count, n_rows - offset)
+        parts.append(epoch_order(n_rows, seed, epoch, order)[offset:offset + take])
+        start, count = start + take, count - take
+    return np.concatenate(parts)
+
+
+def mask_keys(seed, numbers):
+    """The keys that model.mask_tokens draws the rows' masks from, as an int64 tensor. Each key is a row's number (its
+    place in the run, or a validation row's index) xor a 62-bit salt drawn from `seed`. Different numbers get
+    different keys, and another seed gives other keys."""
+    return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
+
+
+class Batches:
+    """The training batches of one process (`rank` of `world`). A micro-batch's rows and masks depend only on its
+    place in the run and the seed. So a resumed run, or one on more processes or another device, reads and masks
+    exactly what the same place would have had."""
+
+    def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
+        self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
+        self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
+
+    def step(self, consumed, sizes, masking):
+        """This process's masked micro-batches for one step, as a list of (inputs, positions, labels). `consumed` is
+        how many sequences the run trained on before this step, and `sizes` the sizes of this process's micro-batches
+        (micro_batch_sizes; every process cuts the step the same way). The step reads the next sequences of the data
+        order. Each micro-batch is shared out over the processes: rank r reads the r-th slice of it."""
+        starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
+        return [self.micro_batch(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
+
+    def micro_batch(self, start, size, masking):
+        """The `size` sequences from place `start` of the run, read and masked."""
+        rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
+        places = start + np.argsort(rows, kind="stable")  # each row's place in the run, in get_batch's (sorted) order
+        keys = to_device(mask_keys(self.seed, places), self.device)
+        return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
+
+
+# How validation is scored. It masks the first eval_sequences validation rows, each from a key made of VALIDATION_SEED
+# and the row's index, so every evaluation of every run scores the same masked tokens, whatever the micro-batch, the
+# device or the number of processes. That is what makes two runs' validation losses comparable.
+VALIDATION_SEED = 1234
+
+
+def validation_batch(tokens, rows, mask_rate, meta):
+    """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU."""
+    rows = np.asarray(rows, dtype=np.int64)
+    idx = torch.from_numpy(np.asarray(tokens[rows], dtype=np.int64))  # (B, T)
+    return mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], keys=mask_keys(VALIDATION_SEED, rows))
+
+
+class Validation:
+    """The validation rows and what scoring them needs: the model, the data's meta.json, how many rows go through the
+    model at a time (`batch`) and the runtime (device and precision)."""
+
+    def __init__(self, model, tokens, meta, batch, rt):
+        self.model, self.tokens, self.meta, self.batch, self.rt = model, tokens, meta, batch, rt
+
+    @torch.no_grad()
+    def score(self, n_sequences, mask_rate):
+        """The validation loss and masked-token accuracy over the first n_sequences rows: the mean over all their
+        masked tokens. The model is in eval mode meanwhile (no dropout, and forward counts its correct predictions)
+        and back in training mode after."""
+        n = min(n_sequences, len(self.tokens))
+        loss_sum, correct, predicted = 0.0, 0, 0
+        self.model.eval()
+        try:
+            for start in range(0, n, self.batch):
+                masked = validation_batch(self.tokens, range(start, min(n, start + self.batch)), mask_rate, self.meta)
+                inputs, positions, labels = (to_device(t, self.rt.device) for t in masked)
+                with self.rt.autocast():
+                    loss, hits = self.model(inputs, positions, labels)
+                loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
+                correct += hits.item()
+                predicted += labels.numel()
+        finally:
+            self.model.train()
+        return loss_sum / predicted, correct / predicted
+
+
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
@@ -184,10 +286,10 @@ def check_settings(world, config, rt, given=None, model=None):
     # was tuned for AdamW. The answer does not depend on the order of the arguments.
     lr_from = [s for s, v in (given or {}).get("lr", {}).items() if v == config["lr"]]
     chose = [s for s in lr_from if s == "--" or given.get("optim", {}).get(s) == optim]
-    if not runtime.OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and not chose):
+    if not OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and not chose):
         why = f"{lr_from[-1]}'s lr={config['lr']:g}" if config["lr"] else "the width's rule (budget.lr_for_width)"
         raise SystemExit(f"error: {named('optim', given)}={optim} needs --lr: {why} is AdamW's, and its row in "
-                         f"runtime.OPTIMIZERS does not take it (width_lr)")
+                         f"model.OPTIMIZERS does not take it (width_lr)")
     if config["offload"]:
         check_offload(world, model, optim, rt.dtype)
 
@@ -210,7 +312,7 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
       share of the budget spent, and the data order is a function of the sequences read so far (rows_at), so these
       three numbers put a resumed run back on the same learning rate, batch size and rows. Each row's mask is a
       function of the seed and the row's place in the run, so the masks come back too, at any micro-batch, process
-      count and kind of device (see data.Batches);
+      count and kind of device (see Batches);
     - the loss history that the spike check judges by (watch);
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/budget.py's resume_settings). It may change a few: a larger budget,
@@ -232,12 +334,12 @@ def main(config, given):
     # From here on, every global at the top of this file holds the value the run uses.
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
-    saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
-    metrics = open_out_dir(model_args, saves, config, rt, n_rows * seq_len, checkpoint, start_lines) if master else None
 
-    # -------------------------------------------------------------------- the model and its optimizer
+    # -------------------------------------------------------------------- the model, the output folder, the optimizer
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
+    saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
+    metrics = open_out_dir(model, saves, config, rt, n_rows * seq_len, checkpoint, start_lines) if master else None
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
@@ -333,7 +435,7 @@ def setup_device(config, world, ddp, given):
     check_settings(world, config, rt, given, ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}))
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
-    rt.optim = config["optim"]  # the optimizer rt.optimizer builds and the memory check counts (runtime.OPTIMIZERS)
+    rt.optim = config["optim"]  # the optimizer whose state the memory check counts (model.OPTIMIZERS)
     config.update(device=rt.device.type, dtype=rt.dtype_name())
     if rank == 0 and os.path.isdir(config["out_dir"]):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
@@ -389,15 +491,14 @@ def settled_line(given, config, resumed):
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     """Builds the model.Trainer: the model on the device, its compiled copy (wrapped by DDP under torchrun) that the
-    step runs, and the optimizer over param_groups (weight decay on matrices only), built by runtime.OPTIMIZERS's row
-    for `optim`. Off-load mode builds its own trainer with the same methods. A resume loads the checkpoint's state,
+    step runs, and the optimizer: OPTIMIZERS[optim] built over param_groups (weight decay on the matrices only). Off-load mode builds its own trainer with the same methods. A resume loads the checkpoint's state,
     which both modes save in one format."""
     if offload:
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     else:
         model = model.to(rt.device)
-        optimizer = rt.optimizer(param_groups(model, weight_decay, optim), lr=peak_lr, betas=(beta1, beta2), eps=eps)
+        optimizer = OPTIMIZERS[optim].build(param_groups(model, weight_decay, optim), peak_lr, (beta1, beta2), eps)
         step_model = rt.compile_model(model)
         if ddp:
             device_ids = [rt.device.index] if rt.device.type == "cuda" else None
@@ -427,16 +528,14 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
     raise SystemExit(0)
 
 
-def open_out_dir(model_args, saves, config, rt, train_tokens, checkpoint, start_lines):
+def open_out_dir(model, saves, config, rt, train_tokens, checkpoint, start_lines):
     """Rank 0's start: claims out_dir (a lock, and room on disk for the checkpoints kept), warns of a run too large for
     a CPU or one that repeats its data, and prints the start-up lines. Returns the metrics.jsonl log."""
-    with torch.device("meta"):  # the exact counts, without the memory
-        model = CrammedBert(**model_args)
-    each = max(12 * model.num_params() + 32 * model_args["vocab_size"] + 2 ** 20,  # weights, AdamW, tokenizer, records
+    each = max(12 * model.num_params() + 32 * model.config.vocab_size + 2 ** 20,  # weights, AdamW, tokenizer, records
                os.path.getsize(saves.last_path) if checkpoint else 0)  # or the resumed one's size
     claim_folder(out_dir, need_bytes=save_peak_bytes(saves.path, keep_checkpoints, each, saves.last, saves.branched),
                  files=("ckpt.pt", "metrics.jsonl"))
-    step_flops = model.config.flops_per_token(mask_rate) * config["batch_size"] * model_args["seq_len"]
+    step_flops = model.config.flops_per_token(mask_rate) * config["batch_size"] * model.config.seq_len
     for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                     repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
         if warning:

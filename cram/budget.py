@@ -101,7 +101,7 @@ def batch_for_budget(tokens, seq_len):
 
 
 def lr_for_width(d_model):
-    """The peak lr at width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT, AdamW's (runtime.OPTIMIZERS)."""
+    """The peak lr at width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT, AdamW's (model.OPTIMIZERS)."""
     return LR_AT_768 * (d_model / 768) ** LR_WIDTH_EXPONENT
 
 

@@ -1,10 +1,9 @@
-"""The data a run reads: the token files prepare.py wrote and their tokenizer; the training data's order (rows_at, a
-function of the position in the run alone) and the masked micro-batches of each step (Batches); the validation score
-(Validation) and the fill-in examples. Training, benchmarks and fine-tuning need only torch, numpy and tiktoken here,
+"""The token files that prepare.py wrote and their tokenizer, read and checked; reading rows onto the device; random
+batches for the benchmarks and the memory probe; the fill-in examples. Which rows a training step reads, and how
+validation is scored, are in train.py. Training, benchmarks and fine-tuning need only torch, numpy and tiktoken here,
 not `datasets`."""
 import bz2
 import contextlib
-import functools
 import gzip
 import hashlib
 import lzma
@@ -108,61 +107,6 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
     return lines
 
 
-@functools.lru_cache(maxsize=2)
-def epoch_order(n_rows, seed, epoch, order="shuffled"):
-    """The rows epoch `epoch` visits, in an order shuffled by (seed, epoch). With order='file' the first epoch keeps
-    the file's order (tools/curriculum.py writes files meant to be read so)."""
-    return np.arange(n_rows) if order == "file" and epoch == 0 else np.random.default_rng((seed, epoch)).permutation(n_rows)
-
-
-def rows_at(start, count, n_rows, seed, order="shuffled"):
-    """The rows of the run's sequences number `start` to start + count - 1. The run's sequence i is row
-    epoch_order(i // n_rows)[i % n_rows]: every epoch reads every row once, in its own order. The answer depends on
-    the position alone, so a resumed run reads on from the sequences consumed (the checkpoint's tokens / seq_len)."""
-    parts = []
-    while count > 0:
-        epoch, offset = divmod(start, n_rows)
-        take = min(count, n_rows - offset)
-        parts.append(epoch_order(n_rows, seed, epoch, order)[offset:offset + take])
-        start, count = start + take, count - take
-    return np.concatenate(parts)
-
-
-def mask_keys(seed, numbers):
-    """The keys model.mask_tokens draws rows' masks from, as an int64 tensor: each row's number (its place in the run,
-    or a validation row's index) xor a 62-bit salt drawn from `seed`. Distinct numbers get distinct keys, and another
-    seed other keys."""
-    return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
-
-
-class Batches:
-    """The training batches of one process (`rank` of `world`). Each micro-batch's rows depend only on its place in the run, so a resumed run, or
-    one on more processes, reads exactly the rows the same place would have had. Each row's mask depends only on the
-    run's seed and the row's place in the run, so the masks come back too. A row is masked the same way at any
-    micro-batch, on any number of processes and on any kind of device. (Validation masks its rows so too, by index.)"""
-
-    def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
-        self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
-        self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
-
-    def step(self, consumed, sizes, masking):
-        """This process's masked micro-batches of one step, as a list of (inputs, positions, labels).
-        `consumed` is how many sequences the run has trained on before this step, and `sizes` the sizes of this
-        process's micro-batches (train.micro_batch_sizes; every process cuts the step alike). The step's sequences are
-        the next ones of the data order (rows_at). Each micro-batch is spread over the processes: rank r reads the
-        r-th slice of it. Each row is masked by model.mask_tokens with its own key (mask_keys), made of the run's seed
-        and the row's place in the run, so a row's mask does not depend on how the step is cut."""
-        starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
-        return [self.micro_batch(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
-
-    def micro_batch(self, start, size, masking):
-        """The `size` sequences from place `start` of the run, read and masked."""
-        rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
-        places = start + np.argsort(rows, kind="stable")  # each row's place in the run, in get_batch's (sorted) order
-        keys = to_device(mask_keys(self.seed, places), self.device)
-        return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
-
-
 def load_run_data(path):
     """(meta.json with each split's digest, the train and val tokens, the tokenizer's text), each checked, or a line on how
     to prepare; a digest hashes the count and 4,096 rows first, last and spread between (a resume compares them)."""
@@ -219,44 +163,3 @@ def bytes_to_unicode():
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))  # the others, in order
     return {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
-
-
-VALIDATION_SEED = 1234  # validation's masks come from this seed and each row's index, never from the run's seed
-
-
-def validation_batch(tokens, rows, mask_rate, meta):
-    """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU. Each row's mask is drawn from its
-    own key, made of VALIDATION_SEED and the row's index alone (mask_keys). So a row is masked the same way in every
-    evaluation, whatever the micro-batch, the device, the number of processes or the number of rows evaluated."""
-    rows = np.asarray(rows, dtype=np.int64)
-    idx = torch.from_numpy(np.asarray(tokens[rows], dtype=np.int64))  # (B, T)
-    return mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], keys=mask_keys(VALIDATION_SEED, rows))
-
-
-class Validation:
-    """The validation rows and what scoring them needs: the model, the data's meta.json, how many rows go through the
-    model at a time (`batch`) and the runtime (device and precision)."""
-
-    def __init__(self, model, tokens, meta, batch, rt):
-        self.model, self.tokens, self.meta, self.batch, self.rt = model, tokens, meta, batch, rt
-
-    @torch.no_grad()
-    def score(self, n_sequences, mask_rate):
-        """The validation loss and masked-token accuracy over the first n_sequences rows. Every row keeps its own fixed
-        mask (validation_batch), so the result does not depend on the batch or the device. The model is in eval mode
-        meanwhile (no dropout; forward counts its correct predictions) and back in training mode after."""
-        n = min(n_sequences, len(self.tokens))
-        loss_sum, correct, predicted = 0.0, 0, 0
-        self.model.eval()
-        try:
-            for start in range(0, n, self.batch):
-                masked = validation_batch(self.tokens, range(start, min(n, start + self.batch)), mask_rate, self.meta)
-                inputs, positions, labels = (to_device(t, self.rt.device) for t in masked)
-                with self.rt.autocast():
-                    loss, hits = self.model(inputs, positions, labels)
-                loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
-                correct += hits.item()
-                predicted += labels.numel()
-        finally:
-            self.model.train()
-        return loss_sum / predicted, correct / predicted

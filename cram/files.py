@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from .runtime import OPTIMIZERS
-from model import REPLACED_FIELDS, CrammedBert, ModelConfig, diverged, param_groups, saved_model_args
+from model import OPTIMIZERS, REPLACED_FIELDS, CrammedBert, ModelConfig, diverged, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -555,7 +554,7 @@ def data_difference(trained_on, meta):
 
 def optimizer_problem(checkpoint, optim):
     """How a checkpoint's optimizer state fails to fit its model's optimizer (`optim`'s parameter groups, each
-    parameter's state tensors as its row in runtime.OPTIMIZERS `fits` them), or None."""
+    parameter's state tensors as its row in model.OPTIMIZERS `fits` them), or None."""
     saved = checkpoint["optimizer"]
     if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) or \
             not isinstance(saved.get("state"), dict):
@@ -592,7 +591,7 @@ class Saves:
 
     def save_if_sound(self, validation, state, mask_rate, at_end=False):
         """Saves the checkpoint `state` if its weights are sound: finite, with a loss on one batch of validation rows
-        (a data.Validation) that has not diverged. Only sound weights are saved, so a run stopped for diverging can
+        (train.py's Validation) that has not diverged. Only sound weights are saved, so a run stopped for diverging can
         resume from one. Unsound weights are not saved, which is said; at the end of a run (at_end) that is an error."""
         finite = all_finite(state["model"])
         loss = validation.score(validation.batch, mask_rate)[0] if finite else None  # one batch tells a divergence

@@ -1,12 +1,10 @@
-"""Where and how the arithmetic runs: device, precision, TF32, compilation, the optimizer and DDP, decided once for
+"""Where and how the arithmetic runs: device, precision, TF32, compilation and DDP, decided once for
 train.py, bench.py and finetune_glue.py. Every call runs on a CPU too (inductor, autocast, fused AdamW, the grad scaler),
 so tests run the GPU's code path anywhere."""
 import atexit
-import collections
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 import tempfile
 import time
@@ -16,6 +14,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from model import OPTIMIZERS
 
 # inductor's kernel cache ignores ATEN_CPU_CAPABILITY (torch 2.13): a kernel built for one vector width, reused under
 # another, gives NaN losses or corrupts the heap. So each capability gets a folder, named on import, before inductor
@@ -35,33 +35,6 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 # reference trains with max-autotune; cram keeps inductor's until a GPU report shows one faster (bench.py times them).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
-
-# The optimizers that train.py's --optim names. A fork's new optimizer is one row here, with four fields. One that
-# takes settings beyond lr, betas and eps also needs them passed where train.py's make_trainer calls rt.optimizer, and
-# one that updates some parameters apart (as muon does) needs its group in model.param_groups. Off-load mode runs
-# AdamW alone.
-# - build(groups, lr, betas, eps) makes it over model.param_groups's groups (each group carries its weight decay);
-# - state_bytes is the least memory its state takes per parameter, which the memory check counts;
-# - width_lr says whether the width's rule for the peak rate (budget.lr_for_width, tuned for AdamW) suits it. Where
-#   it does not, train.py asks for --lr (and takes a config file's lr only if that file also sets optim);
-# - fits(state, param) says whether a resumed state tensor fits its parameter (files.optimizer_problem). By default
-#   it must have the parameter's shape, or a shape that factors it (Adafactor's rows and columns).
-def factored(state, param):
-    return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
-
-
-def same_shape(state, param):
-    return state.dim() == 0 or state.shape == param.shape
-
-
-Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))  # width_lr=False, fits=factored unless given
-OPTIMIZERS = {
-    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
-    "adamw": Optimizer(lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
-                       8, True, same_shape),
-    # a momentum on param_groups(..., optim="muon")'s first group, AdamW's two moments on the rest (below)
-    "muon": Optimizer(lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4, True, same_shape),
-}
 
 # dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
 # work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
@@ -109,7 +82,7 @@ class Runtime:
     compile_mode: str = "default"  # one of COMPILE_MODES (checked by setup)
     why: str = ""  # why this dtype: auto's reason (auto_dtype), or "" where the setting named it
     bf16_speedup: float = 0.0  # a CPU's bfloat16 matmul speed over float32's where dtype=auto timed it, else 0
-    optim: str = "adamw"  # the optimizer that optimizer() builds and the memory check counts: a key of OPTIMIZERS
+    optim: str = "adamw"  # the optimizer that optimizer() builds and the memory check counts: a key of model.OPTIMIZERS
 
     def autocast(self):
         return contextlib.nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, dtype=self.dtype)
@@ -119,8 +92,8 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
     def optimizer(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-        """This run's optimizer, OPTIMIZERS[self.optim], over `params`: model.param_groups's groups, each with its own
-        weight decay."""
+        """OPTIMIZERS[self.optim] built over `params` (model.param_groups's groups), as train.py's make_trainer builds
+        it. bench.py, fine-tuning and the memory probe build theirs here."""
         return OPTIMIZERS[self.optim].build(params, lr, betas, eps)
 
     def compile_model(self, model, fullgraph=True):
@@ -401,55 +374,3 @@ def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
         return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
                 f"shape needs a GPU. For a run of a few minutes: python train.py config/train_quickstart.py")
     return None
-
-
-# ---------------------------------------------------------------- Muon (--optim=muon)
-# Muon (Keller Jordan 2024) on the blocks' matrices, AdamW on the rest, as one optimizer: momentum made the nearest
-# semi-orthogonal matrix, scaled to AdamW's update RMS (Moonshot AI 2025), so one lr serves both; torch >= 2.4's.
-def orthogonalize(g, steps=5):
-    """The semi-orthogonal matrix nearest to g (U V^T of its SVD), approximately: a quintic Newton-Schulz iteration
-    (Jordan's coefficients) puts every singular value in about [0.7, 1.2] in five steps, as good for an update."""
-    a, b, c = 3.4445, -4.7750, 2.0315
-    x = g.bfloat16() if g.is_cuda else g.float()  # bfloat16 is fast on a GPU and slow on a CPU
-    x = x / (x.norm() + 1e-7)  # singular values into [0, 1]
-    tall = x.shape[0] > x.shape[1]
-    x = x.T if tall else x  # iterate on the smaller Gram matrix
-    for _ in range(steps):
-        gram = x @ x.T                             # (r, r), r = min(rows, cols)
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x.T if tall else x).to(g.dtype)
-
-
-class Muon(torch.optim.Optimizer):
-    """Groups with muon=True: Nesterov momentum, orthogonalized, RMS-matched to AdamW; the others AdamW's update."""
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-12, weight_decay=0.01, momentum=0.95, ns_steps=5):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                                      ns_steps=ns_steps, muon=False))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = torch.enable_grad()(closure)() if closure else None
-        for group in self.param_groups:
-            lr, wd, (beta1, beta2) = group["lr"], group["weight_decay"], group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if group["muon"]:
-                    if not state:
-                        state["momentum"] = torch.zeros_like(p)
-                    buf = state["momentum"].lerp_(p.grad, 1 - group["momentum"])
-                    update = p.grad.lerp(buf, group["momentum"])  # Nesterov: look ahead along the momentum
-                    update = orthogonalize(update, group["ns_steps"]) * (0.2 * math.sqrt(max(p.shape)))
-                    p.mul_(1 - lr * wd).add_(update, alpha=-lr)
-                else:
-                    if not state:
-                        state.update(step=torch.zeros(()), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                    state["step"] += 1
-                    t = state["step"].item()
-                    state["exp_avg"].lerp_(p.grad, 1 - beta1)
-                    state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
-                    p.mul_(1 - lr * wd).addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
-        return loss

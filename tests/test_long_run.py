@@ -18,9 +18,10 @@ import torch
 from conftest import (CHILDREN, ROOT, TINY_MODEL, assert_one_line_error, default_signals, run_script, slow, spawn,
                       synthetic_corpus, weights_atol)
 from cram import runtime
-from cram.data import repeat_warning, rows_at
+from cram.data import repeat_warning
 from cram.files import load_meta, read_jsonl
 from model import CrammedBert, Trainer, mask_tokens, param_groups
+from train import rows_at
 
 # 49152 tokens of 32-token sequences, the batch ramping from 16 to 64 sequences: 46 steps
 TOKEN_RUN = [*TINY_MODEL, "--batch_size=64", "--batch_ramp_start=16", "--budget_tokens=49152", "--log_interval=1",
@@ -53,12 +54,11 @@ def test_warning_when_the_budget_repeats_the_data():
 def rows_read(args, monkeypatch):
     """Run train.py's main in this process with args and return the training rows its
     micro-batches read, in order (its settings and signal handlers are restored afterwards)."""
-    from cram import data
     import train
     from configurator import configure
     settings = dict(vars(train))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    rows, get_batch = [], data.get_batch
+    rows, get_batch = [], train.get_batch
 
     def recording(tokens, idx, device):
         if str(tokens.filename).endswith("train.bin"):  # not the evaluations' validation rows
@@ -67,7 +67,7 @@ def rows_read(args, monkeypatch):
     torch.set_num_threads(1)
     try:
         with monkeypatch.context() as patch:  # undone after this run, so the next run records only its own rows
-            patch.setattr(data, "get_batch", recording)  # what data.Batches reads the training rows with
+            patch.setattr(train, "get_batch", recording)  # what train.Batches reads the training rows with
             given = {}
             train.main(configure(vars(train), args, train.ModelConfig, skip=train.DATA_FIELDS + train.SHAPE_FIELDS,
                                  given=given), given)

@@ -4,10 +4,9 @@ import math
 import numpy as np
 import torch
 
-from cram import data
-from cram.data import Batches, mask_keys, rows_at
+import train
 from model import MASK32, Masking, mask_tokens, row_noise
-from train import micro_batch_sizes, split_micro_batches
+from train import Batches, mask_keys, micro_batch_sizes, rows_at, split_micro_batches
 
 MASK_ID, N_REGULAR = 999, 900
 
@@ -62,14 +61,14 @@ def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch)
     masking = SpanMasking.from_settings(dict(mask_rate=0.2, span=3, lr=1e-3, n_layers=2))  # train.py's config
     assert masking == SpanMasking(mask_rate=0.2, span=3)
     seen = []
-    monkeypatch.setattr(data, "mask_tokens", lambda idx, m, *rest, **keys: seen.append(m) or mask_tokens(idx, m, *rest, **keys))
+    monkeypatch.setattr(train, "mask_tokens", lambda idx, m, *rest, **keys: seen.append(m) or mask_tokens(idx, m, *rest, **keys))
     tokens = np.random.default_rng(0).integers(0, N_REGULAR, (64, 16)).astype(np.uint16)
     meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
-    batches = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
+    batches = Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
     step = dataclasses.replace(masking, mask_rate=0.5)
     (inputs, positions, labels), = batches.step(8, [4], step)
     assert seen == [SpanMasking(mask_rate=0.5, span=3)] and positions.shape == (4, 8)
-    (same, *_), = data.Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).step(8, [4], 0.5)
+    (same, *_), = Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).step(8, [4], 0.5)
     assert torch.equal(inputs, same)
 
 
@@ -85,13 +84,13 @@ def test_validation_masks_each_row_alike_at_any_micro_batch_so_the_val_loss_is_t
     vocab, T = N_REGULAR + 5, 32
     meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
     tokens = np.random.default_rng(0).integers(0, N_REGULAR, (40, T)).astype(np.uint16)
-    one_by_one = [data.validation_batch(tokens, [row], 0.25, meta) for row in range(40)]
-    for batch in (data.validation_batch(tokens, range(40), 0.25, meta), data.validation_batch(tokens, range(16), 0.25, meta)):
+    one_by_one = [train.validation_batch(tokens, [row], 0.25, meta) for row in range(40)]
+    for batch in (train.validation_batch(tokens, range(40), 0.25, meta), train.validation_batch(tokens, range(16), 0.25, meta)):
         for row, alone in enumerate(one_by_one[:len(batch[0])]):
             assert all(torch.equal(part[row], single[0]) for part, single in zip(batch, alone))
     model, rt = CrammedBert(vocab_size=vocab, seq_len=T, n_layers=2, d_model=32, n_heads=2, d_ffn=64), \
         runtime.setup("cpu", "float32", compile=False)
-    (loss_3, accuracy_3), (loss_16, accuracy_16) = (data.Validation(model, tokens, meta, micro, rt).score(40, 0.25)
+    (loss_3, accuracy_3), (loss_16, accuracy_16) = (train.Validation(model, tokens, meta, micro, rt).score(40, 0.25)
                                                     for micro in (3, 16))
     assert abs(loss_3 - loss_16) <= 1e-6 * loss_3 and f"{loss_3:.4f}" == f"{loss_16:.4f}"
     assert accuracy_3 == accuracy_16

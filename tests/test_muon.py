@@ -6,7 +6,7 @@ import torch
 
 from conftest import TINY_MODEL, run_script
 from model import CrammedBert, param_groups
-from cram.runtime import Muon, orthogonalize
+from model import Muon, orthogonalize
 
 TINY = dict(vocab_size=64, seq_len=16, n_layers=2, d_model=32, n_heads=2, d_ffn=64)
 

@@ -12,8 +12,9 @@ import torch
 
 import prepare
 from conftest import TINY_MODEL, assert_one_line_error, run_script
-from cram.data import load_tokenizer, load_tokens, rows_at
+from cram.data import load_tokenizer, load_tokens
 from cram.files import load_meta
+from train import rows_at
 
 
 def test_prepare_writes_token_files(prepared):

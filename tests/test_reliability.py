@@ -212,10 +212,9 @@ def test_a_rule_s_answer_is_the_same_in_any_order_of_the_arguments(tmp_path, mon
     from itertools import permutations
     import train
     from configurator import configure
-    from cram import runtime
     from cram.budget import SHAPE_FIELDS
-    from model import DATA_FIELDS, ModelConfig
-    monkeypatch.setitem(runtime.OPTIMIZERS, "adafactor", runtime.Optimizer(None, 4))  # a fork's row: no width rule
+    from model import DATA_FIELDS, OPTIMIZERS, ModelConfig, Optimizer
+    monkeypatch.setitem(OPTIMIZERS, "adafactor", Optimizer(None, 4))  # a fork's row: no width rule
     own, same, adamw = tmp_path / "my_adafactor.py", tmp_path / "same_rate.py", tmp_path / "adamw_tuned.py"
     own.write_text('optim = "adafactor"\nlr = 0.01\n')
     same.write_text("lr = 0.01\n")
@@ -246,9 +245,8 @@ def test_a_line_names_a_setting_as_the_user_gave_it(tmp_path, capfd, monkeypatch
     import prepare
     import train
     from configurator import config_keys, configure
-    from cram import runtime
     from cram.budget import SHAPE_FIELDS, resume_settings
-    from model import DATA_FIELDS, ModelConfig
+    from model import DATA_FIELDS, OPTIMIZERS, ModelConfig, Optimizer
     run = dict(config_keys(vars(train)), batch_ramp_start=64, batch_size=256, lr=1e-3, budget_tokens=8192)
     ckpt = dict(config=run, model_args=dataclasses.asdict(ModelConfig()), data_dir=str(tmp_path), tokens=0, elapsed=0.0)
     ramp = tmp_path / "ramp.py"
@@ -264,7 +262,7 @@ def test_a_line_names_a_setting_as_the_user_gave_it(tmp_path, capfd, monkeypatch
     with pytest.raises(SystemExit, match=f"{re.escape(str(records))}:3001 is not a JSON line"):
         list(prepare.record_file(str(records))())
     assert "row" not in capfd.readouterr().err
-    monkeypatch.setitem(runtime.OPTIMIZERS, "adafactor", runtime.Optimizer(None, 4))  # a fork's row: no width rule
+    monkeypatch.setitem(OPTIMIZERS, "adafactor", Optimizer(None, 4))  # a fork's row: no width rule
     for i, (text, fragment) in enumerate((("mask_rate = 2.0\n", "'s mask_rate=2.0 is not allowed: mask_rate must be in (0, 1)"),
                                           ("seed = 1.5\n", "'s seed expects int, got 1.5 (float)"),
                                           ('optim = "adafactor"\n', "'s optim=adafactor needs --lr: the width's rule"))):

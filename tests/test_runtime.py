@@ -9,7 +9,7 @@ import torch
 from conftest import TINY_MODEL, assert_one_line_error, run_script, weights_atol
 from cram import memory, runtime
 from cram.runtime import cpu_warning
-from model import CrammedBert, ModelConfig, Trainer, mask_tokens, param_groups
+from model import OPTIMIZERS, CrammedBert, ModelConfig, Optimizer, Trainer, mask_tokens, param_groups
 
 TINY = dict(vocab_size=300, seq_len=32, n_layers=2, d_model=64, n_heads=4, d_ffn=256)
 ORIGINAL_BERT = dict(bias=True, norm_first=False, glu=False, position_scheme="learned", head_transform=True,
@@ -318,14 +318,14 @@ def test_without_a_cpp_compiler_a_run_says_so_once_and_trains_eager(prepared, tm
 
 
 def test_an_optimizer_is_one_row_which_builds_it_and_sizes_its_state_for_the_memory_check(monkeypatch):
-    """runtime.OPTIMIZERS: a fork's optimizer (here SGD, which takes no betas or eps and keeps no state) is a row; the
+    """model.OPTIMIZERS: a fork's optimizer (here SGD, which takes no betas or eps and keeps no state) is a row; the
     run's optimizer is built from it and the memory check counts its state, not AdamW's, for any optimizer."""
     config, rt = ModelConfig(n_layers=2, d_model=64, n_heads=2, d_ffn=128, vocab_size=512), runtime.setup("cpu", "float32", False)
     model = CrammedBert(**dataclasses.asdict(config))
     adamw = memory.least_bytes(config, rt, 0.15)[0]
     assert isinstance(rt.optimizer(param_groups(model, 0.01)), torch.optim.AdamW)
     assert adamw == 16 * config.parameters_at_least()  # float32 weights and gradients, and two moments
-    monkeypatch.setitem(runtime.OPTIMIZERS, "sgd", runtime.Optimizer(lambda groups, lr, betas, eps: torch.optim.SGD(groups, lr=lr), 0))
+    monkeypatch.setitem(OPTIMIZERS, "sgd", Optimizer(lambda groups, lr, betas, eps: torch.optim.SGD(groups, lr=lr), 0))
     rt.optim = "sgd"
     assert isinstance(rt.optimizer(param_groups(model, 0.01), lr=0.1), torch.optim.SGD)
     assert memory.least_bytes(config, rt, 0.15)[0] == adamw // 2
@@ -333,21 +333,21 @@ def test_an_optimizer_is_one_row_which_builds_it_and_sizes_its_state_for_the_mem
     assert memory.least_bytes(config, rt, 0.15)[0] == adamw * 3 // 4  # its momentum on every parameter at least
 
 
-# train.py with a torch optimizer added as a row of runtime.OPTIMIZERS, as a fork adds one: Adafactor keeps factored
+# train.py with a torch optimizer added as a row of model.OPTIMIZERS, as a fork adds one: Adafactor keeps factored
 # state (a row's and a column's statistics of each matrix) and has no rule by the width (width_lr's default, False)
 ADAFACTOR = """import os, runpy, sys
 sys.path.insert(0, {root!r})
 import torch
-from cram import runtime
-runtime.OPTIMIZERS["adafactor"] = runtime.Optimizer(lambda groups, lr, betas, eps: torch.optim.Adafactor(groups, lr=lr), 4)
+from model import OPTIMIZERS, Optimizer
+OPTIMIZERS["adafactor"] = Optimizer(lambda groups, lr, betas, eps: torch.optim.Adafactor(groups, lr=lr), 4)
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("optim", [*runtime.OPTIMIZERS, "adafactor"])
+@pytest.mark.parametrize("optim", [*OPTIMIZERS, "adafactor"])
 def test_each_optimizer_in_the_table_and_one_added_as_a_row_resumes_as_the_run_not_stopped(optim, prepared, tmp_path):
-    """Every row of runtime.OPTIMIZERS, and Adafactor added as a row: a run stopped at step 4 and resumed ends as the
+    """Every row of model.OPTIMIZERS, and Adafactor added as a row: a run stopped at step 4 and resumed ends as the
     run that was not stopped, to the weights (its optimizer state saved, checked by its row's `fits`, and loaded; its
     rate the run's own); a row without the width's lr rule asks for --lr in one line, and takes a config file's only
     where that file chooses the optimizer (the others' rates are AdamW's)."""
@@ -366,7 +366,7 @@ def test_each_optimizer_in_the_table_and_one_added_as_a_row_resumes_as_the_run_n
         torch.testing.assert_close(b["model"][name], a["model"][name], rtol=0, atol=weights_atol(3e-3, 8))
     factored = [v for state in b["optimizer"]["state"].values() for v in state.values() if v.dim() == 2 and 1 in v.shape]
     assert bool(factored) == (optim == "adafactor")
-    if not runtime.OPTIMIZERS.get(optim, runtime.Optimizer(None, 0)).width_lr:
+    if not OPTIMIZERS.get(optim, Optimizer(None, 0)).width_lr:
         assert_one_line_error(run_script(*fresh, f"--out_dir={tmp_path / 'fresh'}", check=False),
                               "--optim=adafactor needs --lr")
         # a config file's rate was tuned for the optimizer it runs with, AdamW unless it says another

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, run_script, spawn
-from cram.data import Batches, rows_at
 from cram.files import load_meta, read_jsonl
-from train import batch_size_at, micro_batch_sizes, split_micro_batches
+from train import Batches, batch_size_at, micro_batch_sizes, rows_at, split_micro_batches
 
 # a token budget (the schedule a pure function of tokens), the ramp from 16 to 32 sequences over its first fifth: steps
 # 1 to 20 take 16, then 32
