@@ -119,7 +119,7 @@ def time_training(build, mask_rate, micro, tokens, rt, n_steps, n_warmup, profil
     vocab = model.config.vocab_size if isinstance(model, CrammedBert) else model.bert.config.vocab_size
     batches = RandomBatches(tokens, vocab, micro, rt, mask_rate, seed)
     trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
-    step = lambda: trainer.step(batches(accum_steps), 1e-4, 0.5)  # an optimizer step, as train.py takes it
+    step = lambda: trainer.step(batches(accum_steps), 1e-4, 0.5)  # an optimizer step: backward and update, as train.py's loop runs them
     try:
         warmup_seconds = n_warmup * runtime.best_seconds(step, rt, n_warmup, rounds=1)  # compilation included
         rt.reset_peak_memory()

@@ -349,9 +349,10 @@ MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: 
 
 @dataclasses.dataclass(frozen=True)
 class Masking:
-    """The objective's settings: which tokens mask_tokens picks and how. from_settings reads them from train.py's
-    settings of the same names. A fork's new one (span lengths, say) is a field here, its use in mask_tokens and a
-    global in train.py. Validation, the memory probe and bench.py mask with the defaults, at their own rate."""
+    """The objective's settings. There is one today, the masking rate; the 80/10/10 rule is fixed in mask_tokens.
+    from_settings reads them from train.py's settings of the same names. A fork's new one (a span length, say) is a
+    field here, its use in mask_tokens and a global in train.py. Validation, the memory probe and bench.py mask with
+    the defaults, at their own rate."""
     mask_rate: float = MASK_RATE  # (0, 1): share of each row's tokens to predict (train.py's schedule sets it each step)
 
     @classmethod
@@ -375,10 +376,10 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     below n_regular, which come before the special ones; it may be the original), and stays as it was with 0.1.
     `masking` is a Masking or just its rate.
 
-    The draws come from `generator` (torch's own where None). Where `keys` (B,) int64 are given, they come from
-    row_noise of each row's key instead: its first T values rank the positions, the next k choose among [MASK], random
-    and kept, and the last k give the random ids. Then a row's mask depends on its key alone, in any batch and on any
-    device."""
+    Training and validation pass `keys` (B,) int64, one per row. The draws then come from row_noise of each row's key:
+    its first T values rank the positions, the next k are digits 0-9 (0-7 give [MASK], 8 a random id, 9 keeps the
+    token), and the last k give the random ids. So a row's mask depends on its key alone, in any batch and on any
+    device. Without keys the draws come from `generator` (torch's own where None), batch by batch."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = masked_count(masking.mask_rate, T)
@@ -537,7 +538,9 @@ def mean_over_processes(value):
 
 
 class Trainer:
-    """One optimizer step of a model, and the training state a checkpoint keeps.
+    """A model's training step, in two calls: backward (forward and backward over the micro-batches) and update (the
+    clipped optimizer step). train.py calls them apart, to judge the loss between them; step calls both. It also
+    holds the training state a checkpoint keeps.
 
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module as the step
     runs it: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in training

@@ -33,7 +33,7 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-budget_hours = 24.0       # > 0: training time, compilation included; the schedules follow the share spent
+budget_hours = 24.0       # > 0: hours of training steps, compilation included (set-up, evaluation and saving are off this clock)
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours (reproducible runs)
 max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit); a resume does not keep it
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
@@ -52,13 +52,13 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # objective
-mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (each one [MASK], random or kept: 80/10/10)
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens, at least one (each one [MASK], random or kept: 80/10/10)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (see mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (each is a new shape for torch.compile)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # optimizer and schedules
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): the peak learning rate; 0 takes AdamW's rule, 1e-3 x (768 / d_model) ** 0.5
+lr = 0.0                  # [0, inf): the peak learning rate; 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -67,9 +67,9 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it (a power of two from 32 to 8192 that grows with the budget's tokens)
+batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it (a power of two from 32 to 8192 that grows with the budget's tokens; a multiple of micro_batch x processes where micro_batch is given)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
-batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128
+batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128 (no ramp where the final batch is not larger)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -353,6 +353,8 @@ def main(config, given):
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
+    # The run's place: optimizer steps taken, input tokens trained on, and `seconds`, the budget's clock (the training
+    # steps' time alone; see the loop). A resume starts from its checkpoint's.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
@@ -363,6 +365,8 @@ def main(config, given):
     # The clock (`seconds`) counts each step from `started` at the top of the loop to the end of its update: the batch
     # drawn and masked, forward, backward and update, and torch.compile's compilation, which happens in the first
     # steps. Set-up (the memory probe included), logging, evaluation and saving are off it, and so is a pause (Ctrl-Z).
+    # So the run takes longer than its budget on the wall. The budget is checked at the top of each step, so the last
+    # step starts before the budget is spent and may end a little past it.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
@@ -385,7 +389,9 @@ def main(config, given):
         loss = trainer.backward(micro_batches)  # the step's mean loss over all processes' rows
         spike = watch.is_spike(loss)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
-        step, tokens = step + 1, tokens + step_batch * seq_len  # a skipped update still spends its data and time
+        # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
+        # still spends its data and time.
+        step, tokens = step + 1, tokens + step_batch * seq_len
         seconds += stop_request.step_seconds(started)  # the clock stops here; a pause (Ctrl-Z) is not counted
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # ends the run after max_skipped_steps bad in a row
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves

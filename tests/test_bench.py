@@ -89,6 +89,17 @@ def test_bench_attention_times_each_way_beside_the_model_s():
     assert all(ms > 0 and error < 1e-2 for ms, error in rows.values())
 
 
+def test_bench_masking_times_both_draws_on_the_same_rows():
+    """tools/bench_masking.py: the per-row draw train.py masks with and the per-batch draw of before, each timed."""
+    out = run_script("tools/bench_masking.py", "--micro_batch=4", "--seq_len=16", "--vocab_size=64", "--repeats=2",
+                     "--rounds=2").stdout
+    assert out.startswith("ms per micro-batch of 4 x 16 tokens, mask rate 0.25"), out
+    rows = dict((name.strip(), [float(v) for v in values.split()]) for name, values in
+                re.findall(r"^  (.+?\)) +([\d. ]+)$", out, re.M))
+    assert list(rows) == ["one generator per batch (before)", "a key per row (train.py)"], out
+    assert all(0 < low <= mid <= high for low, mid, high in rows.values()), out
+
+
 def test_the_bf16_check_refuses_what_it_cannot_finish_before_any_work(tmp_path):
     """tools/bf16_check.sh, the measurements a host with fast bfloat16 owes (hours): a bad step or a later
     step's missing input is one line before anything runs or is written (FORCE=1 passes the check that

@@ -36,7 +36,7 @@ GLUE = os.path.join(ROOT, "tests", "fixtures", "glue")
 ENTRY_POINTS = ("train.py", "prepare.py", "finetune_glue.py", "bench.py", "tools/export.py", "tools/compare.py",
                 "tools/glue_plot.py", "tools/curriculum.py", "tools/shape_plot.py", "tools/bench_offload.py",
                 "tools/bench_prepare.py", "tools/bench_memory.py", "tools/bench_attention.py", "tools/gpu_report.py",
-                "tools/gpu_call.py")
+                "tools/gpu_call.py", "tools/bench_masking.py")
 
 # A setting's value by class: as typed after --key= ...
 COMMAND_LINE = {"empty": "", "whitespace": "   ", "a huge integer": "1" + "0" * 400, "negative": "-1", "zero": "0",
