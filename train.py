@@ -435,10 +435,11 @@ def setup_device(config, world, ddp, given):
         raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
                          f"it with the cram that wrote it")
     config.update(kept)
+    unset_shape = shape_of(LADDER[0], config)  # the smallest shape, where the budget has not picked one yet
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
                        config["compile_mode"], (saved.get("device"), saved.get("dtype")))
-    check_settings(world, config, rt, given, ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}))
+    check_settings(world, config, rt, given, ModelConfig.from_settings({**config, **unset_shape}))
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     rt.optim = config["optim"]  # the optimizer whose state the memory check counts (model.OPTIMIZERS)
@@ -461,7 +462,7 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     settled, budget_pick = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
-    model = ModelConfig.from_settings(config, **data_args)
+    model = dataclasses.replace(unshaped, **{k: config[k] for k in SHAPE_FIELDS})  # in the settled shape
     check_settings(world, config, rt, model=model)  # with the shape and batch settled
     model_args = dataclasses.asdict(model)
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
