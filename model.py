@@ -368,7 +368,8 @@ def masked_count(mask_rate, seq_len):
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     """BERT's corruption of each row of idx (B, T). Returns (inputs (B, T), positions (B, k), labels (B, k)): the
-    corrupted rows, the k chosen positions of each row, and the original tokens there.
+    corrupted rows, the k chosen positions of each row (in the order their draw ranked them, not ascending), and the
+    original tokens there.
 
     Exactly k = masked_count(mask_rate, T) positions of every row are chosen, so every batch has the same shape and
     torch.compile builds one graph. Any position may be chosen, a [SEP] between packed documents too. Each chosen
@@ -545,7 +546,8 @@ class Trainer:
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module as the step
     runs it: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in training
     mode; only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is float16's loss
-    scaler (a pass-through in other precisions). offload.OffloadTrainer has the same methods."""
+    scaler (a pass-through in other precisions). offload.OffloadTrainer has the same methods but runs the step its own
+    way, streaming the blocks from host memory: a change to backward, update or the model's forward is made there too."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
@@ -556,7 +558,8 @@ class Trainer:
         loss, a float: the mean over every masked token of the step, on every process. The gradients add up over the
         micro-batches, each loss weighted by its share of the step's rows, so they are those of one large batch.
         The loop judges this loss: a spike skips the update (SpikeWatch, below), and a loss that is not finite or above
-        an untrained model's counts as diverged (diverged, below). A term a fork adds to the loss is judged with it."""
+        an untrained model's counts as diverged (diverged, below). A term a fork adds to the loss is judged with it, so it
+        counts toward both tests: an added term that is large at the start can make a sound run look diverged."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
             weight = len(inputs) / rows  # every row has the same number of masked tokens, so this weights tokens alike
@@ -570,7 +573,8 @@ class Trainer:
 
     def update(self, lr, clip, skip=False):
         """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless
-        `skip` is set or the norm is not finite. Returns whether the update was applied. The gradients are then
+        `skip` is set or the norm is not finite. Every parameter group gets the same rate `lr`: a fork that wants
+        a rate per group keeps a multiplier in each group and applies it here. Returns whether the update was applied. The gradients are then
         cleared either way. Every process sees the same averaged gradients, so all of them decide alike."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr

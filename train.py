@@ -78,7 +78,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (epoch_order), training masks (mask_keys, each row's by its place in the run) and fill-in picks; one for all processes
+seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (epoch_order), training masks (mask_keys, each row's by its place in the run) and fill-in picks; one for all processes. Dropout, and any random draw a fork adds, use torch's own generator, which a resume does not restore
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (model.py's BadSteps says which are bad)
