@@ -538,6 +538,14 @@ def mean_over_processes(value):
     return value / torch.distributed.get_world_size()
 
 
+def set_rate(optimizer, lr):
+    """Gives every parameter group of `optimizer` the learning rate `lr`. It is the one place a step's rate reaches an
+    optimizer, in both modes (Trainer, and off-load mode's stem and blocks). A fork that wants a rate per group keeps
+    a multiplier in each group and applies it here."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 class Trainer:
     """A model's training step, in two calls: backward (forward and backward over the micro-batches) and update (the
     clipped optimizer step). train.py calls them apart, to judge the loss between them; step calls both. It also
@@ -573,11 +581,9 @@ class Trainer:
 
     def update(self, lr, clip, skip=False):
         """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless
-        `skip` is set or the norm is not finite. Every parameter group gets the same rate `lr`: a fork that wants
-        a rate per group keeps a multiplier in each group and applies it here. Returns whether the update was applied. The gradients are then
+        `skip` is set or the norm is not finite. The rate reaches the optimizer through set_rate. Returns whether the update was applied. The gradients are then
         cleared either way. Every process sees the same averaged gradients, so all of them decide alike."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_rate(self.optimizer, lr)
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
         applied = not skip and math.isfinite(norm.item())

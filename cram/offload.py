@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from model import Block, at_positions, param_groups
+from model import Block, at_positions, param_groups, set_rate
 
 STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's that off-load judges: the input and the
 # model's attention_mask (a position bias too), streamed to every block; context, narrowed layers', is refused below
@@ -112,8 +112,7 @@ class HostBlocks:
         grads = [p.grad for p in self.masters[i]]
         if scale != 1.0:
             torch._foreach_mul_(grads, scale)
-        for group in self.optimizers[i].param_groups:
-            group["lr"] = lr
+        set_rate(self.optimizers[i], lr)
         self.optimizers[i].step()
         torch._foreach_zero_(grads)
         self.refresh_send(i)
@@ -308,8 +307,7 @@ class OffloadTrainer:
             scale = min(1.0, clip / (norm + 1e-6)) if clip else 1.0  # as clip_grad_norm_
             if scale != 1.0:
                 torch._foreach_mul_(stem_grads, scale)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            set_rate(self.optimizer, lr)
             self.optimizer.step()
             self.streamer.invalidate()
             self.host.start_updates(lr, scale)
