@@ -565,9 +565,10 @@ class Trainer:
         """Runs the forward and backward pass of each micro-batch (inputs, positions, labels) and returns the step's
         loss, a float: the mean over every masked token of the step, on every process. The gradients add up over the
         micro-batches, each loss weighted by its share of the step's rows, so they are those of one large batch.
-        The loop judges this loss: a spike skips the update (SpikeWatch, below), and a loss that is not finite or above
-        an untrained model's counts as diverged (diverged, below). A term a fork adds to the loss is judged with it, so it
-        counts toward both tests: an added term that is large at the start can make a sound run look diverged."""
+        The loop judges this loss: a spike skips the update (SpikeWatch, below), and a loss that is not finite, or more
+        than a nat above an untrained model's, counts as diverged (diverged, below). A term a fork adds to the loss is
+        judged with it, so it counts toward both tests: an added term that is large at the start can make a sound run
+        look diverged."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
             weight = len(inputs) / rows  # every row has the same number of masked tokens, so this weights tokens alike

@@ -8,7 +8,7 @@
 
 The budget is a number of hours (compilation included) or of tokens. Unless they are given, it picks the model's
 shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the share of the budget
-spent, not the step count, so a run ends on time on any hardware. Ctrl-C or SIGTERM finishes the current step, saves
+spent, not the step count, so they end together when the budget is spent, on any hardware. Ctrl-C or SIGTERM finishes the current step, saves
 a checkpoint and exits; --resume=True continues from there."""
 import dataclasses
 import functools
@@ -33,9 +33,9 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-budget_hours = 24.0       # > 0: hours of training steps, compilation included (set-up, evaluation and saving are off this clock)
-budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours (reproducible runs)
-max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit); a resume does not keep it
+budget_hours = 24.0       # > 0: hours of training steps, compilation included; the schedules follow the share spent (set-up, evaluation and saving are off this clock)
+budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours; the only budget that repeats a run exactly (hours follow the measured time)
+max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit); the schedules still follow the budget, so the rate has not decayed then; a resume does not keep it
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, from the checkpoint in a resume.
@@ -54,7 +54,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # objective
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens, at least one (each one [MASK], random or kept: 80/10/10)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (see mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (each is a new shape for torch.compile)
+mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (1: mask_rate_start throughout); each is a new shape for torch.compile
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # optimizer and schedules
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
@@ -68,7 +68,7 @@ lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_a
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it (a power of two from 32 to 8192 that grows with the budget's tokens; a multiple of micro_batch x processes where micro_batch is given)
-batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
+batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (early on a small batch learns as much per token, so it gives more updates; the cramming recipe ramps it)
 batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128 (no ramp where the final batch is not larger)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
@@ -97,8 +97,8 @@ wandb_run_name = ""       # default: the name of out_dir
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a `peak` rate (the `lr` setting, or the width's
     rule where it is 0). "triangle" is the cramming reference's: it starts at 25% of the peak, rises linearly to the
-    peak at 75% of the budget, then falls linearly to 0 at its end. Ending at 0 exactly when the budget ends is what
-    trains best under a fixed budget (Li et al. 2020, budgeted training). "warmup_linear" is original BERT's: a linear
+    peak at 75% of the budget, then falls linearly to 0 at its end (the last step starts just before, at a rate near
+    0). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training). "warmup_linear" is original BERT's: a linear
     warm-up over `warmup` of the budget, then a linear decay to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
@@ -162,10 +162,13 @@ def micro_batch_sizes(batch, world, micro, remainder):
 
 
 # -----------------------------------------------------------------------------
-# The data a step reads. The run reads the training rows epoch after epoch, each epoch in its own shuffled order, and
-# its sequence number i is always the same row. So where a run is (the sequences it has consumed) says which rows come
-# next, and a resumed run reads on exactly where it stopped. Each row's mask is drawn from a key made of the seed and
-# the row's place in the run, so a row is masked the same way however the step is cut, on any device.
+# The data a step reads. A row of train.bin is seq_len tokens of documents packed end to end and joined by [SEP], with
+# no padding (prepare.py writes them); the special tokens' ids come after the regular ones. The run reads the rows
+# epoch after epoch, each epoch in its own shuffled order, and its sequence number i is always the same row. So where a
+# run is (the sequences it has consumed) says which rows come next, and a resumed run reads on exactly where it
+# stopped. Each row's mask is drawn from a key made of the seed and the row's place in the run, so a row is masked the
+# same way however the step is cut, on any device. A row read again in a later epoch has a new place, so a new mask
+# (dynamic masking, as RoBERTa's).
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
     """The rows that epoch `epoch` visits, in an order shuffled by (seed, epoch). With order="file" the first epoch
@@ -213,8 +216,7 @@ class Batches:
     def micro_batch(self, start, size, masking):
         """The `size` sequences from place `start` of the run, read and masked."""
         rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
-        places = start + np.argsort(rows, kind="stable")  # each row's place in the run, in get_batch's (sorted) order
-        keys = to_device(mask_keys(self.seed, places), self.device)
+        keys = to_device(mask_keys(self.seed, start + np.arange(size)), self.device)  # each row's place in the run
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
 
 
@@ -386,13 +388,13 @@ def main(config, given):
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
         # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
-        loss = trainer.backward(micro_batches)  # the step's mean loss over all processes' rows
+        loss = trainer.backward(micro_batches)  # the mean over every masked token of the step, on all processes
         spike = watch.is_spike(loss)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
         # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
         # still spends its data and time.
         step, tokens = step + 1, tokens + step_batch * seq_len
-        seconds += stop_request.step_seconds(started)  # the clock stops here; a pause (Ctrl-Z) is not counted
+        seconds += stop_request.step_seconds(started)  # the clock stops here; a step a pause (Ctrl-Z) cut counts as the one before
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # ends the run after max_skipped_steps bad in a row
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])

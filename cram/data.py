@@ -66,8 +66,13 @@ def load_tokens(data_dir, split, meta=None):
 
 
 def get_batch(tokens, rows, device):
-    """The sequences of the given rows, in row order (sorted: a sequential read), as an int64 tensor on device."""
-    return to_device(torch.from_numpy(tokens[np.sort(rows)].astype(np.int64)), device)
+    """The sequences of the given rows, in the order given, as an int64 tensor (len(rows), seq_len) on device. The file
+    is read in row order, a sequential read, and the rows are put back in the order asked."""
+    rows = np.asarray(rows)
+    order = np.argsort(rows, kind="stable")
+    batch = np.empty((len(rows), tokens.shape[1]), dtype=np.int64)
+    batch[order] = tokens[rows[order]]
+    return to_device(torch.from_numpy(batch), device)
 
 
 def to_device(tensor, device):
