@@ -69,7 +69,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it (a power of two from 32 to 8192 that grows with the budget's tokens; a multiple of micro_batch x processes where micro_batch is given)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (early on a small batch learns as much per token, so it gives more updates; the cramming recipe ramps it)
-batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128 (no ramp where the final batch is not larger)
+batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128, the reference's micro-batch (cram/budget.py's RAMP_START; no ramp where the final batch is not larger)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster

@@ -153,6 +153,16 @@ def masked_rows(micro_batches):
                   for inputs, positions, labels in micro_batches for i, p, l in zip(inputs, positions, labels))
 
 
+def test_get_batch_returns_the_rows_in_the_order_asked_so_each_key_meets_its_row():
+    """Batches pairs the i-th row it asks for with the i-th place's key, so get_batch must give the rows back in the
+    order asked (it reads the file in row order): unsorted rows and a row asked twice come back where they were asked."""
+    from cram.data import get_batch
+    tokens = np.arange(60, dtype=np.uint16).reshape(12, 5)
+    rows = np.array([9, 2, 9, 0, 11, 5])
+    batch = get_batch(tokens, rows, torch.device("cpu"))
+    assert batch.dtype == torch.int64 and torch.equal(batch, torch.from_numpy(tokens[rows].astype(np.int64)))
+
+
 def test_a_step_s_masks_are_the_same_at_any_micro_batch_and_process_count():
     """Batches.step masks each row by the run's seed and the row's number in the run: at micro-batches of 4 and of 8
     in one process, in one micro-batch, and over 2 processes, a step gives the same masked rows, each exactly as
