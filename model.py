@@ -582,8 +582,9 @@ class Trainer:
 
     def update(self, lr, clip, skip=False):
         """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless
-        `skip` is set or the norm is not finite. The rate reaches the optimizer through set_rate. Returns whether the update was applied. The gradients are then
-        cleared either way. Every process sees the same averaged gradients, so all of them decide alike."""
+        `skip` is set or the norm is not finite. The rate reaches the optimizer through set_rate. Returns whether the
+        update was applied. The gradients are then cleared either way. Every process sees the same averaged
+        gradients, so all of them decide alike."""
         set_rate(self.optimizer, lr)
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)

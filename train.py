@@ -8,8 +8,8 @@
 
 The budget is a number of hours (compilation included) or of tokens. Unless they are given, it picks the model's
 shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the share of the budget
-spent, not the step count, so they end together when the budget is spent, on any hardware. Ctrl-C or SIGTERM finishes the current step, saves
-a checkpoint and exits; --resume=True continues from there."""
+spent, not the step count, so they end together when the budget is spent, on any hardware. Ctrl-C or SIGTERM finishes
+the current step, saves a checkpoint and exits; --resume=True continues from there."""
 import dataclasses
 import functools
 import math
@@ -98,8 +98,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a `peak` rate (the `lr` setting, or the width's
     rule where it is 0). "triangle" is the cramming reference's: it starts at 25% of the peak, rises linearly to the
     peak at 75% of the budget, then falls linearly to 0 at its end (the last step starts just before, at a rate near
-    0). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training). "warmup_linear" is original BERT's: a linear
-    warm-up over `warmup` of the budget, then a linear decay to 0."""
+    0). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training).
+    "warmup_linear" is original BERT's: a linear warm-up over `warmup` of the budget, then a linear decay to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
@@ -500,8 +500,9 @@ def settled_line(given, config, resumed):
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     """Builds the model.Trainer: the model on the device, its compiled copy (wrapped by DDP under torchrun) that the
-    step runs, and the optimizer: OPTIMIZERS[optim] built over param_groups (weight decay on the matrices only). Off-load mode builds its own trainer with the same methods. A resume loads the checkpoint's state,
-    which both modes save in one format."""
+    step runs, and the optimizer: OPTIMIZERS[optim] built over param_groups (weight decay on the matrices only).
+    Off-load mode builds its own trainer with the same methods. A resume loads the checkpoint's state, which both
+    modes save in one format."""
     if offload:
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
