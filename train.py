@@ -21,6 +21,7 @@ import time
 from configurator import config_keys, configure, disallowed, named  # first: it checks for the temporary folder that torch's import needs
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from cram import budget, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
@@ -272,6 +273,16 @@ def budget_spent(progress, step, max_steps):
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
 
+def agree_on_clock(seconds, stop, master, device):
+    """Under DDP, every process takes rank 0's clock and stops if any process was asked to stop, so that all take the
+    same batch and stop at the same step. One process keeps its own values."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return seconds, stop
+    both = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the others send 0 seconds, so the largest is rank 0's
+    return both[0].item(), bool(both[1].item())
+
+
 def check_settings(world, config, rt, given=None, model=None):
     """Refuses, in one line each, settings that cannot run together (the configurator has already checked each
     setting's own range). It runs twice: before any work, with `given` (where each setting came from), and again
@@ -361,7 +372,7 @@ def main(config, given):
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(validation, metrics, step, tokens, seconds)[0] if master else None)
-    stop_request, peak_flops = process.StopRequest(), runtime.peak_flops(rt.device, peak_tflops * 1e12)
+    stop_request = process.StopRequest()
 
     # -------------------------------------------------------------------- the loop
     # The clock (`seconds`) counts each step from `started` at the top of the loop to the end of its update: the batch
@@ -373,8 +384,7 @@ def main(config, given):
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
         started = time.perf_counter()
-        # Under DDP every process follows rank 0's clock, so that all take the same batch and stop together.
-        seconds, stop = runtime.agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
+        seconds, stop = agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if budget_spent(progress, step, max_steps) or stop:
             break
@@ -394,11 +404,13 @@ def main(config, given):
         # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
         # still spends its data and time.
         step, tokens = step + 1, tokens + step_batch * seq_len
-        seconds += stop_request.step_seconds(started)  # the clock stops here; a step a pause (Ctrl-Z) cut counts as the one before
+        # The clock stops here. A step during which the process was paused (Ctrl-Z, then fg) counts as the shorter of
+        # its own time and the step before's, so that the pause is not counted as training.
+        seconds += stop_request.step_seconds(started)
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # ends the run after max_skipped_steps bad in a row
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
-            mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / peak_flops if peak_flops else None
+            mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=bad_steps.skipped), tokens / (n_rows * seq_len), progress)
@@ -414,8 +426,8 @@ def main(config, given):
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     if master:
-        finish(validation, metrics, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch),
-               stop_request.signum, saves)
+        state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
+        finish(validation, metrics, state, stop_request.signum, saves)
     if ddp:  # DDP's model is freed before its process group ends, and the group waits for rank 0 to save
         del trainer
         runtime.leave_process_group()
@@ -445,6 +457,7 @@ def setup_device(config, world, ddp, given):
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     rt.optim = config["optim"]  # the optimizer whose state the memory check counts (model.OPTIMIZERS)
+    rt.peak_flops = runtime.peak_flops(rt.device, config["peak_tflops"] * 1e12)  # looked up by the GPU's name
     config.update(device=rt.device.type, dtype=rt.dtype_name())
     if rank == 0 and os.path.isdir(config["out_dir"]):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
@@ -457,18 +470,18 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     budget.settle fills in the shape, final batch, peak rate and the ramp's start (a resume's are its checkpoint's).
     memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches how every batch of
     the schedule is cut into micro-batches: as many of micro_batch as fit, the rest in ones of remainder_micro.
-    Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what was picked)."""
+    Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what a resume changed or what
+    the budget picked)."""
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
-    data_args, lr_given = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]), config["lr"]
+    data_args = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     unshaped = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}, **data_args)  # budget.settle shapes it
-    settled, budget_pick = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
+    settled, budget_pick, picked_lines = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
     model = dataclasses.replace(unshaped, **{k: config[k] for k in SHAPE_FIELDS})  # in the settled shape
     check_settings(world, config, rt, model=model)  # with the shape and batch settled
     model_args = dataclasses.asdict(model)
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
-    lines = changes if checkpoint else budget.start_lines(budget_pick, config, meta["seq_len"], lr_given)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
                                     offload=config["offload"], log=log)
@@ -476,7 +489,7 @@ def settle(config, resumed, run_data, rt, world, ddp, master, log):
     config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
-    return model_args, remainder_micro, budget_pick, lines
+    return model_args, remainder_micro, budget_pick, changes + picked_lines
 
 
 def settled_line(given, config, resumed):

@@ -124,7 +124,8 @@ def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     """Settles the shape, the final batch, the peak rate and the ramp's start. Each one given (not 0) is used as given.
     A resume keeps its checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the
     model's other settings and its data's vocabulary and sequence length, with any shape (the rule replaces it).
-    Returns (the settled settings, the rule's pick or None); the pick goes in the checkpoint."""
+    Returns (the settled settings, the rule's pick or None, a fresh run's start-up lines that say what the rule picked);
+    the pick goes in the checkpoint."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
     if checkpoint:  # its run's (resume_settings carried them); from before the ramp's start: its micro-batch
@@ -138,7 +139,8 @@ def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     settled.update(given)
     settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
     settled["batch_ramp_start"] = config["batch_ramp_start"] or settled.get("batch_ramp_start") or RAMP_START
-    return settled, pick
+    lines = [] if checkpoint else start_lines(pick, {**config, **settled}, model_args["seq_len"], config["lr"])
+    return settled, pick, lines
 
 
 def resume_settings(checkpoint, config, given):

@@ -41,9 +41,8 @@ def largest_micro_batch(peak_bytes, capacity, largest, margin=0.1, smallest=8):
 def probe_micro_batch(model_args, rt, largest, mask_rate):
     """largest_micro_batch's answer on the GPU, by a throwaway model of the shape, its optimizer and one eager step per
     size (eager keeps at least a compiled step's activations)."""
-    model = CrammedBert(**model_args).to(rt.device)
-    optimizer = rt.optimizer(param_groups(model, 0.0, rt.optim), lr=0.0)
-    scaler, vocab = rt.grad_scaler(), model.config.vocab_size
+    scaler, model = rt.grad_scaler(), CrammedBert(**model_args).to(rt.device)
+    optimizer, vocab = rt.optimizer(param_groups(model, 0.0, rt.optim), lr=0.0), model.config.vocab_size
 
     def peak_bytes(size):  # the peak device bytes of one eager training step at micro-batch `size` (random tokens)
         batches = RandomBatches(random_tokens(vocab, model.config.seq_len), vocab, size, rt, mask_rate)(1)

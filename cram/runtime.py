@@ -83,6 +83,7 @@ class Runtime:
     why: str = ""  # why this dtype: auto's reason (auto_dtype), or "" where the setting named it
     bf16_speedup: float = 0.0  # a CPU's bfloat16 matmul speed over float32's where dtype=auto timed it, else 0
     optim: str = "adamw"  # the optimizer that optimizer() builds and the memory check counts: a key of model.OPTIMIZERS
+    peak_flops: float = 0.0  # the device's peak FLOP/s (peak_flops), against which train.py reports MFU; 0: unknown
 
     def autocast(self):
         return contextlib.nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, dtype=self.dtype)
@@ -322,16 +323,6 @@ def leave_process_group():
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
-
-
-def agree_on_clock(seconds, stop, master, device):
-    """Under DDP, gives every process rank 0's training seconds, and whether any process was asked to stop. In a run
-    of one process, returns them as they are."""
-    if not (dist.is_available() and dist.is_initialized()):  # one process (a torch without distributed too)
-        return seconds, stop
-    t = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t[0].item(), bool(t[1].item())
 
 
 def from_rank0(value, device):
