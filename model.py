@@ -314,7 +314,10 @@ class CrammedBert(nn.Module):
 
     def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
         """forward's loss and correct count from the final hidden states: (B, k, d) at the masked positions with sparse
-        prediction, else (B, T, d). Off-load mode runs the blocks itself and calls this for the rest."""
+        prediction, else (B, T, d). Off-load mode runs the blocks itself and calls this for the rest. Every loss the
+        run reports comes from here: training's, validation's (train.py's Validation) and the check before a save that
+        the weights have not diverged (cram/files.py's Saves.save_if_sound). So a term a fork adds here moves the
+        validation loss too, and recipes with and without it no longer compare on it."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -351,8 +354,8 @@ MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: 
 class Masking:
     """The objective's settings. There is one today, the masking rate; the 80/10/10 rule is fixed in mask_tokens.
     from_settings reads them from train.py's settings of the same names. A fork's new one (a span length, say) is a
-    field here, its use in mask_tokens and a global in train.py. Validation, the memory probe and bench.py mask with
-    the defaults, at their own rate."""
+    field here, its use in mask_tokens and a global in train.py. Validation, the memory probe and bench.py build their
+    own Masking with only a rate, so a fork's new field keeps its default there."""
     mask_rate: float = MASK_RATE  # (0, 1): share of each row's tokens to predict (train.py's schedule sets it each step)
 
     @classmethod
@@ -361,8 +364,8 @@ class Masking:
 
 
 def masked_count(mask_rate, seq_len):
-    """How many positions of a row of seq_len tokens mask_tokens masks at mask_rate: the nearest whole number, at least
-    one. The memory estimate and the FLOP count use it too, so all three agree."""
+    """How many positions of a row of seq_len tokens mask_tokens masks at mask_rate: mask_rate x seq_len rounded by
+    Python's round (a half goes to the even number), and at least one. The memory estimate and the FLOP count use it too, so all three agree."""
     return max(1, round(mask_rate * seq_len))
 
 
@@ -378,8 +381,8 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     `masking` is a Masking or just its rate.
 
     Training and validation pass `keys` (B,) int64, one per row. The draws then come from row_noise of each row's key:
-    its first T values rank the positions, the next k are digits 0-9 (0-7 give [MASK], 8 a random id, 9 keeps the
-    token), and the last k give the random ids. So a row's mask depends on its key alone, in any batch and on any
+    its first T values rank the positions, the next k, each taken modulo 10, decide what each chosen position
+    becomes (0-7 [MASK], 8 a random id, 9 the token kept), and the last k give the random ids. So a row's mask depends on its key alone, in any batch and on any
     device. Without keys the draws come from `generator` (torch's own where None), batch by batch."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
@@ -571,7 +574,9 @@ class Trainer:
         look diverged."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
-            weight = len(inputs) / rows  # every row has the same number of masked tokens, so this weights tokens alike
+            # Every row has the same number of masked tokens, so weighting by rows weights every token alike. A fork
+            # whose count varies by row weights by labels.numel() instead.
+            weight = len(inputs) / rows
             # under DDP the gradients are averaged over processes once, after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
                 with self.autocast():  # the compiled part of the step: the forward and its loss

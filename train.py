@@ -6,9 +6,10 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget is a number of hours (compilation included) or of tokens. Unless they are given, it picks the model's
-shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the share of the budget
-spent, not the step count, so they end together when the budget is spent, on any hardware. Ctrl-C or SIGTERM finishes
+The budget is a number of hours of training steps (compilation included; set-up, evaluation and saving are off the
+clock) or of tokens. Unless they are given, it picks the model's shape, the final batch size and the peak learning rate
+(cram/budget.py). The schedules follow the share of the budget spent (seconds trained / the budget's seconds, or tokens
+/ budget_tokens), not the step count, so they end together when the budget is spent, on any hardware. Ctrl-C or SIGTERM finishes
 the current step, saves a checkpoint and exits; --resume=True continues from there."""
 import dataclasses
 import functools
@@ -34,8 +35,8 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-budget_hours = 24.0       # > 0: hours of training steps, compilation included; the schedules follow the share spent (set-up, evaluation and saving are off this clock)
-budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours; the only budget that repeats a run exactly (hours follow the measured time)
+budget_hours = 24.0       # > 0: hours of training steps, compilation included (set-up, logging, evaluation, saving and pauses are off this clock: see the loop); the schedules follow the share spent
+budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours; the only budget that repeats a run's schedules, data and masks exactly (hours follow the measured time)
 max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit); the schedules still follow the budget, so the rate has not decayed then; a resume does not keep it
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
@@ -53,8 +54,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # objective
-mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens, at least one (each one [MASK], random or kept: 80/10/10)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (see mask_rate_at)
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens, at least one; any token may be chosen, [SEP] too, and becomes [MASK], a random token (perhaps itself) or stays as it is: 80/10/10 (mask_tokens)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (see mask_rate_at); the memory check sizes for the larger of the two
 mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (1: mask_rate_start throughout); each is a new shape for torch.compile
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # optimizer and schedules
@@ -79,13 +80,13 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: the initialisation (torch), data order (epoch_order), training masks (mask_keys, each row's by its place in the run) and fill-in picks; one for all processes. Dropout, and any random draw a fork adds, use torch's own generator, which a resume does not restore
+seed = 0                  # [0, 4294967295]: one seed for every process: the initial weights, the data order, the training masks and the fill-in picks (see main)
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
-max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (model.py's BadSteps says which are bad)
+max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row: spikes, non-finite gradients or diverged losses (see the loop)
 spike_threshold = 6.0     # >= 0: a loss this many times its step-to-step noise (and 10%) over its recent mean is a spike: its update is skipped; 0: off
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of training, and at the end
+eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: after every step), and at the end
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
 ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes (0: after every step); saving is off the clock
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
@@ -96,11 +97,13 @@ wandb_run_name = ""       # default: the name of out_dir
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """The learning rate at a fraction `progress` of the budget, for a `peak` rate (the `lr` setting, or the width's
-    rule where it is 0). "triangle" is the cramming reference's: it starts at 25% of the peak, rises linearly to the
-    peak at 75% of the budget, then falls linearly to 0 at its end (the last step starts just before, at a rate near
-    0). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training).
-    "warmup_linear" is original BERT's: a linear warm-up over `warmup` of the budget, then a linear decay to 0."""
+    """The learning rate at a fraction `progress` of the budget, for a `peak` rate (the `lr` setting; where it is 0,
+    the width's rule in a new run and the checkpoint's rate in a resume). "triangle" is the cramming reference's: it
+    starts at 25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at its end.
+    The last step starts just before the end, at a rate near 0 when the steps are many (max_steps may stop a run
+    earlier). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
+    training). "warmup_linear" is original BERT's: a linear warm-up over `warmup` of the budget, from a rate of 0 at
+    the first step, then a linear decay to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
@@ -163,8 +166,9 @@ def micro_batch_sizes(batch, world, micro, remainder):
 
 
 # -----------------------------------------------------------------------------
-# The data a step reads. A row of train.bin is seq_len tokens of documents packed end to end and joined by [SEP], with
-# no padding (prepare.py writes them); the special tokens' ids come after the regular ones. The run reads the rows
+# The data a step reads. prepare.py writes train.bin as one stream of documents, each followed by [SEP], cut into rows
+# of seq_len tokens: a document may run on into the next row, and there is no [CLS] and no padding. The special
+# tokens' ids come after the regular ones. The run reads the rows
 # epoch after epoch, each epoch in its own shuffled order, and its sequence number i is always the same row. So where a
 # run is (the sequences it has consumed) says which rows come next, and a resumed run reads on exactly where it
 # stopped. Each row's mask is drawn from a key made of the seed and the row's place in the run, so a row is masked the
@@ -215,7 +219,8 @@ class Batches:
         return [self.micro_batch(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 
     def micro_batch(self, start, size, masking):
-        """The `size` sequences from place `start` of the run, read and masked."""
+        """The `size` sequences from place `start` of the run, read from the token file, copied to the device and
+        masked there. This is part of the step's time: nothing is read ahead."""
         rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
         keys = to_device(mask_keys(self.seed, start + np.arange(size)), self.device)  # each row's place in the run
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
@@ -349,6 +354,9 @@ def main(config, given):
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
+    # The seed decides the initial weights (torch's generator, seeded here), the data order (epoch_order), each training
+    # row's mask (mask_keys: from the seed and the row's place in the run) and the fill-in picks. Dropout, and any random
+    # draw a fork adds, use torch's generator; a resume does not restore that generator's state.
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
@@ -360,7 +368,7 @@ def main(config, given):
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
     watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
     bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
-    masking = Masking.from_settings(config)  # the objective's settings; the loop sets the rate of each step
+    masking = Masking.from_settings(config)  # the objective's settings; the loop sets each step's masking rate
 
     # -------------------------------------------------------------------- the data, and the score before training
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
@@ -376,8 +384,8 @@ def main(config, given):
 
     # -------------------------------------------------------------------- the loop
     # The clock (`seconds`) counts each step from `started` at the top of the loop to the end of its update: the batch
-    # drawn and masked, forward, backward and update, and torch.compile's compilation, which happens in the first
-    # steps. Set-up (the memory probe included), logging, evaluation and saving are off it, and so is a pause (Ctrl-Z).
+    # drawn and masked, forward, backward and update, torch.compile's compilation, which happens in the first steps,
+    # and under DDP the wait for the processes to agree on the clock. Set-up (the memory probe included), logging, evaluation and saving are off it, and so is a pause (Ctrl-Z).
     # So the run takes longer than its budget on the wall. The budget is checked at the top of each step, so the last
     # step starts before the budget is spent and may end a little past it.
     last_eval = last_ckpt = seconds
@@ -398,16 +406,21 @@ def main(config, given):
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
         # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
-        loss = trainer.backward(micro_batches)  # the mean over every masked token of the step, on all processes
+        # The loss is the mean over every masked token of the step, on all processes: every row has the same number of
+        # masked tokens, so Trainer.backward weights each micro-batch by its rows.
+        loss = trainer.backward(micro_batches)
         spike = watch.is_spike(loss)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
         # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
         # still spends its data and time.
         step, tokens = step + 1, tokens + step_batch * seq_len
         # The clock stops here. A step during which the process was paused (Ctrl-Z, then fg) counts as the shorter of
-        # its own time and the step before's, so that the pause is not counted as training.
+        # its own time and the step before's, so that the pause is not counted as training. The first step of a run or
+        # of a resume has no step before it, so a pause during it counts in full.
         seconds += stop_request.step_seconds(started)
-        bad_steps.count(step, loss, spike, applied, trainer.scaler)  # ends the run after max_skipped_steps bad in a row
+        # A bad step is a loss spike, an update skipped for a non-finite gradient, or a loss that is not finite or above
+        # ln(vocab_size) + 1 (model.diverged). max_skipped_steps bad steps in a row end the run.
+        bad_steps.count(step, loss, spike, applied, trainer.scaler)
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
@@ -420,11 +433,16 @@ def main(config, given):
             last_eval = seconds
             run_eval(validation, metrics, step, tokens, seconds)
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:  # never mid-streak
+            # Saves only weights that are finite and whose loss on one validation batch has not diverged.
             last_ckpt = seconds
             saves.save_if_sound(validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
                                 eval_mask_rate)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
+    # A run ends in one of three ways. When the budget (or max_steps) is spent, it evaluates, saves its checkpoint and
+    # prints the fill-in examples and the final line. On a stop signal it saves after the step it was on, without a
+    # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
+    # once with an error and saves nothing, so the last checkpoint saved is the one to resume from.
     if master:
         state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
         finish(validation, metrics, state, stop_request.signum, saves)
