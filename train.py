@@ -6,11 +6,12 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget is a number of hours of training steps (compilation included; set-up, evaluation and saving are off the
-clock) or of tokens. Unless they are given, it picks the model's shape, the final batch size and the peak learning rate
-(cram/budget.py). The schedules follow the share of the budget spent (seconds trained / the budget's seconds, or tokens
-/ budget_tokens), not the step count, so they end together when the budget is spent, on any hardware. Ctrl-C or SIGTERM finishes
-the current step, saves a checkpoint and exits; --resume=True continues from there."""
+The budget is a number of hours of training steps (compilation included; set-up, logging, evaluation, saving and
+pauses are off the clock) or of tokens. Unless they are given, it picks the model's shape, the final batch size and the
+peak learning rate (cram/budget.py). The schedules follow the share of the budget spent (seconds trained / the budget's
+seconds, or tokens / budget_tokens), not the step count, so they end together when the budget is spent, on any
+hardware. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and exits; --resume=True continues from
+there."""
 import dataclasses
 import functools
 import math
@@ -36,7 +37,7 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
 data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 budget_hours = 24.0       # > 0: hours of training steps, compilation included (set-up, logging, evaluation, saving and pauses are off this clock: see the loop); the schedules follow the share spent
-budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours; the only budget that repeats a run's schedules, data and masks exactly (hours follow the measured time)
+budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours; the only budget whose schedules repeat exactly (under hours, the rate and batch at a step follow the measured time; the rows and their masks come in the same order either way)
 max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit); the schedules still follow the budget, so the rate has not decayed then; a resume does not keep it
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
@@ -54,22 +55,22 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # objective
-mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens, at least one; any token may be chosen, [SEP] too, and becomes [MASK], a random token (perhaps itself) or stays as it is: 80/10/10 (mask_tokens)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (see mask_rate_at); the memory check sizes for the larger of the two
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (a half to even), at least one; any token may be chosen, [SEP] too, and becomes [MASK], a random regular token (perhaps itself; never a special one) or stays as it is: 80/10/10 (mask_tokens)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget in mask_levels steps (see mask_rate_at); the spike check judges the loss's move at each step like any other; the memory check sizes for the larger rate
 mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (1: mask_rate_start throughout); each is a new shape for torch.compile
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # optimizer and schedules
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): the peak learning rate; 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5
+lr = 0.0                  # [0, inf): the peak learning rate; 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5 (a resume: its checkpoint's; an optimizer without the rule asks for --lr)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
 weight_decay = 0.01       # >= 0: not on biases, norms and scalars
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
-warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear'
+warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (the clock counts compilation, so on a short budget the first step may take all of it)
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it (a power of two from 32 to 8192 that grows with the budget's tokens; a multiple of micro_batch x processes where micro_batch is given)
+batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64 as a power of two from 32 to 8192 (the paper's day gives 4096; cram/budget.py), then the nearest multiple of micro_batch x processes
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (early on a small batch learns as much per token, so it gives more updates; the cramming recipe ramps it)
 batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128, the reference's micro-batch (cram/budget.py's RAMP_START; no ramp where the final batch is not larger)
 # system
@@ -99,9 +100,9 @@ wandb_run_name = ""       # default: the name of out_dir
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a `peak` rate (the `lr` setting; where it is 0,
     the width's rule in a new run and the checkpoint's rate in a resume). "triangle" is the cramming reference's: it
-    starts at 25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at its end.
-    The last step starts just before the end, at a rate near 0 when the steps are many (max_steps may stop a run
-    earlier). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
+    starts at 25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at its end
+    (its "budget-triangle2": base 0.25, fall-off 0.25). The last step runs at 4 x peak x the share of the budget left
+    when it starts, so near 0 when the steps are many (max_steps may stop a run earlier). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
     training). "warmup_linear" is original BERT's: a linear warm-up over `warmup` of the budget, from a rate of 0 at
     the first step, then a linear decay to 0."""
     if schedule == "triangle":
@@ -344,10 +345,10 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
 def main(config, given):
     # -------------------------------------------------------------------- the settings
     ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
-    rt, rank, resumed = setup_device(config, world, ddp, given)
+    rt, rank, resumed, unshaped = setup_device(config, world, ddp, given)
     master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
-    model_args, remainder_micro, budget_pick, start_lines = settle(config, resumed, run_data, rt, world, ddp, master, log)
+    model_args, remainder_micro, budget_pick, start_lines = settle(config, unshaped, resumed, run_data, rt, world, ddp, master)
     start_lines.append(settled_line(given, config, resumed[0] is not None))
     # From here on, every global at the top of this file holds the value the run uses.
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
@@ -356,7 +357,9 @@ def main(config, given):
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
     # The seed decides the initial weights (torch's generator, seeded here), the data order (epoch_order), each training
     # row's mask (mask_keys: from the seed and the row's place in the run) and the fill-in picks. Dropout, and any random
-    # draw a fork adds, use torch's generator; a resume does not restore that generator's state.
+    # draw a fork adds, use torch's generator; a resume does not restore that generator's state, and under DDP every
+    # process draws alike. Where the budget picks the shape and batch from a timed matmul, the same seed on the same
+    # machine can still pick another model; budget_tokens, or a given shape and batch, fixes them.
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
@@ -385,9 +388,11 @@ def main(config, given):
     # -------------------------------------------------------------------- the loop
     # The clock (`seconds`) counts each step from `started` at the top of the loop to the end of its update: the batch
     # drawn and masked, forward, backward and update, torch.compile's compilation, which happens in the first steps,
-    # and under DDP the wait for the processes to agree on the clock. Set-up (the memory probe included), logging, evaluation and saving are off it, and so is a pause (Ctrl-Z).
-    # So the run takes longer than its budget on the wall. The budget is checked at the top of each step, so the last
-    # step starts before the budget is spent and may end a little past it.
+    # and under DDP the wait for the processes to agree on the clock. On a GPU the update's last kernels may still run
+    # when the clock stops; their time falls into the next step. Set-up (the memory probe included), logging,
+    # evaluation and saving are off the clock, and so is a pause (Ctrl-Z). So the run takes longer than its budget on
+    # the wall. The budget is checked at the top of each step, so the last step starts before the budget is spent and
+    # may end a little past it: some seconds, or up to one batch of tokens.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
@@ -407,12 +412,12 @@ def main(config, given):
         micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
         # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
         # The loss is the mean over every masked token of the step, on all processes: every row has the same number of
-        # masked tokens, so Trainer.backward weights each micro-batch by its rows.
+        # masked tokens and every process the same number of rows, so Trainer.backward weights micro-batches by rows.
         loss = trainer.backward(micro_batches)
         spike = watch.is_spike(loss)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
         # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
-        # still spends its data and time.
+        # still spends its data and time. The data's place is tokens // seq_len, so `tokens` must count whole rows.
         step, tokens = step + 1, tokens + step_batch * seq_len
         # The clock stops here. A step during which the process was paused (Ctrl-Z, then fg) counts as the shorter of
         # its own time and the step before's, so that the pause is not counted as training. The first step of a run or
@@ -441,7 +446,7 @@ def main(config, given):
     # -------------------------------------------------------------------- the end; the clock has stopped
     # A run ends in one of three ways. When the budget (or max_steps) is spent, it evaluates, saves its checkpoint and
     # prints the fill-in examples and the final line. On a stop signal it saves after the step it was on, without a
-    # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
+    # final evaluation, and --resume=True continues it (if that step spent the budget, the resume only finishes it). After max_skipped_steps bad steps in a row, BadSteps exits at
     # once with an error and saves nothing, so the last checkpoint saved is the one to resume from.
     if master:
         state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
@@ -457,7 +462,8 @@ def setup_device(config, world, ddp, given):
     """Picks the device and precision, loads the checkpoint of a resume and checks every setting, all before torchrun's
     processes join, so that a refusal comes first. A resume's own settings are written into `config`, except those
     `given` that it may change (budget.resume_settings). Every process takes rank 0's precision. Returns the Runtime,
-    this process's rank and `resumed`: the checkpoint (or None), its path and lines that say what the resume changed."""
+    this process's rank, `resumed` (the checkpoint or None, its path, and lines that say what the resume changed) and
+    the model's settings in the smallest shape of the ladder, which settle() gives the budget to shape."""
     resume_from = config["resume_from"]
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
@@ -467,11 +473,12 @@ def setup_device(config, world, ddp, given):
         raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
                          f"it with the cram that wrote it")
     config.update(kept)
-    unset_shape = shape_of(LADDER[0], config)  # the smallest shape, where the budget has not picked one yet
+    smallest = shape_of(LADDER[0], config)  # the ladder's smallest shape, where the budget has not picked one yet
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
                        config["compile_mode"], (saved.get("device"), saved.get("dtype")))
-    check_settings(world, config, rt, given, ModelConfig.from_settings({**config, **unset_shape}))
+    unshaped = ModelConfig.from_settings({**config, **smallest})  # a bad model setting fails here, before any work
+    check_settings(world, config, rt, given, unshaped)
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     rt.optim = config["optim"]  # the optimizer whose state the memory check counts (model.OPTIMIZERS)
@@ -480,19 +487,19 @@ def setup_device(config, world, ddp, given):
     if rank == 0 and os.path.isdir(config["out_dir"]):  # before any work, a folder another run holds (open_out_dir makes a new one)
         claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
     check_own_files(config["out_dir"], checkpoint, source)  # ... or another run's files, which this one would replace or prune
-    return rt, rank, (checkpoint, source, changes)
+    return rt, rank, (checkpoint, source, changes), unshaped
 
 
-def settle(config, resumed, run_data, rt, world, ddp, master, log):
+def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     """Settles every setting the run will use, before any work, and writes them into this module's globals once.
     budget.settle fills in the shape, final batch, peak rate and the ramp's start (a resume's are its checkpoint's).
     memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches how every batch of
     the schedule is cut into micro-batches: as many of micro_batch as fit, the rest in ones of remainder_micro.
     Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what a resume changed or what
     the budget picked)."""
+    log = print if master else (lambda *args, **kwargs: None)  # rank 0 alone prints
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
-    data_args = dict(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
-    unshaped = ModelConfig.from_settings({**config, **shape_of(LADDER[0], config)}, **data_args)  # budget.settle shapes it
+    unshaped = dataclasses.replace(unshaped, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
     settled, budget_pick, picked_lines = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
@@ -553,12 +560,14 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
 
 def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, config, log, ddp):
     """Refuses, in one line, a resume of another model, tokenizer, optimizer or data (files.check_resume). A resume
-    whose budget is already spent ends here with status 0 and writes nothing. Does nothing for a new run."""
+    of a finished run whose budget is already spent ends here with status 0 and writes nothing. A run stopped on the
+    step that spent its budget is not finished: its resume goes on, the loop ends at once, and finish() evaluates it
+    and saves it as finished. Does nothing for a new run."""
     if not checkpoint:
         return
     check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, config["optim"], config["data_dir"], meta)
     progress = budget_progress(checkpoint["tokens"], checkpoint["elapsed"], config["budget_tokens"], config["budget_hours"])
-    if not budget_spent(progress, checkpoint["step"], config["max_steps"]):
+    if not budget_spent(progress, checkpoint["step"], config["max_steps"]) or not checkpoint["final"]:
         return
     kind = "max_steps" if progress < 1.0 else "budget_tokens" if config["budget_tokens"] else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "

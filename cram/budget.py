@@ -25,11 +25,13 @@ PAPER_COMPUTE = 4.3e18
 PAPER_WEIGHTS = 94.4e6
 SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
 MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)
-# The final batch: a power law through the CPU's measured point (32 sequences at 29k) and the published ~4k at the
-# paper's day (54M sequences of 128: the Cramming paper's best batch for GLUE, Izsak et al. 2021's pick over 8k and
-# 16k at about an H100-day), levelled off at MAX_BATCH, past which no published recipe gained (Izsak; RoBERTa's 2k
-# at 125k steps beat 8k at 31k). Its exponent, 0.64 of the sequences, is about compute ** 0.37: near the critical
-# batch's 0.28-0.34 (McCandlish et al. 2018; DeepSeek LLM 2024; Bergsma et al. 2025).
+# The final batch grows as a power of the sequences the budget trains: a line through the CPU's measured point (a
+# batch of 32 at 29k sequences) and the published batch of about 4k at the paper's day, whose budget trains 54M
+# sequences of 128 tokens (4k is the Cramming paper's best batch for GLUE, and Izsak et al. 2021 picked it over 8k and
+# 16k at about an H100-day). It levels off at MAX_BATCH, past which no published recipe gained (Izsak; RoBERTa's 2k at
+# 125k steps beat 8k at 31k). The batch grows as sequences ** 0.64; since the sequences grow about as compute ** 0.58,
+# that is about compute ** 0.37, near the critical batch's 0.28-0.34 (McCandlish et al. 2018; DeepSeek LLM 2024;
+# Bergsma et al. 2025).
 PAPER_BATCH, PAPER_SEQUENCES, BATCH_EXPONENT = 4096, 54e6, 0.64
 MIN_BATCH, MAX_BATCH = 32, 8192  # 32: the smallest measured, and a CPU's micro-batch
 # The peak learning rate: 1e-3 at width 768 (the paper's 16 x 768; BERT-Base's recipes), scaled as width ** -0.5

@@ -462,6 +462,22 @@ def test_resuming_a_finished_run_says_so_and_rewrites_nothing(prepared, tmp_path
     assert torch.load(tmp_path / "ckpt.pt")["step"] == 8
 
 
+def test_a_run_stopped_on_its_last_step_is_finished_by_its_resume(prepared, tmp_path):
+    """A stop signal on the step that spends the budget saves the checkpoint as not finished. Its resume takes no
+    step: it evaluates, saves the run as finished and prints the final line. A second resume then has nothing to do."""
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--max_steps=5",
+             "--fill_in_examples=0", "--eval_sequences=32"]
+    run_script(*train)
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    torch.save(dict(checkpoint, final=False), tmp_path / "ckpt.pt")  # as a stop on step 5 leaves it
+    finished = run_script(*train, "--resume=True").stdout
+    assert "final: step 5 |" in finished and "has spent this budget" not in finished, finished
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert saved["final"] and saved["step"] == 5 and saved["tokens"] == checkpoint["tokens"]
+    assert all(torch.equal(saved["model"][k], v) for k, v in checkpoint["model"].items())  # no step was taken
+    assert "has spent this budget (step 5," in run_script(*train, "--resume=True").stdout
+
+
 def test_a_resume_is_its_run_or_one_line(prepared, tmp_path):
     """A resume takes its run's settings from its checkpoint: a seed-7 token-budget run stopped at step 6 and resumed
     with its data, its shape and --resume=True alone logs the steps of the uninterrupted run (seed 0's order and a
