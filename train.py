@@ -34,45 +34,61 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
                    mask_tokens, param_groups)
 
 # -----------------------------------------------------------------------------
-data_dir = "data/fineweb-edu"  # written by prepare.py: this one by `python prepare.py config/prepare_fineweb.py`
+data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-budget_hours = 24.0       # > 0: hours of training steps, compilation included (set-up, logging, evaluation, saving and pauses are off this clock: see the loop); the schedules follow the share spent
-budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours; the only budget whose schedules repeat exactly (under hours, the rate and batch at a step follow the measured time; the rows and their masks come in the same order either way)
-max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit); the schedules still follow the budget, so the rate has not decayed then; a resume does not keep it
+# The budget's clock counts the training steps alone, compilation included. Set-up, logging, evaluation, saving and
+# pauses are off it (see the loop). The schedules follow the share of the budget spent, so they end with the budget.
+# Under budget_hours the rate and the batch at a given step follow the measured time; under budget_tokens they repeat
+# exactly. Either way the rows and their masks come in the same order. max_steps stops a run before its budget is
+# spent, so its rate has not decayed yet; a resume does not keep it.
+budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
+budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
+max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
-resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (out_dir's ckpt_<step>.pt, or a path)
-# A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, from the checkpoint in a resume.
-# The start-up line "settled:" prints the value each of them runs with and why, and settle() writes it here.
-# How the budget picks the shape (cram/budget.py): train.py times a 2048^3 matmul, and the budget's hours times that
-# speed, times the share of it a step reaches, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
-# 24 x 1024, it takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs: the paper's
-# 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one would read
-# the data more than 16 times.
+resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
+# A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
+# resume. The start-up line "settled:" prints the value each of them runs with and why, and settle() writes it here.
+# How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the
+# share of it a step reaches, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to 24 x 1024, the
+# rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The best size is the
+# paper's 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one
+# would read the data more than 16 times.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape
 d_model = 0               # >= 0: 0 lets the budget pick the shape
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
-# objective
-mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (a half to even), at least one; any token may be chosen, [SEP] too, and becomes [MASK], a random regular token (perhaps itself; never a special one) or stays as it is: 80/10/10 (mask_tokens)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget in mask_levels steps (see mask_rate_at); the spike check judges the loss's move at each step like any other; the memory check sizes for the larger rate
-mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included (1: mask_rate_start throughout); each is a new shape for torch.compile
+# The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
+# least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token,
+# perhaps itself (10%), or stays as it is (10%); see mask_tokens. With mask_rate_start the rate moves in mask_levels
+# steps over the budget. The spike check judges the loss's move at each step like any other, and the memory check
+# sizes for the larger rate.
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict
+mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
+mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included; each is a new shape to compile
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
-# optimizer and schedules
+# The optimizer and the schedules. A peak rate of 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5,
+# in a new run, and the checkpoint's rate in a resume. An optimizer without that rule asks for --lr.
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): the peak learning rate; 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5 (a resume: its checkpoint's; an optimizer without the rule asks for --lr)
+lr = 0.0                  # [0, inf): the peak learning rate; 0: by the width's rule
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
 weight_decay = 0.01       # >= 0: not on biases, norms and scalars
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
-warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (the clock counts compilation, so on a short budget the first step may take all of it)
+warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
+# The batch. A step's batch grows from batch_ramp_start to batch_size over the first batch_ramp of the budget: early
+# on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps it). A batch_size
+# of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192
+# (cram/budget.py), then the nearest multiple of micro_batch x processes. The paper's day gives 4096. A
+# batch_ramp_start of 0 means 128, the reference's micro-batch (cram/budget.py's RAMP_START). There is no ramp where
+# the final batch is not larger.
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64 as a power of two from 32 to 8192 (the paper's day gives 4096; cram/budget.py), then the nearest multiple of micro_batch x processes
-batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (early on a small batch learns as much per token, so it gives more updates; the cramming recipe ramps it)
-batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128, the reference's micro-batch (cram/budget.py's RAMP_START; no ramp where the final batch is not larger)
+batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it
+batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
+batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -81,15 +97,15 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: one seed for every process: the initial weights, the data order, the training masks and the fill-in picks (see main)
+seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks (see main)
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
-max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row: spikes, non-finite gradients or diverged losses (see the loop)
-spike_threshold = 6.0     # >= 0: a loss this many times its step-to-step noise (and 10%) over its recent mean is a spike: its update is skipped; 0: off
+max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see the loop)
+spike_threshold = 6.0     # >= 0: a loss this many step-to-step spreads (and 10%) over its recent mean is a spike, and its update is skipped; 0: off
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: after every step), and at the end
+eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step), and at the end
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
-ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes (0: after every step); saving is off the clock
+ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes of the budget's clock (0: every step)
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
