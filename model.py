@@ -93,13 +93,13 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Every model setting, declared once. Each field but vocab_size and seq_len (the data's) is also a train.py
-    setting (--key=value), and a checkpoint saves them all as `model_args`. A fork's new switch is a field here and its
-    use below. A switch that is on by default also goes in MISSING_FIELD_DEFAULTS, off, so that older checkpoints load
-    as they were trained; one that changes the work per token also goes in flops_per_token and step_bytes, which the
-    budget's pick, the memory check and the MFU read. The defaults are the reference
-    crammed-BERT's shape (about 120M parameters) and recipe; train.py declares the four shape fields again, with 0
-    meaning that the budget picks them."""
+    """Every model setting, declared once. Each field except vocab_size and seq_len, which come from the data, is
+    also a train.py setting (--key=value). A checkpoint saves them all as `model_args`.
+    A fork adds a new switch as a field here, and uses it below. If the switch is on by default, also add it to
+    MISSING_FIELD_DEFAULTS as off, so that older checkpoints load as they were trained. If it changes the work per
+    token, also add it to flops_per_token and step_bytes, which the budget's pick, the memory check and the MFU use.
+    The defaults are the reference crammed BERT's shape (about 120M parameters) and recipe. train.py declares the
+    four shape fields again, with 0 meaning that the budget picks them."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too (prepare.py --seq_len sets it)
     n_layers: int = 16         # >= 1
@@ -141,17 +141,19 @@ class ModelConfig:
         return self.full_layers if 0 < self.full_layers < self.n_layers else self.n_layers
 
     def parameters_at_least(self):
-        """The parameters, a little under (no norms, biases, positions): the tied embedding and every matmul's."""
+        """The parameters, slightly undercounted: the tied embedding and every matmul's weights, without norms,
+        biases and positions."""
         matmuls = self.n_layers * self.layer_weights() + (2 * self.smear + self.head_transform) * self.d_model ** 2
         return self.vocab_size * self.d_model + matmuls
 
     def step_bytes(self, mask_rate, value_bytes, training=True, offload=False):
-        """The bytes one sequence adds to a step's memory, a lower estimate. Training keeps, for each layer and
-        position, each matmul's input and q, k and v (6 widths and the feed-forward's 1.5, in `value_bytes` each) and
-        the float32 residual. Inference keeps one layer's widest tensors. Both keep the float32 logits of the predicted
-        positions (none at mask_rate 0). Attention scores are not counted, since the fused kernels keep none (see
-        attention_mask). A narrowed layer keeps all that at the masked positions only, and its keys and values at the
-        others. Off-load mode keeps each block's input and recomputes one block at a time."""
+        """A lower estimate of the bytes one sequence adds to a step's memory. In training, each layer keeps at each
+        position every matmul's input and q, k and v: 6 x d_model plus 1.5 x d_ffn values of `value_bytes` each. It
+        also keeps the float32 residual. Inference keeps only one layer's widest tensors. Both keep the float32 logits
+        of the predicted positions, of which there are none at mask_rate 0. Attention scores are not counted, since
+        the fused kernels keep none (see attention_mask). A narrowed layer keeps all that at the masked positions only,
+        and only its keys and values at the others. Off-load mode keeps each block's input and recomputes one block at
+        a time."""
         k = masked_count(mask_rate, self.seq_len) if mask_rate > 0 else 0
         predicted = k if self.sparse_prediction else self.seq_len * (mask_rate > 0)  # positions with logits
         logits = predicted * self.vocab_size * 4
@@ -286,9 +288,10 @@ class CrammedBert(nn.Module):
     def attention_mask(self, T, padding_mask=None):
         """The attention mask every layer uses, built once a forward. Pretraining has no padding, so this is None and
         attention runs unmasked. Fine-tuning's padded batches get (B, 1, 1, T), True at real keys.
-        A fork's position bias (ALiBi, say) would go here as a float mask. Keep its shape 2-D (T, S) or 4-D (B or 1,
-        H or 1, T or 1, S): PyTorch's fused kernels take those and keep no (B, H, T, S) scores, as step_bytes assumes.
-        A 3-D mask falls back to the unfused kernel, which keeps them (1.7x the memory: test_model checks the cost)."""
+        A fork's position bias, such as ALiBi, would go here as a float mask. Give it a 2-D shape (T, S) or a 4-D
+        shape (B or 1, H or 1, T or 1, S). PyTorch's fused kernels take those and keep no (B, H, T, S) scores, as
+        step_bytes assumes. A 3-D mask falls back to the unfused kernel, which keeps the scores and uses 1.7x the
+        memory. test_model checks this cost."""
         return None if padding_mask is None else padding_mask[:, None, None, :]
 
     def logits(self, hidden, weight=None):
@@ -313,11 +316,12 @@ class CrammedBert(nn.Module):
         return self.mlm_loss(hidden, inputs, positions, labels, weight)
 
     def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
-        """forward's loss and correct count from the final hidden states: (B, k, d) at the masked positions with sparse
-        prediction, else (B, T, d). Off-load mode runs the blocks itself and calls this for the rest. Every loss the
-        run reports comes from here: training's, validation's (train.py's Validation) and the check before a save that
-        the weights have not diverged (cram/files.py's Saves.save_if_sound). So a term a fork adds here moves the
-        validation loss too, and recipes with and without it no longer compare on it."""
+        """forward's loss and correct count, computed from the final hidden states. These are (B, k, d) at the masked
+        positions with sparse prediction, else (B, T, d). Off-load mode runs the blocks itself and calls this for the
+        rest. Every loss the run reports comes from here: training's, validation's (train.py's Validation), and the
+        check before a save that the weights have not diverged (cram/files.py's Saves.save_if_sound). So a term a fork
+        adds here moves the validation loss too. Recipes with and without that term can then no longer be compared by
+        their validation loss."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -371,21 +375,23 @@ def masked_count(mask_rate, seq_len):
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
-    """BERT's corruption of each row of idx (B, T). Returns (inputs (B, T), positions (B, k), labels (B, k)): the
-    corrupted rows, the k chosen positions of each row (in the order their draw ranked them, not ascending), and the
-    original tokens there.
+    """BERT's corruption of each row of idx (B, T). Returns (inputs, positions, labels). inputs (B, T) holds the
+    corrupted rows. positions (B, k) holds the k chosen positions of each row, in the order their draw ranked them
+    rather than ascending. labels (B, k) holds the original tokens at those positions.
 
     Exactly k = masked_count(mask_rate, T) positions of every row are chosen, so every batch has the same shape and
-    torch.compile builds one graph. Any position may be chosen, a [SEP] between packed documents too. Each chosen
-    position, on its own draw, becomes [MASK] with probability 0.8, a random regular token with 0.1 (one of the ids
-    below n_regular, which come before the special ones; it may be the original), and stays as it was with 0.1.
-    `masking` is a Masking or just its rate.
+    torch.compile builds one graph. Any position may be chosen, including a [SEP] between packed documents. Each
+    chosen position has its own draw. It becomes [MASK] with probability 0.8, a random regular token with 0.1, and
+    stays as it was with 0.1. Regular tokens are the ids below n_regular, which come before the special ones. The
+    random one may be the original. `masking` is a Masking or just its rate.
 
-    Training and validation pass `keys` (B,) int64, one per row. The draws then come from row_noise of each row's key:
-    its first T values rank the positions, the next k, each taken modulo 10, decide what each chosen position
-    becomes (0-7 [MASK], 8 a random id, 9 the token kept; 80/10/10 to within 3e-9, since 2**32 is not a multiple of
-    10), and the last k give the random ids (uniform to within n_regular / 2**32). So a row's mask
-    depends on its key alone, in any batch and on any device. Without keys the draws come from `generator` (torch's own where None), batch by batch."""
+    Training and validation pass `keys`, an int64 tensor (B,) with one key per row. The draws then come from
+    row_noise, which turns each row's key into a run of values. The first T values rank the positions. The next k
+    values, taken modulo 10, decide what each chosen position becomes: 0 to 7 give [MASK], 8 a random id, and 9
+    keeps the token. Since 2**32 is not a multiple of 10, this split is 80/10/10 only to within 3e-9. The last k
+    values give the random ids, which are uniform to within n_regular / 2**32. So a row's mask depends on its key
+    alone, in any batch and on any device. Without keys, the draws come batch by batch from `generator`, or from
+    torch's own generator if it is None."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = masked_count(masking.mask_rate, T)
@@ -417,10 +423,11 @@ def mix32(h):
 
 
 def row_noise(keys, n):
-    """n pseudo-random integers in [0, 2**32) for each row, (B, n): a pure function of the row's key (keys (B,)
-    int64) and the column, like a counter-based generator's. Integer operations alone, so any device and any batch
-    give a row the same values. A row's hash chains mix32 over its key's two 32-bit halves; each column's value mixes
-    that hash with the column's own."""
+    """n pseudo-random integers in [0, 2**32) for each row, as a (B, n) tensor. `keys` (B,) holds one int64 key per
+    row. Each value depends only on its row's key and its column, as in a counter-based generator. Only integer
+    operations are used, so any device and any batch give a row the same values. A row's hash applies mix32 to the
+    high 32 bits of its key, then again after mixing in the low 32 bits. Each value mixes that hash with a hash of
+    the column index."""
     h = mix32(mix32(((keys >> 32) & MASK32) ^ GOLDEN) ^ (keys & MASK32))  # (B,)
     return mix32(h[:, None] ^ mix32(torch.arange(n, device=keys.device) + GOLDEN))  # (B, n)
 
@@ -473,12 +480,14 @@ def same_shape(state, param):
     return state.dim() == 0 or state.shape == param.shape
 
 
-Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))  # width_lr=False, fits=factored unless given
+# Unless given, width_lr is False and fits is factored.
+Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))
 OPTIMIZERS = {
-    # two moments in float32; fused: one launch for all parameters on a GPU, vectorised on a CPU
+    # Two moments in float32. fused=True makes one launch for all parameters on a GPU, and vectorises on a CPU.
     "adamw": Optimizer(lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
                        8, True, same_shape),
-    # a momentum on param_groups(..., optim="muon")'s first group, AdamW's two moments on the rest (below)
+    # The Muon class below keeps one momentum on the first group of param_groups(..., optim="muon"), and AdamW's
+    # two moments on the rest.
     "muon": Optimizer(lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4, True, same_shape),
 }
 
@@ -552,27 +561,28 @@ def set_rate(optimizer, lr):
 
 
 class Trainer:
-    """A model's training step, in two calls: backward (forward and backward over the micro-batches) and update (the
-    clipped optimizer step). train.py calls them apart, to judge the loss between them; step calls both. It also
-    holds the training state a checkpoint keeps.
+    """A model's training step, in two calls. backward runs forward and backward over the micro-batches, and update
+    takes the clipped optimizer step. train.py calls them separately so that it can check the loss in between. step
+    calls both. The Trainer also holds the training state that a checkpoint keeps.
 
-    `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module as the step
-    runs it: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in training
-    mode; only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is float16's loss
-    scaler (a pass-through in other precisions). offload.OffloadTrainer has the same methods but runs the step its own
-    way, streaming the blocks from host memory: a change to backward, update or the model's forward is made there too."""
+    `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module in the
+    form the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays
+    in training mode. Only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is
+    float16's loss scaler, which does nothing in other precisions. offload.OffloadTrainer has the same methods but
+    runs the step its own way, streaming the blocks from host memory. A change to backward, update or the model's
+    forward must be made there too."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
         self.step_model = model if step_model is None else step_model
 
     def backward(self, micro_batches):
-        """Runs the forward and backward pass of each micro-batch (inputs, positions, labels) and returns the step's
-        loss, a float: the mean over every masked token of the step, on every process. The gradients add up over the
-        micro-batches, each loss weighted by its share of the step's rows, so they are those of one large batch.
-        The loop judges this loss: a spike skips the update (SpikeWatch, below), and a loss that is not finite, or more
-        than a nat above an untrained model's, counts as diverged (diverged, below). A term a fork adds to the loss is
-        judged with it, so it counts toward both tests: an added term that is large at the start can make a sound run
+        """Runs the forward and backward pass of each micro-batch (inputs, positions, labels). Returns the step's
+        loss as a float, the mean over every masked token of the step on every process. Each micro-batch's loss is
+        weighted by its fraction of the step's rows, so the summed gradients are those of one large batch.
+        The loop then checks this loss. A spike skips the update (see SpikeWatch). A loss that is not finite, or more
+        than a nat above an untrained model's, counts as diverged (see diverged). A term a fork adds to the loss is
+        part of this loss, so both checks see it. An added term that is large at the start can make a healthy run
         look diverged."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
@@ -620,8 +630,9 @@ class Trainer:
 # -----------------------------------------------------------------------------
 # The bad-step rule: the loop skips the update of a step whose loss spikes (SpikeWatch) or whose gradient is not
 # finite (Trainer.update), and ends the run after too many bad steps in a row (BadSteps).
-# A loss is a spike when it is more than `threshold` spreads, and SPIKE_MARGIN of the mean, above the mean of about
-# the last SPIKE_WINDOW losses. The watch starts judging once SPIKE_HISTORY losses are in.
+# A loss is a spike when it rises above the mean of about the last SPIKE_WINDOW losses by more than `threshold`
+# standard deviations of the step-to-step change, and by more than SPIKE_MARGIN of the mean. The watch starts
+# judging once SPIKE_HISTORY losses are in.
 SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 
 
@@ -634,15 +645,17 @@ def diverged(loss, vocab_size, applied=True, scaler=None):
 
 
 class SpikeWatch:
-    """A run's recent training loss: its running mean over about SPIKE_WINDOW steps and its step-to-step spread (half
-    the mean square of successive differences). A checkpoint keeps them (state_dict), so a resume judges as before."""
+    """Tracks the recent training loss: a running mean over about the last SPIKE_WINDOW steps, and a running variance
+    taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict), so a
+    resumed run judges spikes as before."""
 
     def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0):
         self.threshold, self.mean, self.var, self.count, self.last = threshold, mean, var, count, last
 
     def is_spike(self, loss):
-        """Whether `loss` is a spike: `threshold` spreads and SPIKE_MARGIN above the recent mean, once SPIKE_HISTORY
-        losses are in (a threshold of 0 turns this off). A finite loss that is not a spike joins the history."""
+        """Whether `loss` is a spike: more than `threshold` standard deviations (the square root of the variance)
+        and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
+        losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history."""
         rise = loss - self.mean
         spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
                      rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
@@ -672,7 +685,7 @@ class BadSteps:
         self.in_a_row = self.in_a_row + 1 if bad else 0
         if self.in_a_row < self.limit:
             return
-        spike = f", or a spike: {self.threshold:g} spreads and {SPIKE_MARGIN:.0%} above the recent mean" if self.threshold else ""
+        spike = f", or a spike: {self.threshold:g} standard deviations and {SPIKE_MARGIN:.0%} above the recent mean" if self.threshold else ""
         raise SystemExit(f"error: {self.in_a_row} steps in a row diverged (a non-finite gradient, a loss above "
                          f"{math.log(self.vocab_size) + 1:.2f}{spike}) up to step {step}; {self.saves.advice()}")
 

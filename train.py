@@ -6,12 +6,12 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget is a number of hours of training steps (compilation included; set-up, logging, evaluation, saving and
-pauses are off the clock) or of tokens. Unless they are given, it picks the model's shape, the final batch size and the
-peak learning rate (cram/budget.py). The schedules follow the share of the budget spent (seconds trained / the budget's
-seconds, or tokens / budget_tokens), not the step count, so they end together when the budget is spent, on any
-hardware. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and exits; --resume=True continues from
-there."""
+The budget is either a number of tokens or a number of hours spent in training steps. The hours include
+compilation, but not set-up, logging, evaluation, saving or pauses. Unless they are given, the budget picks the
+model's shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction
+of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So on
+any hardware they end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves a
+checkpoint and exits. --resume=True continues from there."""
 import dataclasses
 import functools
 import math
@@ -101,7 +101,7 @@ seed = 0                  # [0, 4294967295]: seeds the initial weights, the data
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see the loop)
-spike_threshold = 6.0     # >= 0: a loss this many step-to-step spreads (and 10%) over its recent mean is a spike, and its update is skipped; 0: off
+spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step), and at the end
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
@@ -114,13 +114,15 @@ wandb_run_name = ""       # default: the name of out_dir
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """The learning rate at a fraction `progress` of the budget, for a `peak` rate (the `lr` setting; where it is 0,
-    the width's rule in a new run and the checkpoint's rate in a resume). "triangle" is the cramming reference's: it
-    starts at 25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at its end
-    (its "budget-triangle2": base 0.25, fall-off 0.25). The last step runs at 4 x peak x the share of the budget left
-    when it starts, so near 0 when the steps are many (max_steps may stop a run earlier). Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
-    training). "warmup_linear" is original BERT's: a linear warm-up over `warmup` of the budget, from a rate of 0 at
-    the first step, then a linear decay to 0."""
+    """The learning rate when a fraction `progress` of the budget is spent. `peak` is the `lr` setting. Where that
+    is 0, a new run uses the width's rule and a resume uses the checkpoint's rate.
+    "triangle" is the cramming reference's schedule, which it calls "budget-triangle2" (base 0.25, fall-off 0.25).
+    It starts at 25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the
+    end. The last step runs at 4 x peak x the fraction of the budget left when it starts, which is near 0 when
+    there are many steps. max_steps may stop a run before then. Decaying to 0 as the budget ends is what trains
+    best under a fixed budget (Li et al. 2020, budgeted training).
+    "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget,
+    from a rate of 0 at the first step, then decays linearly to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
@@ -151,12 +153,12 @@ def batch_size_at(progress, start, final, ramp):
 # How a step is cut into micro-batches. A process runs its share of a batch as several forward and backward passes
 # whose gradients add up (model.Trainer.backward), so a batch larger than the memory holds still trains as one.
 def split_micro_batches(world, micro, final, start, ramp):
-    """How every batch of the schedule is cut into micro-batches: returns (micro, remainder). A process's share of a
-    batch is as many micro-batches of `micro` as fit, and the rest in micro-batches of `remainder`.
-    The schedule's batches are `final` and, while the batch ramps up, multiples of `start`. Each micro-batch size is a
-    compiled graph, so two sizes serve them all: `micro` is the cap (or a process's share of the final batch, if
-    smaller), and `remainder` the largest size that divides every share's leftover. Refuses in one line a batch
-    that `world` processes cannot share evenly."""
+    """Returns (micro, remainder), the two micro-batch sizes that every batch of the schedule is cut into. A process's
+    share of a batch is as many micro-batches of `micro` as fit, then the rest in micro-batches of `remainder`. The
+    schedule's batches are `final` and, while the batch ramps up, multiples of `start`. Each micro-batch size is a
+    graph to compile, so two sizes must serve them all. `micro` is the cap, or a process's share of the final batch
+    if that is smaller. `remainder` is the largest size that divides what every share has left over. A batch that
+    `world` processes cannot share evenly is refused in one line."""
     for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
         if batch % world:
             raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
@@ -183,14 +185,13 @@ def micro_batch_sizes(batch, world, micro, remainder):
 
 
 # -----------------------------------------------------------------------------
-# The data a step reads. prepare.py writes train.bin as one stream of documents, each followed by [SEP], cut into rows
-# of seq_len tokens: a document may run on into the next row, and there is no [CLS] and no padding. The special
-# tokens' ids come after the regular ones. The run reads the rows
-# epoch after epoch, each epoch in its own shuffled order, and its sequence number i is always the same row. So where a
-# run is (the sequences it has consumed) says which rows come next, and a resumed run reads on exactly where it
-# stopped. Each row's mask is drawn from a key made of the seed and the row's place in the run, so a row is masked the
-# same way however the step is cut, on any device. A row read again in a later epoch has a new place, so a new mask
-# (dynamic masking, as RoBERTa's).
+# The data a step reads. prepare.py writes train.bin as one stream of documents, each followed by [SEP]. The stream is
+# cut into rows of seq_len tokens, so a document may run on into the next row. There is no [CLS] and no padding. The
+# special tokens' ids come after the regular ones. The run reads the rows epoch after epoch, each epoch in its own
+# shuffled order, and the run's sequence number i is always the same row. So the number of sequences consumed says
+# which rows come next, and a resumed run reads on exactly where it stopped. Each row's mask is drawn from a key made
+# of the seed and the row's sequence number, so a row is masked the same way however the step is cut, on any device.
+# A row read again in a later epoch has a new sequence number, so it gets a new mask (RoBERTa's dynamic masking).
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
     """The rows that epoch `epoch` visits, in an order shuffled by (seed, epoch). With order="file" the first epoch
@@ -212,16 +213,16 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 def mask_keys(seed, numbers):
-    """The keys that model.mask_tokens draws the rows' masks from, as an int64 tensor. Each key is a row's number (its
-    place in the run, or a validation row's index) xor a 62-bit salt drawn from `seed`. Different numbers get
-    different keys, and another seed gives other keys."""
+    """The keys from which model.mask_tokens draws the rows' masks, as an int64 tensor. Each key is a row's number
+    xor a 62-bit salt drawn from `seed`. A training row's number is its sequence number in the run, and a validation
+    row's is its index. Different numbers get different keys, and another seed gives other keys."""
     return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
 
 
 class Batches:
-    """The training batches of one process (`rank` of `world`). A micro-batch's rows and masks depend only on its
-    place in the run and the seed. So a resumed run, or one on more processes or another device, reads and masks
-    exactly what the same place would have had."""
+    """The training batches of one process (`rank` of `world`). A micro-batch's rows and masks depend only on the
+    seed and on the sequence numbers it covers. So a resumed run, or one on more processes or another device,
+    reads and masks exactly the same rows at the same sequence numbers."""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
@@ -229,17 +230,17 @@ class Batches:
 
     def step(self, consumed, sizes, masking):
         """This process's masked micro-batches for one step, as a list of (inputs, positions, labels). `consumed` is
-        how many sequences the run trained on before this step, and `sizes` the sizes of this process's micro-batches
-        (micro_batch_sizes; every process cuts the step the same way). The step reads the next sequences of the data
-        order. Each micro-batch is shared out over the processes: rank r reads the r-th slice of it."""
+        how many sequences the run trained on before this step. `sizes` are the sizes of this process's micro-batches
+        (micro_batch_sizes), and every process cuts the step the same way. The step reads the next sequences of the
+        data order. Each micro-batch is split over the processes, and rank r reads the r-th slice of it."""
         starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
         return [self.micro_batch(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 
     def micro_batch(self, start, size, masking):
-        """The `size` sequences from place `start` of the run, read from the token file, copied to the device and
-        masked there. This is part of the step's time: nothing is read ahead."""
+        """The `size` sequences from sequence number `start` on, read from the token file, copied to the device and
+        masked there. Nothing is read ahead, so this is part of the step's time."""
         rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
-        keys = to_device(mask_keys(self.seed, start + np.arange(size)), self.device)  # each row's place in the run
+        keys = to_device(mask_keys(self.seed, start + np.arange(size)), self.device)  # the rows' sequence numbers
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
 
 
@@ -306,14 +307,16 @@ def agree_on_clock(seconds, stop, master, device):
 
 
 def check_settings(world, config, rt, given=None, model=None):
-    """Refuses, in one line each, settings that cannot run together (the configurator has already checked each
-    setting's own range). It runs twice: before any work, with `given` (where each setting came from), and again
-    once budget.settle has picked the shape and batch. `model` is the ModelConfig the settings make: the first time,
-    in the ladder's first shape where the shape is unset, so that a bad model setting is refused before any work."""
+    """Refuses, with a one-line error each, settings that cannot run together. The configurator has already checked
+    each setting's own range. This runs twice. The first call comes before any work and gets `given`, which says
+    where each setting came from. The second comes once budget.settle has picked the shape and batch. `model` is
+    the ModelConfig that the settings make. In the first call, shape fields still at 0 take the ladder's first
+    shape, so that a bad model setting is refused before any work."""
     optim = config["optim"]
     if config["wandb_log"] and not process.installed("wandb"):
         raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
-    split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])  # 0: unsettled
+    # A batch_size of 0 is not decided yet, so the first call checks with `world` in its place.
+    split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])
     if config["resume_from"] and not config["resume"]:
         raise SystemExit(f"error: {named('resume_from', given)}={config['resume_from']} continues a run: add --resume=True")
     # An optimizer without the width's rate rule needs a rate of its own. A rate typed on the command line is taken
@@ -342,18 +345,18 @@ def run_eval(validation, metrics, step, tokens, seconds):
 
 def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, watch):
     """What a checkpoint holds, and so what --resume=True restores:
-    - the weights, the optimizer's state and float16's loss scale (trainer.state_dict);
-    - the run's place: its step, the tokens it trained on and the seconds it spent. The schedules are functions of the
-      share of the budget spent, and the data order is a function of the sequences read so far (rows_at), so these
-      three numbers put a resumed run back on the same learning rate, batch size and rows. Each row's mask is a
-      function of the seed and the row's place in the run, so the masks come back too, at any micro-batch, process
-      count and kind of device (see Batches);
-    - the loss history that the spike check judges by (watch);
+    - the weights, the optimizer's state and float16's loss scale (trainer.state_dict).
+    - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules depend on
+      the fraction of the budget spent, and the data order on how many sequences were read (rows_at). So these three
+      numbers give a resumed run the same learning rate, batch size and rows. Each row's mask depends on the seed
+      and the row's sequence number, so the masks come back too, whatever the micro-batch, the number of processes
+      or the kind of device (see Batches).
+    - the loss history that the spike check compares against (watch).
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
-    A resume runs with the run's own settings (cram/budget.py's resume_settings). It may change a few: a larger budget,
-    to train further; the optimizer's rate, clipping and decay and the spike check, which a diverged run asks to
-    lower; and how this command runs (device, precision, micro-batch, logging, where the data is). Any other change
-    is refused in one line."""
+    A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget
+    may grow, to train further. The optimizer's rate, clipping and decay and the spike check may change, since a
+    diverged run's error asks you to lower them. How this command runs may change too: device, precision,
+    micro-batch, logging and where the data is. Any other change is refused in one line."""
     return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final, spike_watch=watch.state_dict())
 
@@ -371,11 +374,12 @@ def main(config, given):
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
-    # The seed decides the initial weights (torch's generator, seeded here), the data order (epoch_order), each training
-    # row's mask (mask_keys: from the seed and the row's place in the run) and the fill-in picks. Dropout, and any random
-    # draw a fork adds, use torch's generator; a resume does not restore that generator's state, and under DDP every
-    # process draws alike. Where the budget picks the shape and batch from a timed matmul, the same seed on the same
-    # machine can still pick another model; budget_tokens, or a given shape and batch, fixes them.
+    # The seed decides the initial weights (through torch's generator, seeded here), the data order (epoch_order),
+    # each training row's mask (mask_keys, from the seed and the row's sequence number) and the fill-in picks.
+    # Dropout, and any random draw a fork adds, use torch's generator. A resume does not restore that generator's
+    # state, and under DDP every process draws alike. Where the budget picks the shape and batch by timing a matmul,
+    # the same seed on the same machine can still pick another model. Setting budget_tokens, or giving the shape and
+    # batch, fixes them.
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
@@ -393,8 +397,8 @@ def main(config, given):
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
-    # The run's place: optimizer steps taken, input tokens trained on, and `seconds`, the budget's clock (the training
-    # steps' time alone; see the loop). A resume starts from its checkpoint's.
+    # How far the run has got: optimizer steps taken, input tokens trained on, and `seconds` on the budget's clock,
+    # which counts only the training steps' time (see the loop). A resume starts from its checkpoint's values.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
@@ -402,13 +406,13 @@ def main(config, given):
     stop_request = process.StopRequest()
 
     # -------------------------------------------------------------------- the loop
-    # The clock (`seconds`) counts each step from `started` at the top of the loop to the end of its update: the batch
-    # drawn and masked, forward, backward and update, torch.compile's compilation, which happens in the first steps,
-    # and under DDP the wait for the processes to agree on the clock. On a GPU the update's last kernels may still run
-    # when the clock stops; their time falls into the next step. Set-up (the memory probe included), logging,
-    # evaluation and saving are off the clock, and so is a pause (Ctrl-Z). So the run takes longer than its budget on
-    # the wall. The budget is checked at the top of each step, so the last step starts before the budget is spent and
-    # may end a little past it: some seconds, or up to one batch of tokens.
+    # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
+    # So it counts drawing and masking the batch, the forward, the backward and the update, and the compilation that
+    # torch.compile does in the first steps. Under DDP it also counts the wait for the processes to agree on the
+    # clock. On a GPU the update's last kernels may still be running when the clock stops; their time falls into the
+    # next step. Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock,
+    # so a run takes longer than its budget on the wall. The budget is checked at the top of each step, so the last
+    # step starts before the budget is spent and may end a little past it, by some seconds or at most one batch.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
@@ -426,9 +430,9 @@ def main(config, given):
         # are the next ones of the data order after the sequences trained so far, each with its own mask.
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
-        # the step: forward and backward over the micro-batches, then one clipped update, skipped on a loss spike
-        # The loss is the mean over every masked token of the step, on all processes: every row has the same number of
-        # masked tokens and every process the same number of rows, so Trainer.backward weights micro-batches by rows.
+        # The step runs forward and backward over the micro-batches, then one clipped update, skipped on a loss spike.
+        # The loss is the mean over every masked token of the step, on all processes. Every row has the same number
+        # of masked tokens and every process the same number of rows, so Trainer.backward weights micro-batches by rows.
         loss = trainer.backward(micro_batches)
         spike = watch.is_spike(loss)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
@@ -453,17 +457,19 @@ def main(config, given):
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval = seconds
             run_eval(validation, metrics, step, tokens, seconds)
-        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:  # never mid-streak
-            # Saves only weights that are finite and whose loss on one validation batch has not diverged.
+        # No checkpoint is saved during a streak of bad steps, and a save writes only weights that are finite and whose
+        # loss on one validation batch has not diverged.
+        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
             last_ckpt = seconds
             saves.save_if_sound(validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
                                 eval_mask_rate)
 
     # -------------------------------------------------------------------- the end; the clock has stopped
-    # A run ends in one of three ways. When the budget (or max_steps) is spent, it evaluates, saves its checkpoint and
-    # prints the fill-in examples and the final line. On a stop signal it saves after the step it was on, without a
-    # final evaluation, and --resume=True continues it (if that step spent the budget, the resume only finishes it). After max_skipped_steps bad steps in a row, BadSteps exits at
-    # once with an error and saves nothing, so the last checkpoint saved is the one to resume from.
+    # A run ends in one of three ways. When the budget or max_steps is spent, it evaluates, saves its checkpoint and
+    # prints the fill-in examples and the final line. On a stop signal, it saves after the step it was on, without a
+    # final evaluation, and --resume=True continues it. If that step spent the budget, the resume only finishes it.
+    # After max_skipped_steps bad steps in a row, BadSteps exits at once with an error and saves nothing. The last
+    # checkpoint saved is then the one to resume from.
     if master:
         state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
         finish(validation, metrics, state, stop_request.signum, saves)
@@ -475,11 +481,12 @@ def main(config, given):
 
 
 def setup_device(config, world, ddp, given):
-    """Picks the device and precision, loads the checkpoint of a resume and checks every setting, all before torchrun's
-    processes join, so that a refusal comes first. A resume's own settings are written into `config`, except those
-    `given` that it may change (budget.resume_settings). Every process takes rank 0's precision. Returns the Runtime,
-    this process's rank, `resumed` (the checkpoint or None, its path, and lines that say what the resume changed) and
-    the model's settings in the smallest shape of the ladder, which settle() gives the budget to shape."""
+    """Picks the device and precision, loads a resume's checkpoint and checks every setting. All this happens before
+    torchrun's processes join, so that any refusal comes first. A resume writes its own settings into `config`,
+    except the `given` ones it may change (budget.resume_settings). Every process takes rank 0's precision.
+    Returns the Runtime, this process's rank, `resumed` and the model's settings. `resumed` holds the checkpoint
+    or None, its path, and the lines that say what the resume changed. The model's settings use the ladder's
+    smallest shape until settle() has the budget pick the real one."""
     resume_from = config["resume_from"]
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
@@ -500,22 +507,24 @@ def setup_device(config, world, ddp, given):
     rt.optim = config["optim"]  # the optimizer whose state the memory check counts (model.OPTIMIZERS)
     rt.peak_flops = runtime.peak_flops(rt.device, config["peak_tflops"] * 1e12)  # looked up by the GPU's name
     config.update(device=rt.device.type, dtype=rt.dtype_name())
-    if rank == 0 and os.path.isdir(config["out_dir"]):  # before any work, a folder another run holds (open_out_dir makes a new one)
+    # Before any work, claim out_dir if it exists, which fails if another run holds it (open_out_dir creates a
+    # missing one later). Then refuse another run's files, which this run would replace or prune.
+    if rank == 0 and os.path.isdir(config["out_dir"]):
         claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
-    check_own_files(config["out_dir"], checkpoint, source)  # ... or another run's files, which this one would replace or prune
+    check_own_files(config["out_dir"], checkpoint, source)
     return rt, rank, (checkpoint, source, changes), unshaped
 
 
 def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
-    """Settles every setting the run will use, before any work, and writes them into this module's globals once.
-    budget.settle fills in the shape, final batch, peak rate and the ramp's start (a resume's are its checkpoint's).
-    memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches how every batch of
-    the schedule is cut into micro-batches: as many of micro_batch as fit, the rest in ones of remainder_micro.
-    Returns (model_args, remainder_micro, the budget's pick, the start-up lines that say what a resume changed or what
-    the budget picked)."""
+    """Decides the value of every setting the run will use, before any work, and writes them once into this module's
+    globals. budget.settle fills in the shape, final batch, peak rate and the ramp's start. A resume takes these from
+    its checkpoint. memory.choose_micro_batch finds the largest micro-batch that fits. split_micro_batches then cuts
+    every batch of the schedule into as many micro-batches of micro_batch as fit, plus the rest in micro-batches of
+    remainder_micro. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a
+    resume changed or what the budget picked."""
     log = print if master else (lambda *args, **kwargs: None)  # rank 0 alone prints
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
-    unshaped = dataclasses.replace(unshaped, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
+    unshaped = dataclasses.replace(unshaped, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # as the data has
     settled, budget_pick, picked_lines = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch, peak rate and ramp's start
@@ -526,7 +535,8 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
                                     offload=config["offload"], log=log)
-    # what runs: the fewest micro-batches of at most `cap`, the rest of a ramp's batch in micro-batches of remainder_micro
+    # A step runs the fewest micro-batches of at most `cap` sequences. The rest of a ramp's batch goes in micro-batches
+    # of remainder_micro.
     config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
@@ -534,9 +544,9 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
 
 
 def settled_line(given, config, resumed):
-    """The start-up line that says the value of each setting whose 0 is decided at start-up, grouped by why: given
-    (a value other than 0 typed or set by a config file, as `given` records), its checkpoint's in a resume, or the
-    rule that picked it."""
+    """The start-up line that prints each setting whose 0 means "decide at start-up", with the value it got. The
+    settings are grouped by where the value came from: given (not 0, on the command line or in a config file, as
+    `given` records), taken from the checkpoint in a resume, or picked by a rule."""
     rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
                  n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
                  batch_ramp_start="the default",
@@ -567,7 +577,8 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
         if ddp:
             device_ids = [rt.device.index] if rt.device.type == "cuda" else None
             step_model = torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
-            runtime.set_waits(30)  # set up (DDP's broadcast the last wait of join_minutes): the work's waits
+            # Set-up's waits, up to DDP's weight broadcast, could take join_minutes. Later ones may take 30 minutes.
+            runtime.set_waits(30)
         trainer = Trainer(model, optimizer, rt.grad_scaler(), step_model, rt.autocast)
     if checkpoint:
         trainer.load_state_dict(checkpoint)

@@ -337,7 +337,7 @@ def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last
     assert "resuming" in advised.stdout and torch.load(tmp_path / "a" / "ckpt.pt")["step"] == 41
     junk = with_junk(prepared, tmp_path / "five", range(31, 36))
     proc = run_script(*train, f"--data_dir={junk}", f"--out_dir={tmp_path / 'b'}", "--max_steps=60", check=False)
-    assert_one_line_error(proc, "5 steps in a row diverged", "or a spike: 6 spreads and 10% above the recent mean) up "
+    assert_one_line_error(proc, "5 steps in a row diverged", "or a spike: 6 standard deviations and 10% above the recent mean) up "
                           "to step 35", "(the one before it: --resume_from=ckpt_00000029.pt)", f"the last checkpoint is {tmp_path / 'b' / 'ckpt.pt'} at step 30", "lower --lr")
     assert torch.load(tmp_path / "b" / "ckpt.pt")["step"] == 30
     assert sorted(n for n in os.listdir(tmp_path / "b") if n.endswith(".pt")) == ["ckpt.pt", "ckpt_00000028.pt",
