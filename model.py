@@ -112,7 +112,7 @@ class ModelConfig:
     position_scheme: str = "sinusoidal"  # {sinusoidal, learned}: scaled sinusoidal, or learned (the original BERT's)
     head_transform: bool = False  # the original BERT's dense + GELU + LayerNorm before the output layer
     norm_eps: float = 1e-12    # > 0
-    dropout: float = 0.0       # [0, 1): the reference configures 0.1 but pretrains in eval mode (pretrain_in_train_mode: False), so without it
+    dropout: float = 0.0       # [0, 1): the reference configures 0.1 but pretrains in eval mode (pretrain_in_train_mode: False), so in effect with none
     sparse_prediction: bool = True  # only the masked positions reach the output layer
     smear: bool = True         # each position also gets a learned map of its neighbours' embeddings (cram's)
     full_layers: int = 0       # >= 0: if below n_layers, the later layers are narrowed to the masked positions (encode)

@@ -36,11 +36,11 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-# The budget's clock counts the training steps alone, compilation included. Set-up, logging, evaluation, saving and
-# pauses are off it (see the loop). The schedules follow the share of the budget spent, so they end with the budget.
-# Under budget_hours the rate and the batch at a given step follow the measured time; under budget_tokens they repeat
-# exactly. Either way the rows and their masks come in the same order. max_steps stops a run before its budget is
-# spent, so its rate has not decayed yet; a resume does not keep it.
+# The budget's clock counts the training steps alone, compilation included; the loop says exactly what it counts.
+# The schedules follow the share of the budget spent, so they end with the budget. Under budget_hours the rate, the
+# batch and the masking rate at a given step follow the measured time; under budget_tokens they repeat exactly. The
+# rows come in the same order either way, and so do their masks at a given masking rate. max_steps stops a run before
+# its budget is spent, so its rate has not decayed yet; a resume does not keep it.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit)
@@ -62,7 +62,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
 # least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token,
 # perhaps itself (10%), or stays as it is (10%); see mask_tokens. With mask_rate_start the rate moves in mask_levels
-# steps over the budget. The spike check judges the loss's move at each step like any other, and the memory check
+# steps over the budget (with one level it stays at mask_rate_start). The spike check judges the loss's move at each step like any other, and the memory check
 # sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
@@ -82,9 +82,10 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # The batch. A step's batch grows from batch_ramp_start to batch_size over the first batch_ramp of the budget: early
 # on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps it). A batch_size
 # of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192
-# (cram/budget.py), then the nearest multiple of micro_batch x processes. The paper's day gives 4096. A
-# batch_ramp_start of 0 means 128, the reference's micro-batch (cram/budget.py's RAMP_START). There is no ramp where
-# the final batch is not larger.
+# (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where micro_batch is
+# given). The paper's day gives 4096. A batch_ramp_start of 0 means 128, the reference's micro-batch (cram/budget.py's
+# RAMP_START); in a resume of a checkpoint older than that setting, its micro_batch. There is no ramp where the final
+# batch is not larger.
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
@@ -97,13 +98,13 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks (see main)
+seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks (see main for what it does not fix)
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see the loop)
 spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step), and at the end
+eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step); also before a new run's first step and at the end, not after a stop signal
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
 ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes of the budget's clock (0: every step)
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
@@ -122,7 +123,9 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     there are many steps. max_steps may stop a run before then. Decaying to 0 as the budget ends is what trains
     best under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget,
-    from a rate of 0 at the first step, then decays linearly to 0."""
+    from a rate of 0 at the first step, then decays linearly to 0.
+    Under budget_hours the clock counts compilation, so on a short budget the first steps, which compile, take a
+    visible part of either schedule's rise."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
@@ -190,7 +193,8 @@ def micro_batch_sizes(batch, world, micro, remainder):
 # special tokens' ids come after the regular ones. The run reads the rows epoch after epoch, each epoch in its own
 # shuffled order, and the run's sequence number i is always the same row. So the number of sequences consumed says
 # which rows come next, and a resumed run reads on exactly where it stopped. Each row's mask is drawn from a key made
-# of the seed and the row's sequence number, so a row is masked the same way however the step is cut, on any device.
+# of the seed and the row's sequence number. At a given masking rate, a row is then masked the same way however the
+# step is cut, on any device.
 # A row read again in a later epoch has a new sequence number, so it gets a new mask (RoBERTa's dynamic masking).
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
@@ -221,8 +225,8 @@ def mask_keys(seed, numbers):
 
 class Batches:
     """The training batches of one process (`rank` of `world`). A micro-batch's rows and masks depend only on the
-    seed and on the sequence numbers it covers. So a resumed run, or one on more processes or another device,
-    reads and masks exactly the same rows at the same sequence numbers."""
+    seed, the sequence numbers it covers and the masking rate. So a resumed run, or one on more processes or another
+    device, reads and masks exactly the same rows at the same sequence numbers."""
 
     def __init__(self, tokens, meta, rank, world, device, seed, order="shuffled"):
         self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
