@@ -569,7 +569,8 @@ class Trainer:
     form the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays
     in training mode. Only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is
     float16's loss scaler, which does nothing in other precisions. offload.OffloadTrainer has the same methods but
-    runs the step its own way, streaming the blocks from host memory. A change to backward, update or the model's
+    runs the step its own way, streaming the blocks from host memory: it clips by a norm summed from each block's
+    squared norms, and sets the rate only on an update it applies. A change to backward, update or the model's
     forward must be made there too."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):

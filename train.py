@@ -6,12 +6,12 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget is either a number of tokens or a number of hours spent in training steps. The hours include
-compilation, but not set-up, logging, evaluation, saving or pauses. Unless they are given, the budget picks the
-model's shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction
-of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So on
-any hardware they end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves a
-checkpoint and exits. --resume=True continues from there."""
+The budget is either a number of tokens or a number of hours spent in training steps. The hours include compilation, but
+not set-up, logging, evaluation or saving (the loop says exactly what the clock counts). Unless they are given, the
+budget picks the model's shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow
+the fraction of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step
+count. So on any hardware they end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves
+a checkpoint and exits. --resume=True continues from there."""
 import dataclasses
 import functools
 import math
@@ -38,9 +38,10 @@ data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prep
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 # The budget's clock counts the training steps alone, compilation included; the loop says exactly what it counts.
 # The schedules follow the share of the budget spent, so they end with the budget. Under budget_hours the rate, the
-# batch and the masking rate at a given step follow the measured time; under budget_tokens they repeat exactly. The
-# rows come in the same order either way, and so do their masks at a given masking rate. max_steps stops a run before
-# its budget is spent, so its rate has not decayed yet; a resume does not keep it.
+# batch and the masking rate at a given step follow the measured time; under budget_tokens they repeat exactly,
+# though the weights' float sums may still differ. The rows come in the same order either way, and so do their masks
+# at a given masking rate. max_steps stops a run before its budget is spent, so its rate has not decayed yet; a resume
+# does not keep it.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit)
@@ -60,10 +61,10 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
-# least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token,
-# perhaps itself (10%), or stays as it is (10%); see mask_tokens. With mask_rate_start the rate moves in mask_levels
-# steps over the budget (with one level it stays at mask_rate_start). The spike check judges the loss's move at each step like any other, and the memory check
-# sizes for the larger rate.
+# least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token, perhaps
+# itself (10%), or stays as it is (10%); see mask_tokens. With mask_rate_start the rate moves in mask_levels steps over
+# the budget (with one level it stays at mask_rate_start). The spike check judges the loss's move at each step like any
+# other, and the memory check sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included; each is a new shape to compile
@@ -115,15 +116,16 @@ wandb_run_name = ""       # default: the name of out_dir
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """The learning rate when a fraction `progress` of the budget is spent. `peak` is the `lr` setting. Where that
-    is 0, a new run uses the width's rule and a resume uses the checkpoint's rate.
-    "triangle" is the cramming reference's schedule, which it calls "budget-triangle2" (base 0.25, fall-off 0.25).
-    It starts at 25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the
-    end. The last step runs at 4 x peak x the fraction of the budget left when it starts, which is near 0 when
-    there are many steps. max_steps may stop a run before then. Decaying to 0 as the budget ends is what trains
-    best under a fixed budget (Li et al. 2020, budgeted training).
+    """The learning rate when a fraction `progress` of the budget is spent. `peak` is the settled peak rate: the `lr`
+    setting, or where that is 0, the width's rule in a new run and the checkpoint's rate in a resume (budget.settle).
+    "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
+    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak
+    x the fraction of the budget left when it starts, which is near 0 when there are many steps. max_steps may stop a
+    run before then. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
+    training).
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget,
-    from a rate of 0 at the first step, then decays linearly to 0.
+    from a rate of 0 at the first step (whose update so moves AdamW's moments but not the weights), then decays
+    linearly to 0.
     Under budget_hours the clock counts compilation, so on a short budget the first steps, which compile, take a
     visible part of either schedule's rise."""
     if schedule == "triangle":
@@ -146,8 +148,9 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
 
 def batch_size_at(progress, start, final, ramp):
     """Sequences per optimizer step at a fraction `progress` of the budget. The batch grows linearly from `start` to
-    `final`, which it reaches at `ramp` of the budget, rounded down to a multiple of `start`; where `final` is not a
-    multiple of `start`, the last increase is smaller. Where start >= final, the batch is `final` throughout."""
+    `final`, which it reaches at `ramp` of the budget, rounded down to a multiple of `start`. So it grows in steps of
+    `start`: a ramp from 32 to 64 is one jump, at `ramp`. Where `final` is not a multiple of `start`, the last step is
+    smaller. Where start >= final, the batch is `final` throughout."""
     if progress >= ramp or start >= final:
         return final
     return min(final, int(start + (final - start) * progress / ramp) // start * start)
@@ -381,7 +384,7 @@ def main(config, given):
     # The seed decides the initial weights (through torch's generator, seeded here), the data order (epoch_order),
     # each training row's mask (mask_keys, from the seed and the row's sequence number) and the fill-in picks.
     # Dropout, and any random draw a fork adds, use torch's generator. A resume does not restore that generator's
-    # state, and under DDP every process draws alike. Where the budget picks the shape and batch by timing a matmul,
+    # state, and under DDP every process draws alike (with dropout on, every process drops the same positions). Where the budget picks the shape and batch by timing a matmul,
     # the same seed on the same machine can still pick another model. Setting budget_tokens, or giving the shape and
     # batch, fixes them.
     torch.manual_seed(seed)
