@@ -356,7 +356,7 @@ MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: 
 
 @dataclasses.dataclass(frozen=True)
 class Masking:
-    """The objective's settings. There is one today, the masking rate; the 80/10/10 rule is fixed in mask_tokens.
+    """The objective's settings. There is one, the masking rate; the 80/10/10 rule is fixed in mask_tokens.
     from_settings reads them from train.py's settings of the same names. A fork's new one (a span length, say) is a
     field here, its use in mask_tokens and a global in train.py. Validation, the memory probe and bench.py build their
     own Masking with only a rate, so a fork's new field keeps its default there."""
@@ -388,7 +388,7 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     Training and validation pass `keys`, an int64 tensor (B,) with one key per row. The draws then come from
     row_noise, which turns each row's key into a run of values. The first T values rank the positions. The next k
     values, taken modulo 10, decide what each chosen position becomes: 0 to 7 give [MASK], 8 a random id, and 9
-    keeps the token. Since 2**32 is not a multiple of 10, this split is 80/10/10 only to within 3e-9. The last k
+    keeps the token. Since 2**32 is not a multiple of 10, this split is 80/10/10 only to within 3e-10. The last k
     values give the random ids, which are uniform to within n_regular / 2**32. So a row's mask depends on its key
     alone, in any batch and on any device. Without keys, the draws come batch by batch from `generator`, or from
     torch's own generator if it is None."""

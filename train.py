@@ -40,8 +40,8 @@ out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 # The schedules follow the share of the budget spent, so they end with the budget. Under budget_hours the rate, the
 # batch and the masking rate at a given step follow the measured time; under budget_tokens they repeat exactly,
 # though the weights' float sums may still differ. The rows come in the same order either way, and so do their masks
-# at a given masking rate. max_steps stops a run before its budget is spent, so its rate has not decayed yet; a resume
-# does not keep it.
+# at a given masking rate; GPU kernels may still add floats in another order from run to run. max_steps stops a run
+# before its budget is spent, so its rate has not decayed yet; a resume does not keep max_steps.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit)
@@ -63,8 +63,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
 # least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token, perhaps
 # itself (10%), or stays as it is (10%); see mask_tokens. With mask_rate_start the rate moves in mask_levels steps over
-# the budget (with one level it stays at mask_rate_start). The spike check judges the loss's move at each step like any
-# other, and the memory check sizes for the larger rate.
+# the budget (with one level it stays at mask_rate_start). A change of rate moves the loss: a rise can count as a spike.
+# The memory check sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included; each is a new shape to compile
@@ -121,8 +121,10 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
     rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak
     x the fraction of the budget left when it starts, which is near 0 when there are many steps. max_steps may stop a
-    run before then. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
-    training).
+    run before then. A resume that extends the budget goes on from the new, smaller share spent: the rate climbs back to
+    the triangle's value there, and a moving masking rate may step back a level; only the batch ramp is rescaled, so the
+    batch never shrinks. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020,
+    budgeted training).
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget,
     from a rate of 0 at the first step (whose update so moves AdamW's moments but not the weights), then decays
     linearly to 0.
@@ -149,7 +151,7 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
 def batch_size_at(progress, start, final, ramp):
     """Sequences per optimizer step at a fraction `progress` of the budget. The batch grows linearly from `start` to
     `final`, which it reaches at `ramp` of the budget, rounded down to a multiple of `start`. So it grows in steps of
-    `start`: a ramp from 32 to 64 is one jump, at `ramp`. Where `final` is not a multiple of `start`, the last step is
+    `start`: a ramp from 32 to 64 is one jump, at `ramp`. Where `final` is not a multiple of `start`, the last jump is
     smaller. Where start >= final, the batch is `final` throughout."""
     if progress >= ramp or start >= final:
         return final
@@ -381,12 +383,12 @@ def main(config, given):
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
-    # The seed decides the initial weights (through torch's generator, seeded here), the data order (epoch_order),
-    # each training row's mask (mask_keys, from the seed and the row's sequence number) and the fill-in picks.
-    # Dropout, and any random draw a fork adds, use torch's generator. A resume does not restore that generator's
-    # state, and under DDP every process draws alike (with dropout on, every process drops the same positions). Where the budget picks the shape and batch by timing a matmul,
-    # the same seed on the same machine can still pick another model. Setting budget_tokens, or giving the shape and
-    # batch, fixes them.
+    # The seed decides the initial weights (through torch's generator, seeded here), the data order (epoch_order), each
+    # training row's mask (mask_keys, from the seed and the row's sequence number) and the fill-in picks. Dropout, and
+    # any random draw a fork adds, use torch's generator. A resume does not restore that generator's state, and under
+    # DDP every process draws alike (with dropout on, every process drops the same positions). Where the budget picks
+    # the shape and batch by timing a matmul, the same seed on the same machine can still pick another model. Setting
+    # budget_tokens, or giving the shape and batch, fixes them.
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
@@ -419,7 +421,7 @@ def main(config, given):
     # clock. On a GPU the update's last kernels may still be running when the clock stops; their time falls into the
     # next step. Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock,
     # so a run takes longer than its budget on the wall. The budget is checked at the top of each step, so the last
-    # step starts before the budget is spent and may end a little past it, by some seconds or at most one batch.
+    # step starts before the budget is spent and may end past it by up to one step's time, or one batch's tokens.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
@@ -444,7 +446,8 @@ def main(config, given):
         spike = watch.is_spike(loss)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
         # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
-        # still spends its data and time. The data's place is tokens // seq_len, so `tokens` must count whole rows.
+        # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
+        # rows.
         step, tokens = step + 1, tokens + step_batch * seq_len
         # The clock stops here. A step during which the process was paused (Ctrl-Z, then fg) counts as the shorter of
         # its own time and the step before's, so that the pause is not counted as training. The first step of a run or
