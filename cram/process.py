@@ -4,6 +4,7 @@ runs inside guarded(); train.py's loop takes the signals over; the configurator 
 import contextlib
 import errno
 import importlib
+import math
 import os
 import re
 import signal
@@ -184,10 +185,10 @@ class StopRequest:
     stopped and has continued (Ctrl-Z then fg, a batch system's suspend): step_seconds leaves the pause off the clock."""
 
     def __init__(self):
-        self.signum, self.continued, self.last_took, INTERRUPTS[0] = None, False, float("inf"), 0
+        self.signum, self.continued_at, self.last_took, INTERRUPTS[0] = None, -math.inf, math.inf, 0
         take_signals(self.handle)
-        if hasattr(signal, "SIGCONT"):
-            signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued", True))
+        if hasattr(signal, "SIGCONT"):  # when the process last continued, a perf_counter reading
+            signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued_at", time.perf_counter()))
 
     def handle(self, signum, frame):
         self.signum = self.signum or signum  # the first request names the stop
@@ -196,7 +197,8 @@ class StopRequest:
     def step_seconds(self, started):
         """The seconds of the step that began at `started` (a perf_counter reading), for the budget's clock. If the
         process was stopped and continued during the step (Ctrl-Z then fg, or a batch system's suspend), the pause is
-        not training: the step counts as the shorter of its own time and the step before's."""
+        not training: the step counts as the shorter of its own time and the step before's. A pause outside the step
+        (in an evaluation or a save, which are off the clock) leaves it alone."""
         took = time.perf_counter() - started
-        self.last_took, self.continued = min(took, self.last_took) if self.continued else took, False
+        self.last_took = min(took, self.last_took) if self.continued_at >= started else took
         return self.last_took

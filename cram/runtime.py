@@ -35,6 +35,7 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e1
 # reference trains with max-autotune; cram keeps inductor's until a GPU report shows one faster (bench.py times them).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
+MAX_GRAPHS = 32  # the graphs one compiled function may build: 8 masking levels x up to 3 micro-batch sizes, and room
 
 # dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
 # work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
@@ -105,6 +106,11 @@ class Runtime:
             return model
         if self.device.type == "cpu":
             prepare_inductor()
+        # A run compiles a graph for each masking level and micro-batch size it meets, up to 8 x 3. Past torch's
+        # limit of 8 graphs a function, a fullgraph model fails, so the limit is raised to what a run may need.
+        limits = torch._dynamo.config
+        name = "recompile_limit" if hasattr(limits, "recompile_limit") else "cache_size_limit"  # older torch's name
+        setattr(limits, name, max(getattr(limits, name), MAX_GRAPHS))
         mode = None if self.compile_mode == "default" else self.compile_mode
         compiled = torch.compile(model, fullgraph=fullgraph, dynamic=False, mode=mode)
         return CudaGraphRuns(compiled) if self.compile_mode in CUDA_GRAPH_MODES else compiled

@@ -547,6 +547,28 @@ def test_stopped_time_is_not_training_time(prepared, tmp_path):
     assert len(seconds) > 30 and max(jumps) < 1.0, jumps
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGCONT"), reason="POSIX's SIGCONT")
+def test_a_pause_outside_a_step_leaves_the_next_step_s_time_alone():
+    """A pause during an evaluation or a save is off the clock already: the step after it counts its own time. A
+    pause during a step counts that step as the step before's."""
+    from cram import process
+    handlers = {signum: signal.getsignal(signum) for signum in (*process.STOP_SIGNALS, signal.SIGCONT)}
+    try:
+        request = process.StopRequest()
+        request.step_seconds(time.perf_counter() - 0.01)  # a step of 10 ms
+        os.kill(os.getpid(), signal.SIGCONT)  # continued between steps
+        started = time.perf_counter()
+        time.sleep(0.1)
+        assert request.step_seconds(started) >= 0.1  # its own time, not the 10 ms before
+        started = time.perf_counter()
+        os.kill(os.getpid(), signal.SIGCONT)  # continued during the step
+        time.sleep(0.3)
+        assert request.step_seconds(started) < 0.2  # the step before's time
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("limit", ["RLIMIT_AS", "RLIMIT_DATA"])
 def test_train_py_sees_the_process_s_own_memory_limit(limit, prepared, tmp_path):
     """ulimit -v (RLIMIT_AS, as SGE's h_vmem sets) or -d (RLIMIT_DATA) of 2.5 GiB, with a model needing more (8 x 1536,

@@ -377,3 +377,20 @@ def test_each_optimizer_in_the_table_and_one_added_as_a_row_resumes_as_the_run_n
                                          check=False), f"--optim=adafactor needs --lr: {adamw_config}'s lr=0.002 is AdamW's")
         run_script(fresh[0], str(own_config), *[a for a in fresh[1:] if not a.startswith("--optim=")],
                    f"--out_dir={tmp_path / 'own'}", "--max_steps=1")
+
+
+def test_a_run_may_compile_more_shapes_than_torch_s_default_limit(monkeypatch):
+    """A run compiles a graph for each masking level and micro-batch size: 8 levels x 2 sizes is 16 graphs, past
+    torch's default limit of 8 a function, where a fullgraph model fails mid-run. compile_model raises the limit.
+    (The eager backend traces as inductor's does, without its compile time.)"""
+    import torch._dynamo
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: compile(model, backend="eager", **{
+        k: v for k, v in kwargs.items() if k != "mode"}))
+    torch._dynamo.reset()
+    model = CrammedBert(**TINY)
+    compiled = runtime.setup("cpu", "float32", compile=True).compile_model(model)
+    for masked in range(4, 12):  # 8 levels: 4 to 11 of a row's 32 tokens masked
+        for rows in (4, 2):
+            loss, _ = compiled(*masked_batch("cpu", mask_rate=masked / 32, rows=rows))
+            assert torch.isfinite(loss)
