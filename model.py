@@ -112,7 +112,7 @@ class ModelConfig:
     position_scheme: str = "sinusoidal"  # {sinusoidal, learned}: scaled sinusoidal, or learned (the original BERT's)
     head_transform: bool = False  # the original BERT's dense + GELU + LayerNorm before the output layer
     norm_eps: float = 1e-12    # > 0
-    dropout: float = 0.0       # [0, 1): the reference configures 0.1 but pretrains in eval mode (pretrain_in_train_mode: False), so in effect with none
+    dropout: float = 0.0       # [0, 1): the reference configures 0.1 but pretrains with the model in eval mode, so in effect with none
     sparse_prediction: bool = True  # only the masked positions reach the output layer
     smear: bool = True         # each position also gets a learned map of its neighbours' embeddings (cram's)
     full_layers: int = 0       # >= 0: if below n_layers, the later layers are narrowed to the masked positions (encode)
@@ -321,7 +321,8 @@ class CrammedBert(nn.Module):
         rest. Every loss the run reports comes from here: training's, validation's (train.py's Validation), and the
         check before a save that the weights have not diverged (cram/files.py's Saves.save_if_sound). So a term a fork
         adds here moves the validation loss too. Recipes with and without that term can then no longer be compared by
-        their validation loss."""
+        their validation loss. A term that lifts the loss above ln(vocab_size) + 1 makes that check refuse to save,
+        which at the end of a run is an error."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -358,8 +359,8 @@ MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: 
 class Masking:
     """The objective's settings. There is one, the masking rate; the 80/10/10 rule is fixed in mask_tokens.
     from_settings reads them from train.py's settings of the same names. A fork's new one (a span length, say) is a
-    field here, its use in mask_tokens and a global in train.py. Validation, the memory probe and bench.py build their
-    own Masking with only a rate, so a fork's new field keeps its default there."""
+    field here, its use in mask_tokens and a global in train.py. Validation, the memory probe and bench.py pass
+    mask_tokens only a rate, so a fork's new field keeps its default there."""
     mask_rate: float = MASK_RATE  # (0, 1): share of each row's tokens to predict (train.py's schedule sets it each step)
 
     @classmethod
@@ -390,8 +391,9 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     values, taken modulo 10, decide what each chosen position becomes: 0 to 7 give [MASK], 8 a random id, and 9
     keeps the token. Since 2**32 is not a multiple of 10, this split is 80/10/10 only to within 3e-10. The last k
     values give the random ids, which are uniform to within n_regular / 2**32. So a row's mask depends on its key
-    alone, in any batch and on any device. Without keys, the draws come batch by batch from `generator`, or from
-    torch's own generator if it is None."""
+    alone, in any batch and on any device. A fork that needs more random values per row asks row_noise for more
+    columns; a draw from torch's generator would lose that. Without keys, the draws come batch by batch from
+    `generator`, or from torch's own generator if it is None."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = masked_count(masking.mask_rate, T)
@@ -588,7 +590,7 @@ class Trainer:
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
             # Every row has the same number of masked tokens, so weighting by rows weights every token alike. A fork
-            # whose count varies by row weights by labels.numel() instead.
+            # whose count varies by row weights by labels.numel() instead, here and in OffloadTrainer.backward.
             weight = len(inputs) / rows
             # under DDP the gradients are averaged over processes once, after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
@@ -650,13 +652,18 @@ class SpikeWatch:
     taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict), so a
     resumed run judges spikes as before."""
 
-    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0):
-        self.threshold, self.mean, self.var, self.count, self.last = threshold, mean, var, count, last
+    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, rate=0.0):
+        self.threshold, self.mean, self.var, self.count, self.last, self.rate = threshold, mean, var, count, last, rate
 
-    def is_spike(self, loss):
+    def is_spike(self, loss, rate=0.0):
         """Whether `loss` is a spike: more than `threshold` standard deviations (the square root of the variance)
         and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
-        losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history."""
+        losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history.
+        `rate` is the step's masking rate. Losses at two rates do not compare (a higher rate gives a higher loss), so
+        at a new rate the history starts again. A rate of 0 is unknown (a checkpoint from before it was kept)."""
+        if rate != self.rate and self.rate:
+            self.mean, self.var, self.count, self.last = 0.0, 0.0, 0, 0.0
+        self.rate = rate
         rise = loss - self.mean
         spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
                      rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
@@ -668,7 +675,7 @@ class SpikeWatch:
         return spike
 
     def state_dict(self):
-        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last)
+        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last, rate=self.rate)
 
 
 class BadSteps:

@@ -63,11 +63,11 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
 # least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token, perhaps
 # itself (10%), or stays as it is (10%); see mask_tokens. With mask_rate_start the rate moves in mask_levels steps over
-# the budget (with one level it stays at mask_rate_start). A change of rate moves the loss: a rise can count as a spike.
-# The memory check sizes for the larger rate.
+# the budget (with one level it stays at mask_rate_start). Losses at two rates do not compare, so the spike check starts
+# its history again at each new rate. The memory check sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates that move uses, both ends included; each is a new shape to compile
+mask_levels = 4           # [1, 8]: how many rates that move uses, each held for an equal share of the budget (1: mask_rate_start throughout); each is a new shape to compile
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. A peak rate of 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5,
 # in a new run, and the checkpoint's rate in a resume. An optimizer without that rule asks for --lr.
@@ -76,14 +76,14 @@ lr = 0.0                  # [0, inf): the peak learning rate; 0: by the width's 
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
-weight_decay = 0.01       # >= 0: not on biases, norms and scalars
+weight_decay = 0.01       # >= 0: not on biases, norms and scalars; AdamW scales it by the step's rate, so it follows the schedule
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
-# The batch. A step's batch grows from batch_ramp_start to batch_size over the first batch_ramp of the budget: early
-# on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps it). A batch_size
-# of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192
-# (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where micro_batch is
+# The batch. A step's batch grows in steps of batch_ramp_start up to batch_size over the first batch_ramp of the budget:
+# early on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps it). A
+# batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to
+# 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where micro_batch is
 # given). The paper's day gives 4096. A batch_ramp_start of 0 means 128, the reference's micro-batch (cram/budget.py's
 # RAMP_START); in a resume of a checkpoint older than that setting, its micro_batch. There is no ramp where the final
 # batch is not larger.
@@ -94,7 +94,7 @@ batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the 
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
-compile = True            # torch.compile the model's forward and backward (clipping and the update run uncompiled)
+compile = True            # torch.compile the model's forward and its loss as one graph with fixed shapes (a graph break, .item() say, is an error); clipping and the update run uncompiled
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
@@ -105,7 +105,7 @@ log_interval = 10         # >= 1: print and record a training line every this ma
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see the loop)
 spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step); also before a new run's first step and at the end, not after a stop signal
+eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
 ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes of the budget's clock (0: every step)
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
@@ -116,8 +116,9 @@ wandb_run_name = ""       # default: the name of out_dir
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """The learning rate when a fraction `progress` of the budget is spent. `peak` is the settled peak rate: the `lr`
-    setting, or where that is 0, the width's rule in a new run and the checkpoint's rate in a resume (budget.settle).
+    """The learning rate when a fraction `progress` of the budget is spent. `peak` is the peak rate decided at start-up:
+    the `lr` setting, or where that is 0, the width's rule in a new run and the checkpoint's rate in a resume
+    (budget.settle).
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
     rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak
     x the fraction of the budget left when it starts, which is near 0 when there are many steps. max_steps may stop a
@@ -125,8 +126,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     the triangle's value there, and a moving masking rate may step back a level; only the batch ramp is rescaled, so the
     batch never shrinks. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020,
     budgeted training).
-    "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget,
-    from a rate of 0 at the first step (whose update so moves AdamW's moments but not the weights), then decays
+    "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
+    rate of 0 at a new run's first step (whose update moves the optimizer's state but not the weights), then decays
     linearly to 0.
     Under budget_hours the clock counts compilation, so on a short budget the first steps, which compile, take a
     visible part of either schedule's rise."""
@@ -432,7 +433,7 @@ def main(config, given):
             break
         # The schedules are functions of the share of the budget spent.
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        step_lr = lr_at(progress, lr, lr_schedule, warmup)  # lr is the peak
+        step_lr = lr_at(progress, lr, lr_schedule, warmup)  # settle() wrote the run's peak rate into lr
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
         # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each). Their rows
@@ -440,10 +441,11 @@ def main(config, given):
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
         # The step runs forward and backward over the micro-batches, then one clipped update, skipped on a loss spike.
+        # (OffloadTrainer runs its own copy of these two calls.)
         # The loss is the mean over every masked token of the step, on all processes. Every row has the same number
         # of masked tokens and every process the same number of rows, so Trainer.backward weights micro-batches by rows.
         loss = trainer.backward(micro_batches)
-        spike = watch.is_spike(loss)
+        spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
         # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
         # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole

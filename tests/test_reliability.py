@@ -317,6 +317,20 @@ def with_junk(prepared, folder, steps, batch=16):
     return folder
 
 
+def test_a_new_masking_rate_starts_the_spike_history_again():
+    """A rising masking rate lifts the loss at each new level. Judged against the old rate's history, every step after
+    the rise would be a spike (a spike never joins the history), and max_skipped_steps would end a sound run. The watch
+    starts its history again at a new rate, and still catches a spike at the same rate. Its state keeps the rate."""
+    from model import SPIKE_HISTORY, SpikeWatch
+    watch = SpikeWatch(6.0)
+    for i in range(SPIKE_HISTORY + 10):
+        assert not watch.is_spike(2.0 + 0.01 * (i % 2), rate=0.15)
+    assert watch.is_spike(2.6, rate=0.15)  # at the same rate: a spike
+    assert not any(watch.is_spike(2.6 + 0.01 * (i % 2), rate=0.25) for i in range(SPIKE_HISTORY + 10))  # a new level
+    resumed = SpikeWatch(6.0, **watch.state_dict())
+    assert resumed.rate == 0.25 and resumed.is_spike(3.2, rate=0.25)
+
+
 def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last_good_checkpoint(prepared, tmp_path):
     """A batch of junk at step 31 is a spike by the run's own history (far below ln V + 1, which `diverged` reads):
     its update is skipped and the run goes on; five in a row stop the run with the divergence line, naming the
