@@ -567,13 +567,13 @@ class Trainer:
     takes the clipped optimizer step. train.py calls them separately so that it can check the loss in between. step
     calls both. The Trainer also holds the training state that a checkpoint keeps.
 
-    `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module in the
-    form the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays
-    in training mode. Only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is
-    float16's loss scaler, which does nothing in other precisions. offload.OffloadTrainer has the same methods but
-    runs the step its own way, streaming the blocks from host memory: it clips by a norm summed from each block's
-    squared norms, and sets the rate only on an update it applies. A change to backward, update or the model's
-    forward must be made there too."""
+    `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module in the form
+    the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in
+    training mode. Only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is float16's
+    loss scaler, which does nothing in other precisions. offload.OffloadTrainer has the same methods but runs the step
+    its own way, streaming the blocks from host memory: it clips by a norm summed from each block's squared norms, and
+    sets the rate only on an update it applies (the rate acts only in an update, so this is the same). A change to
+    backward, update or the model's forward must be made there too."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast

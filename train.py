@@ -6,12 +6,12 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget is either a number of tokens or a number of hours spent in training steps. The hours include compilation, but
-not set-up, logging, evaluation or saving (the loop says exactly what the clock counts). Unless they are given, the
-budget picks the model's shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow
-the fraction of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step
-count. So on any hardware they end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves
-a checkpoint and exits. --resume=True continues from there."""
+The budget is either a number of tokens or a number of hours spent in training steps, compilation included (the loop
+says exactly what the clock counts). Unless they are given, the budget picks the model's shape, the final batch size and
+the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget spent (seconds trained / the
+budget's seconds, or tokens / budget_tokens), not the step count. So on any hardware they end together when the budget
+is spent. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and exits. --resume=True continues from
+there."""
 import dataclasses
 import functools
 import math
@@ -62,9 +62,11 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
 # least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token, perhaps
-# itself (10%), or stays as it is (10%); see mask_tokens. With mask_rate_start the rate moves in mask_levels steps over
-# the budget (with one level it stays at mask_rate_start). Losses at two rates do not compare, so the spike check starts
-# its history again at each new rate. The memory check sizes for the larger rate.
+# itself (10%), or stays as it is (10%); see mask_tokens. "Masked" means chosen, whatever the token became, and the loss
+# covers every chosen position. With mask_rate_start the rate moves in mask_levels steps over the budget and reaches
+# mask_rate at (mask_levels - 1) / mask_levels of it (with one level it stays at mask_rate_start). Losses at two rates
+# do not compare, so the spike check starts its history again at each new rate. The memory check sizes for the larger
+# rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each held for an equal share of the budget (1: mask_rate_start throughout); each is a new shape to compile
@@ -99,7 +101,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks (see main for what it does not fix)
+seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks; a resume does not restore dropout's generator (see main)
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see the loop)
@@ -201,7 +203,8 @@ def micro_batch_sizes(batch, world, micro, remainder):
 # which rows come next, and a resumed run reads on exactly where it stopped. Each row's mask is drawn from a key made
 # of the seed and the row's sequence number. At a given masking rate, a row is then masked the same way however the
 # step is cut, on any device.
-# A row read again in a later epoch has a new sequence number, so it gets a new mask (RoBERTa's dynamic masking).
+# A row read again in a later epoch has a new sequence number, so it gets a new mask, as RoBERTa's dynamic masking
+# does, though drawn from the sequence number rather than at random.
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
     """The rows that epoch `epoch` visits, in an order shuffled by (seed, epoch). With order="file" the first epoch
@@ -419,8 +422,8 @@ def main(config, given):
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # So it counts drawing and masking the batch, the forward, the backward and the update, and the compilation that
     # torch.compile does in the first steps. Under DDP it also counts the wait for the processes to agree on the
-    # clock. On a GPU the update's last kernels may still be running when the clock stops; their time falls into the
-    # next step. Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock,
+    # clock. On a GPU the optimizer's update may still be running when the clock stops (the host last waits for the
+    # device at the gradient's norm); its time falls into the next step. Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock,
     # so a run takes longer than its budget on the wall. The budget is checked at the top of each step, so the last
     # step starts before the budget is spent and may end past it by up to one step's time, or one batch's tokens.
     last_eval = last_ckpt = seconds
