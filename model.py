@@ -580,9 +580,9 @@ class Trainer:
         self.step_model = model if step_model is None else step_model
 
     def backward(self, micro_batches):
-        """Runs the forward and backward pass of each micro-batch (inputs, positions, labels). Returns the step's
-        loss as a float, the mean over every masked token of the step on every process. Each micro-batch's loss is
-        weighted by its fraction of the step's rows, so the summed gradients are those of one large batch.
+        """Runs the forward and backward pass of each micro-batch (inputs, positions, labels). Returns the step's loss
+        as a float, the mean over every masked token of the step on every process. Each micro-batch's loss is weighted
+        by its fraction of this process's rows in the step, so the summed gradients are those of one large batch.
         The loop then checks this loss. A spike skips the update (see SpikeWatch). A loss that is not finite, or more
         than a nat above an untrained model's, counts as diverged (see diverged). A term a fork adds to the loss is
         part of this loss, so both checks see it. An added term that is large at the start can make a healthy run

@@ -67,7 +67,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # mask_rate at (mask_levels - 1) / mask_levels of it (with one level it stays at mask_rate_start). Losses at two rates
 # do not compare, so the spike check starts its history again at each new rate. The memory check sizes for the larger
 # rate.
-mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each held for an equal share of the budget (1: mask_rate_start throughout); each is a new shape to compile
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
@@ -84,13 +84,14 @@ lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_a
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
 # The batch. A step's batch grows in steps of batch_ramp_start up to batch_size over the first batch_ramp of the budget:
 # early on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps it). A
-# batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to
-# 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where micro_batch is
-# given). The paper's day gives 4096. A batch_ramp_start of 0 means 128, the reference's micro-batch (cram/budget.py's
-# RAMP_START); in a resume of a checkpoint older than that setting, its micro_batch. There is no ramp where the final
-# batch is not larger.
+# batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as the nearest power of two
+# from 32 to 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where
+# micro_batch is given). The paper's day gives 4096, the batch the paper found best; the reference's recipe ramps to
+# 8192, which config/shape_paper.py pins. A batch_ramp_start of 0 means 128, the reference's micro-batch
+# (cram/budget.py's RAMP_START); in a resume of a checkpoint older than that setting, its micro_batch. There is no ramp
+# where the final batch is not larger.
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step once the ramp is over; 0 lets the budget pick it
+batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
 batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128
 # system
@@ -120,14 +121,14 @@ wandb_run_name = ""       # default: the name of out_dir
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent. `peak` is the peak rate decided at start-up:
     the `lr` setting, or where that is 0, the width's rule in a new run and the checkpoint's rate in a resume
-    (budget.settle).
-    "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
-    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak
-    x the fraction of the budget left when it starts, which is near 0 when there are many steps. max_steps may stop a
-    run before then. A resume that extends the budget goes on from the new, smaller share spent: the rate climbs back to
-    the triangle's value there, and a moving masking rate may step back a level; only the batch ramp is rescaled, so the
-    batch never shrinks. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020,
-    budgeted training).
+    (budget.settle). "triangle" is the cramming reference's schedule, which it calls "budget-triangle2" (its clock is
+    the wall time since the start; cram's counts the steps alone). It starts at 25% of the peak, rises linearly to the
+    peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak x the fraction of the
+    budget left when it starts, which is near 0 when there are many steps. max_steps may stop a run before then. A
+    resume that extends the budget goes on from the new, smaller share spent: the rate climbs back to the triangle's
+    value there, and a moving masking rate may step back a level; only the batch ramp is rescaled, so the batch never
+    shrinks. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
+    training).
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
     rate of 0 at a new run's first step (whose update moves the optimizer's state but not the weights), then decays
     linearly to 0.
@@ -143,8 +144,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
 def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
     it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
-    each rate is one shape that torch.compile compiles once (Ankner et al. 2023 lower the rate so). With one level the
-    rate is `start` throughout."""
+    each rate is one shape that torch.compile compiles once (Ankner et al. 2023 lower the rate in stages). With one
+    level the rate is `start` throughout."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
@@ -421,11 +422,12 @@ def main(config, given):
     # -------------------------------------------------------------------- the loop
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # So it counts drawing and masking the batch, the forward, the backward and the update, and the compilation that
-    # torch.compile does in the first steps. Under DDP it also counts the wait for the processes to agree on the
-    # clock. On a GPU the optimizer's update may still be running when the clock stops (the host last waits for the
-    # device at the gradient's norm); its time falls into the next step. Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock,
-    # so a run takes longer than its budget on the wall. The budget is checked at the top of each step, so the last
-    # step starts before the budget is spent and may end past it by up to one step's time, or one batch's tokens.
+    # torch.compile does in the first steps. Under DDP it also counts the wait for the processes to agree on the clock.
+    # On a GPU the optimizer's update may still be running when the clock stops (the host last waits for the device at
+    # the gradient's norm); its time falls into the next step, or off the clock before an evaluation, a save or the end.
+    # Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run
+    # takes longer than its budget on the wall. The budget is checked at the top of each step, so the last step starts
+    # before the budget is spent and may end past it by up to one step's time, or one batch's tokens.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
