@@ -562,6 +562,19 @@ def set_rate(optimizer, lr):
         group["lr"] = lr
 
 
+# -----------------------------------------------------------------------------
+# What a fork's change to the step touches besides the line it changes:
+# - A batch is (inputs, positions, labels) with the same count k of chosen positions in every row. Batches,
+#   Validation, Trainer.backward's weighting by rows, step_bytes, flops_per_token, narrowed layers and off-load mode
+#   all rely on that fixed k.
+# - The forward and mlm_loss run compiled as one graph of fixed shapes, so a change there may not read a value on
+#   the host (.item()) or make a shape that depends on the data.
+# - Every check reads the same loss: the spike check, diverged (ln(vocab_size) + 1), the check before a save (an
+#   error at the end of a run), validation and the log line.
+# - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss and
+#   its weighting) and update.
+# - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
+#   whose draws a resume or another number of processes would not repeat.
 class Trainer:
     """A model's training step, in two calls. backward runs forward and backward over the micro-batches, and update
     takes the clipped optimizer step. train.py calls them separately so that it can check the loss in between. step
