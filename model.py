@@ -321,8 +321,9 @@ class CrammedBert(nn.Module):
         rest. Every loss the run reports comes from here: training's, validation's (train.py's Validation), and the
         check before a save that the weights have not diverged (cram/files.py's Saves.save_if_sound). So a term a fork
         adds here moves the validation loss too. Recipes with and without that term can then no longer be compared by
-        their validation loss. A term that lifts the loss above ln(vocab_size) + 1 makes that check refuse to save,
-        which at the end of a run is an error."""
+        their validation loss; a term for training alone can be guarded by self.training, since validation runs in
+        eval mode. A term that lifts the loss above ln(vocab_size) + 1 makes that check refuse to save, which at the
+        end of a run is an error."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -574,7 +575,10 @@ def set_rate(optimizer, lr):
 # - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss and
 #   its weighting) and update.
 # - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
-#   whose draws a resume or another number of processes would not repeat.
+#   whose draws a resume or another number of processes would not repeat. Noise that the loss needs travels with
+#   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
+# - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
+#   not hold it, runs with its current default.
 class Trainer:
     """A model's training step, in two calls. backward runs forward and backward over the micro-batches, and update
     takes the clipped optimizer step. train.py calls them separately so that it can check the loss in between. step

@@ -389,9 +389,10 @@ def main(config, given):
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
     # The seed decides the initial weights (through torch's generator, seeded here), the data order (epoch_order), each
-    # training row's mask (mask_keys, from the seed and the row's sequence number) and the fill-in picks. Dropout, and
-    # any random draw a fork adds, use torch's generator. A resume does not restore that generator's state, and under
-    # DDP every process draws alike (with dropout on, every process drops the same positions). Where the budget picks
+    # training row's mask (mask_keys, from the seed and the row's sequence number) and the fill-in picks. Dropout uses
+    # torch's generator. A resume does not restore that generator's state, and under DDP every process draws alike
+    # (with dropout on, every process drops the same positions). So a fork's new random draw in the step comes from
+    # row_noise, as the masks do (see the paragraph above model.py's Trainer). Where the budget picks
     # the shape and batch by timing a matmul, the same seed on the same machine can still pick another model. Setting
     # budget_tokens, or giving the shape and batch, fixes them.
     torch.manual_seed(seed)
