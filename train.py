@@ -607,12 +607,13 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
     """Refuses, in one line, a resume of another model, tokenizer, optimizer or data (files.check_resume). A resume
     of a finished run whose budget is already spent ends here with status 0 and writes nothing. A run stopped on the
     step that spent its budget is not finished: its resume goes on, the loop ends at once, and finish() evaluates it
-    and saves it as finished. Does nothing for a new run."""
+    and saves it as finished; a checkpoint that does not say (one written by hand) counts as finished. Does nothing for
+    a new run."""
     if not checkpoint:
         return
     check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, config["optim"], config["data_dir"], meta)
     progress = budget_progress(checkpoint["tokens"], checkpoint["elapsed"], config["budget_tokens"], config["budget_hours"])
-    if not budget_spent(progress, checkpoint["step"], config["max_steps"]) or not checkpoint["final"]:
+    if not budget_spent(progress, checkpoint["step"], config["max_steps"]) or not checkpoint.get("final", True):
         return
     kind = "max_steps" if progress < 1.0 else "budget_tokens" if config["budget_tokens"] else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "

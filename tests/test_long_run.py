@@ -476,6 +476,8 @@ def test_a_run_stopped_on_its_last_step_is_finished_by_its_resume(prepared, tmp_
     assert saved["final"] and saved["step"] == 5 and saved["tokens"] == checkpoint["tokens"]
     assert all(torch.equal(saved["model"][k], v) for k, v in checkpoint["model"].items())  # no step was taken
     assert "has spent this budget (step 5," in run_script(*train, "--resume=True").stdout
+    torch.save({k: v for k, v in saved.items() if k != "final"}, tmp_path / "ckpt.pt")  # one that does not say
+    assert "has spent this budget (step 5," in run_script(*train, "--resume=True").stdout
 
 
 def test_a_resume_is_its_run_or_one_line(prepared, tmp_path):
