@@ -310,6 +310,11 @@ def budget_spent(progress, step, max_steps):
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
 
+def rank0_print(master):
+    """print on rank 0; the other processes stay quiet, so that a line is printed once."""
+    return print if master else (lambda *args, **kwargs: None)
+
+
 def agree_on_clock(seconds, stop, master, device):
     """Under DDP, every process takes rank 0's clock and stops if any process was asked to stop, so that all take the
     same batch and stop at the same step. One process keeps its own values."""
@@ -379,7 +384,7 @@ def main(config, given):
     # -------------------------------------------------------------------- the settings
     ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
     rt, rank, resumed, unshaped = setup_device(config, world, ddp, given)
-    master, log = rank == 0, (print if rank == 0 else (lambda *a, **k: None))
+    master, log = rank == 0, rank0_print(rank == 0)
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = settle(config, unshaped, resumed, run_data, rt, world, ddp, master)
     start_lines.append(settled_line(given, config, resumed[0] is not None))
@@ -540,7 +545,7 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     every batch of the schedule into as many micro-batches of micro_batch as fit, plus the rest in micro-batches of
     remainder_micro. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a
     resume changed or what the budget picked."""
-    log = print if master else (lambda *args, **kwargs: None)  # rank 0 alone prints
+    log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     unshaped = dataclasses.replace(unshaped, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # as the data has
     settled, budget_pick, picked_lines = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
