@@ -382,34 +382,34 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     rather than ascending. labels (B, k) holds the original tokens at those positions.
 
     Exactly k = masked_count(mask_rate, T) positions of every row are chosen, so every batch has the same shape and
-    torch.compile builds one graph. Any position may be chosen, including a [SEP] between packed documents. Each
-    chosen position has its own draw. It becomes [MASK] with probability 0.8, a random regular token with 0.1, and
-    stays as it was with 0.1. Regular tokens are the ids below n_regular, which come before the special ones. The
-    random one may be the original. `masking` is a Masking or just its rate.
+    torch.compile builds one graph. Any position may be chosen, including a [SEP] between packed documents. As in the
+    reference code (Geiping and Goldstein's), the first round(0.8 k) chosen positions in the draw's order, a random
+    subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep their token
+    (26, 3 and 3 of 32). Regular tokens are the ids below n_regular, which come before the special ones; the
+    reference draws from the whole vocabulary. The random one may be the original. `masking` is a Masking or just
+    its rate.
 
     Training and validation pass `keys`, an int64 tensor (B,) with one key per row. The draws then come from
-    row_noise, which turns each row's key into a run of values. The first T values rank the positions. The next k
-    values, taken modulo 10, decide what each chosen position becomes: 0 to 7 give [MASK], 8 a random id, and 9
-    keeps the token. Since 2**32 is not a multiple of 10, this split is 80/10/10 only to within 3e-10. The last k
-    values give the random ids, which are uniform to within n_regular / 2**32. So a row's mask depends on its key
-    alone, in any batch and on any device. A fork that needs more random values per row asks row_noise for more
-    columns; a draw from torch's generator would lose that. Without keys, the draws come batch by batch from
-    `generator`, or from torch's own generator if it is None."""
+    row_noise, which turns each row's key into a run of values: the first T rank the positions and the next k give
+    the random ids, uniform to within n_regular / 2**32. So a row's mask depends on its key alone, in any batch and on
+    any device. A fork that needs more random values per row asks row_noise for more columns; a draw from torch's
+    generator would lose that. Without keys, the draws come batch by batch from `generator`, or from torch's own
+    generator if it is None."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = masked_count(masking.mask_rate, T)
     if keys is None:
         scores = torch.rand(B, T, device=idx.device, generator=generator)
-        choice, thresholds = torch.rand(B, k, device=idx.device, generator=generator), (0.8, 0.9)  # below 0.8: [MASK]
         random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
     else:
-        noise = row_noise(keys.to(idx.device), T + 2 * k)  # (B, T + 2k)
+        noise = row_noise(keys.to(idx.device), T + k)  # (B, T + k)
         scores = noise[:, :T] * T + torch.arange(T, device=idx.device)  # (B, T): distinct in a row, so topk has no ties
-        choice, thresholds, random_ids = noise[:, T:T + k] % 10, (8, 9), noise[:, T + k:] % n_regular  # (B, k) each
-    positions = scores.topk(k, dim=1).indices  # (B, k)
+        random_ids = noise[:, T:] % n_regular  # (B, k)
+    positions = scores.topk(k, dim=1).indices  # (B, k), in the draw's order
     labels = idx.gather(1, positions)
-    masked = torch.full_like(labels, mask_id)
-    replacement = torch.where(choice < thresholds[0], masked, torch.where(choice < thresholds[1], random_ids, labels))
+    slot = torch.arange(k, device=idx.device)  # (k,): each chosen position's place in the draw's order
+    replacement = torch.where(slot < round(0.8 * k), mask_id,
+                              torch.where(slot < round(0.9 * k), random_ids, labels))  # (B, k)
     return idx.scatter(1, positions, replacement), positions, labels
 
 

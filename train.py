@@ -61,8 +61,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
-# least one. Any position may be chosen, [SEP] too. A chosen token becomes [MASK] (80%), a random regular token, perhaps
-# itself (10%), or stays as it is (10%); see mask_tokens. "Masked" means chosen, whatever the token became, and the loss
+# least one. Any position may be chosen, [SEP] too. Of a row's chosen tokens, 80% become [MASK], 10% a random regular
+# token, perhaps itself, and 10% stay as they are, by count as in the reference code (mask_tokens). "Masked" means chosen, whatever the token became, and the loss
 # covers every chosen position. With mask_rate_start the rate moves in mask_levels steps over the budget and reaches
 # mask_rate at (mask_levels - 1) / mask_levels of it (with one level it stays at mask_rate_start). Losses at two rates
 # do not compare, so the spike check starts its history again at each new rate. The memory check sizes for the larger
@@ -228,8 +228,9 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 def mask_keys(seed, numbers):
     """The keys from which model.mask_tokens draws the rows' masks, as an int64 tensor. Each key is a row's number
-    xor a 62-bit salt drawn from `seed`. A training row's number is its sequence number in the run, and a validation
-    row's is its index. Different numbers get different keys, and another seed gives other keys."""
+    xor a 62-bit salt drawn from `seed`, so different numbers get different keys, and another seed gives other keys.
+    A training row's number is its sequence number in the run (0 and up). A validation row's is -1 - its index, so
+    its key has the sign bit set, and no training row's key, whatever the seed, equals a validation row's."""
     return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
 
 
@@ -268,7 +269,8 @@ def validation_batch(tokens, rows, mask_rate, meta):
     """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU."""
     rows = np.asarray(rows, dtype=np.int64)
     idx = torch.from_numpy(np.asarray(tokens[rows], dtype=np.int64))  # (B, T)
-    return mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], keys=mask_keys(VALIDATION_SEED, rows))
+    keys = mask_keys(VALIDATION_SEED, -1 - rows)  # negative numbers: never a training row's key
+    return mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], keys=keys)
 
 
 class Validation:

@@ -1,5 +1,6 @@
-# The paper's crammed-BERT recipe exactly (Geiping & Goldstein 2022): train.py's defaults without
-# smear, cram's one change (it won the CPU ablations at two scales and on STS-B: BENCHMARKS.md).
+# The paper's crammed-BERT recipe (Geiping & Goldstein 2022; the README says where cram's code departs from its
+# reference code): train.py's defaults without smear, cram's one change to the recipe (it won the CPU ablations at
+# two scales and on STS-B: BENCHMARKS.md).
 # On top of any other config; with the paper's shape and batch too (train.py's budget picks them only at
 # 24 hours on the paper's GPU):
 # python train.py config/recipe_reference.py config/shape_paper.py --out_dir=out/paper

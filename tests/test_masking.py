@@ -32,17 +32,25 @@ def test_only_chosen_positions_change():
     assert torch.equal(inputs[~chosen], idx[~chosen])
 
 
-def test_80_10_10_rule():
-    idx, inputs, positions, labels = corrupt()
-    at_chosen = inputs.gather(1, positions)
-    n = labels.numel()
-    masked = (at_chosen == MASK_ID).float().mean().item()
-    unchanged = (at_chosen == labels).float().mean().item()
-    random_token = ((at_chosen != MASK_ID) & (at_chosen != labels)).float().mean().item()
-    # a random replacement equals the original 1/900 of the time, so 'unchanged' is ~0.1001
-    assert abs(masked - 0.8) < 0.01 and abs(unchanged - 0.1) < 0.01 and abs(random_token - 0.1) < 0.01, \
-        (masked, unchanged, random_token, n)
-    assert at_chosen.max() <= MASK_ID and at_chosen[at_chosen != MASK_ID].max() < N_REGULAR
+def test_80_10_10_rule_splits_each_row_by_count():
+    """As in the reference code: of a row's k chosen positions, round(0.8 k) become [MASK], the next ones up to
+    round(0.9 k) a random regular token (the original itself 1/900 of the time) and the rest stay, in every row; the
+    [MASK] ones are a random subset of the chosen positions."""
+    for T, rate in ((128, 0.25), (40, 0.15), (8, 0.1)):  # k = 32: 26, 3 and 3; k = 6: 5, 0 and 1; k = 1: [MASK]
+        idx, inputs, positions, labels = corrupt(B=2000, T=T, rate=rate)
+        k = labels.shape[1]
+        at_chosen = inputs.gather(1, positions)
+        n_mask, n_random = round(0.8 * k), round(0.9 * k) - round(0.8 * k)
+        assert ((at_chosen == MASK_ID).sum(1) == n_mask).all()
+        assert (at_chosen[:, n_mask + n_random:] == labels[:, n_mask + n_random:]).all()
+        random_slots = at_chosen[:, n_mask:n_mask + n_random]
+        assert (random_slots < N_REGULAR).all()
+        if n_random:
+            kept = (random_slots == labels[:, n_mask:n_mask + n_random]).float().mean().item()
+            assert kept < 0.01, kept  # uniform over 900 regular ids
+        masked_at = torch.zeros_like(idx, dtype=torch.bool).scatter(1, positions[:, :n_mask], True)
+        share = masked_at.float().mean(0)  # each position's share of [MASK]: n_mask / T for all
+        assert (share - n_mask / T).abs().max() < 5 * math.sqrt(n_mask / T / 2000), (T, share)
 
 
 def test_positions_are_uniform():
@@ -184,10 +192,10 @@ def test_a_step_s_masks_are_the_same_at_any_micro_batch_and_process_count():
             assert masked_rows(step) == want, (consumed, world, micro)
 
 
-def test_keyed_masks_keep_k_distinct_positions_and_the_80_10_10_shares():
-    """With keys: exactly k distinct positions a row, labels the tokens there, the rest unchanged; over 4,000 rows
-    the shares of [MASK], random and kept tokens, and each position's share, within 5 standard deviations of their
-    binomial expectation (a random replacement equals the original 1/900 of the time)."""
+def test_keyed_masks_keep_k_distinct_positions_and_the_80_10_10_split():
+    """With keys: exactly k distinct positions a row, labels the tokens there, the rest unchanged; in every row 26
+    [MASK], 3 random regular tokens and 3 kept of the 32; over 4,000 rows each position's share within 5 standard
+    deviations of its binomial expectation."""
     B, T, rate = 4000, 128, 0.25
     idx, keys = keyed(B, T)
     inputs, positions, labels = mask_tokens(idx, rate, MASK_ID, N_REGULAR, keys=keys)
@@ -196,11 +204,23 @@ def test_keyed_masks_keep_k_distinct_positions_and_the_80_10_10_shares():
     assert (positions.sort(1).values.diff(dim=1) > 0).all()  # distinct in every row
     chosen = torch.zeros_like(idx, dtype=torch.bool).scatter(1, positions, True)
     assert torch.equal(inputs[~chosen], idx[~chosen])
-    at_chosen, n = inputs.gather(1, positions), B * k
-    is_random = (at_chosen != MASK_ID) & (at_chosen != labels)
-    for share, p in (((at_chosen == MASK_ID).sum(), 0.8), (is_random.sum(), 0.1 * (1 - 1 / N_REGULAR)),
-                     ((at_chosen == labels).sum(), 0.1 + 0.1 / N_REGULAR)):
-        assert abs(share.item() / n - p) < 5 * math.sqrt(p * (1 - p) / n), (share.item() / n, p)
-    assert at_chosen[at_chosen != MASK_ID].max() < N_REGULAR
+    at_chosen = inputs.gather(1, positions)
+    assert ((at_chosen == MASK_ID).sum(1) == 26).all() and torch.equal(at_chosen[:, 29:], labels[:, 29:])
+    assert (at_chosen[:, 26:29] < N_REGULAR).all() and (at_chosen[:, 26:29] != labels[:, 26:29]).float().mean() > 0.99
     counts = torch.bincount(positions.flatten(), minlength=T).float()  # each position's times chosen, of B rows
     assert ((counts / B - k / T).abs() < 5 * math.sqrt(k / T * (1 - k / T) / B)).all()
+
+
+def test_validation_masks_differ_from_training_masks_for_every_seed():
+    """A validation row's key has the sign bit set and a training row's never, so no training sequence shares a
+    validation row's mask, at any seed: VALIDATION_SEED's too, whose salt validation uses."""
+    rows = np.arange(64)
+    val_keys = set(mask_keys(train.VALIDATION_SEED, -1 - rows).tolist())
+    for seed in (0, 1, train.VALIDATION_SEED, 2 ** 32 - 1):
+        assert not val_keys & set(mask_keys(seed, np.arange(10_000)).tolist()), seed
+    meta = dict(special_ids={"[MASK]": MASK_ID}, n_regular=N_REGULAR)
+    tokens = np.random.default_rng(0).integers(0, N_REGULAR, (64, 32))
+    _, val_positions, _ = train.validation_batch(tokens, rows, 0.25, meta)
+    keys = mask_keys(train.VALIDATION_SEED, rows)  # training's at that seed, sequence i on row i
+    _, train_positions, _ = mask_tokens(torch.from_numpy(tokens), 0.25, MASK_ID, N_REGULAR, keys=keys)
+    assert (val_positions != train_positions).any(1).float().mean() > 0.9
