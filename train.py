@@ -424,7 +424,9 @@ def main(config, given):
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
-    init_loss = (checkpoint or {}).get("init_val_loss") or (run_eval(validation, metrics, step, tokens, seconds)[0] if master else None)
+    # A new run is scored before its first step. A resume keeps its checkpoint's score at init (None where it has none).
+    scored = (step, run_eval(validation, metrics, step, tokens, seconds)) if master and not checkpoint else (None, None)
+    init_loss = checkpoint.get("init_val_loss") if checkpoint else scored[1] and scored[1][0]
     stop_request = process.StopRequest()
 
     # -------------------------------------------------------------------- the loop
@@ -480,10 +482,10 @@ def main(config, given):
             warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
-            last_eval = seconds
-            run_eval(validation, metrics, step, tokens, seconds)
-        # No checkpoint is saved during a streak of bad steps, and a save writes only weights that are finite and whose
-        # loss on one validation batch has not diverged.
+            last_eval, scored = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
+        # No checkpoint is saved during a streak of bad steps. A save scores one validation batch first and writes only
+        # weights that are finite and have not diverged. It writes ckpt.pt whole or not at all (a temporary file, then
+        # a rename), and keeps the last keep_checkpoints of them.
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
             last_ckpt = seconds
             saves.save_if_sound(validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
@@ -497,7 +499,7 @@ def main(config, given):
     # checkpoint saved is then the one to resume from.
     if master:
         state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
-        finish(validation, metrics, state, stop_request.signum, saves)
+        finish(validation, metrics, state, stop_request.signum, saves, scored)
     if ddp:  # DDP's model is freed before its process group ends, and the group waits for rank 0 to save
         del trainer
         runtime.leave_process_group()
@@ -666,12 +668,13 @@ def log_step(metrics, rt, record, epoch, progress):
     metrics.write(record)
 
 
-def finish(validation, metrics, state, signum, saves):
+def finish(validation, metrics, state, signum, saves, scored):
     """Saves the last checkpoint. A run stopped by a signal (signum, or None when another process got it) says how to
-    continue it. A finished run evaluates, prints how many graphs torch.compile built, the fill-in examples and the
-    final line."""
+    continue it. A finished run evaluates (unless `scored`, the latest evaluation's (step, score), is of this step),
+    prints how many graphs torch.compile built, the fill-in examples and the final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    final = run_eval(validation, metrics, step, tokens, seconds) if state["final"] else None
+    final = None if not state["final"] else scored[1] if scored[0] == step else \
+        run_eval(validation, metrics, step, tokens, seconds)
     saves.save_if_sound(validation, state, eval_mask_rate, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
@@ -684,7 +687,8 @@ def finish(validation, metrics, state, signum, saves):
         enc = make_encoding(parse_ranks(state["tokenizer"]), meta["special_ids"])
         for line in fill_in(validation.model, validation.tokens, meta, enc, validation.rt, fill_in_examples, seed):
             print(line)
-    print(f"final: step {step} | val loss {final[0]:.4f} (at init {state['init_val_loss']:.4f}) | masked-token "
+    at_init = f" (at init {state['init_val_loss']:.4f})" if state["init_val_loss"] is not None else ""
+    print(f"final: step {step} | val loss {final[0]:.4f}{at_init} | masked-token "
           f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {saves.path}")
 
 

@@ -462,6 +462,23 @@ def test_resuming_a_finished_run_says_so_and_rewrites_nothing(prepared, tmp_path
     assert torch.load(tmp_path / "ckpt.pt")["step"] == 8
 
 
+def test_the_end_does_not_score_a_step_twice_and_a_resume_keeps_the_score_at_init(prepared, tmp_path):
+    """With an evaluation every step, the last step's evaluation is the final one, not run again at the end. A resume
+    scores nothing before its first step and reports its checkpoint's score at init; a checkpoint without one (written
+    by hand) ends without it rather than with another score under that name."""
+    args = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=False",
+            "--batch_size=16", "--log_interval=1", "--eval_interval_minutes=0", "--eval_sequences=32"]
+    first = run_script(*args, "--max_steps=3").stdout
+    assert re.findall(r"^eval  step (\d+)", first, re.M) == ["0", "1", "2", "3"], first
+    init = re.search(r"at init ([\d.]+)", first).group(1)
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    second = run_script(*args, "--resume=True", "--max_steps=5").stdout
+    assert re.findall(r"^eval  step (\d+)", second, re.M) == ["4", "5"] and f"(at init {init})" in second, second
+    torch.save(dict(checkpoint, init_val_loss=None), tmp_path / "ckpt.pt")
+    third = run_script(*args, "--resume=True", "--max_steps=4").stdout
+    assert re.search(r"^final: step 4 \| val loss [\d.]+ \| masked-token", third, re.M), third
+
+
 def test_a_run_stopped_on_its_last_step_is_finished_by_its_resume(prepared, tmp_path):
     """A stop signal on the step that spends the budget saves the checkpoint as not finished. Its resume takes no
     step: it evaluates, saves the run as finished and prints the final line. A second resume then has nothing to do."""
