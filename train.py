@@ -6,9 +6,8 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget is either a number of tokens or a number of hours spent in training steps, compilation included (the loop
-says exactly what the clock counts). Unless they are given, the budget picks the model's shape, the final batch size and
-the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget spent (seconds trained / the
+The budget is a number of hours of training or a number of tokens. Unless they are given, the budget picks the model's
+shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget spent (seconds trained / the
 budget's seconds, or tokens / budget_tokens), not the step count. So on any hardware they end together when the budget
 is spent. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and exits. --resume=True continues from
 there."""
@@ -36,12 +35,10 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
 # -----------------------------------------------------------------------------
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-# The budget's clock counts the training steps alone, compilation included; the loop says exactly what it counts.
-# The schedules follow the share of the budget spent, so they end with the budget. Under budget_hours the rate, the
-# batch and the masking rate at a given step follow the measured time; under budget_tokens they repeat exactly,
-# though the weights' float sums may still differ. The rows come in the same order either way, and so do their masks
-# at a given masking rate; GPU kernels may still add floats in another order from run to run. max_steps stops a run
-# before its budget is spent, so its rate has not decayed yet; a resume does not keep max_steps.
+# The budget. Under budget_hours the rate, the batch and the masking rate at a given step follow the measured time;
+# under budget_tokens they repeat exactly, though GPU kernels may still add floats in another order. The rows come in
+# the same order either way, and so do their masks at a given masking rate. max_steps stops a run before its budget
+# is spent, so its rate has not decayed yet; a resume does not keep max_steps.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit)
@@ -93,7 +90,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
-batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0 means 128
+batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -121,19 +118,15 @@ wandb_run_name = ""       # default: the name of out_dir
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent. `peak` is the peak rate decided at start-up:
     the `lr` setting, or where that is 0, the width's rule in a new run and the checkpoint's rate in a resume
-    (budget.settle). "triangle" is the cramming reference's schedule, which it calls "budget-triangle2" (its clock is
-    the wall time since the start; cram's counts the steps alone). It starts at 25% of the peak, rises linearly to the
-    peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak x the fraction of the
+    (budget.settle). "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at
+    25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak x the fraction of the
     budget left when it starts, which is near 0 when there are many steps. max_steps may stop a run before then. A
-    resume that extends the budget goes on from the new, smaller share spent: the rate climbs back to the triangle's
-    value there, and a moving masking rate may step back a level; only the batch ramp is rescaled, so the batch never
-    shrinks. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
+    resume that extends the budget goes on from the new, smaller share spent: its first step jumps to the triangle's
+    rate there, with no new warm-up, and a moving masking rate may step back a level. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
     training).
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
     rate of 0 at a new run's first step (whose update moves the optimizer's state but not the weights), then decays
-    linearly to 0.
-    Under budget_hours the clock counts compilation, so on a short budget the first steps, which compile, take a
-    visible part of either schedule's rise."""
+    linearly to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
@@ -156,7 +149,8 @@ def batch_size_at(progress, start, final, ramp):
     """Sequences per optimizer step at a fraction `progress` of the budget. The batch grows linearly from `start` to
     `final`, which it reaches at `ramp` of the budget, rounded down to a multiple of `start`. So it grows in steps of
     `start`: a ramp from 32 to 64 is one jump, at `ramp`. Where `final` is not a multiple of `start`, the last jump is
-    smaller. Where start >= final, the batch is `final` throughout."""
+    smaller. Where start >= final, the batch is `final` throughout. A resume that extends the budget rescales the ramp
+    (budget.resume_settings), so the batch never shrinks."""
     if progress >= ramp or start >= final:
         return final
     return min(final, int(start + (final - start) * progress / ramp) // start * start)
@@ -419,8 +413,8 @@ def main(config, given):
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
-    # How far the run has got: optimizer steps taken, input tokens trained on, and `seconds` on the budget's clock,
-    # which counts only the training steps' time (see the loop). A resume starts from its checkpoint's values.
+    # How far the run has got: optimizer steps taken, input tokens trained on, and `seconds` on the budget's clock
+    # (see the loop). A resume starts from its checkpoint's values.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
@@ -432,7 +426,7 @@ def main(config, given):
     # -------------------------------------------------------------------- the loop
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # So it counts drawing and masking the batch, the forward, the backward and the update, and the compilation that
-    # torch.compile does in the first steps. Under DDP it also counts the wait for the processes to agree on the clock.
+    # torch.compile does in the first steps (on a short budget, a visible share of the schedules). Under DDP it also counts the wait for the processes to agree on the clock.
     # On a GPU the optimizer's update may still be running when the clock stops (the host last waits for the device at
     # the gradient's norm); its time falls into the next step, or off the clock before an evaluation, a save or the end.
     # Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run
@@ -448,7 +442,8 @@ def main(config, given):
             break
         # The schedules are functions of the share of the budget spent.
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        step_lr = lr_at(progress, lr, lr_schedule, warmup)  # settle() wrote the run's peak rate into lr
+        # lr is the run's peak rate: as given, the checkpoint's, or 1e-3 x (d_model / 768) ** -0.5 (settle() wrote it)
+        step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
         # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each). Their rows
