@@ -370,8 +370,9 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget
     may grow, to train further. The optimizer's rate, clipping and decay and the spike check may change, since a
-    diverged run's error asks you to lower them. How this command runs may change too: device, precision,
-    micro-batch, logging and where the data is. Any other change is refused in one line."""
+    diverged run's error asks you to lower them (budget.py's ADJUSTABLE). How this command runs may change too:
+    device, precision, micro-batch, logging and where the data is (SESSION). Any other change is refused in one line.
+    A fork's new setting is kept like the others unless it joins one of those two lists."""
     return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final, spike_watch=watch.state_dict())
 
@@ -513,7 +514,8 @@ def setup_device(config, world, ddp, given):
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
     kept, changes = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
-    problem = disallowed(globals(), kept)  # checked as a command line's: a fork's optimizer, a newer cram's schedule
+    # A fork's or a newer cram's run: a value this cram does not allow (an optimizer it lacks), or a setting it lacks
+    problem = disallowed(globals(), kept) or (checkpoint and budget.unknown_setting(checkpoint["config"], config))
     if problem:
         raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
                          f"it with the cram that wrote it")

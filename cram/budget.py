@@ -11,7 +11,7 @@ import torch
 from configurator import named
 from . import runtime
 from .data import repeat_warning
-from model import ModelConfig, saved_model_args
+from model import REPLACED_FIELDS, ModelConfig, saved_model_args
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -143,6 +143,14 @@ def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     settled["batch_ramp_start"] = config["batch_ramp_start"] or settled.get("batch_ramp_start") or RAMP_START
     lines = [] if checkpoint else start_lines(pick, {**config, **settled}, model_args["seq_len"], config["lr"])
     return settled, pick, lines
+
+
+def unknown_setting(saved, config):
+    """'key=value' for the first setting in a checkpoint's config `saved` that this cram does not have and that is on
+    (not 0, False or empty), else None. A fork's new setting, or a newer cram's, is off by default, so a run that
+    had it off runs here as it did; one that had it on would silently run without it."""
+    return next((f"{k}={v!r}" for k, v in saved.items() if k not in config and k not in REPLACED_FIELDS and
+                 k != "recipe_ramp" and v not in (None, False, 0, "")), None)
 
 
 def resume_settings(checkpoint, config, given):

@@ -497,6 +497,24 @@ def test_a_run_stopped_on_its_last_step_is_finished_by_its_resume(prepared, tmp_
     assert "has spent this budget (step 5," in run_script(*train, "--resume=True").stdout
 
 
+def test_a_checkpoint_s_setting_this_cram_lacks_is_refused_when_on(prepared, tmp_path):
+    """A fork's new setting in a checkpoint (or a newer cram's): on, a resume here would run without it, so it is one
+    line and the checkpoint untouched; off (0, False or empty), the run is the one this cram runs, and it resumes."""
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=False",
+             "--batch_size=16", "--fill_in_examples=0", "--eval_sequences=32"]
+    run_script(*train, "--max_steps=2")
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    for extra in (dict(my_regulariser=0.1), dict(span_masking=True, my_regulariser=0.0)):
+        torch.save(dict(checkpoint, config=dict(checkpoint["config"], **extra)), tmp_path / "ckpt.pt")
+        before = (tmp_path / "ckpt.pt").read_bytes()
+        assert_one_line_error(run_script(*train, "--resume=True", "--max_steps=3", check=False),
+                              f"a setting this cram does not have ({[*extra][0]}=", "resume it with the cram that wrote it")
+        assert (tmp_path / "ckpt.pt").read_bytes() == before
+    torch.save(dict(checkpoint, config=dict(checkpoint["config"], my_regulariser=0.0, span_masking=False)),
+               tmp_path / "ckpt.pt")
+    assert "final: step 3 |" in run_script(*train, "--resume=True", "--max_steps=3").stdout
+
+
 def test_a_resume_is_its_run_or_one_line(prepared, tmp_path):
     """A resume takes its run's settings from its checkpoint: a seed-7 token-budget run stopped at step 6 and resumed
     with its data, its shape and --resume=True alone logs the steps of the uninterrupted run (seed 0's order and a
