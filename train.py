@@ -630,16 +630,17 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
     raise SystemExit(0)
 
 
-def open_out_dir(model, saves, config, rt, train_tokens, checkpoint, start_lines):
+def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_lines):
     """Rank 0's start: claims out_dir (a lock, and room on disk for the checkpoints kept), warns of a run too large for
-    a CPU or one that repeats its data, and prints the start-up lines. Returns the metrics.jsonl log."""
+    a CPU or one that repeats its data (n_data_tokens: how many the data holds), and prints the start-up lines.
+    Returns the metrics.jsonl log."""
     each = max(12 * model.num_params() + 32 * model.config.vocab_size + 2 ** 20,  # weights, AdamW, tokenizer, records
                os.path.getsize(saves.last_path) if checkpoint else 0)  # or the resumed one's size
     claim_folder(out_dir, need_bytes=save_peak_bytes(saves.path, keep_checkpoints, each, saves.last, saves.branched),
                  files=("ckpt.pt", "metrics.jsonl"))
     step_flops = model.config.flops_per_token(mask_rate) * config["batch_size"] * model.config.seq_len
     for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
-                    repeat_warning(budget_tokens, train_tokens, f"with --budget_tokens={budget_tokens:,}")):
+                    repeat_warning(budget_tokens, n_data_tokens, f"with --budget_tokens={budget_tokens:,}")):
         if warning:
             print(warning)
     later = saves.branch()
