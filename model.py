@@ -303,10 +303,8 @@ class CrammedBert(nn.Module):
     def forward(self, inputs, positions, labels):
         """The MLM loss at the masked positions, and in eval mode how many of them the model predicts right (None in
         training mode). With sparse prediction only the masked positions go through the output layer; without it
-        every position does and the others are ignored, as in the original BERT.
-        Off-load mode (cram/offload.py) does not call this: it runs embed, its streamed blocks, final_norm and
-        mlm_loss itself. A change to the loss belongs in mlm_loss, which both modes call; a change to which tokens are
-        predicted belongs in mask_tokens."""
+        every position does and the others are ignored, as in the original BERT. A change to the loss belongs in
+        mlm_loss, which off-load mode calls too; a change to which tokens are predicted belongs in mask_tokens."""
         tokens = weight = None
         # On a CPU under autocast, one autograd function (TiedLookup) serves both uses of the tied weight, the lookup
         # and the output layer. That only makes the step faster: the result is the same.
@@ -317,13 +315,10 @@ class CrammedBert(nn.Module):
 
     def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
         """forward's loss and correct count, computed from the final hidden states. These are (B, k, d) at the masked
-        positions with sparse prediction, else (B, T, d). Off-load mode runs the blocks itself and calls this for the
-        rest. Every loss the run reports comes from here: training's, validation's (train.py's Validation), and the
-        check before a save that the weights have not diverged (cram/files.py's Saves.save_if_sound). So a term a fork
-        adds here moves the validation loss too. Recipes with and without that term can then no longer be compared by
-        their validation loss; a term for training alone can be guarded by self.training, since validation runs in
-        eval mode. A term that lifts the loss above ln(vocab_size) + 1 makes that check refuse to save, which at the
-        end of a run is an error."""
+        positions with sparse prediction, else (B, T, d). Every loss the run reports comes from here: training's,
+        validation's and the check before a save. So a term a fork adds here moves the validation loss too, and recipes
+        with and without it no longer compare by that loss; a term for training alone can be guarded by self.training,
+        since validation runs in eval mode."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -470,7 +465,7 @@ def param_groups(module, weight_decay, optim="adamw"):
 # - build(groups, lr, betas, eps) makes it over param_groups's groups. Each group carries its own weight decay.
 # - state_bytes is the least memory its state takes per parameter. The memory check counts it.
 # - width_lr says whether the width's rule for the peak rate suits it (budget.lr_for_width, which was tuned for
-#   AdamW). Where it does not, train.py asks for --lr, and takes a config file's lr only if that file also sets optim.
+#   AdamW). Where it does not, train.py asks for --lr.
 # - fits(state, param) says whether a resumed state tensor fits its parameter (files.optimizer_problem). By default
 #   it must have the parameter's shape, or a shape that factors it (Adafactor keeps a row's and a column's statistics).
 # An optimizer that takes settings beyond lr, betas and eps also needs them passed in make_trainer. One that updates
@@ -586,11 +581,10 @@ class Trainer:
 
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module in the form
     the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in
-    training mode. Only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is float16's
+    training mode; only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is float16's
     loss scaler, which does nothing in other precisions. offload.OffloadTrainer has the same methods but runs the step
-    its own way, streaming the blocks from host memory: it clips by a norm summed from each block's squared norms, and
-    sets the rate only on an update it applies (the rate acts only in an update, so this is the same). A change to
-    backward, update or the model's forward must be made there too."""
+    its own way, streaming the blocks from host memory; a change to backward, update or the model's forward must be made
+    there too."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast
@@ -599,15 +593,11 @@ class Trainer:
     def backward(self, micro_batches):
         """Runs the forward and backward pass of each micro-batch (inputs, positions, labels). Returns the step's loss
         as a float, the mean over every masked token of the step on every process. Each micro-batch's loss is weighted
-        by its fraction of this process's rows in the step, so the summed gradients are those of one large batch.
-        The loop then checks this loss. A spike skips the update (see SpikeWatch). A loss that is not finite, or more
-        than a nat above an untrained model's, counts as diverged (see diverged). A term a fork adds to the loss is
-        part of this loss, so both checks see it. An added term that is large at the start can make a healthy run
-        look diverged."""
+        by its fraction of this process's rows in the step, so the summed gradients are those of one large batch. The
+        loop then checks this loss (model.py's bad-step rule)."""
         total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
         for i, (inputs, positions, labels) in enumerate(micro_batches):
-            # Every row has the same number of masked tokens, so weighting by rows weights every token alike. A fork
-            # whose count varies by row weights by labels.numel() instead, here and in OffloadTrainer.backward.
+            # Every row has the same number of masked tokens, so weighting by rows weights every token alike
             weight = len(inputs) / rows
             # under DDP the gradients are averaged over processes once, after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
@@ -619,9 +609,8 @@ class Trainer:
 
     def update(self, lr, clip, skip=False):
         """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless
-        `skip` is set or the norm is not finite. The rate reaches the optimizer through set_rate. Returns whether the
-        update was applied. The gradients are then cleared either way. Every process sees the same averaged
-        gradients, so all of them decide alike."""
+        `skip` is set or the norm is not finite. Returns whether the update was applied. The gradients are then
+        cleared either way. Every process sees the same averaged gradients, so all of them decide alike."""
         set_rate(self.optimizer, lr)
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)
@@ -648,11 +637,10 @@ class Trainer:
 
 
 # -----------------------------------------------------------------------------
-# The bad-step rule: the loop skips the update of a step whose loss spikes (SpikeWatch) or whose gradient is not
-# finite (Trainer.update), and ends the run after too many bad steps in a row (BadSteps).
-# A loss is a spike when it rises above the mean of about the last SPIKE_WINDOW losses by more than `threshold`
-# standard deviations of the step-to-step change, and by more than SPIKE_MARGIN of the mean. The watch starts
-# judging once SPIKE_HISTORY losses are in.
+# The bad-step rule. A step is bad when its loss spikes (SpikeWatch; its update is skipped) or when it diverged
+# (diverged). max_skipped_steps bad steps in a row end the run (BadSteps), and no checkpoint is saved during a streak.
+# SPIKE_WINDOW: about how many recent losses the mean covers; SPIKE_HISTORY: how many come before any judging;
+# SPIKE_MARGIN: the least rise, as a share of the mean, that counts.
 SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 
 
@@ -666,8 +654,7 @@ def diverged(loss, vocab_size, applied=True, scaler=None):
 
 class SpikeWatch:
     """Tracks the recent training loss: a running mean over about the last SPIKE_WINDOW steps, and a running variance
-    taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict), so a
-    resumed run judges spikes as before."""
+    taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict)."""
 
     def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, rate=0.0):
         self.threshold, self.mean, self.var, self.count, self.last, self.rate = threshold, mean, var, count, last, rate
@@ -696,8 +683,7 @@ class SpikeWatch:
 
 
 class BadSteps:
-    """A run's count of skipped updates (`skipped`, which the log shows) and its streak of bad steps (`in_a_row`; no
-    checkpoint is saved during one). A bad step is one whose loss spiked or diverged (diverged)."""
+    """A run's count of skipped updates (`skipped`, which the log shows) and its streak of bad steps (`in_a_row`)."""
 
     def __init__(self, limit, saves, vocab_size, threshold):
         self.limit, self.saves, self.vocab_size, self.threshold, self.skipped, self.in_a_row = limit, saves, vocab_size, threshold, 0, 0

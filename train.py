@@ -2,15 +2,15 @@
 
     python train.py                                     # the real run: 24 hours on data/fineweb-edu, one GPU
     python train.py config/train_quickstart.py          # a few minutes on a CPU
-    python train.py config/recipe_reference.py config/shape_paper.py  # the paper's recipe and shape exactly
+    python train.py config/recipe_reference.py config/shape_paper.py  # the paper's recipe and shape
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
 The budget is a number of hours of training or a number of tokens. Unless they are given, the budget picks the model's
-shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget spent (seconds trained / the
-budget's seconds, or tokens / budget_tokens), not the step count. So on any hardware they end together when the budget
-is spent. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and exits. --resume=True continues from
-there."""
+shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget
+spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So on any hardware they
+end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and exits.
+--resume=True continues from there."""
 import dataclasses
 import functools
 import math
@@ -57,16 +57,13 @@ n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
-# The objective. Each row has the same number of masked positions: mask_rate x seq_len, rounded (a half to even), at
-# least one. Any position may be chosen, [SEP] too. Of a row's chosen tokens, 80% become [MASK], 10% a random regular
-# token, perhaps itself, and 10% stay as they are, by count as in the reference code (mask_tokens). "Masked" means chosen, whatever the token became, and the loss
-# covers every chosen position. With mask_rate_start the rate moves in mask_levels steps over the budget and reaches
-# mask_rate at (mask_levels - 1) / mask_levels of it (with one level it stays at mask_rate_start). Losses at two rates
-# do not compare, so the spike check starts its history again at each new rate. The memory check sizes for the larger
-# rate.
+# The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded (a
+# half to even), at least one. "Masked" means chosen, whatever the token became, and the loss covers every chosen
+# position. With mask_rate_start the rate moves over the budget in mask_levels steps (mask_rate_at). The memory check
+# sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates that move uses, each held for an equal share of the budget (1: mask_rate_start throughout); each is a new shape to compile
+mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. A peak rate of 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5,
 # in a new run, and the checkpoint's rate in a resume. An optimizer without that rule asks for --lr.
@@ -79,14 +76,12 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars; AdamW scales
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
-# The batch. A step's batch grows in steps of batch_ramp_start up to batch_size over the first batch_ramp of the budget:
-# early on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps it). A
-# batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as the nearest power of two
-# from 32 to 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where
+# The batch. A step's batch grows in steps of batch_ramp_start up to batch_size over the first batch_ramp of the budget
+# (batch_size_at): early on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps
+# it). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as the nearest power of
+# two from 32 to 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where
 # micro_batch is given). The paper's day gives 4096, the batch the paper found best; the reference's recipe ramps to
-# 8192, which config/shape_paper.py pins. A batch_ramp_start of 0 means 128, the reference's micro-batch
-# (cram/budget.py's RAMP_START); in a resume of a checkpoint older than that setting, its micro_batch. There is no ramp
-# where the final batch is not larger.
+# 8192, which config/shape_paper.py pins. A batch_ramp_start of 0 means 128, the reference's micro-batch.
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
@@ -99,7 +94,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks; a resume does not restore dropout's generator (see main)
+seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see the loop)
@@ -116,17 +111,15 @@ wandb_run_name = ""       # default: the name of out_dir
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """The learning rate when a fraction `progress` of the budget is spent. `peak` is the peak rate decided at start-up:
-    the `lr` setting, or where that is 0, the width's rule in a new run and the checkpoint's rate in a resume
-    (budget.settle). "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at
-    25% of the peak, rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak x the fraction of the
-    budget left when it starts, which is near 0 when there are many steps. max_steps may stop a run before then. A
-    resume that extends the budget goes on from the new, smaller share spent: its first step jumps to the triangle's
-    rate there, with no new warm-up, and a moving masking rate may step back a level. Decaying to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted
-    training).
+    """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
+    "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
+    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak
+    x the fraction of the budget left when it starts, which is near 0 when there are many steps. Decaying to 0 as the
+    budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training). A resume that extends the
+    budget goes on from the new, smaller share spent: its first step jumps to the triangle's rate there, with no new
+    warm-up.
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
-    rate of 0 at a new run's first step (whose update moves the optimizer's state but not the weights), then decays
-    linearly to 0."""
+    rate of 0 at a new run's first step, then decays linearly to 0."""
     if schedule == "triangle":
         return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
     if schedule == "warmup_linear":
@@ -138,7 +131,7 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
     it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
     each rate is one shape that torch.compile compiles once (Ankner et al. 2023 lower the rate in stages). With one
-    level the rate is `start` throughout."""
+    level the rate is `start` throughout. A resume that extends the budget may step back a level."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
@@ -361,11 +354,9 @@ def run_eval(validation, metrics, step, tokens, seconds):
 def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, watch):
     """What a checkpoint holds, and so what --resume=True restores:
     - the weights, the optimizer's state and float16's loss scale (trainer.state_dict).
-    - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules depend on
-      the fraction of the budget spent, and the data order on how many sequences were read (rows_at). So these three
-      numbers give a resumed run the same learning rate, batch size and rows. Each row's mask depends on the seed
-      and the row's sequence number, so the masks come back too, whatever the micro-batch, the number of processes
-      or the kind of device (see Batches).
+    - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules follow the
+      share of the budget spent, and the rows and their masks the sequences read (Batches), so a resume continues all of
+      them.
     - the loss history that the spike check compares against (watch).
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget
@@ -390,13 +381,9 @@ def main(config, given):
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
-    # The seed decides the initial weights (through torch's generator, seeded here), the data order (epoch_order), each
-    # training row's mask (mask_keys, from the seed and the row's sequence number) and the fill-in picks. Dropout uses
-    # torch's generator. A resume does not restore that generator's state, and under DDP every process draws alike
-    # (with dropout on, every process drops the same positions). So a fork's new random draw in the step comes from
-    # row_noise, as the masks do (see the paragraph above model.py's Trainer). Where the budget picks
-    # the shape and batch by timing a matmul, the same seed on the same machine can still pick another model. Setting
-    # budget_tokens, or giving the shape and batch, fixes them.
+    # torch's generator, seeded here, draws the initial weights and dropout (which a resume does not restore, and every
+    # DDP process draws alike). The data order and the masks come from the seed itself (epoch_order, mask_keys).
+
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
     saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
@@ -414,12 +401,11 @@ def main(config, given):
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
-    # How far the run has got: optimizer steps taken, input tokens trained on, and `seconds` on the budget's clock
-    # (see the loop). A resume starts from its checkpoint's values.
+    # How far the run has got: optimizer steps taken, input tokens trained on, and `seconds` on the budget's clock.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
-    # A new run is scored before its first step. A resume keeps its checkpoint's score at init (None where it has none).
+    # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
     scored = (step, run_eval(validation, metrics, step, tokens, seconds)) if master and not checkpoint else (None, None)
     init_loss = checkpoint.get("init_val_loss") if checkpoint else scored[1] and scored[1][0]
     stop_request = process.StopRequest()
@@ -427,12 +413,11 @@ def main(config, given):
     # -------------------------------------------------------------------- the loop
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # So it counts drawing and masking the batch, the forward, the backward and the update, and the compilation that
-    # torch.compile does in the first steps (on a short budget, a visible share of the schedules). Under DDP it also counts the wait for the processes to agree on the clock.
-    # On a GPU the optimizer's update may still be running when the clock stops (the host last waits for the device at
-    # the gradient's norm); its time falls into the next step, or off the clock before an evaluation, a save or the end.
-    # Set-up (the memory probe included), logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run
-    # takes longer than its budget on the wall. The budget is checked at the top of each step, so the last step starts
-    # before the budget is spent and may end past it by up to one step's time, or one batch's tokens.
+    # torch.compile does in the first steps (on a short budget, a visible share of the schedules). On a GPU the
+    # optimizer's update may still be running when the clock stops (the host last waits for the device at the gradient's
+    # norm); its time falls into the next step. Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the
+    # clock, so a run takes longer than its budget on the wall. The budget is checked at the top of each step, so the
+    # last step may end past it by up to one step's time, or one batch's tokens.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
@@ -441,20 +426,16 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if budget_spent(progress, step, max_steps) or stop:
             break
-        # The schedules are functions of the share of the budget spent.
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
         # lr is the run's peak rate: as given, the checkpoint's, or 1e-3 x (d_model / 768) ** -0.5 (settle() wrote it)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
-        # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each). Their rows
-        # are the next ones of the data order after the sequences trained so far, each with its own mask.
+        # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
-        # The step runs forward and backward over the micro-batches, then one clipped update, skipped on a loss spike.
-        # (OffloadTrainer runs its own copy of these two calls.)
-        # The loss is the mean over every masked token of the step, on all processes. Every row has the same number
-        # of masked tokens and every process the same number of rows, so Trainer.backward weights micro-batches by rows.
+        # The step: forward and backward over the micro-batches (the loss is the mean over every masked token of the
+        # step), then one clipped update, skipped on a loss spike.
         loss = trainer.backward(micro_batches)
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
@@ -466,8 +447,7 @@ def main(config, given):
         # its own time and the step before's, so that the pause is not counted as training. The first step of a run or
         # of a resume has no step before it, so a pause during it counts in full.
         seconds += stop_request.step_seconds(started)
-        # A bad step is a loss spike, an update skipped for a non-finite gradient, or a loss that is not finite or above
-        # ln(vocab_size) + 1 (model.diverged). max_skipped_steps bad steps in a row end the run.
+        # max_skipped_steps bad steps in a row end the run (model.py's bad-step rule)
         bad_steps.count(step, loss, spike, applied, trainer.scaler)
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
@@ -490,9 +470,8 @@ def main(config, given):
     # -------------------------------------------------------------------- the end; the clock has stopped
     # A run ends in one of three ways. When the budget or max_steps is spent, it evaluates, saves its checkpoint and
     # prints the fill-in examples and the final line. On a stop signal, it saves after the step it was on, without a
-    # final evaluation, and --resume=True continues it. If that step spent the budget, the resume only finishes it.
-    # After max_skipped_steps bad steps in a row, BadSteps exits at once with an error and saves nothing. The last
-    # checkpoint saved is then the one to resume from.
+    # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
+    # once with an error and saves nothing; the last checkpoint saved is the one to resume from.
     if master:
         state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
         finish(validation, metrics, state, stop_request.signum, saves, scored)
@@ -542,9 +521,8 @@ def setup_device(config, world, ddp, given):
 def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     """Decides the value of every setting the run will use, before any work, and writes them once into this module's
     globals. budget.settle fills in the shape, final batch, peak rate and the ramp's start. A resume takes these from
-    its checkpoint. memory.choose_micro_batch finds the largest micro-batch that fits. split_micro_batches then cuts
-    every batch of the schedule into as many micro-batches of micro_batch as fit, plus the rest in micro-batches of
-    remainder_micro. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a
+    its checkpoint. memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches the two
+    micro-batch sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a
     resume changed or what the budget picked."""
     log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
@@ -559,8 +537,6 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
                                     offload=config["offload"], log=log)
-    # A step runs the fewest micro-batches of at most `cap` sequences. The rest of a ramp's batch goes in micro-batches
-    # of remainder_micro.
     config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
@@ -588,7 +564,7 @@ def settled_line(given, config, resumed):
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     """Builds the model.Trainer: the model on the device, its compiled copy (wrapped by DDP under torchrun) that the
-    step runs, and the optimizer: OPTIMIZERS[optim] built over param_groups (weight decay on the matrices only).
+    step runs, and the optimizer: OPTIMIZERS[optim] built over param_groups.
     Off-load mode builds its own trainer with the same methods. A resume loads the checkpoint's state, which both
     modes save in one format."""
     if offload:
@@ -692,8 +668,7 @@ def finish(validation, metrics, state, signum, saves, scored):
 
 if __name__ == "__main__":
     # process.guarded turns a stop signal before the loop (Ctrl-C, SIGTERM) or a machine's fault (a full disk, the
-    # GPU's memory) into one line that says what was kept. In the loop, process.StopRequest only records a stop
-    # signal: the step finishes, the loop ends at its top, and finish() saves the checkpoint.
+    # GPU's memory) into one line that says what was kept. In the loop, StopRequest only records a stop signal.
     settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := {}))
     process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings, given)
