@@ -398,7 +398,8 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
         random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
     else:
         noise = row_noise(keys.to(idx.device), T + k)  # (B, T + k)
-        scores = noise[:, :T] * T + torch.arange(T, device=idx.device)  # (B, T): distinct in a row, so topk has no ties
+        # (B, T): ranked by the noise, and by position where two noises are equal, so that no two scores in a row tie
+        scores = noise[:, :T] * T + torch.arange(T, device=idx.device)
         random_ids = noise[:, T:] % n_regular  # (B, k)
     positions = scores.topk(k, dim=1).indices  # (B, k), in the draw's order
     labels = idx.gather(1, positions)

@@ -51,16 +51,16 @@ resume_from = ""          # with --resume=True: an earlier checkpoint to continu
 # rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The best size is the
 # paper's 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one
 # would read the data more than 16 times.
-n_layers = 0              # >= 0: 0 lets the budget pick the shape
-d_model = 0               # >= 0: 0 lets the budget pick the shape
+n_layers = 0              # >= 0: 0 lets the budget pick the shape (settle() writes it here)
+d_model = 0               # >= 0: 0 lets the budget pick the shape (settle() writes it here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
-# The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded (a
-# half to even), at least one. "Masked" means chosen, whatever the token became, and the loss covers every chosen
-# position. With mask_rate_start the rate moves over the budget in mask_levels steps (mask_rate_at). The memory check
-# sizes for the larger rate.
+# The objective (model.mask_tokens). Each row has the same number of chosen positions: mask_rate x seq_len, rounded (a
+# half to even), at least one. The loss covers every chosen position, whatever its token became (in names such as
+# masked_count, "masked" means chosen). With mask_rate_start the rate moves over the budget in mask_levels steps
+# (mask_rate_at). The memory check sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
@@ -68,7 +68,7 @@ eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_
 # The optimizer and the schedules. A peak rate of 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5,
 # in a new run, and the checkpoint's rate in a resume. An optimizer without that rule asks for --lr.
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): the peak learning rate; 0: by the width's rule
+lr = 0.0                  # [0, inf): the peak learning rate; 0: 1e-3 x (d_model / 768) ** -0.5, or a resume's own (settle() writes it here)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -81,11 +81,11 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # it). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as the nearest power of
 # two from 32 to 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where
 # micro_batch is given). The paper's day gives 4096, the batch the paper found best; the reference's recipe ramps to
-# 8192, which config/shape_paper.py pins. A batch_ramp_start of 0 means 128, the reference's micro-batch.
-micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32
-batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it
+# 8192, which config/shape_paper.py pins.
+micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32 (settle() writes it here)
+batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (settle() writes it here)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
-batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time
+batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0: 128, the reference's micro-batch
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -427,7 +427,7 @@ def main(config, given):
         if budget_spent(progress, step, max_steps) or stop:
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        # lr is the run's peak rate: as given, the checkpoint's, or 1e-3 x (d_model / 768) ** -0.5 (settle() wrote it)
+        # lr holds the peak rate settle() chose at start-up (see its setting)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
