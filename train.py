@@ -113,15 +113,15 @@ wandb_run_name = ""       # default: the name of out_dir
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
-    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. Its last step runs at 4 x peak
-    x the fraction of the budget left when it starts, which is near 0 when there are many steps. Decaying to 0 as the
+    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. With many steps, its last one runs at
+    4 x peak x the fraction of the budget left when it starts, near 0. Decaying to 0 as the
     budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training). A resume that extends the
     budget goes on from the new, smaller share spent: its first step jumps to the triangle's rate there, with no new
     warm-up.
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
     rate of 0 at a new run's first step, then decays linearly to 0."""
     if schedule == "triangle":
-        return peak * max(0.0, min(0.25 + progress, 4.0 - 4.0 * progress))
+        return peak * max(0.0, min(0.25 + progress, (1.0 - progress) / 0.25))  # up from 25%, down over the last 25%
     if schedule == "warmup_linear":
         return peak * progress / warmup if progress < warmup else peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
     raise ValueError(f"unknown lr_schedule '{schedule}' (triangle, warmup_linear)")
@@ -454,7 +454,8 @@ def main(config, given):
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                                       skipped=bad_steps.skipped), tokens / (n_rows * seq_len), progress)
+                                       skipped=bad_steps.skipped), tokens / (n_rows * seq_len),
+                     budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the share spent after this step
             warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
@@ -637,7 +638,7 @@ def log_step(metrics, rt, record, epoch, progress):
     mfu, skipped = record["mfu"], record["skipped"]
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
           f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {epoch:.2f} | "
-          f"{record['elapsed'] / 60:.1f} min | {100 * (1 - progress):.0f}% of the budget left"
+          f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left"
           f"{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
     metrics.write(record)
 

@@ -479,6 +479,14 @@ def test_the_end_does_not_score_a_step_twice_and_a_resume_keeps_the_score_at_ini
     assert re.search(r"^final: step 4 \| val loss [\d.]+ \| masked-token", third, re.M), third
 
 
+def test_the_log_says_the_budget_left_after_its_step(prepared, tmp_path):
+    """A token budget of five steps of 16 x 32 tokens: each step's line says the share left after that step, the last
+    one none (the step that spends the budget may pass it; the line never says less than 0%)."""
+    lines = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--batch_size=16",
+                       "--log_interval=1", "--budget_tokens=2560", "--fill_in_examples=0").stdout
+    assert re.findall(r"\| (-?\d+)% of the budget left", lines) == ["80", "60", "40", "20", "0"], lines
+
+
 def test_a_run_stopped_on_its_last_step_is_finished_by_its_resume(prepared, tmp_path):
     """A stop signal on the step that spends the budget saves the checkpoint as not finished. Its resume takes no
     step: it evaluates, saves the run as finished and prints the final line. A second resume then has nothing to do."""
