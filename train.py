@@ -65,10 +65,10 @@ mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
-# The optimizer and the schedules. A peak rate of 0 takes AdamW's rule by the width, 1e-3 x (d_model / 768) ** -0.5,
-# in a new run, and the checkpoint's rate in a resume. An optimizer without that rule asks for --lr.
+# The optimizer and the schedules. The peak rate's rule by the width (lr's 0) is AdamW's, so another optimizer asks
+# for --lr.
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): the peak learning rate; 0: 1e-3 x (d_model / 768) ** -0.5, or a resume's own (settle() writes it here)
+lr = 0.0                  # [0, inf): the peak learning rate; 0: 1e-3 x (d_model / 768) ** -0.5 by the width, or a resume's own (settle() writes it here)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
