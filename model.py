@@ -315,10 +315,10 @@ class CrammedBert(nn.Module):
 
     def mlm_loss(self, hidden, inputs, positions, labels, weight=None):
         """forward's loss and correct count, computed from the final hidden states. These are (B, k, d) at the masked
-        positions with sparse prediction, else (B, T, d). Every loss the run reports comes from here: training's,
-        validation's and the check before a save. So a term a fork adds here moves the validation loss too, and recipes
-        with and without it no longer compare by that loss; a term for training alone can be guarded by self.training,
-        since validation runs in eval mode."""
+        positions with sparse prediction, else (B, T, d). Every loss the run reports or checks comes from here:
+        training's (which the spike and divergence checks read), validation's and the check before a save. So a term a
+        fork adds here moves the validation loss too, and recipes with and without it no longer compare by that loss; a
+        term for training alone can be guarded by self.training, since validation runs in eval mode."""
         targets = labels if self.sparse_prediction else torch.full_like(inputs, -100).scatter(1, positions, labels)
         logits = self.logits(hidden, weight).float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
@@ -379,10 +379,10 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     Exactly k = masked_count(mask_rate, T) positions of every row are chosen, so every batch has the same shape and
     torch.compile builds one graph. Any position may be chosen, including a [SEP] between packed documents. As in the
     reference code (Geiping and Goldstein's), the first round(0.8 k) chosen positions in the draw's order, a random
-    subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep their token
-    (26, 3 and 3 of 32). Regular tokens are the ids below n_regular, which come before the special ones; the
-    reference draws from the whole vocabulary. The random one may be the original. `masking` is a Masking or just
-    its rate.
+    subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep their token (26, 3
+    and 3 of 32; a small k splits coarsely: 1 and 2 are all [MASK], 5 is 4, 0 and 1). Regular tokens are the ids below
+    n_regular, which come before the special ones; the reference draws from the whole vocabulary. The random one may be
+    the original. `masking` is a Masking or just its rate.
 
     Training and validation pass `keys`, an int64 tensor (B,) with one key per row. The draws then come from
     row_noise, which turns each row's key into a run of values: the first T rank the positions and the next k give
@@ -562,19 +562,27 @@ def set_rate(optimizer, lr):
 # -----------------------------------------------------------------------------
 # What a fork's change to the step touches besides the line it changes:
 # - A batch is (inputs, positions, labels) with the same count k of chosen positions in every row. Batches,
-#   Validation, Trainer.backward's weighting by rows, step_bytes, flops_per_token, narrowed layers and off-load mode
+#   Validation, micro_batch_weights, step_bytes, flops_per_token, narrowed layers and off-load mode
 #   all rely on that fixed k.
 # - The forward and mlm_loss run compiled as one graph of fixed shapes, so a change there may not read a value on
 #   the host (.item()) or make a shape that depends on the data.
 # - Every check reads the same loss: the spike check, diverged (ln(vocab_size) + 1), the check before a save (an
 #   error at the end of a run), validation and the log line.
-# - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss and
-#   its weighting) and update.
+# - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss; the
+#   weights are micro_batch_weights') and update.
 # - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
 #   whose draws a resume or another number of processes would not repeat. Noise that the loss needs travels with
 #   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
 # - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
 #   not hold it, runs with its current default.
+def micro_batch_weights(micro_batches):
+    """Each micro-batch's weight in the step's loss: its share of the step's rows. Every row has the same number of
+    chosen positions, so this weights every chosen token alike. An objective whose count varies by row weights by
+    labels.numel() here instead (normal and off-load mode both call this)."""
+    rows = sum(len(batch[0]) for batch in micro_batches)
+    return [len(batch[0]) / rows for batch in micro_batches]
+
+
 class Trainer:
     """A model's training step, in two calls. backward runs forward and backward over the micro-batches, and update
     takes the clipped optimizer step. train.py calls them separately so that it can check the loss in between. step
@@ -594,12 +602,10 @@ class Trainer:
     def backward(self, micro_batches):
         """Runs the forward and backward pass of each micro-batch (inputs, positions, labels). Returns the step's loss
         as a float, the mean over every masked token of the step on every process. Each micro-batch's loss is weighted
-        by its fraction of this process's rows in the step, so the summed gradients are those of one large batch. The
+        by its share of this process's rows in the step (micro_batch_weights), so the summed gradients are those of one large batch. The
         loop then checks this loss (model.py's bad-step rule)."""
-        total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
-        for i, (inputs, positions, labels) in enumerate(micro_batches):
-            # Every row has the same number of masked tokens, so weighting by rows weights every token alike
-            weight = len(inputs) / rows
+        total, n = 0.0, len(micro_batches)
+        for i, ((inputs, positions, labels), weight) in enumerate(zip(micro_batches, micro_batch_weights(micro_batches))):
             # under DDP the gradients are averaged over processes once, after the last micro-batch
             with self.step_model.no_sync() if hasattr(self.step_model, "no_sync") and i < n - 1 else nullcontext():
                 with self.autocast():  # the compiled part of the step: the forward and its loss

@@ -121,7 +121,7 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
     rate of 0 at a new run's first step, then decays linearly to 0."""
     if schedule == "triangle":
-        return peak * max(0.0, min(0.25 + progress, (1.0 - progress) / 0.25))  # up from 25%, down over the last 25%
+        return peak * max(0.0, min(0.25 + progress, (1.0 - progress) / 0.25))  # 0.25 of the peak at 0, the peak at 0.75, 0 at 1
     if schedule == "warmup_linear":
         return peak * progress / warmup if progress < warmup else peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
     raise ValueError(f"unknown lr_schedule '{schedule}' (triangle, warmup_linear)")

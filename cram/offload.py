@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from model import Block, at_positions, param_groups, set_rate
+from model import Block, at_positions, micro_batch_weights, param_groups, set_rate
 
 STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's that off-load judges: the input and the
 # model's attention_mask (a position bias too), streamed to every block; context, narrowed layers', is refused below
@@ -289,9 +289,8 @@ class OffloadTrainer:
 
     def backward(self, micro_batches):
         """model.Trainer.backward's contract. The blocks' gradients go to their host accumulators as they stream."""
-        total, n, rows = 0.0, len(micro_batches), sum(len(batch[0]) for batch in micro_batches)
-        for i, batch in enumerate(micro_batches):
-            weight = len(batch[0]) / rows  # its share of the step's sequences, as model.Trainer.backward
+        total, n = 0.0, len(micro_batches)
+        for i, (batch, weight) in enumerate(zip(micro_batches, micro_batch_weights(micro_batches))):
             loss, squares = self._micro_step(*batch, weight, i == n - 1)
             total = total + loss * weight
         self.squares = squares  # the last micro-batch's: each block's squared gradient norm, for update's clipping
