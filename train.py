@@ -108,6 +108,8 @@ wandb_log = False         # also log to Weights & Biases (pip install wandb; imp
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
+# The step's pieces, in the order the loop uses them: the schedules, the micro-batches, the data, validation and the
+# budget's clock. main and its loop follow them; after main come set-up and the end.
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
@@ -483,6 +485,9 @@ def main(config, given):
         process.exit_stopped(stop_request.signum or signal.SIGTERM)
 
 
+# -----------------------------------------------------------------------------
+# Set-up and the end: what main calls before its loop (the device, the settings' final values, the trainer and its
+# optimizer, the output folder) and after it.
 def setup_device(config, world, ddp, given):
     """Picks the device and precision, loads a resume's checkpoint and checks every setting. All this happens before
     torchrun's processes join, so that any refusal comes first. A resume writes its own settings into `config`,
