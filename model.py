@@ -569,7 +569,8 @@ def set_rate(optimizer, lr):
 # - Every check reads the same loss: the spike check, diverged (ln(vocab_size) + 1), the check before a save (an
 #   error at the end of a run), validation and the log line.
 # - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss; the
-#   weights are micro_batch_weights') and update.
+#   weights are micro_batch_weights') and update. Its blocks' weights live in host memory, so a loss term that reads
+#   them does not work there.
 # - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
 #   whose draws a resume or another number of processes would not repeat. Noise that the loss needs travels with
 #   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
