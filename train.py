@@ -33,6 +33,7 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Ma
                    mask_tokens, param_groups)
 
 # -----------------------------------------------------------------------------
+# The settings. Each one's comment opens with the values it allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 # The budget. Under budget_hours the rate, the batch and the masking rate at a given step follow the measured time;
@@ -65,14 +66,14 @@ mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
-# The optimizer and the schedules. The peak rate's rule by the width (lr's 0) is AdamW's, so another optimizer asks
-# for --lr.
+# The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
+# peak rate (width_lr) asks for --lr.
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
 lr = 0.0                  # [0, inf): the peak learning rate; 0: 1e-3 x (d_model / 768) ** -0.5 by the width, or a resume's own (settle() writes it here)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
-weight_decay = 0.01       # >= 0: not on biases, norms and scalars; AdamW scales it by the step's rate, so it follows the schedule
+weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by the step's rate, so it follows the schedule
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
