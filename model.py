@@ -603,8 +603,8 @@ class Trainer:
     def backward(self, micro_batches):
         """Runs the forward and backward pass of each micro-batch (inputs, positions, labels). Returns the step's loss
         as a float, the mean over every masked token of the step on every process. Each micro-batch's loss is weighted
-        by its share of this process's rows in the step (micro_batch_weights), so the summed gradients are those of one large batch. The
-        loop then checks this loss (model.py's bad-step rule)."""
+        by its share of this process's rows in the step (micro_batch_weights), so the summed gradients are those of one
+        large batch. The loop then checks this loss (model.py's bad-step rule)."""
         total, n = 0.0, len(micro_batches)
         for i, ((inputs, positions, labels), weight) in enumerate(zip(micro_batches, micro_batch_weights(micro_batches))):
             # under DDP the gradients are averaged over processes once, after the last micro-batch

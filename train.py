@@ -116,11 +116,10 @@ wandb_run_name = ""       # default: the name of out_dir
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
-    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. With many steps, its last one runs at
-    4 x peak x the fraction of the budget left when it starts, near 0. Decaying to 0 as the
-    budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training). A resume that extends the
-    budget goes on from the new, smaller share spent: its first step jumps to the triangle's rate there, with no new
-    warm-up.
+    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. With many steps, its last one
+    runs at 4 x peak x the fraction of the budget left when it starts, near 0. Decaying to 0 as the budget ends is what
+    trains best under a fixed budget (Li et al. 2020, budgeted training). A resume that extends the budget goes on from
+    the new, smaller share spent: its first step jumps to the triangle's rate there, with no new warm-up.
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
     rate of 0 at a new run's first step, then decays linearly to 0."""
     if schedule == "triangle":
@@ -654,8 +653,9 @@ def finish(validation, metrics, state, signum, saves, scored):
     continue it. A finished run evaluates (unless `scored`, the latest evaluation's (step, score), is of this step),
     prints how many graphs torch.compile built, the fill-in examples and the final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    final = None if not state["final"] else scored[1] if scored[0] == step else \
-        run_eval(validation, metrics, step, tokens, seconds)
+    final = None
+    if state["final"]:
+        final = scored[1] if scored[0] == step else run_eval(validation, metrics, step, tokens, seconds)
     saves.save_if_sound(validation, state, eval_mask_rate, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
