@@ -273,7 +273,7 @@ class CrammedBert(nn.Module):
         """The final hidden states (B, T, d), or only those at `positions` (B, k) as (B, k, d). padding_mask (B, T) is
         True at real tokens (fine-tuning pads; pretraining does not, and passes None).
         With full_layers below n_layers, the later layers are narrowed (NarrowBERT, Li et al. 2023): they update only
-        the chosen positions, which attend to the last full layer's output. A position's result then does not depend on
+        the positions given, which attend to the last full layer's output. A position's result then does not depend on
         which others are updated, so pretraining updates the masked positions alone and fine-tuning updates all."""
         x = self.embed(idx, padding_mask, tokens)
         attn_mask, full = self.attention_mask(idx.shape[1], padding_mask), self.config.full_layer_count()
@@ -373,12 +373,12 @@ def masked_count(mask_rate, seq_len):
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     """BERT's corruption of each row of idx (B, T). Returns (inputs, positions, labels). inputs (B, T) holds the
-    corrupted rows. positions (B, k) holds the k chosen positions of each row, in the order their draw ranked them
+    corrupted rows. positions (B, k) holds the k masked positions of each row, in the order their draw ranked them
     rather than ascending. labels (B, k) holds the original tokens at those positions.
 
-    Exactly k = masked_count(mask_rate, T) positions of every row are chosen, so every batch has the same shape and
-    torch.compile builds one graph. Any position may be chosen, including a [SEP] between packed documents. As in the
-    reference code (Geiping and Goldstein's), the first round(0.8 k) chosen positions in the draw's order, a random
+    Exactly k = masked_count(mask_rate, T) positions of every row are masked, so every batch has the same shape and
+    torch.compile builds one graph. Any position may be masked, including a [SEP] between packed documents. As in the
+    reference code (Geiping and Goldstein's), the first round(0.8 k) masked positions in the draw's order, a random
     subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep their token (26, 3
     and 3 of 32; a small k splits coarsely: 1 and 2 are all [MASK], 5 is 4, 0 and 1). Regular tokens are the ids below
     n_regular, which come before the special ones; the reference draws from the whole vocabulary. The random one may be
@@ -403,7 +403,7 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
         random_ids = noise[:, T:] % n_regular  # (B, k)
     positions = scores.topk(k, dim=1).indices  # (B, k), in the draw's order
     labels = idx.gather(1, positions)
-    slot = torch.arange(k, device=idx.device)  # (k,): each chosen position's place in the draw's order
+    slot = torch.arange(k, device=idx.device)  # (k,): each masked position's place in the draw's order
     replacement = torch.where(slot < round(0.8 * k), mask_id,
                               torch.where(slot < round(0.9 * k), random_ids, labels))  # (B, k)
     return idx.scatter(1, positions, replacement), positions, labels
@@ -465,7 +465,7 @@ def param_groups(module, weight_decay, optim="adamw"):
 # The optimizers that train.py's --optim names. A fork's new optimizer is one row of OPTIMIZERS, with four fields:
 # - build(groups, lr, betas, eps) makes it over param_groups's groups. Each group carries its own weight decay.
 # - state_bytes is the least memory its state takes per parameter. The memory check counts it.
-# - width_lr says whether the width's rule for the peak rate suits it (budget.lr_for_width, which was tuned for
+# - width_lr says whether the width's rule for the peak rate suits it (lr_for_width below, which was tuned for
 #   AdamW). Where it does not, train.py asks for --lr.
 # - fits(state, param) says whether a resumed state tensor fits its parameter (files.optimizer_problem). By default
 #   it must have the parameter's shape, or a shape that factors it (Adafactor keeps a row's and a column's statistics).
@@ -489,6 +489,17 @@ OPTIMIZERS = {
     # two moments on the rest.
     "muon": Optimizer(lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4, True, same_shape),
 }
+
+
+# The peak learning rate where --lr is not given: 1e-3 at width 768 (the paper's 16 x 768, and BERT-Base's recipes),
+# scaled as width ** -0.5 (nanochat's AdamW rule). That gives 2e-3 at width 192, 1.7e-3 at 256 (the quickstart's
+# hand-tuned 2e-3) and 8.7e-4 at 1024 (published large-over-base ratios are 0.63-0.75: RoBERTa, ModernBERT, Ettin).
+LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
+
+
+def lr_for_width(d_model):
+    """The peak learning rate by the width's rule, for an optimizer whose row says width_lr."""
+    return LR_AT_768 * (d_model / 768) ** LR_WIDTH_EXPONENT
 
 
 # Muon (Keller Jordan 2024) on the blocks' matrices, AdamW on the rest, as one optimizer: momentum made the nearest
@@ -561,7 +572,7 @@ def set_rate(optimizer, lr):
 
 # -----------------------------------------------------------------------------
 # What a fork's change to the step touches besides the line it changes:
-# - A batch is (inputs, positions, labels) with the same count k of chosen positions in every row. Batches,
+# - A batch is (inputs, positions, labels) with the same count k of masked positions in every row. Batches,
 #   Validation, micro_batch_weights, step_bytes, flops_per_token, narrowed layers and off-load mode
 #   all rely on that fixed k.
 # - The forward and mlm_loss run compiled as one graph of fixed shapes, so a change there may not read a value on
@@ -578,7 +589,7 @@ def set_rate(optimizer, lr):
 #   not hold it, runs with its current default.
 def micro_batch_weights(micro_batches):
     """Each micro-batch's weight in the step's loss: its share of the step's rows. Every row has the same number of
-    chosen positions, so this weights every chosen token alike. An objective whose count varies by row weights by
+    masked positions, so this weights every masked token alike. An objective whose count varies by row weights by
     labels.numel() here instead (normal and off-load mode both call this)."""
     rows = sum(len(batch[0]) for batch in micro_batches)
     return [len(batch[0]) / rows for batch in micro_batches]

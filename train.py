@@ -46,21 +46,22 @@ max_steps = 0             # >= 0: also stop after this many steps, skipped updat
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
-# resume. The start-up line "settled:" prints the value each of them runs with and why, and settle() writes it here.
+# resume. The start-up line "settled:" prints the value each of them runs with and why, and main writes it here before
+# any work.
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the
 # share of it a step reaches, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to 24 x 1024, the
 # rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The best size is the
 # paper's 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one
 # would read the data more than 16 times.
-n_layers = 0              # >= 0: 0 lets the budget pick the shape (settle() writes it here)
-d_model = 0               # >= 0: 0 lets the budget pick the shape (settle() writes it here)
+n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
+d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
-# The objective (model.mask_tokens). Each row has the same number of chosen positions: mask_rate x seq_len, rounded (a
-# half to even), at least one. The loss covers every chosen position, whatever its token became (in names such as
-# masked_count, "masked" means chosen). With mask_rate_start the rate moves over the budget in mask_levels steps
+# The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded (a
+# half to even), at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, and
+# the loss covers every masked position. With mask_rate_start the rate moves over the budget in mask_levels steps
 # (mask_rate_at). The memory check sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
@@ -69,7 +70,7 @@ eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_
 # The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
 # peak rate (width_lr) asks for --lr.
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): the peak learning rate; 0: 1e-3 x (d_model / 768) ** -0.5 by the width, or a resume's own (settle() writes it here)
+lr = 0.0                  # [0, inf): the peak learning rate; 0: model.lr_for_width's 1e-3 x (d_model / 768) ** -0.5, or a resume's own (main writes the value here)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
@@ -83,10 +84,10 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # two from 32 to 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where
 # micro_batch is given). The paper's day gives 4096, the batch the paper found best; the reference's recipe ramps to
 # 8192, which config/shape_paper.py pins.
-micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32 (settle() writes it here)
-batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (settle() writes it here)
+micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32 (main writes the value here)
+batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
-batch_ramp_start = 0      # >= 0: sequences per step at the start, and what the batch grows by at a time; 0: 128, the reference's micro-batch
+batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -335,7 +336,7 @@ def check_settings(world, config, rt, given=None, model=None):
     lr_from = [s for s, v in (given or {}).get("lr", {}).items() if v == config["lr"]]
     chose = [s for s in lr_from if s == "--" or given.get("optim", {}).get(s) == optim]
     if not OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and not chose):
-        why = f"{lr_from[-1]}'s lr={config['lr']:g}" if config["lr"] else "the width's rule (budget.lr_for_width)"
+        why = f"{lr_from[-1]}'s lr={config['lr']:g}" if config["lr"] else "the width's rule (model.lr_for_width)"
         raise SystemExit(f"error: {named('optim', given)}={optim} needs --lr: {why} is AdamW's, and its row in "
                          f"model.OPTIMIZERS does not take it (width_lr)")
     if config["offload"]:
@@ -378,7 +379,9 @@ def main(config, given):
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = settle(config, unshaped, resumed, run_data, rt, world, ddp, master)
     start_lines.append(settled_line(given, config, resumed[0] is not None))
-    # From here on, every global at the top of this file holds the value the run uses.
+    # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
+    # the run's own settings from its checkpoint.
+    globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 
@@ -429,7 +432,7 @@ def main(config, given):
         if budget_spent(progress, step, max_steps) or stop:
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        # lr holds the peak rate settle() chose at start-up (see its setting)
+        # lr holds the peak rate decided at start-up (see its setting)
         step_lr = lr_at(progress, lr, lr_schedule, warmup)
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
@@ -525,17 +528,17 @@ def setup_device(config, world, ddp, given):
 
 
 def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
-    """Decides the value of every setting the run will use, before any work, and writes them once into this module's
-    globals. budget.settle fills in the shape, final batch, peak rate and the ramp's start. A resume takes these from
-    its checkpoint. memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches the two
-    micro-batch sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a
-    resume changed or what the budget picked."""
+    """Decides the value of every setting the run will use, before any work, and writes them into `config`.
+    budget.settle fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
+    memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches the two micro-batch
+    sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
+    or what the budget picked."""
     log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     unshaped = dataclasses.replace(unshaped, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # as the data has
     settled, budget_pick, picked_lines = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
-    config.update(settled)  # the shape, final batch, peak rate and ramp's start
+    config.update(settled)  # the shape, final batch and peak rate
     model = dataclasses.replace(unshaped, **{k: config[k] for k in SHAPE_FIELDS})  # in the settled shape
     check_settings(world, config, rt, model=model)  # with the shape and batch settled
     model_args = dataclasses.asdict(model)
@@ -545,7 +548,6 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
                                     offload=config["offload"], log=log)
     config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
-    globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     return model_args, remainder_micro, budget_pick, changes + picked_lines
 
 
@@ -555,7 +557,6 @@ def settled_line(given, config, resumed):
     `given` records), taken from the checkpoint in a resume, or picked by a rule."""
     rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
                  n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
-                 batch_ramp_start="the default",
                  micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
                  "32, or the batch if smaller")
     asked = {k: [*given[k].values()][-1] if k in given else 0 for k in rules}  # the value in effect where set, else 0

@@ -15,7 +15,7 @@
 #   256 leaves over a thousand;
 # - evaluation and checkpoints every 10 minutes (not 30 and 60), on 1,000 held-out sequences;
 # - the learning rate pinned at 1e-3, at which the laptop figures were measured (the budget's rule would give
-#   1.7e-3 at width 256: budget.lr_for_width).
+#   1.7e-3 at width 256: model.lr_for_width).
 data_dir = "data/books32k"
 out_dir = "out/cpu"
 budget_hours = 2.0

@@ -1,6 +1,7 @@
-"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung), the final batch and the peak
-lr, pure functions beside their constants and sources; `settle`, train.py's one call, applies them (given settings win,
-a resume keeps its checkpoint's), start_lines say what it picked. docs/training.md has the published points."""
+"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung) and the final batch, pure
+functions beside their constants and sources, then the peak lr by the width (model.lr_for_width); `settle`, train.py's
+one call, applies them (given settings win, a resume keeps its checkpoint's), start_lines say what it picked.
+docs/training.md has the published points."""
 import dataclasses
 import functools
 import math
@@ -11,7 +12,7 @@ import torch
 from configurator import named
 from . import runtime
 from .data import repeat_warning
-from model import REPLACED_FIELDS, ModelConfig, saved_model_args
+from model import LR_AT_768, LR_WIDTH_EXPONENT, REPLACED_FIELDS, ModelConfig, lr_for_width, saved_model_args
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -34,14 +35,9 @@ MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epoch
 # Bergsma et al. 2025).
 PAPER_BATCH, PAPER_SEQUENCES, BATCH_EXPONENT = 4096, 54e6, 0.64
 MIN_BATCH, MAX_BATCH = 32, 8192  # 32: the smallest measured, and a CPU's micro-batch
-# The peak learning rate: 1e-3 at width 768 (the paper's 16 x 768; BERT-Base's recipes), scaled as width ** -0.5
-# (nanochat's AdamW rule): 2e-3 at 192, 1.7e-3 at 256 (the quickstart's hand-tuned 2e-3), 8.7e-4 at 1024
-# (published large-over-base ratios 0.63-0.75: RoBERTa, ModernBERT, Ettin; pre-LN 24 x 1024 trained at 1e-3-2e-3)
-LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 # A CPU's bfloat16 step (cpu_bf16_gain): its matmuls (this share of a float32 step) at the measured speed-up, the rest
 # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision")
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
-RAMP_START = 128  # the batch's ramp starts at the reference's micro-batch, 128 sequences (cramming's impl/_default.yaml)
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
 # What a resume keeps and what it may change (train.checkpoint_state says it in words):
 # - PICKED settings have a 0 that means "pick it": in a resume a 0 keeps the checkpoint's value.
@@ -49,7 +45,7 @@ SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fiel
 # - ADJUSTABLE settings are the run's own, but a resume may change them when given: they are what a diverged run
 #   asks to lower. A larger budget may be given too. Every other setting of the run is kept, and a different value
 #   given for one is refused in one line.
-PICKED = (*SHAPE_FIELDS, "batch_size", "batch_ramp_start", "lr")
+PICKED = (*SHAPE_FIELDS, "batch_size", "lr")
 SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
            "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
            "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes",
@@ -102,11 +98,6 @@ def batch_for_budget(tokens, seq_len):
     return min(MAX_BATCH, max(MIN_BATCH, batch))
 
 
-def lr_for_width(d_model):
-    """The peak lr at width d_model: LR_AT_768 x (d_model / 768) ** LR_WIDTH_EXPONENT, AdamW's (model.OPTIMIZERS)."""
-    return LR_AT_768 * (d_model / 768) ** LR_WIDTH_EXPONENT
-
-
 def expected_steps(sequences, start, final, ramp):
     """About how many optimizer steps a run of `sequences` takes with train.batch_size_at's batches: while it grows, a
     batch of k times `start` lasts ramp * start / (final - start) of the budget (the last up to `ramp`); the final the rest."""
@@ -123,16 +114,15 @@ def cpu_bf16_gain(speedup):
 
 
 def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, ddp):
-    """Settles the shape, the final batch, the peak rate and the ramp's start. Each one given (not 0) is used as given.
-    A resume keeps its checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the
-    model's other settings and its data's vocabulary and sequence length, with any shape (the rule replaces it).
-    Returns (the settled settings, the rule's pick or None, a fresh run's start-up lines that say what the rule picked);
-    the pick goes in the checkpoint."""
+    """Settles the shape, the final batch and the peak rate. Each one given (not 0) is used as given. A resume keeps its
+    checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the model's other settings
+    and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns (the settled settings,
+    the rule's pick or None, a fresh run's start-up lines that say what the rule picked); the pick goes in the
+    checkpoint."""
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
-    if checkpoint:  # its run's (resume_settings carried them); from before the ramp's start: its micro-batch
-        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved["batch_size"],
-                       batch_ramp_start=saved.get("batch_ramp_start", saved.get("micro_batch")))
+    if checkpoint:  # its run's (resume_settings carried them)
+        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved["batch_size"])
     elif len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         efficiency_of = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
@@ -140,7 +130,6 @@ def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
         pick = dict(timing, **picked)
     settled.update(given)
     settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
-    settled["batch_ramp_start"] = config["batch_ramp_start"] or settled.get("batch_ramp_start") or RAMP_START
     lines = [] if checkpoint else start_lines(pick, {**config, **settled}, model_args["seq_len"], config["lr"])
     return settled, pick, lines
 
@@ -159,6 +148,8 @@ def resume_settings(checkpoint, config, given):
     kind (hours or tokens) makes the schedules follow the share of the new budget, and the batch ramp still ends
     where it did. The data is where the run trained unless --data_dir is given."""
     saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
+    if "batch_ramp_start" not in saved and "micro_batch" in saved:  # from before the setting: it ramped from its micro-batch
+        saved = dict(saved, batch_ramp_start=saved["micro_batch"])
     data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
     if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
@@ -216,7 +207,7 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
 def start_lines(pick, config, seq_len, lr_given):
     """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`), the rate (unless given)."""
     lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
-                              f"{LR_WIDTH_EXPONENT}, budget.lr_for_width: AdamW's; --lr sets it)"]
+                              f"{LR_WIDTH_EXPONENT}, model.lr_for_width: AdamW's; --lr sets it)"]
     if not pick:
         return lr
     hours, tokens = config["budget_hours"], config["budget_tokens"]  # the budget as given: '5 min', '24 h'

@@ -9,9 +9,10 @@ import re
 import pytest
 import torch
 
+from configurator import config_keys
 from conftest import ROOT, TINY_MODEL, run_script, slow
-from model import ModelConfig
-from cram.budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps, lr_for_width,
+from model import ModelConfig, lr_for_width
+from cram.budget import (LADDER, MAX_EPOCHS, STEP_EFFICIENCY, batch_for_budget, cpu_bf16_gain, expected_steps,
                          shape_for_budget, shape_of, step_efficiency)
 from train import batch_size_at
 
@@ -148,20 +149,20 @@ def test_expected_steps_follow_the_ramp():
         assert expected_steps(sequences, start, final, ramp) == pytest.approx(steps, rel=0.02)
 
 
-def test_a_resume_keeps_its_ramp_and_an_older_checkpoint_ramps_from_its_micro_batch():
-    """settle: the ramp's start given wins; a resumed run's own otherwise (not the default's 128); a checkpoint from
-    before the setting ramped from its micro-batch (one process's, as train.py then did); a fresh run the reference's."""
-    from cram.budget import RAMP_START, settle
-    config = dict(n_layers=2, d_model=64, n_heads=2, d_ffn=256, batch_size=0, lr=0.0, batch_ramp_start=0)
-    shape = {k: config[k] for k in ("n_layers", "d_model", "n_heads", "d_ffn")}
-    ckpt = dict(model_args=shape, config=dict(batch_size=64, lr=1e-3, micro_batch=16, batch_ramp_start=48))
-    common = dict(model_args=dict(vocab_size=512, seq_len=32), data_tokens=1e6, rt=None, world=1, master=True, ddp=False)
-    assert settle(config, ckpt, **common)[0]["batch_ramp_start"] == 48
-    assert settle({**config, "batch_ramp_start": 32}, ckpt, **common)[0]["batch_ramp_start"] == 32
-    older = dict(ckpt, config=dict(batch_size=64, lr=1e-3, micro_batch=16))
-    assert settle(config, older, **common)[0] == dict(shape, batch_size=64, lr=1e-3, batch_ramp_start=16)
-    fresh = dict(config, batch_size=64, budget_tokens=8192)
-    assert settle(fresh, None, **common)[0]["batch_ramp_start"] == RAMP_START == 128
+def test_a_resume_keeps_its_ramp_and_an_older_checkpoint_ramps_from_its_micro_batch(tmp_path):
+    """resume_settings: a resumed run ramps from its own start (not the default's 128); a checkpoint from before the
+    setting ramped from its micro-batch (one process's, as train.py then did); another start given is refused."""
+    import train
+    from cram.budget import resume_settings
+    config = dict(config_keys(vars(train)), data_dir=str(tmp_path))
+    saved = dict(config, batch_size=64, lr=1e-3, micro_batch=16, batch_ramp_start=48)
+    ckpt = dict(model_args=dict(n_layers=2, d_model=64, n_heads=2, d_ffn=256, vocab_size=512, seq_len=32),
+                config=saved, tokens=0, elapsed=0.0, data_dir=str(tmp_path))
+    assert resume_settings(ckpt, config, {})[0]["batch_ramp_start"] == 48
+    older = dict(ckpt, config={k: v for k, v in saved.items() if k != "batch_ramp_start"})
+    assert resume_settings(older, config, {})[0]["batch_ramp_start"] == 16
+    with pytest.raises(SystemExit, match=r"--batch_ramp_start=32 differs from its checkpoint's 48"):
+        resume_settings(ckpt, dict(config, batch_ramp_start=32), {"batch_ramp_start": {"--": 32}})
 
 
 def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_path):
@@ -181,7 +182,7 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     # every setting whose 0 the start-up decides, in one line, with why (train.settled_line)
     assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32 \(the budget's pick\); "
                      r"n_heads=2 \(the most heads at least 64 wide\); d_ffn=512 \(4 x d_model\); "
-                     r"lr=0.00245 \(the width's rule\); batch_ramp_start=128 \(the default\); "
+                     r"lr=0.00245 \(the width's rule\); "
                      r"micro_batch=16 \(given\)$", first, re.M), first
     ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
     assert (ckpt["model_args"]["n_layers"], ckpt["model_args"]["d_model"], ckpt["config"]["batch_size"]) == (2, 128, 32)
@@ -190,8 +191,8 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     resumed = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=5000000", "--max_steps=20",
                          "--resume=True").stdout
     assert "budget:" not in resumed and max(map(int, re.findall(r"\| batch (\d+) \|", resumed))) <= 32
-    assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32, n_heads=2, d_ffn=512, lr=0.00245, "
-                     r"batch_ramp_start=128 \(its checkpoint's\); micro_batch=16 \(given\)$", resumed, re.M), resumed
+    assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32, n_heads=2, d_ffn=512, lr=0.00245 "
+                     r"\(its checkpoint's\); micro_batch=16 \(given\)$", resumed, re.M), resumed
     again = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
     assert again["model_args"] == ckpt["model_args"] and again["config"]["batch_size"] == 32 and again["step"] == 20
     assert again["config"]["lr"] == ckpt["config"]["lr"] == pytest.approx(2.449e-3, rel=1e-3) and "lr:" not in resumed
