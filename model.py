@@ -190,14 +190,19 @@ DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a 
 MISSING_FIELD_DEFAULTS = {"smear": False}  # missing from a checkpoint's model_args: the switch did not exist yet (off)
 REPLACED_FIELDS = {  # an older checkpoint's field that others replaced -> the new fields its value means
     "learned_positions": lambda learned: dict(position_scheme="learned" if learned else "sinusoidal")}
+# The values that leave a switch off. A checkpoint's setting or model field that this cram lacks (a fork's, or a newer
+# cram's) is dropped where it holds one of them, since the run then ran as this cram runs; where it is on, it is refused.
+OFF = (None, False, 0, "")
 
 
 def saved_model_args(model_args):
-    """A checkpoint's model_args as this version names them: a switch added since is off, a replaced field the new ones."""
+    """A checkpoint's model_args as this version names them: a switch added since is off, a replaced field becomes the
+    new ones, and a field this version lacks is dropped where it is off (files.model_args_problem refuses it on)."""
     args = {**MISSING_FIELD_DEFAULTS, **model_args}
     for old, new in REPLACED_FIELDS.items():
         args.update(new(args.pop(old)) if old in args else {})
-    return dataclasses.asdict(ModelConfig(**args))
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    return dataclasses.asdict(ModelConfig(**{k: v for k, v in args.items() if k in known or v not in OFF}))
 
 
 SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vocab_size=32768),  # the benchmarks'
@@ -376,8 +381,8 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     corrupted rows. positions (B, k) holds the k masked positions of each row, in the order their draw ranked them
     rather than ascending. labels (B, k) holds the original tokens at those positions.
 
-    Exactly k = masked_count(mask_rate, T) positions of every row are masked, so every batch has the same shape and
-    torch.compile builds one graph. Any position may be masked, including a [SEP] between packed documents. As in the
+    Exactly k = masked_count(mask_rate, T) positions of every row are masked, so at a given rate every batch has the same
+    shape and torch.compile builds one graph for it. Any position may be masked, including a [SEP] between packed documents. As in the
     reference code (Geiping and Goldstein's), the first round(0.8 k) masked positions in the draw's order, a random
     subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep their token (26, 3
     and 3 of 32; a small k splits coarsely: 1 and 2 are all [MASK], 5 is 4, 0 and 1). Regular tokens are the ids below
@@ -588,7 +593,7 @@ def set_rate(optimizer, lr):
 # - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
 #   not hold it, runs with its current default.
 def micro_batch_weights(micro_batches):
-    """Each micro-batch's weight in the step's loss: its share of the step's rows. Every row has the same number of
+    """Each micro-batch's weight in the step's loss: its share of this process's rows in the step. Every row has the same number of
     masked positions, so this weights every masked token alike. An objective whose count varies by row weights by
     labels.numel() here instead (normal and off-load mode both call this)."""
     rows = sum(len(batch[0]) for batch in micro_batches)
@@ -598,7 +603,7 @@ def micro_batch_weights(micro_batches):
 class Trainer:
     """A model's training step, in two calls. backward runs forward and backward over the micro-batches, and update
     takes the clipped optimizer step. train.py calls them separately so that it can check the loss in between. step
-    calls both. The Trainer also holds the training state that a checkpoint keeps.
+    calls both, for a caller that checks nothing in between (bench.py, the memory probe). The Trainer also holds the training state that a checkpoint keeps.
 
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module in the form
     the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in

@@ -9,8 +9,8 @@
 The budget is a number of hours of training or a number of tokens. Unless they are given, the budget picks the model's
 shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget
 spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So on any hardware they
-end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and exits.
---resume=True continues from there."""
+end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint (unless the
+weights have diverged) and exits. --resume=True continues from there."""
 import dataclasses
 import functools
 import math
@@ -64,7 +64,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # the loss covers every masked position. With mask_rate_start the rate moves over the budget in mask_levels steps
 # (mask_rate_at). The memory check sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share moves from this to mask_rate over the budget (mask_rate_at)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and steps to mask_rate, reached for the budget's last 1 / mask_levels (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
@@ -86,7 +86,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # 8192, which config/shape_paper.py pins.
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32 (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
-batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size
+batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 it never quite gets there)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
@@ -149,7 +149,8 @@ def batch_size_at(progress, start, final, ramp):
     (budget.resume_settings), so the batch never shrinks."""
     if progress >= ramp or start >= final:
         return final
-    return min(final, int(start + (final - start) * progress / ramp) // start * start)
+    grown = start + (final - start) * progress / ramp  # the straight line from start (at 0) to final (at ramp)
+    return min(final, int(grown) // start * start)  # rounded down to a multiple of start
 
 
 # How a step is cut into micro-batches. A process runs its share of a batch as several forward and backward passes
@@ -161,7 +162,8 @@ def split_micro_batches(world, micro, final, start, ramp):
     graph to compile, so two sizes must serve them all. `micro` is the cap, or a process's share of the final batch
     if that is smaller. `remainder` is the largest size that divides what every share has left over. A batch that
     `world` processes cannot share evenly is refused in one line."""
-    for name, batch in (("batch_size", final), ("batch_ramp_start", start := start if ramp and start < final else 0)):
+    start = start if ramp and start < final else 0  # 0: no ramp, so only the final batch is cut
+    for name, batch in (("batch_size", final), ("batch_ramp_start", start)):
         if batch % world:
             raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
                              f"of processes that divides {math.gcd(final, start)}, or a new run with a multiple of {world}")
@@ -233,7 +235,7 @@ class Batches:
         self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
         self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
 
-    def step(self, consumed, sizes, masking):
+    def for_step(self, consumed, sizes, masking):
         """This process's masked micro-batches for one step, as a list of (inputs, positions, labels). `consumed` is
         how many sequences the run trained on before this step. `sizes` are the sizes of this process's micro-batches
         (micro_batch_sizes), and every process cuts the step the same way. The step reads the next sequences of the
@@ -320,7 +322,7 @@ def agree_on_clock(seconds, stop, master, device):
 def check_settings(world, config, rt, given=None, model=None):
     """Refuses, with a one-line error each, settings that cannot run together. The configurator has already checked
     each setting's own range. This runs twice. The first call comes before any work and gets `given`, which says
-    where each setting came from. The second comes once budget.settle has picked the shape and batch. `model` is
+    where each setting came from. The second comes once budget.decide has picked the shape and batch. `model` is
     the ModelConfig that the settings make. In the first call, shape fields still at 0 take the ladder's first
     shape, so that a bad model setting is refused before any work."""
     optim = config["optim"]
@@ -438,7 +440,7 @@ def main(config, given):
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
         # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
-        micro_batches = batches.step(tokens // seq_len, sizes, step_masking)
+        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)
         # The step: forward and backward over the micro-batches (the loss is the mean over every masked token of the
         # step), then one clipped update, skipped on a loss spike.
         loss = trainer.backward(micro_batches)
@@ -529,14 +531,14 @@ def setup_device(config, world, ddp, given):
 
 def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     """Decides the value of every setting the run will use, before any work, and writes them into `config`.
-    budget.settle fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
+    budget.decide fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
     memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches the two micro-batch
     sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
     or what the budget picked."""
     log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     unshaped = dataclasses.replace(unshaped, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # as the data has
-    settled, budget_pick, picked_lines = budget.settle(config, checkpoint, model_args=dataclasses.asdict(unshaped),
+    settled, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(unshaped),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch and peak rate
     model = dataclasses.replace(unshaped, **{k: config[k] for k in SHAPE_FIELDS})  # in the settled shape

@@ -1,5 +1,5 @@
 """The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung) and the final batch, pure
-functions beside their constants and sources, then the peak lr by the width (model.lr_for_width); `settle`, train.py's
+functions beside their constants and sources, then the peak lr by the width (model.lr_for_width); `decide`, train.py's
 one call, applies them (given settings win, a resume keeps its checkpoint's), start_lines say what it picked.
 docs/training.md has the published points."""
 import dataclasses
@@ -12,7 +12,7 @@ import torch
 from configurator import named
 from . import runtime
 from .data import repeat_warning
-from model import LR_AT_768, LR_WIDTH_EXPONENT, REPLACED_FIELDS, ModelConfig, lr_for_width, saved_model_args
+from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, REPLACED_FIELDS, ModelConfig, lr_for_width, saved_model_args
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -113,7 +113,7 @@ def cpu_bf16_gain(speedup):
     return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
 
 
-def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, ddp):
+def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, ddp):
     """Settles the shape, the final batch and the peak rate. Each one given (not 0) is used as given. A resume keeps its
     checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the model's other settings
     and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns (the settled settings,
@@ -136,10 +136,10 @@ def settle(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
 
 def unknown_setting(saved, config):
     """'key=value' for the first setting in a checkpoint's config `saved` that this cram does not have and that is on
-    (not 0, False or empty), else None. A fork's new setting, or a newer cram's, is off by default, so a run that
-    had it off runs here as it did; one that had it on would silently run without it."""
+    (not in model.OFF), else None. A fork's new setting, or a newer cram's, is off by default, so a run that had it
+    off runs here as it did; one that had it on would silently run without it."""
     return next((f"{k}={v!r}" for k, v in saved.items() if k not in config and k not in REPLACED_FIELDS and
-                 k != "recipe_ramp" and v not in (None, False, 0, "")), None)
+                 k != "recipe_ramp" and v not in OFF), None)
 
 
 def resume_settings(checkpoint, config, given):

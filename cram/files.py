@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from model import OPTIMIZERS, REPLACED_FIELDS, CrammedBert, ModelConfig, diverged, param_groups, saved_model_args
+from model import OFF, OPTIMIZERS, REPLACED_FIELDS, CrammedBert, ModelConfig, diverged, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -442,9 +442,9 @@ def checkpoint_problem(checkpoint, path):
 def model_args_problem(args):
     """Unknown fields, values of the wrong type or outside a field's declared range, or what ModelConfig refuses; or None."""
     fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(args) - fields.keys() - REPLACED_FIELDS.keys())
+    unknown = sorted(k for k in set(args) - fields.keys() - REPLACED_FIELDS.keys() if args[k] not in OFF)
     if unknown:
-        return f"unknown model_args field(s) {', '.join(unknown)} (a newer cram's checkpoint?)"
+        return f"unknown model_args field(s) {', '.join(unknown)}, on (a fork's or a newer cram's checkpoint?)"
     for kind, *declared in declarations({}, ModelConfig):
         if kind != "setting" or declared[0] not in args:  # ('section', text), ('more', text): no setting
             continue

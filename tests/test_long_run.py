@@ -507,7 +507,8 @@ def test_a_run_stopped_on_its_last_step_is_finished_by_its_resume(prepared, tmp_
 
 def test_a_checkpoint_s_setting_this_cram_lacks_is_refused_when_on(prepared, tmp_path):
     """A fork's new setting in a checkpoint (or a newer cram's): on, a resume here would run without it, so it is one
-    line and the checkpoint untouched; off (0, False or empty), the run is the one this cram runs, and it resumes."""
+    line and the checkpoint untouched; off (0, False or empty), the run is the one this cram runs, and it resumes.
+    A fork's model switch (a model_args field) alike."""
     train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--compile=False",
              "--batch_size=16", "--fill_in_examples=0", "--eval_sequences=32"]
     run_script(*train, "--max_steps=2")
@@ -518,8 +519,12 @@ def test_a_checkpoint_s_setting_this_cram_lacks_is_refused_when_on(prepared, tmp
         assert_one_line_error(run_script(*train, "--resume=True", "--max_steps=3", check=False),
                               f"a setting this cram does not have ({[*extra][0]}=", "resume it with the cram that wrote it")
         assert (tmp_path / "ckpt.pt").read_bytes() == before
-    torch.save(dict(checkpoint, config=dict(checkpoint["config"], my_regulariser=0.0, span_masking=False)),
-               tmp_path / "ckpt.pt")
+    switch_on = dict(checkpoint, model_args=dict(checkpoint["model_args"], my_switch=True))
+    torch.save(switch_on, tmp_path / "ckpt.pt")
+    assert_one_line_error(run_script(*train, "--resume=True", "--max_steps=3", check=False),
+                          "unknown model_args field(s) my_switch, on")
+    torch.save(dict(checkpoint, config=dict(checkpoint["config"], my_regulariser=0.0, span_masking=False),
+                    model_args=dict(checkpoint["model_args"], my_switch=False)), tmp_path / "ckpt.pt")
     assert "final: step 3 |" in run_script(*train, "--resume=True", "--max_steps=3").stdout
 
 

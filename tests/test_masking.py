@@ -74,9 +74,9 @@ def test_a_fork_s_masking_setting_reaches_mask_tokens_as_one_object(monkeypatch)
     meta = dict(special_ids={"[MASK]": N_REGULAR + 1}, n_regular=N_REGULAR)  # the [MASK] id inside the vocabulary
     batches = Batches(tokens, meta, 0, 1, torch.device("cpu"), 0)
     step = dataclasses.replace(masking, mask_rate=0.5)
-    (inputs, positions, labels), = batches.step(8, [4], step)
+    (inputs, positions, labels), = batches.for_step(8, [4], step)
     assert seen == [SpanMasking(mask_rate=0.5, span=3)] and positions.shape == (4, 8)
-    (same, *_), = Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).step(8, [4], 0.5)
+    (same, *_), = Batches(tokens, meta, 0, 1, torch.device("cpu"), 0).for_step(8, [4], 0.5)
     assert torch.equal(inputs, same)
 
 
@@ -188,7 +188,7 @@ def test_a_step_s_masks_are_the_same_at_any_micro_batch_and_process_count():
             assert not split or len(micro_batch_sizes(batch, world, *split)) == batch // world // micro
             sizes = micro_batch_sizes(batch, world, *split) if split else [batch // world]
             step = [part for rank in range(world) for part in
-                    Batches(tokens, meta, rank, world, torch.device("cpu"), seed).step(consumed, sizes, 0.25)]
+                    Batches(tokens, meta, rank, world, torch.device("cpu"), seed).for_step(consumed, sizes, 0.25)]
             assert masked_rows(step) == want, (consumed, world, micro)
 
 

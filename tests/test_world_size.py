@@ -90,7 +90,7 @@ def test_a_step_reads_the_same_sequences_at_any_world_and_micro_batch(order):
                 if batch % world or start % world:
                     continue
                 split = split_micro_batches(world, micro, final, start, 0.6)
-                got = [rows_of(Batches(tokens, meta, rank, world, torch.device("cpu"), 0, order).step(
+                got = [rows_of(Batches(tokens, meta, rank, world, torch.device("cpu"), 0, order).for_step(
                     consumed, micro_batch_sizes(batch, world, *split), 0.25)) for rank in range(world)]
                 assert sorted(sum(got, [])) == want, (consumed, batch, world, micro)
 
