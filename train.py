@@ -123,11 +123,11 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     the new, smaller share spent: its first step jumps to the triangle's rate there, with no new warm-up.
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
     rate of 0 at a new run's first step, then decays linearly to 0."""
-    if schedule == "triangle":
-        return peak * max(0.0, min(0.25 + progress, (1.0 - progress) / 0.25))  # 0.25 of the peak at 0, the peak at 0.75, 0 at 1
+    if schedule == "triangle":  # up from 0.25 of the peak at 0 to the peak at 0.75, then down to 0 at 1
+        return peak * (0.25 + progress if progress < 0.75 else max(0.0, 4 * (1.0 - progress)))
     if schedule == "warmup_linear":
         return peak * progress / warmup if progress < warmup else peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
-    raise ValueError(f"unknown lr_schedule '{schedule}' (triangle, warmup_linear)")
+    raise ValueError(f"unknown lr_schedule '{schedule}'")
 
 
 def mask_rate_at(progress, end, start=0.0, levels=4):
@@ -380,7 +380,7 @@ def main(config, given):
     master, log = rank == 0, rank0_print(rank == 0)
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = settle(config, unshaped, resumed, run_data, rt, world, ddp, master)
-    start_lines.append(settled_line(given, config, resumed[0] is not None))
+    start_lines.append(budget.settled_line(given, config, resumed[0] is not None))
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
@@ -413,8 +413,10 @@ def main(config, given):
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
-    scored = (step, run_eval(validation, metrics, step, tokens, seconds)) if master and not checkpoint else (None, None)
-    init_loss = checkpoint.get("init_val_loss") if checkpoint else scored[1] and scored[1][0]
+    scored, init_loss = (None, None), checkpoint.get("init_val_loss") if checkpoint else None  # scored: (step, score)
+    if master and not checkpoint:
+        scored = (step, run_eval(validation, metrics, step, tokens, seconds))
+        init_loss = scored[1][0]
     stop_request = process.StopRequest()
 
     # -------------------------------------------------------------------- the loop
@@ -551,24 +553,6 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
                                                                       config["batch_ramp_start"], config["batch_ramp"])
     return model_args, remainder_micro, budget_pick, changes + picked_lines
-
-
-def settled_line(given, config, resumed):
-    """The start-up line that prints each setting whose 0 means "decide at start-up", with the value it got. The
-    settings are grouped by where the value came from: given (not 0, on the command line or in a config file, as
-    `given` records), taken from the checkpoint in a resume, or picked by a rule."""
-    rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
-                 n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
-                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
-                 "32, or the batch if smaller")
-    asked = {k: [*given[k].values()][-1] if k in given else 0 for k in rules}  # the value in effect where set, else 0
-    groups = {}
-    for k, rule in rules.items():
-        why = "given" if asked[k] else "its checkpoint's" if resumed and k != "micro_batch" else rule
-        shown = (lambda v: f"{v:.3g}") if k == "lr" else str
-        cut = f" of {shown(asked[k])} given" if asked[k] and asked[k] != config[k] else ""  # a micro-batch over the batch
-        groups.setdefault(why, []).append(f"{k}={shown(config[k])}{cut}")
-    return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):

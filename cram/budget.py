@@ -155,22 +155,23 @@ def resume_settings(checkpoint, config, given):
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
     model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
     run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in SESSION}
-    chosen = {k for k in run.keys() & given if config[k] or k not in PICKED}  # 0 for a picked one: "as before"
-    asked = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))  # an extension scaled the ramp
-    changed = sorted(k for k in chosen if config[k] != asked[k])
+    given_now = {k for k in run.keys() & given if config[k] or k not in PICKED}  # a 0 for a picked one: "as before"
+    # the run's settings as first given: its recipe_ramp is the ramp before an extension of the budget scaled it
+    before = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))
+    changed = sorted(k for k in given_now if config[k] != before[k])
     kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
     for k in (k for k in changed if k not in ADJUSTABLE and (k != kind or not config[k])):
         extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
-        raise SystemExit(f"error: {named(k, given)}={shown(config[k])} differs from its checkpoint's {shown(asked[k])}, and "
+        raise SystemExit(f"error: {named(k, given)}={shown(config[k])} differs from its checkpoint's {shown(before[k])}, and "
                          f"a resume continues its run: leave it out, or start a new run in another --out_dir{extend}")
-    carried = {**run, **{k: config[k] for k in changed}, "recipe_ramp": asked["batch_ramp"], "data_dir": data_dir}
+    kept = {**run, **{k: config[k] for k in changed}, "recipe_ramp": before["batch_ramp"], "data_dir": data_dir}
     spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
     if kind in changed:
-        carried["batch_ramp"] = min(1.0, run.get("batch_ramp", 0.0) * run[kind] / config[kind])
+        kept["batch_ramp"] = min(1.0, run.get("batch_ramp", 0.0) * run[kind] / config[kind])
     extended = (f": the schedules follow it from the share spent, {spent / config[kind]:.0%} (the learning rate is its "
-                f"schedule's there), and the batch ramp ends where it did (batch_ramp {carried['batch_ramp']:.3g}): the "
+                f"schedule's there), and the batch ramp ends where it did (batch_ramp {kept['batch_ramp']:.3g}): the "
                 f"batch never shrinks") if kind in changed else ""
-    return carried, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(asked[k])})"
+    return kept, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(before[k])})"
                      f"{extended if k == kind else ''}" for k in changed]
 
 
@@ -226,6 +227,24 @@ def start_lines(pick, config, seq_len, lr_given):
     return [f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
             f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
+
+
+def settled_line(given, config, resumed):
+    """The start-up line that prints each setting whose 0 means "decide at start-up", with the value it got. The
+    settings are grouped by where the value came from: given (not 0, on the command line or in a config file, as
+    `given` records), taken from the checkpoint in a resume, or picked by a rule."""
+    rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
+                 n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
+                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
+                 "32, or the batch if smaller")
+    asked = {k: [*given[k].values()][-1] if k in given else 0 for k in rules}  # the value in effect where set, else 0
+    groups = {}
+    for k, rule in rules.items():
+        why = "given" if asked[k] else "its checkpoint's" if resumed and k != "micro_batch" else rule
+        shown = (lambda v: f"{v:.3g}") if k == "lr" else str
+        cut = f" of {shown(asked[k])} given" if asked[k] and asked[k] != config[k] else ""  # a micro-batch over the batch
+        groups.setdefault(why, []).append(f"{k}={shown(config[k])}{cut}")
+    return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
 
 
 def ramp_line(start, final, ramp, micro, remainder):
