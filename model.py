@@ -212,7 +212,8 @@ SHAPES = {"reference": dict(n_layers=16, d_model=768, n_heads=12, d_ffn=3072, vo
 def sinusoid_table(seq_len, d_model):
     freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
     angles = torch.arange(seq_len).unsqueeze(1) * freq  # (T, d / 2)
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (T, d): sines at even columns, cosines at odd
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # sines at even columns, cosines at odd
+    return table[:, :d_model]  # (T, d): an odd width drops the last cosine
 
 
 class CrammedBert(nn.Module):
@@ -254,7 +255,8 @@ class CrammedBert(nn.Module):
         """BERT's initialisation, applied to every module at construction: each Linear and Embedding weight drawn from
         N(0, 0.02), each bias zero. LayerNorms keep PyTorch's ones and zeros. There is no depth-scaled init of the
         residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in
-        __init__ before `self.apply`; the exceptions (learned positions, smear at zero) are set after it."""
+        __init__ before `self.apply`; the exceptions (learned positions, smear at zero) are set after it. The GLUE
+        head (ClassificationHead) and the exported model's heads are initialised by it too."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -662,7 +664,7 @@ class Trainer:
 
 # -----------------------------------------------------------------------------
 # The bad-step rule. A step is bad when its loss spikes (SpikeWatch; its update is skipped) or when it diverged
-# (diverged). max_skipped_steps bad steps in a row end the run (BadSteps), and no checkpoint is saved during a streak.
+# (diverged). max_skipped_steps bad steps in a row end the run (BadSteps), and no periodic checkpoint is saved during a streak.
 # SPIKE_WINDOW: about how many recent losses the mean covers; SPIKE_HISTORY: how many come before any judging;
 # SPIKE_MARGIN: the least rise, as a share of the mean, that counts.
 SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1

@@ -64,7 +64,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # the loss covers every masked position. With mask_rate_start the rate moves over the budget in mask_levels steps
 # (mask_rate_at). The memory check sizes for the larger rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and steps to mask_rate, reached for the budget's last 1 / mask_levels (mask_rate_at)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and moves to mask_rate in mask_levels steps (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
@@ -413,7 +413,8 @@ def main(config, given):
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
     # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
-    scored, init_loss = (None, None), checkpoint.get("init_val_loss") if checkpoint else None  # scored: (step, score)
+    scored = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
+    init_loss = checkpoint.get("init_val_loss") if checkpoint else None
     if master and not checkpoint:
         scored = (step, run_eval(validation, metrics, step, tokens, seconds))
         init_loss = scored[1][0]
@@ -436,8 +437,7 @@ def main(config, given):
         if budget_spent(progress, step, max_steps) or stop:
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        # lr holds the peak rate decided at start-up (see its setting)
-        step_lr = lr_at(progress, lr, lr_schedule, warmup)
+        step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)  # lr: the peak, decided at start-up
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
         # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
@@ -469,7 +469,7 @@ def main(config, given):
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval, scored = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
-        # No checkpoint is saved during a streak of bad steps. A save scores one validation batch first and writes only
+        # No periodic checkpoint is saved during a streak of bad steps. A save scores one validation batch first and writes only
         # weights that are finite and have not diverged. It writes ckpt.pt whole or not at all (a temporary file, then
         # a rename), and keeps the last keep_checkpoints of them.
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:

@@ -17,7 +17,7 @@ from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, REPLACED_FIELDS, ModelConfi
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
-STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768; a CPU 0.6-0.9)
+STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768); a CPU's too
 GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200's 3.5-min runs: 0.41 at 8 x 512, 0.45 at 10 x 640)
 EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over compiled, over eager (BENCHMARKS)
 # The paper's point: in its 24 hours on an RTX A6000 (a matmul speed of about 100 TFLOP/s, times STEP_EFFICIENCY,
@@ -119,16 +119,16 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns (the settled settings,
     the rule's pick or None, a fresh run's start-up lines that say what the rule picked); the pick goes in the
     checkpoint."""
-    given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}
+    fixed = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}  # the ones given (not 0)
     saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
     if checkpoint:  # its run's (resume_settings carried them)
         settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved["batch_size"])
-    elif len(given) < len(SHAPE_FIELDS) + 1:
+    elif len(fixed) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         efficiency_of = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
-        settled, picked = pick_for(compute, config, given, model_args, data_tokens, world, efficiency_of)
+        settled, picked = pick_for(compute, config, fixed, model_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
-    settled.update(given)
+    settled.update(fixed)
     settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
     lines = [] if checkpoint else start_lines(pick, {**config, **settled}, model_args["seq_len"], config["lr"])
     return settled, pick, lines
@@ -208,7 +208,7 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
 def start_lines(pick, config, seq_len, lr_given):
     """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`), the rate (unless given)."""
     lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
-                              f"{LR_WIDTH_EXPONENT}, model.lr_for_width: AdamW's; --lr sets it)"]
+                              f"{LR_WIDTH_EXPONENT}, model.lr_for_width, tuned for AdamW; --lr sets it)"]
     if not pick:
         return lr
     hours, tokens = config["budget_hours"], config["budget_tokens"]  # the budget as given: '5 min', '24 h'

@@ -172,7 +172,7 @@ def test_get_batch_returns_the_rows_in_the_order_asked_so_each_key_meets_its_row
 
 
 def test_a_step_s_masks_are_the_same_at_any_micro_batch_and_process_count():
-    """Batches.step masks each row by the run's seed and the row's number in the run: at micro-batches of 4 and of 8
+    """Batches.for_step masks each row by the run's seed and the row's number in the run: at micro-batches of 4 and of 8
     in one process, in one micro-batch, and over 2 processes, a step gives the same masked rows, each exactly as
     mask_tokens masks that sequence alone under mask_keys(seed, its number). In the first epoch and across the second's
     start, where a row read twice in one step is masked once per reading."""

@@ -21,6 +21,16 @@ def test_reference_parameter_count():
     assert model.config.flops_per_token(0.25) == pytest.approx(0.62e9, rel=0.01)
 
 
+def test_an_odd_width_trains_with_sinusoidal_positions():
+    """ModelConfig allows an odd width (65 with 5 heads of 13): the position table has that width too (its last cosine
+    dropped), so the forward and the loss run; before, the table was one column wider and the embedding failed."""
+    model = CrammedBert(**dict(TINY, d_model=65, n_heads=5))
+    idx = torch.randint(0, 290, (2, 32))
+    loss, _ = model(*mask_tokens(idx, 0.25, 299, 296))
+    loss.backward()
+    assert model.encode(idx).shape == (2, 32, 65) and torch.isfinite(loss)
+
+
 def test_original_bert_shape_options():
     model = CrammedBert(**TINY, bias=True, norm_first=False, glu=False, position_scheme="learned",
                         head_transform=True, sparse_prediction=False)

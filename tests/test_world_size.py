@@ -78,7 +78,7 @@ def rows_of(micro_batches):
 
 @pytest.mark.parametrize("order", ["shuffled", "file"])
 def test_a_step_reads_the_same_sequences_at_any_world_and_micro_batch(order):
-    """The data a step reads (Batches.step, rows_at): all the processes together read the sequences consumed ..
+    """The data a step reads (Batches.for_step, rows_at): all the processes together read the sequences consumed ..
     consumed + batch - 1 of the run's order, each once, whatever the world and the micro-batch; in the second epoch too."""
     n_rows, seq_len = 500, 8
     tokens = np.repeat(np.arange(n_rows, dtype=np.uint16)[:, None], seq_len, axis=1)  # row i holds i
