@@ -119,8 +119,7 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
     rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. With many steps, its last one
     runs at 4 x peak x the fraction of the budget left when it starts, near 0. Decaying to 0 as the budget ends is what
-    trains best under a fixed budget (Li et al. 2020, budgeted training). A resume that extends the budget goes on from
-    the new, smaller share spent: its first step jumps to the triangle's rate there, with no new warm-up.
+    trains best under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
     rate of 0 at a new run's first step, then decays linearly to 0."""
     if schedule == "triangle":  # up from 0.25 of the peak at 0 to the peak at 0.75, then down to 0 at 1
@@ -134,7 +133,7 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
     it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
     each rate is one shape that torch.compile compiles once (Ankner et al. 2023 lower the rate in stages). With one
-    level the rate is `start` throughout. A resume that extends the budget may step back a level."""
+    level the rate is `start` throughout."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
@@ -145,8 +144,7 @@ def batch_size_at(progress, start, final, ramp):
     """Sequences per optimizer step at a fraction `progress` of the budget. The batch grows linearly from `start` to
     `final`, which it reaches at `ramp` of the budget, rounded down to a multiple of `start`. So it grows in steps of
     `start`: a ramp from 32 to 64 is one jump, at `ramp`. Where `final` is not a multiple of `start`, the last jump is
-    smaller. Where start >= final, the batch is `final` throughout. A resume that extends the budget rescales the ramp
-    (budget.resume_settings), so the batch never shrinks."""
+    smaller. Where start >= final, the batch is `final` throughout."""
     if progress >= ramp or start >= final:
         return final
     grown = start + (final - start) * progress / ramp  # the straight line from start (at 0) to final (at ramp)
@@ -365,7 +363,9 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
     - the loss history that the spike check compares against (watch).
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget
-    may grow, to train further. The optimizer's rate, clipping and decay and the spike check may change, since a
+    may grow, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its schedule's
+    value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is rescaled to end
+    where it did, so the batch never shrinks. The optimizer's rate, clipping and decay and the spike check may change, since a
     diverged run's error asks you to lower them (budget.py's ADJUSTABLE). How this command runs may change too:
     device, precision, micro-batch, logging and where the data is (SESSION). Any other change is refused in one line.
     A fork's new setting is kept like the others unless it joins one of those two lists."""
@@ -422,12 +422,12 @@ def main(config, given):
 
     # -------------------------------------------------------------------- the loop
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
-    # So it counts drawing and masking the batch, the forward, the backward and the update, and the compilation that
-    # torch.compile does in the first steps (on a short budget, a visible share of the schedules). On a GPU the
-    # optimizer's update may still be running when the clock stops (the host last waits for the device at the gradient's
-    # norm); its time falls into the next step. Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the
-    # clock, so a run takes longer than its budget on the wall. The budget is checked at the top of each step, so the
-    # last step may end past it by up to one step's time, or one batch's tokens.
+    # - It counts drawing and masking the batch, the forward, the backward and the update.
+    # - It counts torch.compile's compilation in the first steps, which on a short budget is a visible share.
+    # - On a GPU the update may still be running when the clock stops; its time falls into the next step.
+    # - Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run takes longer on the wall.
+    # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
+    # batch's tokens.
     last_eval = last_ckpt = seconds
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
