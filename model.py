@@ -98,7 +98,8 @@ class ModelConfig:
     A fork adds a new switch as a field here, and uses it below. If the switch is on by default, also add it to
     MISSING_FIELD_DEFAULTS as off, so that older checkpoints load as they were trained. If it changes the work per
     token, also add it to flops_per_token and step_bytes, which the budget's pick, the memory check and the MFU use.
-    The defaults are the reference crammed BERT's shape (about 120M parameters) and recipe. train.py declares the
+    The defaults are the reference crammed BERT's shape (about 120M parameters) and recipe, but for smear, which is
+    cram's and on (config/recipe_reference.py turns it off). train.py declares the
     four shape fields again, with 0 meaning that the budget picks them."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too (prepare.py --seq_len sets it)
@@ -229,7 +230,7 @@ class CrammedBert(nn.Module):
         if c.position_scheme == "learned":
             self.pos_emb = nn.Parameter(torch.zeros(seq_len, d_model))
         else:  # scaled sinusoidal: a fixed table times one learned scalar, which starts at d_model ** -0.5 (the
-            # reference's): a position's vector then has length 0.71 at any width (d_model / 2 sine-cosine pairs)
+            # reference's): a position's vector then starts at length 0.71 (d_model / 2 sine-cosine pairs)
             self.register_buffer("pos_table", sinusoid_table(seq_len, d_model), persistent=False)
             self.pos_scale = nn.Parameter(torch.tensor(d_model ** -0.5))
         # smear: each token's embedding also gets a learned linear map of its two neighbours' embeddings, so the first
@@ -255,7 +256,8 @@ class CrammedBert(nn.Module):
         """BERT's initialisation, applied to every module at construction: each Linear and Embedding weight drawn from
         N(0, 0.02), each bias zero. LayerNorms keep PyTorch's ones and zeros. There is no depth-scaled init of the
         residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in
-        __init__ before `self.apply`; the exceptions (learned positions, smear at zero) are set after it. The GLUE
+        __init__ before `self.apply`; the exceptions (learned positions, smear at zero) are set after it, and the position scale and
+        the decoder bias are parameters it does not touch. The GLUE
         head (ClassificationHead) and the exported model's heads are initialised by it too."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)

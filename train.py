@@ -42,17 +42,17 @@ out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 # is spent, so its rate has not decayed yet; a resume does not keep max_steps.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
-max_steps = 0             # >= 0: also stop after this many steps, skipped updates included (0: no limit)
+max_steps = 0             # >= 0: also stop once the run has taken this many steps, a resume's earlier ones and skipped updates included (0: no limit)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
 # resume. The start-up line "settled:" prints the value each of them runs with and why, and main writes it here before
 # any work.
-# How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the
-# share of it a step reaches, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to 24 x 1024, the
-# rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The best size is the
-# paper's 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one
-# would read the data more than 16 times.
+# How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
+# of it a step reaches, times the processes, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
+# 24 x 1024, the rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The
+# best size is the paper's 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the
+# smaller one would read the data more than 16 times (up to 4x the best size; a budget of tokens does not do this).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -110,8 +110,10 @@ wandb_log = False         # also log to Weights & Biases (pip install wandb; imp
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-# The step's pieces, in the order the loop uses them: the schedules, the micro-batches, the data, validation and the
-# budget's clock. main and its loop follow them; after main come set-up and the end.
+# The step's pieces, in this order: the schedules, the micro-batches, the data, validation and the budget's clock. main
+# and its loop follow them; after main come set-up and the end. Set-up (setup_device, settle) decides the settings'
+# values, so it reads them from `config`; main then writes them over the settings above, and everything after that reads
+# the settings.
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
@@ -317,11 +319,11 @@ def agree_on_clock(seconds, stop, master, device):
     return both[0].item(), bool(both[1].item())
 
 
-def check_settings(world, config, rt, given=None, model=None):
+def check_settings(world, config, rt, given=None, model_config=None):
     """Refuses, with a one-line error each, settings that cannot run together. The configurator has already checked
     each setting's own range. This runs twice. The first call comes before any work and gets `given`, which says
-    where each setting came from. The second comes once budget.decide has picked the shape and batch. `model` is
-    the ModelConfig that the settings make. In the first call, shape fields still at 0 take the ladder's first
+    where each setting came from. The second comes once budget.decide has picked the shape and batch. `model_config`
+    is the ModelConfig that the settings make. In the first call, shape fields still at 0 take the ladder's first
     shape, so that a bad model setting is refused before any work."""
     optim = config["optim"]
     if config["wandb_log"] and not process.installed("wandb"):
@@ -340,7 +342,7 @@ def check_settings(world, config, rt, given=None, model=None):
         raise SystemExit(f"error: {named('optim', given)}={optim} needs --lr: {why} is AdamW's, and its row in "
                          f"model.OPTIMIZERS does not take it (width_lr)")
     if config["offload"]:
-        check_offload(world, model, optim, rt.dtype)
+        check_offload(world, model_config, optim, rt.dtype)
 
 
 def run_eval(validation, metrics, step, tokens, seconds):
@@ -365,7 +367,7 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
     A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget
     may grow, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its schedule's
     value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is rescaled to end
-    where it did, so the batch never shrinks. The optimizer's rate, clipping and decay and the spike check may change, since a
+    where it did (or at the budget's end, if that comes first), so the batch never shrinks. The optimizer's rate, clipping and decay and the spike check may change, since a
     diverged run's error asks you to lower them (budget.py's ADJUSTABLE). How this command runs may change too:
     device, precision, micro-batch, logging and where the data is (SESSION). Any other change is refused in one line.
     A fork's new setting is kept like the others unless it joins one of those two lists."""
@@ -543,9 +545,9 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     settled, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(unshaped),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(settled)  # the shape, final batch and peak rate
-    model = dataclasses.replace(unshaped, **{k: config[k] for k in SHAPE_FIELDS})  # in the settled shape
-    check_settings(world, config, rt, model=model)  # with the shape and batch settled
-    model_args = dataclasses.asdict(model)
+    model_config = dataclasses.replace(unshaped, **{k: config[k] for k in SHAPE_FIELDS})  # in the settled shape
+    check_settings(world, config, rt, model_config=model_config)  # with the shape and batch settled
+    model_args = dataclasses.asdict(model_config)
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
@@ -640,9 +642,9 @@ def finish(validation, metrics, state, signum, saves, scored):
     continue it. A finished run evaluates (unless `scored`, the latest evaluation's (step, score), is of this step),
     prints how many graphs torch.compile built, the fill-in examples and the final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    final = None
+    score = None  # (val loss, accuracy) at this step
     if state["final"]:
-        final = scored[1] if scored[0] == step else run_eval(validation, metrics, step, tokens, seconds)
+        score = scored[1] if scored[0] == step else run_eval(validation, metrics, step, tokens, seconds)
     saves.save_if_sound(validation, state, eval_mask_rate, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
@@ -656,8 +658,8 @@ def finish(validation, metrics, state, signum, saves, scored):
         for line in fill_in(validation.model, validation.tokens, meta, enc, validation.rt, fill_in_examples, seed):
             print(line)
     at_init = f" (at init {state['init_val_loss']:.4f})" if state["init_val_loss"] is not None else ""
-    print(f"final: step {step} | val loss {final[0]:.4f}{at_init} | masked-token "
-          f"accuracy {final[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {saves.path}")
+    print(f"final: step {step} | val loss {score[0]:.4f}{at_init} | masked-token "
+          f"accuracy {score[1]:.3f} | {tokens / 1e6:.1f}M tokens in {seconds / 60:.1f} min | saved {saves.path}")
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, REPLACED_FIELDS, ModelConfi
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
-STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768); a CPU's too
+STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768); a CPU's too, whose steps reach 0.6-0.9 (a safe side)
 GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200's 3.5-min runs: 0.41 at 8 x 512, 0.45 at 10 x 640)
 EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over compiled, over eager (BENCHMARKS)
-# The paper's point: in its 24 hours on an RTX A6000 (a matmul speed of about 100 TFLOP/s, times STEP_EFFICIENCY,
-# gives 4.3e18 FLOPs), 16 x 768 was its best shape, and 94.4M is the matmul weights of its blocks.
-PAPER_COMPUTE = 4.3e18
+# The paper's point: in its 24 hours on an RTX A6000 (a matmul speed of about 100 TFLOP/s), 16 x 768 was its best
+# shape, and 94.4M is the matmul weights of its blocks. Its compute is measured as a run's is: hours x matmul speed x
+# STEP_EFFICIENCY, 4.3e18 FLOPs.
+PAPER_COMPUTE = 24 * 3600 * 100e12 * STEP_EFFICIENCY
 PAPER_WEIGHTS = 94.4e6
 SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
 MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)

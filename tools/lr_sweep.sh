@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The learning-rate law's CPU evidence (issue 61; BENCHMARKS.md, "The budget's learning rate"): at each budget
-# the rule's pick at the rule's rate (budget.lr_for_width), at twice and at half it, in float32 (so the CPU's
+# the rule's pick at the rule's rate (model.lr_for_width), at twice and at half it, in float32 (so the CPU's
 # precision rule does not move it); then 3 seeds of the rule's rate at the shortest, for the spread. A budget of
 # minutes is turned once into what the rule makes of it here (this machine's float32 matmul speed x a compiled
 # CPU step's share, budget.step_efficiency, buys the FLOPs; the rule's shape and rate for them; the tokens those
@@ -17,13 +17,13 @@ pick() {  # "<n_layers> <d_model> <rate> <tokens>": the rule's shape, rate and t
   python - "$1" <<'PY'
 import dataclasses, json, sys
 from cram import budget, runtime
-from model import ModelConfig
+from model import ModelConfig, lr_for_width
 meta = json.load(open("data/books32k/meta.json"))
 compute = float(sys.argv[1]) * 60 * runtime.matmul_speed(runtime.setup("cpu", "float32", False))
 args = dataclasses.asdict(ModelConfig(vocab_size=meta["vocab_size"], seq_len=meta["seq_len"]))
 rung = budget.shape_for_budget(compute, 0, meta["train_sequences"] * meta["seq_len"], args, 0.25, budget.step_efficiency)[0]
 shape = ModelConfig.from_settings({**args, **budget.shape_of(rung, {})}, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
-print(rung[0], rung[1], f"{budget.lr_for_width(rung[1]):.3g}", int(compute * budget.step_efficiency(rung[1]) / shape.flops_per_token(0.25)))
+print(rung[0], rung[1], f"{lr_for_width(rung[1]):.3g}", int(compute * budget.step_efficiency(rung[1]) / shape.flops_per_token(0.25)))
 PY
 }
 mkdir -p "$OUT"
