@@ -364,13 +364,14 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
       them.
     - the loss history that the spike check compares against (watch).
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
-    A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget
-    may grow, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its schedule's
+    A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget may
+    grow, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its schedule's
     value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is rescaled to end
-    where it did (or at the budget's end, if that comes first), so the batch never shrinks. The optimizer's rate, clipping and decay and the spike check may change, since a
-    diverged run's error asks you to lower them (budget.py's ADJUSTABLE). How this command runs may change too:
-    device, precision, micro-batch, logging and where the data is (SESSION). Any other change is refused in one line.
-    A fork's new setting is kept like the others unless it joins one of those two lists."""
+    where it did (or at the budget's end, if that comes first), so the batch never shrinks. The optimizer's rate,
+    clipping and decay and the spike check may change, since a diverged run's error asks you to lower them (budget.py's
+    ADJUSTABLE). How this command runs may change too: device, precision, micro-batch, logging and where the data is
+    (SESSION). Any other change is refused in one line. A fork's new setting is kept like the others unless it joins one
+    of those two lists."""
     return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final, spike_watch=watch.state_dict())
 
@@ -471,9 +472,9 @@ def main(config, given):
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval, scored = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
-        # No periodic checkpoint is saved during a streak of bad steps. A save scores one validation batch first and writes only
-        # weights that are finite and have not diverged. It writes ckpt.pt whole or not at all (a temporary file, then
-        # a rename), and keeps the last keep_checkpoints of them.
+        # No periodic checkpoint is saved during a streak of bad steps. A save scores one validation batch first and
+        # writes only weights that are finite and have not diverged. It writes ckpt.pt whole or not at all (a temporary
+        # file, then a rename), and keeps the last keep_checkpoints of them.
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
             last_ckpt = seconds
             saves.save_if_sound(validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
