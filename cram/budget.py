@@ -17,7 +17,7 @@ from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, REPLACED_FIELDS, ModelConfi
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
-STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768); a CPU's too, whose steps reach 0.6-0.9 (a safe side)
+STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768); a CPU's too (its steps reach 0.6-0.9: 0.5 errs toward a smaller shape)
 GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200's 3.5-min runs: 0.41 at 8 x 512, 0.45 at 10 x 640)
 EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over compiled, over eager (BENCHMARKS)
 # The paper's point: in its 24 hours on an RTX A6000 (a matmul speed of about 100 TFLOP/s), 16 x 768 was its best
