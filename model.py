@@ -99,8 +99,8 @@ class ModelConfig:
     MISSING_FIELD_DEFAULTS as off, so that older checkpoints load as they were trained. If it changes the work per
     token, also add it to flops_per_token and step_bytes, which the budget's pick, the memory check and the MFU use.
     The defaults are the reference crammed BERT's shape (about 120M parameters) and recipe, but for smear, which is
-    cram's and on (config/recipe_reference.py turns it off). train.py declares the
-    four shape fields again, with 0 meaning that the budget picks them."""
+    cram's and on (config/recipe_reference.py turns it off). train.py declares the four shape fields again, with 0
+    meaning that the budget picks them."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too (prepare.py --seq_len sets it)
     n_layers: int = 16         # >= 1
@@ -192,7 +192,8 @@ MISSING_FIELD_DEFAULTS = {"smear": False}  # missing from a checkpoint's model_a
 REPLACED_FIELDS = {  # an older checkpoint's field that others replaced -> the new fields its value means
     "learned_positions": lambda learned: dict(position_scheme="learned" if learned else "sinusoidal")}
 # The values that leave a switch off. A checkpoint's setting or model field that this cram lacks (a fork's, or a newer
-# cram's) is dropped where it holds one of them, since the run then ran as this cram runs; where it is on, it is refused.
+# cram's) is dropped where it holds one of them, since the run then ran as this cram runs; where it is on, it is
+# refused.
 OFF = (None, False, 0, "")
 
 
@@ -255,10 +256,10 @@ class CrammedBert(nn.Module):
     def _init_weights(module):
         """BERT's initialisation, applied to every module at construction: each Linear and Embedding weight drawn from
         N(0, 0.02), each bias zero. LayerNorms keep PyTorch's ones and zeros. There is no depth-scaled init of the
-        residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in
-        __init__ before `self.apply`; the exceptions (learned positions, smear at zero) are set after it, and the position scale and
-        the decoder bias are parameters it does not touch. The GLUE
-        head (ClassificationHead) and the exported model's heads are initialised by it too."""
+        residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in __init__
+        before `self.apply`; the exceptions (learned positions, smear at zero) are set after it, and the position scale
+        and the decoder bias are parameters it does not touch. The GLUE head (ClassificationHead) and the exported
+        model's heads are initialised by it too."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -385,13 +386,13 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     corrupted rows. positions (B, k) holds the k masked positions of each row, in the order their draw ranked them
     rather than ascending. labels (B, k) holds the original tokens at those positions.
 
-    Exactly k = masked_count(mask_rate, T) positions of every row are masked, so at a given rate every batch has the same
-    shape and torch.compile builds one graph for it. Any position may be masked, including a [SEP] between packed documents. As in the
-    reference code (Geiping and Goldstein's), the first round(0.8 k) masked positions in the draw's order, a random
-    subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep their token (26, 3
-    and 3 of 32; a small k splits coarsely: 1 and 2 are all [MASK], 5 is 4, 0 and 1). Regular tokens are the ids below
-    n_regular, which come before the special ones; the reference draws from the whole vocabulary. The random one may be
-    the original. `masking` is a Masking or just its rate.
+    Exactly k = masked_count(mask_rate, T) positions of every row are masked, so at a given rate every batch has the
+    same shape and torch.compile builds one graph for it. Any position may be masked, including a [SEP] between packed
+    documents. As in the reference code (Geiping and Goldstein's), the first round(0.8 k) masked positions in the draw's
+    order, a random subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep
+    their token (26, 3 and 3 of 32; a small k splits coarsely: 1 and 2 are all [MASK], 5 is 4, 0 and 1). Regular tokens
+    are the ids below n_regular, which come before the special ones; the reference draws from the whole vocabulary. The
+    random one may be the original. `masking` is a Masking or just its rate.
 
     Training and validation pass `keys`, an int64 tensor (B,) with one key per row. The draws then come from
     row_noise, which turns each row's key into a run of values: the first T rank the positions and the next k give
@@ -597,9 +598,9 @@ def set_rate(optimizer, lr):
 # - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
 #   not hold it, runs with its current default.
 def micro_batch_weights(micro_batches):
-    """Each micro-batch's weight in the step's loss: its share of this process's rows in the step. Every row has the same number of
-    masked positions, so this weights every masked token alike. An objective whose count varies by row weights by
-    labels.numel() here instead (normal and off-load mode both call this)."""
+    """Each micro-batch's weight in the step's loss: its share of this process's rows in the step. Every row has the
+    same number of masked positions, so this weights every masked token alike. An objective whose count varies by row
+    weights by labels.numel() here instead (normal and off-load mode both call this)."""
     rows = sum(len(batch[0]) for batch in micro_batches)
     return [len(batch[0]) / rows for batch in micro_batches]
 
@@ -607,7 +608,8 @@ def micro_batch_weights(micro_batches):
 class Trainer:
     """A model's training step, in two calls. backward runs forward and backward over the micro-batches, and update
     takes the clipped optimizer step. train.py calls them separately so that it can check the loss in between. step
-    calls both, for a caller that checks nothing in between (bench.py, the memory probe). The Trainer also holds the training state that a checkpoint keeps.
+    calls both, for a caller that checks nothing in between (bench.py, the memory probe). The Trainer also holds the
+    training state that a checkpoint keeps.
 
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module in the form
     the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in
@@ -666,8 +668,8 @@ class Trainer:
 
 # -----------------------------------------------------------------------------
 # The bad-step rule. A step is bad when its loss spikes (SpikeWatch; its update is skipped) or when it diverged
-# (diverged). max_skipped_steps bad steps in a row end the run (BadSteps), and no periodic checkpoint is saved during a streak.
-# SPIKE_WINDOW: about how many recent losses the mean covers; SPIKE_HISTORY: how many come before any judging;
+# (diverged). max_skipped_steps bad steps in a row end the run (BadSteps), and no periodic checkpoint is saved during a
+# streak. SPIKE_WINDOW: about how many recent losses the mean covers; SPIKE_HISTORY: how many come before any judging;
 # SPIKE_MARGIN: the least rise, as a share of the mean, that counts.
 SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 
