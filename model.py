@@ -626,7 +626,7 @@ class Trainer:
         """Runs the forward and backward pass of each micro-batch (inputs, positions, labels). Returns the step's loss
         as a float, the mean over every masked token of the step on every process. Each micro-batch's loss is weighted
         by its share of this process's rows in the step (micro_batch_weights), so the summed gradients are those of one
-        large batch. The loop then checks this loss (model.py's bad-step rule)."""
+        large batch. The loop then checks this loss (train.py's bad steps)."""
         total, n = 0.0, len(micro_batches)
         for i, ((inputs, positions, labels), weight) in enumerate(zip(micro_batches, micro_batch_weights(micro_batches))):
             # under DDP the gradients are averaged over processes once, after the last micro-batch
@@ -664,71 +664,6 @@ class Trainer:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if checkpoint.get("scaler"):  # float16's loss scale; empty when the run used another dtype
             self.scaler.load_state_dict(checkpoint["scaler"])
-
-
-# -----------------------------------------------------------------------------
-# The bad-step rule. A step is bad when its loss spikes (SpikeWatch; its update is skipped) or when it diverged
-# (diverged). max_skipped_steps bad steps in a row end the run (BadSteps), and no periodic checkpoint is saved during a
-# streak. SPIKE_WINDOW: about how many recent losses the mean covers; SPIKE_HISTORY: how many come before any judging;
-# SPIKE_MARGIN: the least rise, as a share of the mean, that counts.
-SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
-
-
-def diverged(loss, vocab_size, applied=True, scaler=None):
-    """Whether a step says the run diverged: its loss is not finite, or more than a nat above an untrained model's
-    (uniform over the vocabulary), or its update was skipped for a non-finite gradient. Under float16 the loss scaler
-    skips updates as it searches for its scale, so there a skip counts only once the scale is below 1."""
-    skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
-    return skipped or not loss <= math.log(vocab_size) + 1.0
-
-
-class SpikeWatch:
-    """Tracks the recent training loss: a running mean over about the last SPIKE_WINDOW steps, and a running variance
-    taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict)."""
-
-    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, rate=0.0):
-        self.threshold, self.mean, self.var, self.count, self.last, self.rate = threshold, mean, var, count, last, rate
-
-    def is_spike(self, loss, rate=0.0):
-        """Whether `loss` is a spike: more than `threshold` standard deviations (the square root of the variance)
-        and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
-        losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history.
-        `rate` is the step's masking rate. Losses at two rates do not compare (a higher rate gives a higher loss), so
-        at a new rate the history starts again. A rate of 0 is unknown (a checkpoint from before it was kept)."""
-        if rate != self.rate and self.rate:
-            self.mean, self.var, self.count, self.last = 0.0, 0.0, 0, 0.0
-        self.rate = rate
-        rise = loss - self.mean
-        spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
-                     rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
-        if not spike and math.isfinite(loss):
-            self.count += 1
-            weight = max(1 / self.count, 1 / SPIKE_WINDOW)
-            jump = loss - self.last if self.count > 1 else 0.0
-            self.mean, self.var, self.last = self.mean + weight * rise, self.var + weight * (jump ** 2 / 2 - self.var), loss
-        return spike
-
-    def state_dict(self):
-        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last, rate=self.rate)
-
-
-class BadSteps:
-    """A run's count of skipped updates (`skipped`, which the log shows) and its streak of bad steps (`in_a_row`)."""
-
-    def __init__(self, limit, saves, vocab_size, threshold):
-        self.limit, self.saves, self.vocab_size, self.threshold, self.skipped, self.in_a_row = limit, saves, vocab_size, threshold, 0, 0
-
-    def count(self, step, loss, spike, applied, scaler=None):
-        """Counts one step. After `limit` bad steps in a row it ends the run (SystemExit), naming the checkpoint to
-        resume from."""
-        self.skipped += not applied
-        bad = spike or diverged(loss, self.vocab_size, applied, scaler)
-        self.in_a_row = self.in_a_row + 1 if bad else 0
-        if self.in_a_row < self.limit:
-            return
-        spike = f", or a spike: {self.threshold:g} standard deviations and {SPIKE_MARGIN:.0%} above the recent mean" if self.threshold else ""
-        raise SystemExit(f"error: {self.in_a_row} steps in a row diverged (a non-finite gradient, a loss above "
-                         f"{math.log(self.vocab_size) + 1:.2f}{spike}) up to step {step}; {self.saves.advice()}")
 
 
 class ClassificationHead(nn.Module):

@@ -27,10 +27,9 @@ import torch.distributed as dist
 from cram import budget, memory, process, runtime
 from cram.budget import LADDER, SHAPE_FIELDS, shape_of
 from cram.data import fill_in, get_batch, load_run_data, make_encoding, repeat_warning, to_device
-from cram.files import MetricsLog, Saves, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
+from cram.files import MetricsLog, Saves, all_finite, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
 from cram.offload import OffloadTrainer, check_settings as check_offload
-from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, BadSteps, CrammedBert, Masking, ModelConfig, SpikeWatch, Trainer,
-                   mask_tokens, param_groups)
+from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, ModelConfig, Trainer, mask_tokens, param_groups
 
 # -----------------------------------------------------------------------------
 # The settings. Each one's comment opens with the values it allows, which the configurator checks.
@@ -99,7 +98,7 @@ peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
 seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
-max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see the loop)
+max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see Bad steps)
 spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
@@ -110,10 +109,10 @@ wandb_log = False         # also log to Weights & Biases (pip install wandb; imp
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-# The step's pieces, in this order: the schedules, the micro-batches, the data, validation and the budget's clock. main
-# and its loop follow them; after main come set-up and the end. Set-up (setup_device, settle) decides the settings'
-# values, so it reads them from `config`; main then writes them over the settings above, and everything after that reads
-# the settings.
+# The step's pieces, in this order: the schedules, the micro-batches, the data, validation, bad steps, the budget's
+# clock and saving. main and its loop follow them; after main come set-up and the end. Set-up (setup_device, settle)
+# decides the settings' values, so it reads them from `config`. main then writes them over the settings above, and
+# everything after that reads the settings.
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
@@ -294,6 +293,73 @@ class Validation:
         return loss_sum / predicted, correct / predicted
 
 
+# -----------------------------------------------------------------------------
+# Bad steps. A step is bad when its loss spikes, or when it shows that the run diverged. A spike's update is skipped
+# (SpikeWatch), and so is an update whose gradient is not finite (model.Trainer.update). After max_skipped_steps bad
+# steps in a row the run stops (BadSteps), and during a streak no periodic checkpoint is saved.
+# SPIKE_WINDOW is about how many recent losses the running mean covers, SPIKE_HISTORY how many losses come in before
+# any is judged, and SPIKE_MARGIN the least rise, as a share of the mean, that counts as a spike.
+SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
+
+
+def diverged(loss, vocab_size, applied=True, scaler=None):
+    """Whether a step shows that the run diverged: its loss is not finite, or is more than one nat above an untrained
+    model's (which is log(vocab_size), uniform over the vocabulary), or its update was skipped for a non-finite
+    gradient. Under float16 the loss scaler skips updates while it searches for its scale, so there a skip counts only
+    once the scale is below 1."""
+    skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
+    return skipped or not loss <= math.log(vocab_size) + 1.0
+
+
+class SpikeWatch:
+    """Tracks the recent training loss: a running mean over about the last SPIKE_WINDOW steps, and a running variance
+    taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict)."""
+
+    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, rate=0.0):
+        self.threshold, self.mean, self.var, self.count, self.last, self.rate = threshold, mean, var, count, last, rate
+
+    def is_spike(self, loss, rate=0.0):
+        """Whether `loss` is a spike: more than `threshold` standard deviations (the square root of the variance)
+        and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
+        losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history.
+        `rate` is the step's masking rate. Losses at two rates do not compare (a higher rate gives a higher loss), so
+        at a new rate the history starts again. A rate of 0 is unknown (a checkpoint from before it was kept)."""
+        if rate != self.rate and self.rate:
+            self.mean, self.var, self.count, self.last = 0.0, 0.0, 0, 0.0
+        self.rate = rate
+        rise = loss - self.mean
+        spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
+                     rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
+        if not spike and math.isfinite(loss):
+            self.count += 1
+            weight = max(1 / self.count, 1 / SPIKE_WINDOW)
+            jump = loss - self.last if self.count > 1 else 0.0
+            self.mean, self.var, self.last = self.mean + weight * rise, self.var + weight * (jump ** 2 / 2 - self.var), loss
+        return spike
+
+    def state_dict(self):
+        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last, rate=self.rate)
+
+
+class BadSteps:
+    """A run's count of skipped updates (`skipped`, which the log shows) and its streak of bad steps (`in_a_row`)."""
+
+    def __init__(self, limit, saves, vocab_size, threshold):
+        self.limit, self.saves, self.vocab_size, self.threshold, self.skipped, self.in_a_row = limit, saves, vocab_size, threshold, 0, 0
+
+    def count(self, step, loss, spike, applied, scaler=None):
+        """Counts one step. After `limit` bad steps in a row it ends the run (SystemExit), naming the checkpoint to
+        resume from."""
+        self.skipped += not applied
+        bad = spike or diverged(loss, self.vocab_size, applied, scaler)
+        self.in_a_row = self.in_a_row + 1 if bad else 0
+        if self.in_a_row < self.limit:
+            return
+        spike = f", or a spike: {self.threshold:g} standard deviations and {SPIKE_MARGIN:.0%} above the recent mean" if self.threshold else ""
+        raise SystemExit(f"error: {self.in_a_row} steps in a row diverged (a non-finite gradient, a loss above "
+                         f"{math.log(self.vocab_size) + 1:.2f}{spike}) up to step {step}; {self.saves.advice()}")
+
+
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
@@ -376,6 +442,22 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
                 final=final, spike_watch=watch.state_dict())
 
 
+def save_if_sound(saves, validation, state, at_end=False):
+    """Saves the checkpoint `state`, unless its weights are not finite or its loss on one validation batch has diverged
+    (diverged, above). So every checkpoint kept is one that a run stopped for diverging can resume from. A save writes
+    ckpt.pt whole or not at all (a temporary file, then a rename), and keeps the last keep_checkpoints (cram/files.py).
+    Weights that are not saved are said; at the end of a run (at_end) that is an error."""
+    loss = validation.score(validation.batch, eval_mask_rate)[0] if all_finite(state["model"]) else None
+    refused = ("non-finite weights" if loss is None else
+               f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None)
+    if refused is None:
+        saves.save(state)
+    elif at_end:
+        raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {saves.advice()}")
+    else:
+        print(f"checkpoint at step {state['step']} not saved: {refused}; {saves.kept()}")
+
+
 def main(config, given):
     # -------------------------------------------------------------------- the settings
     ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
@@ -383,7 +465,7 @@ def main(config, given):
     master, log = rank == 0, rank0_print(rank == 0)
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = settle(config, unshaped, resumed, run_data, rt, world, ddp, master)
-    start_lines.append(budget.settled_line(given, config, resumed[0] is not None))
+    start_lines.append(settled_line(given, config, resumed[0] is not None))
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
@@ -403,9 +485,9 @@ def main(config, given):
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
         f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
+    masking = Masking.from_settings(config)  # the objective's settings; the loop sets each step's masking rate
     watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
     bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
-    masking = Masking.from_settings(config)  # the objective's settings; the loop sets each step's masking rate
 
     # -------------------------------------------------------------------- the data, and the score before training
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
@@ -414,7 +496,7 @@ def main(config, given):
     # How far the run has got: optimizer steps taken, input tokens trained on, and `seconds` on the budget's clock.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
-                 budget=budget_pick, run=metrics and metrics.run)  # run: the id on its metrics.jsonl lines
+                 budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
     # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
     scored = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
     init_loss = checkpoint.get("init_val_loss") if checkpoint else None
@@ -432,6 +514,7 @@ def main(config, given):
     # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
     # batch's tokens.
     last_eval = last_ckpt = seconds
+    last_took = math.inf  # the step before's time on the clock
     window, warned = (seconds, tokens), budget_tokens > 0
     while True:
         started = time.perf_counter()
@@ -455,11 +538,13 @@ def main(config, given):
         # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
         # rows.
         step, tokens = step + 1, tokens + step_batch * seq_len
-        # The clock stops here. A step during which the process was paused (Ctrl-Z, then fg) counts as the shorter of
-        # its own time and the step before's, so that the pause is not counted as training. The first step of a run or
-        # of a resume has no step before it, so a pause during it counts in full.
-        seconds += stop_request.step_seconds(started)
-        # max_skipped_steps bad steps in a row end the run (model.py's bad-step rule)
+        # The clock stops here. If the process was paused during the step (Ctrl-Z, then fg; StopRequest notes when it
+        # continued), the step counts as the shorter of its own time and the step before's, so that the pause is not
+        # counted as training. The first step of a run or of a resume has no step before it, so a pause in it counts.
+        took = time.perf_counter() - started
+        took = min(took, last_took) if stop_request.continued_at >= started else took
+        seconds, last_took = seconds + took, took
+        # max_skipped_steps bad steps in a row end the run (Bad steps, above)
         bad_steps.count(step, loss, spike, applied, trainer.scaler)
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - window[1]) / (seconds - window[0])
@@ -472,13 +557,10 @@ def main(config, given):
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval, scored = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
-        # No periodic checkpoint is saved during a streak of bad steps. A save scores one validation batch first and
-        # writes only weights that are finite and have not diverged. It writes ckpt.pt whole or not at all (a temporary
-        # file, then a rename), and keeps the last keep_checkpoints of them.
+        # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged.
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
             last_ckpt = seconds
-            saves.save_if_sound(validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch),
-                                eval_mask_rate)
+            save_if_sound(saves, validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch))
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     # A run ends in one of three ways. When the budget or max_steps is spent, it evaluates, saves its checkpoint and
@@ -558,6 +640,24 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     return model_args, remainder_micro, budget_pick, changes + picked_lines
 
 
+def settled_line(given, config, resumed):
+    """The start-up line "settled:". It prints the value of each setting whose 0 means "decide at start-up", and says
+    why it has that value: it was given (on the command line or in a config file, as `given` records), it is the
+    checkpoint's in a resume, or the rule named here set it."""
+    rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
+                 n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
+                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
+                 "32, or the batch if smaller")
+    groups = {}  # why -> the settings it explains, as name=value
+    for k, rule in rules.items():
+        asked = [*given[k].values()][-1] if k in given else 0  # the value given last, or 0
+        why = "given" if asked else "its checkpoint's" if resumed and k != "micro_batch" else rule
+        shown = (lambda v: f"{v:.3g}") if k == "lr" else str
+        cut = f" of {shown(asked)} given" if asked and asked != config[k] else ""  # a micro-batch cut to the batch
+        groups.setdefault(why, []).append(f"{k}={shown(config[k])}{cut}")
+    return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
+
+
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     """Builds the model.Trainer: the model on the device, its compiled copy (wrapped by DDP under torchrun) that the
     step runs, and the optimizer: OPTIMIZERS[optim] built over param_groups.
@@ -604,8 +704,8 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
 
 def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_lines):
     """Rank 0's start: claims out_dir (a lock, and room on disk for the checkpoints kept), warns of a run too large for
-    a CPU or one that repeats its data (n_data_tokens: how many the data holds), and prints the start-up lines.
-    Returns the metrics.jsonl log."""
+    a CPU or one that repeats its data (n_data_tokens: how many the data holds), prints the start-up lines and starts
+    W&B's run if wandb_log. Returns the metrics.jsonl log."""
     each = max(12 * model.num_params() + 32 * model.config.vocab_size + 2 ** 20,  # weights, AdamW, tokenizer, records
                os.path.getsize(saves.last_path) if checkpoint else 0)  # or the resumed one's size
     claim_folder(out_dir, need_bytes=save_peak_bytes(saves.path, keep_checkpoints, each, saves.last, saves.branched),
@@ -622,8 +722,10 @@ def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_line
               f"{checkpoint['tokens'] / 1e6:.1f}M tokens in{set_aside}")
     for line in start_lines:
         print(line)
-    wandb_run = (wandb_project, wandb_run_name or os.path.basename(os.path.abspath(out_dir))) if wandb_log else None
-    return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_run, config, (checkpoint or {}).get("run"))
+    if wandb_log:  # W&B's run, with the settings as they were settled
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)), config=config)
+    return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_log, saves.run)
 
 
 def log_step(metrics, rt, record, epoch, progress):
@@ -646,7 +748,7 @@ def finish(validation, metrics, state, signum, saves, scored):
     score = None  # (val loss, accuracy) at this step
     if state["final"]:
         score = scored[1] if scored[0] == step else run_eval(validation, metrics, step, tokens, seconds)
-    saves.save_if_sound(validation, state, eval_mask_rate, at_end=True)
+    save_if_sound(saves, validation, state, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {saves.path}; "

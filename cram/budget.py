@@ -230,24 +230,6 @@ def start_lines(pick, config, seq_len, lr_given):
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
 
 
-def settled_line(given, config, resumed):
-    """The start-up line that prints each setting whose 0 means "decide at start-up", with the value it got. The
-    settings are grouped by where the value came from: given (not 0, on the command line or in a config file, as
-    `given` records), taken from the checkpoint in a resume, or picked by a rule."""
-    rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
-                 n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
-                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
-                 "32, or the batch if smaller")
-    asked = {k: [*given[k].values()][-1] if k in given else 0 for k in rules}  # the value in effect where set, else 0
-    groups = {}
-    for k, rule in rules.items():
-        why = "given" if asked[k] else "its checkpoint's" if resumed and k != "micro_batch" else rule
-        shown = (lambda v: f"{v:.3g}") if k == "lr" else str
-        cut = f" of {shown(asked[k])} given" if asked[k] and asked[k] != config[k] else ""  # a micro-batch over the batch
-        groups.setdefault(why, []).append(f"{k}={shown(config[k])}{cut}")
-    return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
-
-
 def ramp_line(start, final, ramp, micro, remainder):
     """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (their split)."""
     micros = f"micro-batches of {micro} per process{f' (and of {remainder} for the rest)' * (remainder < micro)}"

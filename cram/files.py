@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from configurator import allowed, declarations
-from model import OFF, OPTIMIZERS, REPLACED_FIELDS, CrammedBert, ModelConfig, diverged, param_groups, saved_model_args
+from model import OFF, OPTIMIZERS, REPLACED_FIELDS, CrammedBert, ModelConfig, param_groups, saved_model_args
 
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")  # after the regular tokens, [MASK] the last id (special_ids)
 META_KEYS = ("vocab_size", "n_regular", "special_ids", "seq_len", "dtype", "tokenizer_file", "train_sequences",
@@ -219,12 +219,12 @@ def read_jsonl(path):
 
 
 class MetricsLog:
-    """A run's lines in metrics.jsonl (and W&B with `wandb_run`): a fresh run starts the file at its first line, a resume
-    appends (a step redone: the later line counts); each names its `run`, the id its checkpoints keep."""
+    """A run's lines in metrics.jsonl, and in W&B's run if `wandb` (which train.py has started). A fresh run starts the
+    file at its first line, and a resume appends to it (where a step is logged twice, the later line counts). Each
+    line names its `run`, the id its checkpoints keep."""
 
-    def __init__(self, path, fresh, wandb_run=None, config=None, run=None):
-        self.path, self.fresh, self.wandb_run, self.config, self.started = path, fresh, wandb_run, config, False
-        self.run = run or os.urandom(8).hex()  # a new run's id
+    def __init__(self, path, fresh, wandb=False, run=None):
+        self.path, self.fresh, self.wandb, self.started, self.run = path, fresh, wandb, False, run
 
     def write(self, fields):
         """One line, after dropping one a kill cut short (no newline at the end)."""
@@ -232,9 +232,6 @@ class MetricsLog:
             self.started = True
             if self.fresh:
                 open(self.path, "w", encoding="utf-8").close()
-            if self.wandb_run:
-                import wandb
-                wandb.init(project=self.wandb_run[0], name=self.wandb_run[1], config=self.config)
         try:
             with open(self.path, "a+b") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -245,7 +242,7 @@ class MetricsLog:
                 f.write((json.dumps(dict(fields, run=self.run)) + "\n").encode())
         except OSError as e:
             raise cannot_write(self.path, e)
-        if self.wandb_run:
+        if self.wandb:
             import wandb
             wandb.log(fields, step=fields["step"])
 
@@ -410,7 +407,7 @@ def checkpoint_problem(checkpoint, path):
     for key, kinds in RECORD.items():  # the rest is optional (a user's conversion holds only the four), but typed
         if key in checkpoint and type(checkpoint[key]) not in kinds:
             return f"its {key} is {type(checkpoint[key]).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
-    watch = checkpoint.get("spike_watch", {})  # model.SpikeWatch's state, which a resume unpacks
+    watch = checkpoint.get("spike_watch", {})  # train.py's SpikeWatch state, which a resume unpacks
     if set(watch) - {"mean", "var", "count", "last", "rate"} or not all(type(v) in (float, int) and v >= 0 for v in watch.values()):
         return "its spike_watch is not the mean, var, count, last and rate of a run's losses (numbers, none negative)"
     problem = model_args_problem(args) or meta_problem(checkpoint["meta"])
@@ -574,13 +571,14 @@ def optimizer_problem(checkpoint, optim):
 
 
 class Saves:
-    """A run's checkpoints: `path` (ckpt.pt) is the newest sound one, and `keep` - 1 older ones stay beside it as
-    ckpt_<step>.pt. Each save is written to a temporary file and renamed into place (write_atomically), so a
-    crash leaves the old checkpoint or the new one, never half of one. In a resume the checkpoint it started from
-    (`source`) counts as the last until the run saves."""
+    """A run's checkpoints: `path` (ckpt.pt) is the newest one train.py saved (its save_if_sound), and `keep` - 1
+    older ones stay beside it as ckpt_<step>.pt. Each save is written to a temporary file and renamed into place
+    (write_atomically), so a crash leaves the old checkpoint or the new one, never half of one. In a resume the
+    checkpoint it started from (`source`) counts as the last until the run saves. `run` is the run's id, which its
+    checkpoints and metrics.jsonl lines carry: a new one for a new run, the checkpoint's for a resume."""
 
     def __init__(self, path, keep, checkpoint=None, source=None):
-        self.path, self.keep = path, keep
+        self.path, self.keep, self.run = path, keep, (checkpoint or {}).get("run") or os.urandom(8).hex()
         self.last, self.last_path = (checkpoint["step"], source) if checkpoint is not None else (None, None)
         self.branched = checkpoint is not None and os.path.abspath(source) != os.path.abspath(path)
 
@@ -589,21 +587,10 @@ class Saves:
         (branch_from) and returns their new names."""
         return branch_from(self.path, self.last) if self.branched else []
 
-    def save_if_sound(self, validation, state, mask_rate, at_end=False):
-        """Saves the checkpoint `state` if its weights are sound: finite, with a loss on one batch of validation rows
-        (train.py's Validation) that has not diverged. Only sound weights are saved, so a run stopped for diverging can
-        resume from one. Unsound weights are not saved, which is said; at the end of a run (at_end) that is an error."""
-        finite = all_finite(state["model"])
-        loss = validation.score(validation.batch, mask_rate)[0] if finite else None  # one batch tells a divergence
-        refused = "non-finite weights" if loss is None else \
-            f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None
-        if not refused:
-            save_in_series(self.path, state, self.keep, None if self.branched else self.last)
-            self.last, self.last_path, self.branched = state["step"], self.path, False
-        elif at_end:
-            raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {self.advice()}")
-        else:
-            print(f"checkpoint at step {state['step']} not saved: {refused}; {self.kept()}")
+    def save(self, state):
+        """Writes the checkpoint `state` as ckpt.pt, keeping the last `keep` of the run's checkpoints."""
+        save_in_series(self.path, state, self.keep, None if self.branched else self.last)
+        self.last, self.last_path, self.branched = state["step"], self.path, False
 
     def kept(self):
         """A phrase that says where the last sound checkpoint is and names the one before it, or that none was saved."""

@@ -180,25 +180,18 @@ def guarded(main, kept, *args):
 
 
 class StopRequest:
-    """STOP_SIGNALS (Ctrl-C, schedulers, pre-emption, a closed terminal) ask the loop to finish its step, save and
-    exit; repeats leave the save alone, a person's next Ctrl-C kills at once (held). SIGCONT says the process was
-    stopped and has continued (Ctrl-Z then fg, a batch system's suspend): step_seconds leaves the pause off the clock."""
+    """Records a stop signal, so that the loop can finish its step, save and exit. The signals (STOP_SIGNALS) are
+    Ctrl-C, a scheduler's or a pre-emption's SIGTERM, and a closed terminal. A repeated signal leaves the save alone,
+    and a person's second Ctrl-C kills at once (held). It also notes, in `continued_at`, when the process last
+    continued after a pause (SIGCONT, after Ctrl-Z and fg or a batch system's suspend), so that train.py's loop can
+    leave the pause off the budget's clock."""
 
     def __init__(self):
-        self.signum, self.continued_at, self.last_took, INTERRUPTS[0] = None, -math.inf, math.inf, 0
+        self.signum, self.continued_at, INTERRUPTS[0] = None, -math.inf, 0
         take_signals(self.handle)
-        if hasattr(signal, "SIGCONT"):  # when the process last continued, a perf_counter reading
+        if hasattr(signal, "SIGCONT"):
             signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued_at", time.perf_counter()))
 
     def handle(self, signum, frame):
         self.signum = self.signum or signum  # the first request names the stop
         held(signum)
-
-    def step_seconds(self, started):
-        """The seconds of the step that began at `started` (a perf_counter reading), for the budget's clock. If the
-        process was stopped and continued during the step (Ctrl-Z then fg, or a batch system's suspend), the pause is
-        not training: the step counts as the shorter of its own time and the step before's. A pause outside the step
-        (in an evaluation or a save, which are off the clock) leaves it alone."""
-        took = time.perf_counter() - started
-        self.last_took = min(took, self.last_took) if self.continued_at >= started else took
-        return self.last_took

@@ -272,24 +272,40 @@ def test_a_metrics_line_cut_by_a_kill_is_tolerated_and_ended_by_the_resume(pretr
 
 
 def test_a_fresh_metrics_log_starts_at_its_first_line(tmp_path, monkeypatch):
-    """A fresh run that fails before its first line (the micro-batch probe, a model too large) leaves an
-    earlier metrics.jsonl as it was and starts no W&B run; W&B's config is the one the run settled."""
+    """A fresh run that fails before its first line leaves an earlier metrics.jsonl as it was; each line also goes to
+    W&B's run when it is on; a resumed run appends."""
     from cram.files import MetricsLog
     calls = []
-    fake_wandb = types.SimpleNamespace(init=lambda **kw: calls.append(("init", kw["name"], dict(kw["config"]))),
-                                       log=lambda fields, step: calls.append(("log", step)))
-    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(log=lambda fields, step: calls.append(step)))
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "eval", "step": 7}\n')  # an earlier run's
-    config = {"micro_batch": 0}
-    log = MetricsLog(str(path), True, ("cram", "run"), config)
-    config["micro_batch"] = 32  # train.py's choice, made after the log is created
+    log = MetricsLog(str(path), True, wandb=True)
     assert path.read_text() == '{"kind": "eval", "step": 7}\n' and calls == []
     log.write(dict(kind="eval", step=0))
     log.write(dict(kind="train", step=10))
-    assert calls == [("init", "run", {"micro_batch": 32}), ("log", 0), ("log", 10)]
+    assert calls == [0, 10]
     MetricsLog(str(path), False).write(dict(kind="train", step=20))  # a resumed run appends
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 10, 20]
+
+
+def test_w_and_b_s_run_gets_the_settled_settings(prepared, tmp_path):
+    """--wandb_log=True: W&B's run starts once the settings are settled (the micro-batch decided, not 0), with every
+    setting as its config, and each metrics line goes to it."""
+    fake = tmp_path / "fake" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import json, os\n"
+        "def init(**kw): open(os.environ['WANDB_CALLS'], 'a').write(json.dumps(['init', kw['config']['micro_batch']]) + '\\n')\n"
+        "def log(fields, step): open(os.environ['WANDB_CALLS'], 'a').write(json.dumps(['log', step]) + '\\n')\n")
+    calls = tmp_path / "calls.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(fake.parent), WANDB_CALLS=str(calls), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path / 'run'}",
+                           *TINY_MODEL, "--max_steps=20", "--fill_in_examples=0", "--wandb_log=True"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert got[0][0] == "init" and got[0][1] > 0 and [c[0] for c in got[1:]] == ["log"] * (len(got) - 1), got
+    assert {c[1] for c in got[1:]} >= {0, 10, 20}, got
 
 
 def test_a_file_kept_for_a_look_is_never_overwritten(tmp_path, capsys):

@@ -321,7 +321,7 @@ def test_a_new_masking_rate_starts_the_spike_history_again():
     """A rising masking rate lifts the loss at each new level. Judged against the old rate's history, every step after
     the rise would be a spike (a spike never joins the history), and max_skipped_steps would end a sound run. The watch
     starts its history again at a new rate, and still catches a spike at the same rate. Its state keeps the rate."""
-    from model import SPIKE_HISTORY, SpikeWatch
+    from train import SPIKE_HISTORY, SpikeWatch
     watch = SpikeWatch(6.0)
     for i in range(SPIKE_HISTORY + 10):
         assert not watch.is_spike(2.0 + 0.01 * (i % 2), rate=0.15)
