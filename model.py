@@ -382,24 +382,19 @@ def masked_count(mask_rate, seq_len):
 
 
 def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
-    """BERT's corruption of each row of idx (B, T). Returns (inputs, positions, labels). inputs (B, T) holds the
-    corrupted rows. positions (B, k) holds the k masked positions of each row, in the order their draw ranked them
-    rather than ascending. labels (B, k) holds the original tokens at those positions.
+    """BERT's corruption of each row of idx (B, T). Returns (inputs, positions, labels): the corrupted rows (B, T), the
+    k masked positions of each row (B, k), and the original tokens at those positions (B, k).
 
-    Exactly k = masked_count(mask_rate, T) positions of every row are masked, so at a given rate every batch has the
-    same shape and torch.compile builds one graph for it. Any position may be masked, including a [SEP] between packed
-    documents. As in the reference code (Geiping and Goldstein's), the first round(0.8 k) masked positions in the draw's
-    order, a random subset, become [MASK], the next ones up to round(0.9 k) a random regular token, and the rest keep
-    their token (26, 3 and 3 of 32; a small k splits coarsely: 1 and 2 are all [MASK], 5 is 4, 0 and 1). Regular tokens
-    are the ids below n_regular, which come before the special ones; the reference draws from the whole vocabulary. The
-    random one may be the original. `masking` is a Masking or just its rate.
+    Every row has exactly k = masked_count(mask_rate, T) masked positions, so at a given rate every batch has the same
+    shape and torch.compile builds one graph for it. The positions are a random subset of the row, in random order, and
+    any position may be masked, a [SEP] included. As in the reference code (Geiping and Goldstein's), the first 80% of
+    them become [MASK], the next 10% a random regular token (which may be the original), and the rest keep their
+    token. Of 32 that is 26, 3 and 3; a small k splits coarsely (5 gives 4, 0 and 1). Regular tokens are the ids below
+    n_regular, and the special ones come after them (the reference draws from the whole vocabulary).
 
-    Training and validation pass `keys`, an int64 tensor (B,) with one key per row. The draws then come from
-    row_noise, which turns each row's key into a run of values: the first T rank the positions and the next k give
-    the random ids, uniform to within n_regular / 2**32. So a row's mask depends on its key alone, in any batch and on
-    any device. A fork that needs more random values per row asks row_noise for more columns; a draw from torch's
-    generator would lose that. Without keys, the draws come batch by batch from `generator`, or from torch's own
-    generator if it is None."""
+    Training and validation pass `keys`, one int64 key per row (B,). A row's random values then come from its key alone
+    (row_noise), so the row is masked the same way in any batch and on any device. Without keys, the values are drawn
+    batch by batch from `generator`, or from torch's own if it is None. `masking` is a Masking or just its rate."""
     masking = masking if isinstance(masking, Masking) else Masking(mask_rate=masking)
     B, T = idx.shape
     k = masked_count(masking.mask_rate, T)
@@ -436,7 +431,8 @@ def row_noise(keys, n):
     row. Each value depends only on its row's key and its column, as in a counter-based generator. Only integer
     operations are used, so any device and any batch give a row the same values. A row's hash applies mix32 to the
     high 32 bits of its key, then again after mixing in the low 32 bits. Each value mixes that hash with a hash of
-    the column index."""
+    the column index. mask_tokens reads the first T columns to rank a row's positions and the next k as its random
+    ids (uniform to within n_regular / 2**32); a fork that needs more random values per row asks for more columns."""
     h = mix32(mix32(((keys >> 32) & MASK32) ^ GOLDEN) ^ (keys & MASK32))  # (B,)
     return mix32(h[:, None] ^ mix32(torch.arange(n, device=keys.device) + GOLDEN))  # (B, n)
 

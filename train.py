@@ -35,18 +35,17 @@ from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, Mode
 # The settings. Each one's comment opens with the values it allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
-# The budget. Under budget_hours the rate, the batch and the masking rate at a given step follow the measured time;
-# under budget_tokens they repeat exactly, though GPU kernels may still add floats in another order. The rows come in
-# the same order either way, and so do their masks at a given masking rate. max_steps stops a run before its budget
-# is spent, so its rate has not decayed yet; a resume does not keep max_steps.
+# The budget: hours of training steps, or a number of tokens. The schedules of the rate, the batch and the masking rate
+# follow the share of the budget spent, so they end when it ends. A budget of tokens repeats step for step.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
-max_steps = 0             # >= 0: also stop once the run has taken this many steps, a resume's earlier ones and skipped updates included (0: no limit)
+max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included, before the rate has decayed (0: no limit; a resume does not keep it)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
-# resume. The start-up line "settled:" prints the value each of them runs with and why, and main writes it here before
-# any work.
+# resume. main writes the value here before any work, and the start-up line "settled:" prints each value and why. For
+# example, 24 hours on an A6000 (the paper's day) settle to 16 x 768, a batch of 4096 and lr 1e-3; on an H100 to
+# 24 x 1024, 8192 and 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
 # of it a step reaches, times the processes, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
 # 24 x 1024, the rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The
@@ -58,10 +57,9 @@ n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
-# The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded (a
-# half to even), at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, and
-# the loss covers every masked position. With mask_rate_start the rate moves over the budget in mask_levels steps
-# (mask_rate_at). The memory check sizes for the larger rate.
+# The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
+# and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, and the loss
+# covers every masked position. With mask_rate_start the rate moves over the budget in mask_levels steps (mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and moves to mask_rate in mask_levels steps (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
@@ -77,12 +75,12 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by th
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
-# The batch. A step's batch grows in steps of batch_ramp_start up to batch_size over the first batch_ramp of the budget
-# (batch_size_at): early on, a small batch learns as much per token, so it gives more updates (the cramming recipe ramps
-# it). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as the nearest power of
-# two from 32 to 8192 (cram/budget.py), then the nearest multiple of the processes (of micro_batch x processes where
-# micro_batch is given). The paper's day gives 4096, the batch the paper found best; the reference's recipe ramps to
-# 8192, which config/shape_paper.py pins.
+# The batch. A run's first steps take batch_ramp_start sequences each. The batch then grows by that many at a time and
+# reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch learns as much per token as a
+# large one, so it gives more updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the
+# budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192 (cram/budget.py).
+# The paper's day gives 4096, the batch the paper found best (the reference's recipe ramps to 8192, which
+# config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32 (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 it never quite gets there)
@@ -218,10 +216,10 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 def mask_keys(seed, numbers):
-    """The keys from which model.mask_tokens draws the rows' masks, as an int64 tensor. Each key is a row's number
-    xor a 62-bit salt drawn from `seed`, so different numbers get different keys, and another seed gives other keys.
-    A training row's number is its sequence number in the run (0 and up). A validation row's is -1 - its index, so
-    its key has the sign bit set, and no training row's key, whatever the seed, equals a validation row's."""
+    """One key for each row's mask, as an int64 tensor: model.mask_tokens draws a row's mask from its key alone. The
+    key is the row's number mixed with the seed (xor with a number the seed draws), so every number has its own key
+    and another seed gives other keys. A training row's number is its sequence number in the run (0, 1, 2, ...). A
+    validation row's is negative (-1 - its index), so no validation row ever shares a training row's key."""
     return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
 
 
@@ -430,14 +428,15 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
       them.
     - the loss history that the spike check compares against (watch).
     - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
-    A resume runs with the run's own settings (cram/budget.py's resume_settings), but a few may change. The budget may
-    grow, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its schedule's
-    value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is rescaled to end
-    where it did (or at the budget's end, if that comes first), so the batch never shrinks. The optimizer's rate,
-    clipping and decay and the spike check may change, since a diverged run's error asks you to lower them (budget.py's
-    ADJUSTABLE). How this command runs may change too: device, precision, micro-batch, logging and where the data is
-    (SESSION). Any other change is refused in one line. A fork's new setting is kept like the others unless it joins one
-    of those two lists."""
+    A resume runs with the run's own settings (cram/budget.py's resume_settings). Only these may change:
+    - the budget, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its
+      schedule's value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is
+      rescaled to end where it did (or at the budget's end, if that is sooner), so the batch never shrinks.
+    - the optimizer's rate, clipping and decay and the spike check, which a diverged run's error asks you to lower
+      (budget.py's ADJUSTABLE).
+    - how this command runs: device, precision, micro-batch, logging and where the data is (budget.py's SESSION).
+    Any other change is refused in one line. A fork's new setting is kept like the others unless it joins one of those
+    two lists."""
     return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final, spike_watch=watch.state_dict())
 
