@@ -36,15 +36,16 @@ from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, Mode
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # ckpt.pt and metrics.jsonl go here
 # The budget: hours of training steps, or a number of tokens. The schedules of the rate, the batch and the masking rate
-# follow the share of the budget spent, so they end when it ends. A budget of tokens repeats step for step.
+# follow the share of the budget spent, so they end when it ends. Under a budget of tokens, each step's batch, rate and
+# masks repeat from run to run (a GPU may still add the floats in another order).
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
-max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included, before the rate has decayed (0: no limit; a resume does not keep it)
+max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
 # resume. main writes the value here before any work, and the start-up line "settled:" prints each value and why. For
-# example, 24 hours on an A6000 (the paper's day) settle to 16 x 768, a batch of 4096 and lr 1e-3; on an H100 to
+# example, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3; on an H100 to
 # 24 x 1024, 8192 and 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
 # of it a step reaches, times the processes, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
@@ -59,10 +60,11 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
 # and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, and the loss
-# covers every masked position. With mask_rate_start the rate moves over the budget in mask_levels steps (mask_rate_at).
+# covers every masked position. With mask_rate_start the rate climbs over the budget as a staircase of mask_levels
+# rates, the last of them mask_rate (mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and moves to mask_rate in mask_levels steps (mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates that move uses, each a new shape to compile (1: mask_rate_start throughout)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and climbs to mask_rate as a staircase of mask_levels rates (mask_rate_at)
+mask_levels = 4           # [1, 8]: how many rates that staircase has, each a new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
 # peak rate (width_lr) asks for --lr.
@@ -75,13 +77,14 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by th
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
-# The batch. A run's first steps take batch_ramp_start sequences each. The batch then grows by that many at a time and
-# reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch learns as much per token as a
+# The batch. Where batch_ramp_start is below batch_size, a run's first steps take batch_ramp_start sequences each. The
+# batch then grows by that many at a time and reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch learns as much per token as a
 # large one, so it gives more updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the
-# budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192 (cram/budget.py).
+# budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a
+# multiple of the processes (cram/budget.py).
 # The paper's day gives 4096, the batch the paper found best (the reference's recipe ramps to 8192, which
 # config/shape_paper.py pins).
-micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits, else 32 (main writes the value here)
+micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 it never quite gets there)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
@@ -93,7 +96,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
-seed = 0                  # [0, 4294967295]: seeds the initial weights, the data order, the training masks and the fill-in picks
+seed = 0                  # [0, 4294967295]: seeds the initial weights, dropout, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see Bad steps)
@@ -108,7 +111,7 @@ wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 # The step's pieces, in this order: the schedules, the micro-batches, the data, validation, bad steps, the budget's
-# clock and saving. main and its loop follow them; after main come set-up and the end. Set-up (setup_device, settle)
+# clock and saving. main and its loop follow them; after main come set-up and the end. Set-up (setup_device, decide_settings)
 # decides the settings' values, so it reads them from `config`. main then writes them over the settings above, and
 # everything after that reads the settings.
 
@@ -248,7 +251,7 @@ class Batches:
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
 
 
-# How validation is scored. It masks the first eval_sequences validation rows, each from a key made of VALIDATION_SEED
+# How validation is latest_score. It masks the first eval_sequences validation rows, each from a key made of VALIDATION_SEED
 # and the row's index, so every evaluation of every run scores the same masked tokens, whatever the micro-batch, the
 # device or the number of processes. That is what makes two runs' validation losses comparable.
 VALIDATION_SEED = 1234
@@ -420,14 +423,14 @@ def run_eval(validation, metrics, step, tokens, seconds):
     return val_loss, accuracy
 
 
-def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, watch):
+def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final, watch):
     """What a checkpoint holds, and so what --resume=True restores:
     - the weights, the optimizer's state and float16's loss scale (trainer.state_dict).
     - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules follow the
       share of the budget spent, and the rows and their masks the sequences read (Batches), so a resume continues all of
       them.
     - the loss history that the spike check compares against (watch).
-    - `about` the run: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
+    - `run_info`, what the run is: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/budget.py's resume_settings). Only these may change:
     - the budget, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its
       schedule's value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is
@@ -437,7 +440,7 @@ def checkpoint_state(trainer, about, step, seconds, tokens, init_loss, final, wa
     - how this command runs: device, precision, micro-batch, logging and where the data is (budget.py's SESSION).
     Any other change is refused in one line. A fork's new setting is kept like the others unless it joins one of those
     two lists."""
-    return dict(trainer.state_dict(), **about, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
+    return dict(trainer.state_dict(), **run_info, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
                 final=final, spike_watch=watch.state_dict())
 
 
@@ -460,10 +463,10 @@ def save_if_sound(saves, validation, state, at_end=False):
 def main(config, given):
     # -------------------------------------------------------------------- the settings
     ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
-    rt, rank, resumed, unshaped = setup_device(config, world, ddp, given)
+    rt, rank, resumed, model_config = setup_device(config, world, ddp, given)
     master, log = rank == 0, rank0_print(rank == 0)
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
-    model_args, remainder_micro, budget_pick, start_lines = settle(config, unshaped, resumed, run_data, rt, world, ddp, master)
+    model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt, world, ddp, master)
     start_lines.append(settled_line(given, config, resumed[0] is not None))
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
@@ -492,23 +495,26 @@ def main(config, given):
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
-    # How far the run has got: optimizer steps taken, input tokens trained on, and `seconds` on the budget's clock.
+    # How far the run has got: steps taken (a step whose update was skipped counts), input tokens trained on, and
+    # `seconds` on the budget's clock.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
-    about = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
+    run_info = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
                  budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
     # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
-    scored = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
+    latest_score = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
     init_loss = checkpoint.get("init_val_loss") if checkpoint else None
     if master and not checkpoint:
-        scored = (step, run_eval(validation, metrics, step, tokens, seconds))
-        init_loss = scored[1][0]
+        latest_score = (step, run_eval(validation, metrics, step, tokens, seconds))
+        init_loss = latest_score[1][0]
     stop_request = process.StopRequest()
 
     # -------------------------------------------------------------------- the loop
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # - It counts drawing and masking the batch, the forward, the backward and the update.
-    # - It counts torch.compile's compilation in the first steps, which on a short budget is a visible share.
-    # - On a GPU the update may still be running when the clock stops; its time falls into the next step.
+    # - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and
+    #   again at each new masking level.
+    # - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
+    #   clock where an evaluation or a save comes between.
     # - Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run takes longer on the wall.
     # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
     # batch's tokens.
@@ -555,20 +561,24 @@ def main(config, given):
             warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             window = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
-            last_eval, scored = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
+            last_eval, latest_score = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
         # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged.
         if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
             last_ckpt = seconds
-            save_if_sound(saves, validation, checkpoint_state(trainer, about, step, seconds, tokens, init_loss, False, watch))
+            save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
 
     # -------------------------------------------------------------------- the end; the clock has stopped
-    # A run ends in one of three ways. When the budget or max_steps is spent, it evaluates, saves its checkpoint and
+    # A run ends in one of three ways. When the budget or max_steps is spent, it saves its checkpoint, evaluates, and
     # prints the fill-in examples and the final line. On a stop signal, it saves after the step it was on, without a
     # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
     # once with an error and saves nothing; the last checkpoint saved is the one to resume from.
+    # The end is not a step to finish, so a stop signal from here on ends the process at once, with its one line, as one
+    # before the loop does. A finished run has saved by then, unless the signal came during that save.
+    if not stop:
+        process.take_signals(process.interrupt)
     if master:
-        state = checkpoint_state(trainer, about, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
-        finish(validation, metrics, state, stop_request.signum, saves, scored)
+        state = checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
+        finish(validation, metrics, state, stop_request.signum, saves, latest_score)
     if ddp:  # DDP's model is freed before its process group ends, and the group waits for rank 0 to save
         del trainer
         runtime.leave_process_group()
@@ -585,7 +595,7 @@ def setup_device(config, world, ddp, given):
     except the `given` ones it may change (budget.resume_settings). Every process takes rank 0's precision.
     Returns the Runtime, this process's rank, `resumed` and the model's settings. `resumed` holds the checkpoint
     or None, its path, and the lines that say what the resume changed. The model's settings use the ladder's
-    smallest shape until settle() has the budget pick the real one."""
+    smallest shape until decide_settings() has the budget pick the real one."""
     resume_from = config["resume_from"]
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
@@ -600,8 +610,8 @@ def setup_device(config, world, ddp, given):
     saved = checkpoint.get("config", {}) if checkpoint else {}
     rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
                        config["compile_mode"], (saved.get("device"), saved.get("dtype")))
-    unshaped = ModelConfig.from_settings({**config, **smallest})  # a bad model setting fails here, before any work
-    check_settings(world, config, rt, given, unshaped)
+    model_config = ModelConfig.from_settings({**config, **smallest})  # a bad model setting fails here, before any work
+    check_settings(world, config, rt, given, model_config)
     rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
     rt = runtime.rank0_precision(rt) if ddp else rt
     rt.optim = config["optim"]  # the optimizer whose state the memory check counts (model.OPTIMIZERS)
@@ -612,10 +622,10 @@ def setup_device(config, world, ddp, given):
     if rank == 0 and os.path.isdir(config["out_dir"]):
         claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
     check_own_files(config["out_dir"], checkpoint, source)
-    return rt, rank, (checkpoint, source, changes), unshaped
+    return rt, rank, (checkpoint, source, changes), model_config
 
 
-def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
+def decide_settings(config, model_config, resumed, run_data, rt, world, ddp, master):
     """Decides the value of every setting the run will use, before any work, and writes them into `config`.
     budget.decide fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
     memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches the two micro-batch
@@ -623,12 +633,12 @@ def settle(config, unshaped, resumed, run_data, rt, world, ddp, master):
     or what the budget picked."""
     log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
-    unshaped = dataclasses.replace(unshaped, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # as the data has
-    settled, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(unshaped),
+    model_config = dataclasses.replace(model_config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
+    decided, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(model_config),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
-    config.update(settled)  # the shape, final batch and peak rate
-    model_config = dataclasses.replace(unshaped, **{k: config[k] for k in SHAPE_FIELDS})  # in the settled shape
-    check_settings(world, config, rt, model_config=model_config)  # with the shape and batch settled
+    config.update(decided)  # the shape, final batch and peak rate
+    model_config = dataclasses.replace(model_config, **{k: config[k] for k in SHAPE_FIELDS})  # in the decided shape
+    check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
     check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
@@ -644,9 +654,9 @@ def settled_line(given, config, resumed):
     why it has that value: it was given (on the command line or in a config file, as `given` records), it is the
     checkpoint's in a resume, or the rule named here set it."""
     rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
-                 n_heads="the most heads at least 64 wide", d_ffn="4 x d_model", lr="the width's rule",
+                 n_heads="the most heads at least 64 wide, or one", d_ffn="4 x d_model", lr="the width's rule",
                  micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
-                 "32, or the batch if smaller")
+                 "32, or a process's share if smaller")
     groups = {}  # why -> the settings it explains, as name=value
     for k, rule in rules.items():
         asked = [*given[k].values()][-1] if k in given else 0  # the value given last, or 0
@@ -721,7 +731,7 @@ def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_line
               f"{checkpoint['tokens'] / 1e6:.1f}M tokens in{set_aside}")
     for line in start_lines:
         print(line)
-    if wandb_log:  # W&B's run, with the settings as they were settled
+    if wandb_log:  # W&B's run, with the settings as they were decided
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)), config=config)
     return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_log, saves.run)
@@ -739,20 +749,18 @@ def log_step(metrics, rt, record, epoch, progress):
     metrics.write(record)
 
 
-def finish(validation, metrics, state, signum, saves, scored):
-    """Saves the last checkpoint. A run stopped by a signal (signum, or None when another process got it) says how to
-    continue it. A finished run evaluates (unless `scored`, the latest evaluation's (step, score), is of this step),
-    prints how many graphs torch.compile built, the fill-in examples and the final line."""
+def finish(validation, metrics, state, signum, saves, latest_score):
+    """Saves the last checkpoint first. A run stopped by a signal (signum, or None when another process got it) then
+    says how to continue it. A finished run evaluates (unless `latest_score`, the latest evaluation's (step, score), is of
+    this step), and prints how many graphs torch.compile built, the fill-in examples and the final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    score = None  # (val loss, accuracy) at this step
-    if state["final"]:
-        score = scored[1] if scored[0] == step else run_eval(validation, metrics, step, tokens, seconds)
     save_if_sound(saves, validation, state, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {saves.path}; "
               f"continue with the same command and --resume=True")
         return
+    score = latest_score[1] if latest_score[0] == step else run_eval(validation, metrics, step, tokens, seconds)  # (loss, accuracy)
     if validation.rt.compile:
         print(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
     if fill_in_examples:

@@ -181,7 +181,7 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
     assert line, first
     # every setting whose 0 the start-up decides, in one line, with why (train.settled_line)
     assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32 \(the budget's pick\); "
-                     r"n_heads=2 \(the most heads at least 64 wide\); d_ffn=512 \(4 x d_model\); "
+                     r"n_heads=2 \(the most heads at least 64 wide, or one\); d_ffn=512 \(4 x d_model\); "
                      r"lr=0.00245 \(the width's rule\); "
                      r"micro_batch=16 \(given\)$", first, re.M), first
     ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)

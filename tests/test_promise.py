@@ -162,6 +162,19 @@ def test_a_signal_anywhere_is_one_line_and_a_status(case, signum, prepared, pret
     assert not (tmp_path / "run" / "ckpt.pt").exists()  # train.py: nothing trained, nothing saved
 
 
+def test_a_signal_during_a_finished_run_s_last_evaluation_ends_at_once_and_keeps_its_save(prepared, tmp_path):
+    """The loop is over and the finished run has saved: a stop during the final evaluation (a long one here) ends the
+    process at once with its line and status, not silently with 0, and the checkpoint is the finished run's."""
+    run = tmp_path / "run"
+    args = ["train.py", f"--data_dir={prepared}", f"--out_dir={run}", *TINY_MODEL, "--n_layers=8", "--d_model=512",
+            "--n_heads=8", "--d_ffn=2048", "--eval_sequences=4096", "--max_steps=1"]
+    proc = stop_when(start(*args), exists_with_bytes(run / "ckpt.pt"), signal.SIGINT)
+    assert_kept(proc, {}, 128 + signal.SIGINT, "stopped by SIGINT", "keeps the last checkpoint")
+    checkpoint = torch.load(run / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert checkpoint["final"] and checkpoint["step"] == 1
+    assert "final:" not in proc.stdout
+
+
 def test_finetuning_stopped_between_tasks_continues_without_redoing_them(pretrained, tmp_path):
     """SIGTERM once RTE's seeds are in glue.json, then the same command: RTE is not fine-tuned again,
     the others are, and glue.json holds them all. (Three tasks after RTE: a signal that came after
