@@ -56,8 +56,10 @@ n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes 
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
-# Every other field of model.py's ModelConfig (smear, glu, ...) is a setting too (see --help). The vocabulary size and
-# the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
+# Every other field of model.py's ModelConfig is a setting too (see --help). Their defaults are the reference's recipe
+# (pre-LayerNorm, a gated GELU feed-forward, no biases, no dropout, only the masked positions predicted) and smear,
+# cram's addition, on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length
+# come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
 # and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, and the loss
 # covers every masked position. With mask_rate_start the rate climbs over the budget as a staircase of mask_levels
