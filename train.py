@@ -378,6 +378,24 @@ def rank0_print(master):
     return print if master else (lambda *args, **kwargs: None)
 
 
+class StopRequest:
+    """Records a stop signal, so that the loop can finish its step, save and exit (main's end). The signals
+    (process.STOP_SIGNALS) are Ctrl-C, a scheduler's or a pre-emption's SIGTERM, a closed terminal and a batch system's
+    warnings. A repeated signal leaves the save alone, but a person's second Ctrl-C kills at once (process.held). It
+    also notes, in `continued_at`, when the process last continued after a pause (SIGCONT, after Ctrl-Z and fg or a
+    batch system's suspend), so that the loop can leave the pause off the budget's clock."""
+
+    def __init__(self):
+        self.signum, self.continued_at, process.INTERRUPTS[0] = None, -math.inf, 0
+        process.take_signals(self.handle)
+        if hasattr(signal, "SIGCONT"):
+            signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued_at", time.perf_counter()))
+
+    def handle(self, signum, frame):
+        self.signum = self.signum or signum  # the first request names the stop
+        process.held(signum)
+
+
 def agree_on_clock(seconds, stop, master, device):
     """Under DDP, every process takes rank 0's clock and stops if any process was asked to stop, so that all take the
     same batch and stop at the same step. One process keeps its own values."""
@@ -508,7 +526,7 @@ def main(config, given):
     if master and not checkpoint:
         latest_score = (step, run_eval(validation, metrics, step, tokens, seconds))
         init_loss = latest_score[1][0]
-    stop_request = process.StopRequest()
+    stop_request = StopRequest()
 
     # -------------------------------------------------------------------- the loop
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
@@ -522,7 +540,8 @@ def main(config, given):
     # batch's tokens.
     last_eval = last_ckpt = seconds
     last_took = math.inf  # the step before's time on the clock
-    window, warned = (seconds, tokens), budget_tokens > 0
+    at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
+    repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
     while True:
         started = time.perf_counter()
         seconds, stop = agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
@@ -545,7 +564,7 @@ def main(config, given):
         # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
         # rows.
         step, tokens = step + 1, tokens + step_batch * seq_len
-        # The clock stops here. If the process was paused during the step (Ctrl-Z, then fg; StopRequest notes when it
+        # The clock stops here. If the process was paused during the step (Ctrl-Z, then fg: StopRequest notes when it
         # continued), the step counts as the shorter of its own time and the step before's, so that the pause is not
         # counted as training. The first step of a run or of a resume has no step before it, so a pause in it counts.
         took = time.perf_counter() - started
@@ -554,14 +573,14 @@ def main(config, given):
         # max_skipped_steps bad steps in a row end the run (Bad steps, above)
         bad_steps.count(step, loss, spike, applied, trainer.scaler)
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
-            tokens_per_s = (tokens - window[1]) / (seconds - window[0])
+            tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
                                        skipped=bad_steps.skipped), tokens / (n_rows * seq_len),
                      budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the share spent after this step
-            warned = warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
-            window = (seconds, tokens)
+            repeats_warned = repeats_warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
+            at_last_line = (seconds, tokens)
         if master and seconds - last_eval >= eval_interval_minutes * 60:
             last_eval, latest_score = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
         # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged.

@@ -4,7 +4,6 @@ runs inside guarded(); train.py's loop takes the signals over; the configurator 
 import contextlib
 import errno
 import importlib
-import math
 import os
 import re
 import signal
@@ -141,7 +140,7 @@ def held(signum):
 def guarded(main, kept, *args):
     """A script's main(*args), the faults that can come at any moment made one line on stderr saying what was kept and
     how to continue (`kept`, or kept() if known only then): Ctrl-C or another of STOP_SIGNALS ('stopped by SIGHUP:
-    <kept>', status 128 + n; train.py's loop installs StopRequest over this, which finishes its step and saves), and the
+    <kept>', status 128 + n; train.py's loop installs its StopRequest over this, which finishes its step and saves), and the
     machine's OSError (a full disk: 'error: ...', status 1); output whose reader is gone the configurator drops."""
     told = kept if callable(kept) else lambda: kept
     take_signals(interrupt)
@@ -177,21 +176,3 @@ def guarded(main, kept, *args):
         where = f" on {e.filename}" if e.filename else ""
         sys.stdout.flush()
         raise SystemExit(f"error: a file operation{where} failed: {e.strerror or e}{full}; {told()}")
-
-
-class StopRequest:
-    """Records a stop signal, so that the loop can finish its step, save and exit. The signals (STOP_SIGNALS) are
-    Ctrl-C, a scheduler's or a pre-emption's SIGTERM, and a closed terminal. A repeated signal leaves the save alone,
-    and a person's second Ctrl-C kills at once (held). It also notes, in `continued_at`, when the process last
-    continued after a pause (SIGCONT, after Ctrl-Z and fg or a batch system's suspend), so that train.py's loop can
-    leave the pause off the budget's clock."""
-
-    def __init__(self):
-        self.signum, self.continued_at, INTERRUPTS[0] = None, -math.inf, 0
-        take_signals(self.handle)
-        if hasattr(signal, "SIGCONT"):
-            signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued_at", time.perf_counter()))
-
-    def handle(self, signum, frame):
-        self.signum = self.signum or signum  # the first request names the stop
-        held(signum)

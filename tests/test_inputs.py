@@ -552,9 +552,10 @@ def test_a_continue_is_noted_on_the_step_s_clock():
     """The loop leaves a pause off the clock when the process continued after the step began: StopRequest notes a
     SIGCONT as a perf_counter reading, comparable with the step's start, and nothing else moves it."""
     from cram import process
+    from train import StopRequest
     handlers = {signum: signal.getsignal(signum) for signum in (*process.STOP_SIGNALS, signal.SIGCONT)}
     try:
-        request = process.StopRequest()
+        request = StopRequest()
         started = time.perf_counter()
         assert request.continued_at < started  # never continued: no step counts as paused
         os.kill(os.getpid(), signal.SIGCONT)  # continued during the step
