@@ -34,7 +34,7 @@ from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, Mode
 # -----------------------------------------------------------------------------
 # The settings. Each one's comment opens with the values it allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
-out_dir = "out"           # ckpt.pt and metrics.jsonl go here
+out_dir = "out"           # the checkpoints (ckpt.pt, the newest), metrics.jsonl and the run's lock file go here
 # The budget: hours of training steps, or a number of tokens. The schedules of the rate, the batch and the masking rate
 # follow the share of the budget spent, so they end when it ends. Under a budget of tokens, each step's batch, rate and
 # masks repeat from run to run (a GPU may still add the floats in another order).
@@ -45,8 +45,8 @@ resume = False            # continue the run in out_dir/ckpt.pt with its own set
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
 # resume. main writes the value here before any work, and the start-up line "settled:" prints each value and why. For
-# example, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3; on an H100 to
-# 24 x 1024, 8192 and 8.7e-4 (docs/training.md has more).
+# example, with data enough, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and
+# 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
 # of it a step reaches, times the processes, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
 # 24 x 1024, the rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The
@@ -62,10 +62,10 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
 # and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, and the loss
-# covers every masked position. With mask_rate_start the rate climbs over the budget as a staircase of mask_levels
-# rates, the last of them mask_rate (mask_rate_at).
+# covers every masked position. With mask_rate_start the rate moves over the budget, up or down, as a staircase of
+# mask_levels rates, the last of them mask_rate (mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and climbs to mask_rate as a staircase of mask_levels rates (mask_rate_at)
+mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that staircase has, each a new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
@@ -83,7 +83,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # batch then grows by that many at a time and reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch learns as much per token as a
 # large one, so it gives more updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the
 # budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a
-# multiple of the processes (cram/budget.py).
+# multiple of the processes, or of micro_batch x the processes where micro_batch is given (cram/budget.py).
 # The paper's day gives 4096, the batch the paper found best (the reference's recipe ramps to 8192, which
 # config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
@@ -253,7 +253,7 @@ class Batches:
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
 
 
-# How validation is latest_score. It masks the first eval_sequences validation rows, each from a key made of VALIDATION_SEED
+# How validation is scored. It masks the first eval_sequences validation rows, each from a key made of VALIDATION_SEED
 # and the row's index, so every evaluation of every run scores the same masked tokens, whatever the micro-batch, the
 # device or the number of processes. That is what makes two runs' validation losses comparable.
 VALIDATION_SEED = 1234
@@ -368,7 +368,7 @@ def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
 
 
-def budget_spent(progress, step, max_steps):
+def no_step_left(progress, step, max_steps):
     """Whether a run at this share of its budget and this step has no step left to take."""
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
@@ -546,7 +546,7 @@ def main(config, given):
         started = time.perf_counter()
         seconds, stop = agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
-        if budget_spent(progress, step, max_steps) or stop:
+        if no_step_left(progress, step, max_steps) or stop:
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
         step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)  # lr: the peak, decided at start-up
@@ -721,7 +721,7 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
         return
     check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, config["optim"], config["data_dir"], meta)
     progress = budget_progress(checkpoint["tokens"], checkpoint["elapsed"], config["budget_tokens"], config["budget_hours"])
-    if not budget_spent(progress, checkpoint["step"], config["max_steps"]) or not checkpoint.get("final", True):
+    if not no_step_left(progress, checkpoint["step"], config["max_steps"]) or not checkpoint.get("final", True):
         return
     kind = "max_steps" if progress < 1.0 else "budget_tokens" if config["budget_tokens"] else "budget_hours"
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "

@@ -1,7 +1,8 @@
-"""The budget's rule in one place: the compute a budget buys -> the shape (a LADDER rung) and the final batch, pure
-functions beside their constants and sources, then the peak lr by the width (model.lr_for_width); `decide`, train.py's
-one call, applies them (given settings win, a resume keeps its checkpoint's), start_lines say what it picked.
-docs/training.md has the published points."""
+"""The budget's rule in one place. From the compute a budget buys it picks the shape (a rung of LADDER) and the final
+batch, and the width gives the peak rate (model.lr_for_width). The rule's functions are pure and sit beside their
+constants and sources. `decide` applies them for train.py: a setting given wins, and a resume keeps its checkpoint's.
+start_lines say what the rule picked, and docs/training.md has the published points it follows. Beside the rule are
+the settings a resume keeps and may change (resume_settings)."""
 import dataclasses
 import functools
 import math
@@ -18,7 +19,7 @@ from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, REPLACED_FIELDS, ModelConfi
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
 STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768); a CPU's too (its steps reach 0.6-0.9: 0.5 errs toward a smaller shape)
-GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6 (one H200's 3.5-min runs: 0.41 at 8 x 512, 0.45 at 10 x 640)
+GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6, fitted to one H200's whole 3.5-min runs (0.41 at 8 x 512, 0.45 at 10 x 640); their steps alone reached 0.44 and 0.50, so the law errs low
 EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over compiled, over eager (BENCHMARKS)
 # The paper's point: in its 24 hours on an RTX A6000 (a matmul speed of about 100 TFLOP/s), 16 x 768 was its best
 # shape, and 94.4M is the matmul weights of its blocks. Its compute is measured as a run's is: hours x matmul speed x
