@@ -112,12 +112,142 @@ wandb_log = False         # also log to Weights & Biases (pip install wandb; imp
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-# The step's pieces, in this order: the schedules, the micro-batches, the data, validation, bad steps, the budget's
-# clock and saving. main and its loop follow them; after main come set-up and the end. Set-up (setup_device, decide_settings)
-# decides the settings' values, so it reads them from `config`. main then writes them over the settings above, and
-# everything after that reads the settings.
+# main comes first: the whole run, with its loop. The step's pieces follow it in the loop's order (the schedules, the
+# micro-batches, the data, validation, bad steps, the budget's clock and saving), then set-up and the end. Set-up
+# (setup_device, decide_settings) decides the settings' values, so it reads them from `config`. main then writes them
+# over the settings above, and everything after that reads the settings.
 
 
+def main(config, given):
+    # -------------------------------------------------------------------- the settings
+    ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
+    rt, rank, resumed, model_config = setup_device(config, world, ddp, given)
+    master, log = rank == 0, rank0_print(rank == 0)
+    run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
+    model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt,
+                                                                            world, ddp, master)
+    start_lines.append(settled_line(given, config, resumed[0] is not None))
+    # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
+    # the run's own settings from its checkpoint.
+    globals().update({k: config[k] for k in config_keys(globals()) if k in config})
+    (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
+    seq_len, n_rows = meta["seq_len"], len(train_tokens)
+
+    # -------------------------------------------------------------------- the model, the output folder, the optimizer
+    # torch's generator, seeded here, draws the initial weights and dropout (which a resume does not restore, and every
+    # DDP process draws alike). The data order and the masks come from the seed itself (epoch_order, mask_keys).
+
+    torch.manual_seed(seed)
+    model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
+    saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
+    metrics = open_out_dir(model, saves, config, rt, n_rows * seq_len, checkpoint, start_lines) if master else None
+    log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
+        f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
+        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
+        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
+    trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
+    masking = Masking.from_settings(config)  # the objective's settings; the loop sets each step's masking rate
+    watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
+    bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
+
+    # -------------------------------------------------------------------- the data, and the score before training
+    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
+    # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
+    validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
+    # How far the run has got: steps taken (a step whose update was skipped counts), input tokens trained on, and
+    # `seconds` on the budget's clock.
+    step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
+    run_info = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
+                 budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
+    # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
+    latest_score = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
+    init_loss = checkpoint.get("init_val_loss") if checkpoint else None
+    if master and not checkpoint:
+        latest_score = (step, run_eval(validation, metrics, step, tokens, seconds))
+        init_loss = latest_score[1][0]
+    stop_request = StopRequest()
+
+    # -------------------------------------------------------------------- the loop
+    # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
+    # - It counts drawing and masking the batch, the forward, the backward and the update.
+    # - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and
+    #   again at each new masking level.
+    # - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
+    #   clock where an evaluation or a save comes between.
+    # - Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run takes longer on the wall.
+    # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
+    # batch's tokens.
+    last_eval = last_ckpt = seconds
+    last_took = math.inf  # the step before's time on the clock
+    at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
+    repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
+    while True:
+        started = time.perf_counter()
+        seconds, stop = agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
+        progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
+        if no_step_left(progress, step, max_steps) or stop:
+            break
+        step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
+        step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)  # lr: the peak, decided at start-up
+        step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
+        # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
+        # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
+        sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
+        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)
+        # The step: forward and backward over the micro-batches (the loss is the mean over every masked token of the
+        # step), then one clipped update, skipped on a loss spike.
+        loss = trainer.backward(micro_batches)
+        spike = watch.is_spike(loss, step_masking.mask_rate)
+        applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
+        # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
+        # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
+        # rows.
+        step, tokens = step + 1, tokens + step_batch * seq_len
+        # The clock stops here. If the process was paused during the step (Ctrl-Z, then fg: StopRequest notes when it
+        # continued), the step counts as the shorter of its own time and the step before's, so that the pause is not
+        # counted as training. The first step of a run or of a resume has no step before it, so a pause in it counts.
+        took = time.perf_counter() - started
+        took = min(took, last_took) if stop_request.continued_at >= started else took
+        seconds, last_took = seconds + took, took
+        # max_skipped_steps bad steps in a row end the run (Bad steps, below)
+        bad_steps.count(step, loss, spike, applied, trainer.scaler)
+        if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
+            tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
+            mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
+            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
+                                       lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
+                                       skipped=bad_steps.skipped), tokens / (n_rows * seq_len),
+                     budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the share spent after this step
+            repeats_warned = repeats_warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
+            at_last_line = (seconds, tokens)
+        if master and seconds - last_eval >= eval_interval_minutes * 60:
+            last_eval, latest_score = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
+        # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged.
+        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
+            last_ckpt = seconds
+            save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
+
+    # -------------------------------------------------------------------- the end; the clock has stopped
+    # A run ends in one of three ways. When the budget or max_steps is spent, it saves its checkpoint, evaluates, and
+    # prints the fill-in examples and the final line. On a stop signal, it saves after the step it was on, without a
+    # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
+    # once with an error and saves nothing; the last checkpoint saved is the one to resume from.
+    # The end is not a step to finish, so a stop signal from here on ends the process at once, with its one line, as one
+    # before the loop does. A finished run has saved by then, unless the signal came during that save.
+    if not stop:
+        process.take_signals(process.interrupt)
+    if master:
+        state = checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
+        finish(validation, metrics, state, stop_request.signum, saves, latest_score)
+    if ddp:  # DDP's model is freed before its process group ends, and the group waits for rank 0 to save
+        del trainer
+        runtime.leave_process_group()
+    if stop:  # exit with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
+        process.exit_stopped(stop_request.signum or signal.SIGTERM)
+
+
+# -----------------------------------------------------------------------------
+# The step's pieces, in the loop's order. First the schedules: each is a pure function of the share of the budget spent.
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
@@ -363,6 +493,8 @@ class BadSteps:
                          f"{math.log(self.vocab_size) + 1:.2f}{spike}) up to step {step}; {self.saves.advice()}")
 
 
+# -----------------------------------------------------------------------------
+# The budget's clock: the share of the budget spent, when the run is over, and the stop request the loop checks.
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
@@ -371,11 +503,6 @@ def budget_progress(tokens, seconds, budget_tokens, budget_hours):
 def no_step_left(progress, step, max_steps):
     """Whether a run at this share of its budget and this step has no step left to take."""
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
-
-
-def rank0_print(master):
-    """print on rank 0; the other processes stay quiet, so that a line is printed once."""
-    return print if master else (lambda *args, **kwargs: None)
 
 
 class StopRequest:
@@ -406,6 +533,59 @@ def agree_on_clock(seconds, stop, master, device):
     return both[0].item(), bool(both[1].item())
 
 
+# -----------------------------------------------------------------------------
+# Evaluation and saving: the periodic evaluation, what a checkpoint holds, and the save that refuses unsound weights.
+def run_eval(validation, metrics, step, tokens, seconds):
+    """Scores the model on eval_sequences validation rows, prints the line and records it in metrics.jsonl."""
+    val_loss, accuracy = validation.score(eval_sequences, eval_mask_rate)
+    n_rows = len(validation.tokens)
+    print(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | {seconds / 60:.1f} min, "
+          f"{tokens / 1e6:.1f}M tokens{f' | on all {n_rows} sequences' * (n_rows < eval_sequences)}")
+    metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
+                          accuracy=accuracy))
+    return val_loss, accuracy
+
+
+def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final, watch):
+    """What a checkpoint holds, and so what --resume=True restores:
+    - the weights, the optimizer's state and float16's loss scale (trainer.state_dict).
+    - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules follow the
+      share of the budget spent, and the rows and their masks the sequences read (Batches), so a resume continues all of
+      them.
+    - the loss history that the spike check compares against (watch).
+    - `run_info`, what the run is: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
+    A resume runs with the run's own settings (cram/budget.py's resume_settings). Only these may change:
+    - the budget, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its
+      schedule's value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is
+      rescaled to end where it did (or at the budget's end, if that is sooner), so the batch never shrinks.
+    - the optimizer's rate, clipping and decay and the spike check, which a diverged run's error asks you to lower
+      (budget.py's CHANGEABLE).
+    - how this command runs: device, precision, micro-batch, logging and where the data is (budget.py's THIS_COMMAND).
+    Any other change is refused in one line. A fork's new setting is kept like the others unless it joins one of those
+    two lists."""
+    return dict(trainer.state_dict(), **run_info, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
+                final=final, spike_watch=watch.state_dict())
+
+
+def save_if_sound(saves, validation, state, at_end=False):
+    """Saves the checkpoint `state`, unless its weights are not finite or its loss on one validation batch has diverged
+    (diverged, above). So every checkpoint kept is one that a run stopped for diverging can resume from. A save writes
+    ckpt.pt whole or not at all (a temporary file, then a rename), and keeps the last keep_checkpoints (cram/files.py).
+    Weights that are not saved are said; at the end of a run (at_end) that is an error."""
+    loss = validation.score(validation.batch, eval_mask_rate)[0] if all_finite(state["model"]) else None
+    refused = ("non-finite weights" if loss is None else
+               f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None)
+    if refused is None:
+        saves.save(state)
+    elif at_end:
+        raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {saves.advice()}")
+    else:
+        print(f"checkpoint at step {state['step']} not saved: {refused}; {saves.kept()}")
+
+
+# -----------------------------------------------------------------------------
+# Set-up and the end: what main calls before its loop (the settings' checks, the device, the settings' final values,
+# the trainer and its optimizer, the output folder) and after it.
 def check_settings(world, config, rt, given=None, model_config=None):
     """Refuses, with a one-line error each, settings that cannot run together. The configurator has already checked
     each setting's own range. This runs twice. The first call comes before any work and gets `given`, which says
@@ -432,184 +612,11 @@ def check_settings(world, config, rt, given=None, model_config=None):
         check_offload(world, model_config, optim, rt.dtype)
 
 
-def run_eval(validation, metrics, step, tokens, seconds):
-    """Scores the model on eval_sequences validation rows, prints the line and records it in metrics.jsonl."""
-    val_loss, accuracy = validation.score(eval_sequences, eval_mask_rate)
-    n_rows = len(validation.tokens)
-    print(f"eval  step {step} | val loss {val_loss:.4f} | masked-token accuracy {accuracy:.3f} | {seconds / 60:.1f} min, "
-          f"{tokens / 1e6:.1f}M tokens{f' | on all {n_rows} sequences' * (n_rows < eval_sequences)}")
-    metrics.write(dict(kind="eval", step=step, elapsed=round(seconds, 2), tokens=tokens, val_loss=val_loss,
-                          accuracy=accuracy))
-    return val_loss, accuracy
+def rank0_print(master):
+    """print on rank 0; the other processes stay quiet, so that a line is printed once."""
+    return print if master else (lambda *args, **kwargs: None)
 
 
-def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final, watch):
-    """What a checkpoint holds, and so what --resume=True restores:
-    - the weights, the optimizer's state and float16's loss scale (trainer.state_dict).
-    - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules follow the
-      share of the budget spent, and the rows and their masks the sequences read (Batches), so a resume continues all of
-      them.
-    - the loss history that the spike check compares against (watch).
-    - `run_info`, what the run is: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
-    A resume runs with the run's own settings (cram/budget.py's resume_settings). Only these may change:
-    - the budget, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its
-      schedule's value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is
-      rescaled to end where it did (or at the budget's end, if that is sooner), so the batch never shrinks.
-    - the optimizer's rate, clipping and decay and the spike check, which a diverged run's error asks you to lower
-      (budget.py's ADJUSTABLE).
-    - how this command runs: device, precision, micro-batch, logging and where the data is (budget.py's SESSION).
-    Any other change is refused in one line. A fork's new setting is kept like the others unless it joins one of those
-    two lists."""
-    return dict(trainer.state_dict(), **run_info, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
-                final=final, spike_watch=watch.state_dict())
-
-
-def save_if_sound(saves, validation, state, at_end=False):
-    """Saves the checkpoint `state`, unless its weights are not finite or its loss on one validation batch has diverged
-    (diverged, above). So every checkpoint kept is one that a run stopped for diverging can resume from. A save writes
-    ckpt.pt whole or not at all (a temporary file, then a rename), and keeps the last keep_checkpoints (cram/files.py).
-    Weights that are not saved are said; at the end of a run (at_end) that is an error."""
-    loss = validation.score(validation.batch, eval_mask_rate)[0] if all_finite(state["model"]) else None
-    refused = ("non-finite weights" if loss is None else
-               f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None)
-    if refused is None:
-        saves.save(state)
-    elif at_end:
-        raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {saves.advice()}")
-    else:
-        print(f"checkpoint at step {state['step']} not saved: {refused}; {saves.kept()}")
-
-
-def main(config, given):
-    # -------------------------------------------------------------------- the settings
-    ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
-    rt, rank, resumed, model_config = setup_device(config, world, ddp, given)
-    master, log = rank == 0, rank0_print(rank == 0)
-    run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
-    model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt, world, ddp, master)
-    start_lines.append(settled_line(given, config, resumed[0] is not None))
-    # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
-    # the run's own settings from its checkpoint.
-    globals().update({k: config[k] for k in config_keys(globals()) if k in config})
-    (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
-    seq_len, n_rows = meta["seq_len"], len(train_tokens)
-
-    # -------------------------------------------------------------------- the model, the output folder, the optimizer
-    # torch's generator, seeded here, draws the initial weights and dropout (which a resume does not restore, and every
-    # DDP process draws alike). The data order and the masks come from the seed itself (epoch_order, mask_keys).
-
-    torch.manual_seed(seed)
-    model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
-    saves = Saves(os.path.join(out_dir, "ckpt.pt"), keep_checkpoints, checkpoint, source)  # ckpt.pt: the newest checkpoint
-    metrics = open_out_dir(model, saves, config, rt, n_rows * seq_len, checkpoint, start_lines) if master else None
-    log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
-        f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
-        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
-        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
-    trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
-    masking = Masking.from_settings(config)  # the objective's settings; the loop sets each step's masking rate
-    watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
-    bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
-
-    # -------------------------------------------------------------------- the data, and the score before training
-    batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
-    # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
-    validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
-    # How far the run has got: steps taken (a step whose update was skipped counts), input tokens trained on, and
-    # `seconds` on the budget's clock.
-    step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
-    run_info = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
-                 budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
-    # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
-    latest_score = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
-    init_loss = checkpoint.get("init_val_loss") if checkpoint else None
-    if master and not checkpoint:
-        latest_score = (step, run_eval(validation, metrics, step, tokens, seconds))
-        init_loss = latest_score[1][0]
-    stop_request = StopRequest()
-
-    # -------------------------------------------------------------------- the loop
-    # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
-    # - It counts drawing and masking the batch, the forward, the backward and the update.
-    # - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and
-    #   again at each new masking level.
-    # - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
-    #   clock where an evaluation or a save comes between.
-    # - Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run takes longer on the wall.
-    # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
-    # batch's tokens.
-    last_eval = last_ckpt = seconds
-    last_took = math.inf  # the step before's time on the clock
-    at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
-    repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
-    while True:
-        started = time.perf_counter()
-        seconds, stop = agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
-        progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
-        if no_step_left(progress, step, max_steps) or stop:
-            break
-        step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)  # lr: the peak, decided at start-up
-        step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
-        # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
-        # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
-        sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
-        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)
-        # The step: forward and backward over the micro-batches (the loss is the mean over every masked token of the
-        # step), then one clipped update, skipped on a loss spike.
-        loss = trainer.backward(micro_batches)
-        spike = watch.is_spike(loss, step_masking.mask_rate)
-        applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
-        # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
-        # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
-        # rows.
-        step, tokens = step + 1, tokens + step_batch * seq_len
-        # The clock stops here. If the process was paused during the step (Ctrl-Z, then fg: StopRequest notes when it
-        # continued), the step counts as the shorter of its own time and the step before's, so that the pause is not
-        # counted as training. The first step of a run or of a resume has no step before it, so a pause in it counts.
-        took = time.perf_counter() - started
-        took = min(took, last_took) if stop_request.continued_at >= started else took
-        seconds, last_took = seconds + took, took
-        # max_skipped_steps bad steps in a row end the run (Bad steps, above)
-        bad_steps.count(step, loss, spike, applied, trainer.scaler)
-        if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
-            tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
-            mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
-            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
-                                       lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                                       skipped=bad_steps.skipped), tokens / (n_rows * seq_len),
-                     budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the share spent after this step
-            repeats_warned = repeats_warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
-            at_last_line = (seconds, tokens)
-        if master and seconds - last_eval >= eval_interval_minutes * 60:
-            last_eval, latest_score = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
-        # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged.
-        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
-            last_ckpt = seconds
-            save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
-
-    # -------------------------------------------------------------------- the end; the clock has stopped
-    # A run ends in one of three ways. When the budget or max_steps is spent, it saves its checkpoint, evaluates, and
-    # prints the fill-in examples and the final line. On a stop signal, it saves after the step it was on, without a
-    # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
-    # once with an error and saves nothing; the last checkpoint saved is the one to resume from.
-    # The end is not a step to finish, so a stop signal from here on ends the process at once, with its one line, as one
-    # before the loop does. A finished run has saved by then, unless the signal came during that save.
-    if not stop:
-        process.take_signals(process.interrupt)
-    if master:
-        state = checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
-        finish(validation, metrics, state, stop_request.signum, saves, latest_score)
-    if ddp:  # DDP's model is freed before its process group ends, and the group waits for rank 0 to save
-        del trainer
-        runtime.leave_process_group()
-    if stop:  # exit with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
-        process.exit_stopped(stop_request.signum or signal.SIGTERM)
-
-
-# -----------------------------------------------------------------------------
-# Set-up and the end: what main calls before its loop (the device, the settings' final values, the trainer and its
-# optimizer, the output folder) and after it.
 def setup_device(config, world, ddp, given):
     """Picks the device and precision, loads a resume's checkpoint and checks every setting. All this happens before
     torchrun's processes join, so that any refusal comes first. A resume writes its own settings into `config`,

@@ -42,17 +42,17 @@ MIN_BATCH, MAX_BATCH = 32, 8192  # 32: the smallest measured, and a CPU's micro-
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
 # What a resume keeps and what it may change (train.checkpoint_state says it in words):
-# - PICKED settings have a 0 that means "pick it": in a resume a 0 keeps the checkpoint's value.
-# - SESSION settings say how this command runs, not what the run is, so a resume takes them from the command.
-# - ADJUSTABLE settings are the run's own, but a resume may change them when given: they are what a diverged run
+# - DECIDED_AT_START settings have a 0 that means "decide at start-up": in a resume a 0 keeps the checkpoint's value.
+# - THIS_COMMAND settings say how this command runs, not what the run is, so a resume takes them from the command.
+# - CHANGEABLE settings are the run's own, but a resume may change them when given: they are what a diverged run
 #   asks to lower. A larger budget may be given too. Every other setting of the run is kept, and a different value
 #   given for one is refused in one line.
-PICKED = (*SHAPE_FIELDS, "batch_size", "lr")
-SESSION = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
+DECIDED_AT_START = (*SHAPE_FIELDS, "batch_size", "lr")
+THIS_COMMAND = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
            "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
            "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes",
            "data_dir")  # files.check_resume judges whether the data given is the data the run trained on
-ADJUSTABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
+CHANGEABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
               "keep_checkpoints")
 
 
@@ -146,7 +146,7 @@ def unknown_setting(saved, config):
 
 def resume_settings(checkpoint, config, given):
     """The settings a resume runs with, and the start-up lines that say what it changed. They are the checkpoint's
-    own, except those `given` that may change (see PICKED, SESSION and ADJUSTABLE above). A larger budget of the run's
+    own, except those `given` that may change (see DECIDED_AT_START, THIS_COMMAND and CHANGEABLE above). A larger budget of the run's
     kind (hours or tokens) makes the schedules follow the share of the new budget, and the batch ramp still ends
     where it did. The data is where the run trained unless --data_dir is given."""
     saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
@@ -156,13 +156,13 @@ def resume_settings(checkpoint, config, given):
     if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
         raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
     model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
-    run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in SESSION}
-    given_now = {k for k in run.keys() & given if config[k] or k not in PICKED}  # a 0 for a picked one: "as before"
+    run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in THIS_COMMAND}
+    given_now = {k for k in run.keys() & given if config[k] or k not in DECIDED_AT_START}  # a 0 for a picked one: "as before"
     # the run's settings as first given: its recipe_ramp is the ramp before an extension of the budget scaled it
     before = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))
     changed = sorted(k for k in given_now if config[k] != before[k])
     kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
-    for k in (k for k in changed if k not in ADJUSTABLE and (k != kind or not config[k])):
+    for k in (k for k in changed if k not in CHANGEABLE and (k != kind or not config[k])):
         extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
         raise SystemExit(f"error: {named(k, given)}={shown(config[k])} differs from its checkpoint's {shown(before[k])}, and "
                          f"a resume continues its run: leave it out, or start a new run in another --out_dir{extend}")
