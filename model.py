@@ -497,9 +497,10 @@ OPTIMIZERS = {
 }
 
 
-# The peak learning rate where --lr is not given: 1e-3 at width 768 (the paper's 16 x 768, and BERT-Base's recipes),
-# scaled as width ** -0.5 (nanochat's AdamW rule). That gives 2e-3 at width 192, 1.7e-3 at 256 (the quickstart's
-# hand-tuned 2e-3) and 8.7e-4 at 1024 (published large-over-base ratios are 0.63-0.75: RoBERTa, ModernBERT, Ettin).
+# The peak learning rate where --lr is not given: 1e-3 at width 768 (the paper's 16 x 768, and budget recipes of
+# BERT-Base's width; original BERT's was 1e-4, config/bert_original.py), scaled as width ** -0.5 (nanochat's AdamW
+# rule). That gives 2e-3 at width 192, 1.7e-3 at 256 (the quickstart's hand-tuned 2e-3) and 8.7e-4 at 1024 (published
+# large-over-base ratios are 0.63-0.75: RoBERTa, ModernBERT, Ettin).
 LR_AT_768, LR_WIDTH_EXPONENT = 1e-3, -0.5
 
 

@@ -57,13 +57,14 @@ d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes 
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig is a setting too (see --help). Their defaults are the reference's recipe
-# (pre-LayerNorm, a gated GELU feed-forward, no biases, no dropout, only the masked positions predicted) and smear,
-# cram's addition, on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length
-# come from the data (prepare.py's vocab_size and seq_len settings).
+# (pre-LayerNorm, a gated GELU feed-forward, no biases in the linear layers, no dropout, only the masked positions
+# predicted) and smear, cram's addition, on as well (config/recipe_reference.py turns it off). The vocabulary size and
+# the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
-# and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, and the loss
-# covers every masked position. With mask_rate_start the rate moves over the budget, up or down, as a staircase of
-# mask_levels rates, the last of them mask_rate (mask_rate_at).
+# and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, here by count
+# (80%, 10% and 10% of a row's masked positions, not by chance), and the loss covers every masked position. With
+# mask_rate_start the rate moves over the budget, up or down, as a staircase of mask_levels rates, the last of them
+# mask_rate (with one level it stays at mask_rate_start; mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that staircase has, each a new shape to compile (1: mask_rate_start throughout)
