@@ -84,7 +84,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # batch then grows by that many at a time and reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch learns as much per token as a
 # large one, so it gives more updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the
 # budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a
-# multiple of the processes, or of micro_batch x the processes where micro_batch is given (cram/budget.py).
+# multiple of the processes, or of micro_batch x the processes where a given micro_batch fits it (cram/budget.py).
 # The paper's day gives 4096, the batch the paper found best (the reference's recipe ramps to 8192, which
 # config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)

@@ -201,8 +201,10 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
     per_token = ModelConfig(**{**model_args, **shape}).flops_per_token(mask_rate)
     efficiency = efficiency_of(shape["d_model"])
     tokens = tokens or matmul_compute * efficiency / per_token
-    unit = (config["micro_batch"] or 1) * world  # so that every process takes an equal share (of whole micro-batches if given)
-    batch = given.get("batch_size") or max(1, round(batch_for_budget(tokens, model_args["seq_len"]) / unit)) * unit
+    law, micro = batch_for_budget(tokens, model_args["seq_len"]), config["micro_batch"]
+    # a multiple of the processes, so that each takes an equal share, and of a given micro-batch's where one fits the law
+    unit = world * (micro if micro and micro * world <= law else 1)
+    batch = given.get("batch_size") or max(1, round(law / unit)) * unit
     return dict(shape, batch_size=batch), dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens,
                                                epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest), given=sorted(given))
 

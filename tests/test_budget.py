@@ -275,3 +275,21 @@ def test_the_readme_s_start_up_lines_for_an_h100_s_day_are_the_budget_s():
     assert [line for line in readme if line.startswith(("budget: 24 h x 688", "lr: 0.000866"))] == lines
     row = f"| 24 h, H100 (688 TFLOP/s) | {picked['compute']:.1e} | 24 x 1024 (BERT-Large's) | {picked['tokens'] / 1e9:.1f}B |"
     assert row.replace("e+", "e") in open(f"{ROOT}/docs/training.md").read()
+
+
+def test_a_given_micro_batch_rounds_the_picked_batch_but_never_inflates_it():
+    """The picked final batch is rounded to a multiple of the processes, and of a given micro-batch where one fits the
+    law's batch; a micro-batch larger than a process's share (1024 on 8 processes against the law's 32) leaves the law's
+    batch as it is, where it once became 8192."""
+    from cram.budget import batch_for_budget, pick_for
+    config = dict(BOOKS, budget_hours=1.0, budget_tokens=2_000_000, mask_rate=0.25, micro_batch=0)
+    args = (config, {}, dict(BOOKS, vocab_size=32768, seq_len=128), FINEWEB)
+    share = functools.partial(step_efficiency, gpu=True)
+    law = batch_for_budget(2_000_000, 128)
+    assert pick_for(0, *args, 1, share)[0]["batch_size"] == law == 32
+    assert pick_for(0, *args, 8, share)[0]["batch_size"] == 32  # a multiple of 8 processes already
+    assert pick_for(0, *args, 3, share)[0]["batch_size"] == 33  # the nearest multiple of 3
+    config["micro_batch"] = 1024
+    assert pick_for(0, *args, 8, share)[0]["batch_size"] == 32  # not 8192
+    config["micro_batch"] = 12
+    assert pick_for(0, *args, 1, share)[0]["batch_size"] == 36  # three whole micro-batches
