@@ -80,13 +80,13 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by th
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
-# The batch. Where batch_ramp_start is below batch_size, a run's first steps take batch_ramp_start sequences each. The
-# batch then grows by that many at a time and reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch learns as much per token as a
-# large one, so it gives more updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the
-# budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a
-# multiple of the processes, or of micro_batch x the processes where a given micro_batch fits it (cram/budget.py).
-# The paper's day gives 4096, the batch the paper found best (the reference's recipe ramps to 8192, which
-# config/shape_paper.py pins).
+# The batch. Where batch_ramp is above 0 and batch_ramp_start below batch_size, a run's first steps take
+# batch_ramp_start sequences each. The batch then grows by that many at a time and reaches batch_size at batch_ramp of
+# the budget (batch_size_at). Early on, a small batch learns as much per token as a large one, so it gives more updates
+# for the same data (the cramming recipe ramps it). A batch_size of 0 lets the budget pick it: 4096 x (the budget's
+# sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a multiple of the processes, or of
+# micro_batch x the processes where a given micro_batch fits it (cram/budget.py). The paper's day gives 4096, the batch
+# the paper found best (the reference's recipe ramps to 8192, which config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 it never quite gets there)
@@ -437,9 +437,9 @@ SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 
 
 def diverged(loss, vocab_size, applied=True, scaler=None):
-    """Whether a step shows that the run diverged: its loss is not finite, or is more than one nat above an untrained
-    model's (which is log(vocab_size), uniform over the vocabulary), or its update was skipped for a non-finite
-    gradient. Under float16 the loss scaler skips updates while it searches for its scale, so there a skip counts only
+    """Whether a step shows that the run diverged: its loss is not finite, or is more than one nat above a uniform guess
+    over the vocabulary (log(vocab_size), a little above an untrained model's), or its update was skipped for a
+    non-finite gradient. Under float16 the loss scaler skips updates while it searches for its scale, so there a skip counts only
     once the scale is below 1."""
     skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
     return skipped or not loss <= math.log(vocab_size) + 1.0

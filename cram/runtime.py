@@ -339,8 +339,9 @@ def from_rank0(value, device):
 
 
 def matmul_speed(rt, size=2048):
-    """FLOP/s of a size^3 matmul at the run's precision (the budget's measure of a device): the best of three rounds after
-    0.1 s of warm-up, its operands made in that precision (autocast's casts cost an H100 as much as the product)."""
+    """FLOP/s of a size^3 matmul at `rt`'s precision, the budget's measure of a device (budget_compute passes float32 on
+    a CPU): the best of three rounds after 0.1 s of warm-up, its operands made in that precision (autocast's casts cost
+    an H100 as much as the product)."""
     a, b = (torch.randn(size, size, device=rt.device).to(rt.dtype) for _ in range(2))
     with torch.no_grad(), rt.autocast():
         start = time.perf_counter()
