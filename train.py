@@ -158,8 +158,8 @@ def main(config, given):
     # How far the run has got: steps taken (a step whose update was skipped counts), input tokens trained on, and
     # `seconds` on the budget's clock.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
-    run_info = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta, tokenizer=tokenizer_text,
-                 budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
+    run_info = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta,
+                    tokenizer=tokenizer_text, budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
     # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
     latest_score = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
     init_loss = checkpoint.get("init_val_loss") if checkpoint else None
@@ -234,7 +234,8 @@ def main(config, given):
     # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
     # once with an error and saves nothing; the last checkpoint saved is the one to resume from.
     # The end is not a step to finish, so a stop signal from here on ends the process at once, with its one line, as one
-    # before the loop does. A finished run has saved by then, unless the signal came during that save.
+    # before the loop does. A finished run saves first: a signal after that save loses nothing, and one during it
+    # leaves the last checkpoint as it was (a save is written whole or not at all).
     if not stop:
         process.take_signals(process.interrupt)
     if master:
