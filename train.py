@@ -43,10 +43,12 @@ budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens ins
 max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
+dry_run = False           # decide every setting, print the start-up lines ("settled:" among them) and exit: no training, no checkpoint
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
-# resume. main writes the value here before any work, and the start-up line "settled:" prints each value and why. For
-# example, with data enough, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and
-# 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# resume. main writes the value here before any work, and the start-up line "settled:" prints each value and why
+# (--dry_run=True prints it without training). For example, with data enough, 24 hours on an A6000 (the paper's day)
+# give 16 x 768, a batch of 4096 and lr 1e-3, and 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4
+# (docs/training.md has more).
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
 # of it a step reaches, times the processes, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
 # 24 x 1024, the rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The
@@ -131,6 +133,11 @@ def main(config, given):
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
+    if dry_run:  # the values this command would train with, and why
+        log("\n".join(start_lines))
+        if ddp:
+            runtime.leave_process_group()
+        return
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 

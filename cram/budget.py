@@ -48,10 +48,10 @@ SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fiel
 #   asks to lower. A larger budget may be given too. Every other setting of the run is kept, and a different value
 #   given for one is refused in one line.
 DECIDED_AT_START = (*SHAPE_FIELDS, "batch_size", "lr")
-THIS_COMMAND = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch", "offload",
-           "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes", "eval_sequences",
-           "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes",
-           "data_dir")  # files.check_resume judges whether the data given is the data the run trained on
+THIS_COMMAND = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch",
+                "offload", "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes",
+                "eval_sequences", "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes",
+                "dry_run", "data_dir")  # files.check_resume judges whether the data given is the data the run trained on
 CHANGEABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
               "keep_checkpoints")
 
@@ -116,22 +116,21 @@ def cpu_bf16_gain(speedup):
 
 
 def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, ddp):
-    """Settles the shape, the final batch and the peak rate. Each one given (not 0) is used as given. A resume keeps its
+    """Decides the shape, the final batch and the peak rate. Each one given (not 0) is used as given. A resume keeps its
     checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the model's other settings
     and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns (the settled settings,
     the rule's pick or None, a fresh run's start-up lines that say what the rule picked); the pick goes in the
     checkpoint."""
+    # A resume's are all here already: resume_settings wrote its run's shape, batch and rate into config.
     fixed = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}  # the ones given (not 0)
-    saved, pick, settled = (checkpoint or {}).get("config", {}), (checkpoint or {}).get("budget"), {}
-    if checkpoint:  # its run's (resume_settings carried them)
-        settled = dict({k: checkpoint["model_args"][k] for k in SHAPE_FIELDS}, batch_size=saved["batch_size"])
-    elif len(fixed) < len(SHAPE_FIELDS) + 1:
+    pick, settled = (checkpoint or {}).get("budget"), {}
+    if not checkpoint and len(fixed) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         efficiency_of = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
         settled, picked = pick_for(compute, config, fixed, model_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
     settled.update(fixed)
-    settled["lr"] = config["lr"] or saved.get("lr") or lr_for_width(settled["d_model"])
+    settled["lr"] = config["lr"] or lr_for_width(settled["d_model"])
     lines = [] if checkpoint else start_lines(pick, {**config, **settled}, model_args["seq_len"], config["lr"])
     return settled, pick, lines
 

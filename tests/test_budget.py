@@ -293,3 +293,19 @@ def test_a_given_micro_batch_rounds_the_picked_batch_but_never_inflates_it():
     assert pick_for(0, *args, 8, share)[0]["batch_size"] == 32  # not 8192
     config["micro_batch"] = 12
     assert pick_for(0, *args, 1, share)[0]["batch_size"] == 36  # three whole micro-batches
+
+
+def test_a_dry_run_prints_what_would_run_and_trains_nothing(prepared, tmp_path):
+    """--dry_run=True decides every setting and prints the start-up lines, the "settled:" line among them, then exits
+    0 without building the model, training or writing a file; on a resume too, its checkpoint untouched."""
+    settings = [a for a in TINY_MODEL if not re.match(r"--(n_layers|d_model|n_heads|d_ffn|batch_size|lr)=", a)]
+    out = tmp_path / "a"
+    common = ["train.py", f"--data_dir={prepared}", *settings, "--fill_in_examples=0", f"--out_dir={out}"]
+    dry = run_script(*common, "--budget_tokens=8192", "--dry_run=True").stdout
+    assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32 \(the budget's pick\)", dry, re.M), dry
+    assert re.search(r"^budget: 8,192 tokens", dry, re.M) and "model:" not in dry and not out.exists(), dry
+    run_script(*common, "--budget_tokens=8192")
+    before = (out / "ckpt.pt").read_bytes(), (out / "metrics.jsonl").read_bytes()
+    resumed = run_script(*common, "--budget_tokens=16384", "--resume=True", "--dry_run=True").stdout
+    assert "resuming with --budget_tokens=16384" in resumed and "settled:" in resumed and "step " not in resumed, resumed
+    assert ((out / "ckpt.pt").read_bytes(), (out / "metrics.jsonl").read_bytes()) == before
