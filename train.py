@@ -45,7 +45,7 @@ resume = False            # continue the run in out_dir/ckpt.pt with its own set
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 dry_run = False           # decide every setting, print the start-up lines ("settled:" among them) and exit: no training, no checkpoint
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
-# resume. main writes the value here before any work, and the start-up line "settled:" prints each value and why
+# resume. main writes the value here before training, and the start-up line "settled:" prints each value and why
 # (--dry_run=True prints it without training). For example, with data enough, 24 hours on an A6000 (the paper's day)
 # give 16 x 768, a batch of 4096 and lr 1e-3, and 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4
 # (docs/training.md has more).
