@@ -37,7 +37,8 @@ data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prep
 out_dir = "out"           # the checkpoints (ckpt.pt, the newest), metrics.jsonl and the run's lock file go here
 # The budget: hours of training steps, or a number of tokens. The schedules of the rate, the batch and the masking rate
 # follow the share of the budget spent, so they end when it ends. Under a budget of tokens, each step's batch, rate and
-# masks repeat from run to run (a GPU may still add the floats in another order).
+# masks repeat from run to run. The floats may still differ: a GPU may add them in another order, and --dtype=auto
+# times the precisions again in a new run, so give --dtype to hold it.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
@@ -50,10 +51,11 @@ dry_run = False           # decide every setting, print the start-up lines ("set
 # give 16 x 768, a batch of 4096 and lr 1e-3, and 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4
 # (docs/training.md has more).
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
-# of it a step reaches, times the processes, are the FLOPs the run can spend. From a ladder of shapes, 2 x 128 to
-# 24 x 1024, the rule takes the one whose blocks' weights are nearest (by ratio) the best size for those FLOPs. The
-# best size is the paper's 16 x 768 at its day on an A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the
-# smaller one would read the data more than 16 times (up to 4x the best size; a budget of tokens does not do this).
+# of it a step reaches, times the processes, are the FLOPs the run can spend (a CPU times float32 and, running bfloat16,
+# multiplies by its measured gain). From a ladder of shapes, 2 x 128 to 24 x 1024, the rule takes the one whose blocks'
+# weights are nearest (by ratio) the best size for those FLOPs. The best size is the paper's 16 x 768 at its day on an
+# A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one would read the data more than 16 times
+# (up to 4x the best size; a budget of tokens does not do this).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
