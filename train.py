@@ -44,12 +44,12 @@ budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens ins
 max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
-dry_run = False           # decide every setting, print the start-up lines ("settled:" among them) and exit: no training, no checkpoint
+dry_run = False           # decide every setting, print what was decided ("settled:" and the batch's schedule among it) and exit: no training, no checkpoint
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
 # resume. main writes the value here before training, and the start-up line "settled:" prints each value and why
-# (--dry_run=True prints it without training). For example, with data enough, 24 hours on an A6000 (the paper's day)
-# give 16 x 768, a batch of 4096 and lr 1e-3, and 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4
-# (docs/training.md has more).
+# (--dry_run=True prints it without training). For example, with data enough and at their measured matmul speeds, 24
+# hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and 24 hours on an H100 give 24 x
+# 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
 # of it a step reaches, times the processes, are the FLOPs the run can spend (a CPU times float32 and, running bfloat16,
 # multiplies by its measured gain). From a ladder of shapes, 2 x 128 to 24 x 1024, the rule takes the one whose blocks'
@@ -86,11 +86,12 @@ lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_a
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
 # The batch. Where batch_ramp is above 0 and batch_ramp_start below batch_size, a run's first steps take
 # batch_ramp_start sequences each. The batch then grows by that many at a time and reaches batch_size at batch_ramp of
-# the budget (batch_size_at). Early on, a small batch learns as much per token as a large one, so it gives more updates
-# for the same data (the cramming recipe ramps it). A batch_size of 0 lets the budget pick it: 4096 x (the budget's
-# sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a multiple of the processes, or of
-# micro_batch x the processes where a given micro_batch fits it (cram/budget.py). The paper's day gives 4096, the batch
-# the paper found best (the reference's recipe ramps to 8192, which config/shape_paper.py pins).
+# the budget (batch_size_at). Early on, a small batch learns about as much per token as a large one (the critical batch
+# is small while the loss is high), so it gives more updates for the same data (the cramming recipe ramps it). A
+# batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to
+# 8192, then rounded to a multiple of the processes, or of micro_batch x the processes where a given micro_batch fits it
+# (cram/budget.py). The paper's day gives 4096, the batch the paper found best (the reference's recipe ramps to 8192,
+# which config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 it never quite gets there)
@@ -135,8 +136,8 @@ def main(config, given):
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
-    if dry_run:  # the values this command would train with, and why
-        log("\n".join(start_lines))
+    if dry_run:  # the values this command would train with, and why, and the batch's schedule
+        log("\n".join([*start_lines, budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)]))
         if ddp:
             runtime.leave_process_group()
         return
