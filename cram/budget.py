@@ -18,9 +18,15 @@ from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, REPLACED_FIELDS, ModelConfi
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
-STEP_EFFICIENCY = 0.5    # a compiled step's FLOP/s over a 2048^3 matmul's at width 768 (the H100 at 16 x 768); a CPU's too (its steps reach 0.6-0.9: 0.5 errs toward a smaller shape)
-GPU_WIDTH_EXPONENT = 0.6  # on a GPU the share grows as width ** 0.6, fitted to one H200's whole 3.5-min runs (0.41 at 8 x 512, 0.45 at 10 x 640); their steps alone reached 0.44 and 0.50, so the law errs low
-EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)  # over compiled, over eager (BENCHMARKS)
+# A step's share of the matmul's speed. A compiled step at width 768 runs at STEP_EFFICIENCY of a 2048^3 matmul's
+# FLOP/s (measured on the H100 at 16 x 768). A CPU's steps reach 0.6-0.9 at every width, so 0.5 errs there toward a
+# smaller shape. On a GPU the share grows as width ** GPU_WIDTH_EXPONENT; the law was fitted to one H200's whole
+# 3.5-minute runs (0.41 at 8 x 512, 0.45 at 10 x 640), whose steps alone reached 0.44 and 0.50, so it errs low. An
+# eager step reaches EAGER_SHARE of a compiled one's speed, and an off-load step OFFLOAD_SHARE of an eager one's
+# (BENCHMARKS.md).
+STEP_EFFICIENCY = 0.5
+GPU_WIDTH_EXPONENT = 0.6
+EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)
 # The paper's point: in its 24 hours on an RTX A6000 (a matmul speed of about 100 TFLOP/s), 16 x 768 was its best
 # shape, and 94.4M is the matmul weights of its blocks. Its compute is measured as a run's is: hours x matmul speed x
 # STEP_EFFICIENCY, 4.3e18 FLOPs.
@@ -67,8 +73,9 @@ def shape_of(rung, given):
 
 
 def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
-    """A step's FLOP/s over a 2048^3 matmul's at width d_model: on a GPU the narrower, the less (the memory traffic of
-    norms, activations and attention weighs more); a CPU's alike at any width; eager, and off-load, less."""
+    """A step's speed as a share of a 2048^3 matmul's, at width d_model. On a GPU a narrower model reaches less, because
+    the memory traffic of its norms, activations and attention weighs more beside its matmuls. A CPU reaches the same
+    share at any width. An eager step and an off-load step reach less."""
     kind, width = ("gpu", (d_model / 768) ** GPU_WIDTH_EXPONENT) if gpu else ("cpu", 1.0)
     eager = EAGER_SHARE[kind] if offload or not compiled else 1.0
     return STEP_EFFICIENCY * width * eager * (OFFLOAD_SHARE[kind] if offload else 1.0)
@@ -95,14 +102,17 @@ def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate,
 
 
 def batch_for_budget(tokens, seq_len):
-    """The final batch for `tokens` (the power law above, MIN_BATCH to MAX_BATCH): never smaller for more tokens."""
+    """The final batch for a budget that trains `tokens`, by the power law above, from MIN_BATCH to MAX_BATCH. More
+    tokens never give a smaller batch."""
     batch = 2 ** round(math.log2(PAPER_BATCH * (tokens / seq_len / PAPER_SEQUENCES) ** BATCH_EXPONENT))
     return min(MAX_BATCH, max(MIN_BATCH, batch))
 
 
 def expected_steps(sequences, start, final, ramp):
-    """About how many optimizer steps a run of `sequences` takes with train.batch_size_at's batches: while it grows, a
-    batch of k times `start` lasts ramp * start / (final - start) of the budget (the last up to `ramp`); the final the rest."""
+    """About how many optimizer steps a run of `sequences` takes with train.batch_size_at's batches. While the batch
+    grows, each of its sizes (k times `start`) lasts ramp * start / (final - start) of the budget, the last one up to
+    `ramp`, and the final batch takes the rest. It counts a share of the budget as the same share of the sequences:
+    exact under a budget of tokens, an estimate under one of hours (small batches may run slower)."""
     if ramp <= 0 or (levels := -(-final // start) - 1) < 1:  # the ramp's batches below the final one
         return sequences / final
     share = ramp * start / (final - start)
@@ -111,33 +121,34 @@ def expected_steps(sequences, start, final, ramp):
 
 
 def cpu_bf16_gain(speedup):
-    """A CPU's bfloat16 step over float32's, its matmuls `speedup` times faster, the rest slower (Amdahl's law)."""
+    """How much faster a CPU's bfloat16 step is than its float32 step, when its matmuls are `speedup` times faster and
+    the rest of the step is a little slower (Amdahl's law)."""
     return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
 
 
 def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, ddp):
     """Decides the shape, the final batch and the peak rate. Each one given (not 0) is used as given. A resume keeps its
     checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the model's other settings
-    and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns (the settled settings,
-    the rule's pick or None, a fresh run's start-up lines that say what the rule picked); the pick goes in the
-    checkpoint."""
+    and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns the decided settings,
+    the rule's pick (or None), which the checkpoint keeps, and a new run's start-up lines that say what the rule
+    picked."""
     # A resume's are all here already: resume_settings wrote its run's shape, batch and rate into config.
-    fixed = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}  # the ones given (not 0)
-    pick, settled = (checkpoint or {}).get("budget"), {}
-    if not checkpoint and len(fixed) < len(SHAPE_FIELDS) + 1:
+    given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}  # those given (not 0)
+    pick, decided = (checkpoint or {}).get("budget"), {}
+    if not checkpoint and len(given) < len(SHAPE_FIELDS) + 1:
         compute, timing = budget_compute(config, rt, world, master, ddp)
         efficiency_of = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
-        settled, picked = pick_for(compute, config, fixed, model_args, data_tokens, world, efficiency_of)
+        decided, picked = pick_for(compute, config, given, model_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
-    settled.update(fixed)
-    settled["lr"] = config["lr"] or lr_for_width(settled["d_model"])
-    lines = [] if checkpoint else start_lines(pick, {**config, **settled}, model_args["seq_len"], config["lr"])
-    return settled, pick, lines
+    decided.update(given)
+    decided["lr"] = config["lr"] or lr_for_width(decided["d_model"])
+    lines = [] if checkpoint else start_lines(pick, {**config, **decided}, model_args["seq_len"], config["lr"])
+    return decided, pick, lines
 
 
 def unknown_setting(saved, config):
-    """'key=value' for the first setting in a checkpoint's config `saved` that this cram does not have and that is on
-    (not in model.OFF), else None. A fork's new setting, or a newer cram's, is off by default, so a run that had it
+    """Names, as 'key=value', the first setting in a checkpoint's config `saved` that this cram does not have and that
+    is on (not in model.OFF); None if there is none. A fork's new setting, or a newer cram's, is off by default, so a run that had it
     off runs here as it did; one that had it on would silently run without it."""
     return next((f"{k}={v!r}" for k, v in saved.items() if k not in config and k not in REPLACED_FIELDS and
                  k != "recipe_ramp" and v not in OFF), None)
@@ -145,9 +156,10 @@ def unknown_setting(saved, config):
 
 def resume_settings(checkpoint, config, given):
     """The settings a resume runs with, and the start-up lines that say what it changed. They are the checkpoint's
-    own, except those `given` that may change (see DECIDED_AT_START, THIS_COMMAND and CHANGEABLE above). A larger budget of the run's
-    kind (hours or tokens) makes the schedules follow the share of the new budget, and the batch ramp still ends
-    where it did. The data is where the run trained unless --data_dir is given."""
+    own, except those `given` that may change (see DECIDED_AT_START, THIS_COMMAND and CHANGEABLE above). A larger
+    budget of the run's kind (hours or tokens) makes the schedules follow the share of the new budget, and the batch
+    ramp still ends where it did. The data is where the run trained unless --data_dir is given. A checkpoint's config
+    also keeps `recipe_ramp`, the batch_ramp the run was first given, before a larger budget rescaled it."""
     saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
     if "batch_ramp_start" not in saved and "micro_batch" in saved:  # from before the setting: it ramped from its micro-batch
         saved = dict(saved, batch_ramp_start=saved["micro_batch"])
@@ -177,8 +189,10 @@ def resume_settings(checkpoint, config, given):
 
 
 def budget_compute(config, rt, world, master, ddp):
-    """(the FLOPs a budget of hours buys, how measured): the matmul speed (rank 0's) x the processes; 0 for a budget of
-    tokens. A CPU's step keeps up with its float32 matmuls, not bfloat16's: float32's, times cpu_bf16_gain."""
+    """The FLOPs a budget of hours buys, and how they were measured: the hours times a timed matmul's speed (rank 0's)
+    times the processes. A budget of tokens buys 0 here, since the rule counts its tokens instead. A CPU's step keeps up
+    with its float32 matmuls rather than its bfloat16 ones, so a CPU times float32 and, running bfloat16, multiplies by
+    cpu_bf16_gain."""
     matmul_rt = dataclasses.replace(rt, dtype=torch.float32) if rt.device.type == "cpu" else rt
     speed, gain = 0.0, 1.0
     if master and not config["budget_tokens"]:
@@ -192,8 +206,9 @@ def budget_compute(config, rt, world, master, ddp):
 
 
 def pick_for(matmul_compute, config, given, model_args, data_tokens, world, efficiency_of):
-    """(a fresh run's shape and final batch by the rule, `given` ones as given; the pick) for budget_compute's FLOPs or
-    config's budget_tokens (`efficiency_of`: step_efficiency's), for a model of `model_args` in another shape."""
+    """A new run's shape and final batch by the rule, those in `given` as given, and the pick's record, which the
+    checkpoint keeps. The budget is budget_compute's FLOPs, or config's budget_tokens. `efficiency_of` is
+    step_efficiency for this device, and `model_args` are the model's other settings (the rule replaces the shape)."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
     rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of)
     shape = shape_of(rung, given)
@@ -209,7 +224,8 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
 
 
 def start_lines(pick, config, seq_len, lr_given):
-    """A fresh run's start-up lines for what the rule picked: the shape and batch (`pick`), the rate (unless given)."""
+    """A new run's start-up lines that say what the rule picked: the shape and batch (from `pick`), and the rate unless
+    it was given."""
     lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
                               f"{LR_WIDTH_EXPONENT}, model.lr_for_width, tuned for AdamW; --lr sets it)"]
     if not pick:
@@ -233,7 +249,8 @@ def start_lines(pick, config, seq_len, lr_given):
 
 
 def ramp_line(start, final, ramp, micro, remainder):
-    """The start-up line of the batch's schedule (train.batch_size_at) and a process's micro-batches (their split)."""
+    """The start-up line that says the batch's schedule (train.batch_size_at) and the sizes of a process's
+    micro-batches."""
     micros = f"micro-batches of {micro} per process{f' (and of {remainder} for the rest)' * (remainder < micro)}"
     if ramp <= 0 or start >= final:
         return f"batch: {final:,} sequences a step throughout; {micros}"
@@ -242,7 +259,8 @@ def ramp_line(start, final, ramp, micro, remainder):
 
 
 def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):
-    """Once the speed is known (2 minutes in, or 5% of the budget), data.repeat_warning's; returns whether it was."""
+    """Prints data.repeat_warning's warning once the speed is known (2 minutes in, or 5% of the budget), if the run will
+    read its data too many times. Returns whether the speed was known, so that the loop warns only once."""
     budget_seconds = 3600 * budget_hours
     if seconds < min(120.0, 0.05 * budget_seconds):
         return False
