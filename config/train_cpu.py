@@ -10,9 +10,9 @@
 # It keeps this shape and batch rather than the budget's pick (cram/budget.py's shape_for_budget: 4 x 256 or 5 x 320 at a
 # batch of 128 at two hours on a 2-core CPU): the README's laptop figures were measured with them.
 # What differs from train.py's recipe, and why:
-# - batch_size 256, not the reference's 8192 (which config/shape_paper.py pins): 8192 sequences are a million tokens, and two CPU hours train about
-#   40M at this shape (5,700 tokens/s on 2 cores), so the full batch would leave about 40 steps;
-#   256 leaves over a thousand;
+# - batch_size 256, not the reference's 8192 (which config/shape_paper.py pins): 8192 sequences are a million
+#   tokens, and two CPU hours train about 40M at this shape (5,700 tokens/s on 2 cores), so the full batch would
+#   leave about 40 steps; 256 leaves over a thousand;
 # - evaluation and checkpoints every 10 minutes (not 30 and 60), on 1,000 held-out sequences;
 # - the learning rate pinned at 1e-3, at which the laptop figures were measured (the budget's rule would give
 #   1.7e-3 at width 256: model.lr_for_width).

@@ -148,8 +148,8 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
 
 def unknown_setting(saved, config):
     """Names, as 'key=value', the first setting in a checkpoint's config `saved` that this cram does not have and that
-    is on (not in model.OFF); None if there is none. A fork's new setting, or a newer cram's, is off by default, so a run that had it
-    off runs here as it did; one that had it on would silently run without it."""
+    is on (not in model.OFF); None if there is none. A fork's new setting, or a newer cram's, is off by default, so a
+    run that had it off runs here as it did; one that had it on would silently run without it."""
     return next((f"{k}={v!r}" for k, v in saved.items() if k not in config and k not in REPLACED_FIELDS and
                  k != "recipe_ramp" and v not in OFF), None)
 
@@ -216,7 +216,7 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
     efficiency = efficiency_of(shape["d_model"])
     tokens = tokens or matmul_compute * efficiency / per_token
     law, micro = batch_for_budget(tokens, model_args["seq_len"]), config["micro_batch"]
-    # a multiple of the processes, so that each takes an equal share, and of a given micro-batch's where one fits the law
+    # A multiple of the processes, so that each takes an equal share, and of a given micro-batch where one fits the law.
     unit = world * (micro if micro and micro * world <= law else 1)
     batch = given.get("batch_size") or max(1, round(law / unit)) * unit
     return dict(shape, batch_size=batch), dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens,
