@@ -132,12 +132,14 @@ def main(config, given):
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt,
                                                                             world, ddp, master)
-    start_lines.append(settled_line(given, config, resumed[0] is not None))
+    start_lines += [settled_line(given, config, resumed[0] is not None),
+                    budget.ramp_line(config["batch_ramp_start"], config["batch_size"], config["batch_ramp"],
+                                     config["micro_batch"], remainder_micro)]
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     if dry_run:  # the values this command would train with, and why, and the batch's schedule
-        log("\n".join([*start_lines, budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)]))
+        log("\n".join(start_lines))
         if ddp:
             runtime.leave_process_group()
         return
@@ -154,8 +156,7 @@ def main(config, given):
     metrics = open_out_dir(model, saves, config, rt, n_rows * seq_len, checkpoint, start_lines) if master else None
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
-        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}\n"
-        f"{budget.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro)}")
+        f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}")
     trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
     masking = Masking.from_settings(config)  # the objective's settings; the loop sets each step's masking rate
     watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
@@ -450,8 +451,8 @@ SPIKE_WINDOW, SPIKE_HISTORY, SPIKE_MARGIN = 50, 20, 0.1
 def diverged(loss, vocab_size, applied=True, scaler=None):
     """Whether a step shows that the run diverged: its loss is not finite, or is more than one nat above a uniform guess
     over the vocabulary (log(vocab_size), a little above an untrained model's), or its update was skipped for a
-    non-finite gradient. Under float16 the loss scaler skips updates while it searches for its scale, so there a skip counts only
-    once the scale is below 1."""
+    non-finite gradient. Under float16 the loss scaler skips updates while it searches for its scale, so there a skip
+    counts only once the scale is below 1."""
     skipped = not applied and (scaler is None or not scaler.is_enabled() or scaler.get_scale() < 1)
     return skipped or not loss <= math.log(vocab_size) + 1.0
 
@@ -791,8 +792,8 @@ def log_step(metrics, rt, record, epoch, progress):
 
 def finish(validation, metrics, state, signum, saves, latest_score):
     """Saves the last checkpoint first. A run stopped by a signal (signum, or None when another process got it) then
-    says how to continue it. A finished run evaluates (unless `latest_score`, the latest evaluation's (step, score), is of
-    this step), and prints how many graphs torch.compile built, the fill-in examples and the final line."""
+    says how to continue it. A finished run evaluates, unless `latest_score` (the latest evaluation's step and score)
+    is of this step, and prints how many graphs torch.compile built, the fill-in examples and the final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     save_if_sound(saves, validation, state, at_end=True)
     if not state["final"]:
