@@ -568,12 +568,11 @@ def table(results, names=None):
                 else float("nan") for column, scores in columns.items()}
     lines.append(f"| average ({len(counted)} of {len(REFERENCE)}) | | " +
                  " | ".join("-" if math.isnan(v) else f"{v:.1f}" for v in averages.values()) + " |")
-    protocols = {}
+    protocols, heads = {}, {}  # how each task's runs were made: its protocol, its head
     for name in names:
-        protocols.setdefault(PROTOCOLS[(ours.get(name) or scratch[name]).get("protocol", "fixed")], []).append(name)
-    heads = {}
-    for name in names:
-        head = (ours.get(name) or scratch[name])["settings"].get("pooling", "first")
+        made = ours.get(name) or scratch[name]
+        protocols.setdefault(PROTOCOLS[made.get("protocol", "fixed")], []).append(name)
+        head = made["settings"].get("pooling", "first")
         heads.setdefault(HEADS[head] + texts_read(name) * (head == "pair"), []).append(name)
     lines += ["", "Dev sets; " + "; ".join(f"{', '.join(n)}: {p}" for p, n in protocols.items()) + " (docs/glue.md).",
               "Heads: " + "; ".join(f"{', '.join(n)}: {h}" for h, n in heads.items()) + "."]

@@ -19,16 +19,15 @@ import signal
 import sys
 import time
 
-from configurator import config_keys, configure, disallowed, named  # first: it checks for the temporary folder that torch's import needs
+from configurator import config_keys, configure  # first: it checks for the temporary folder that torch's import needs
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from cram import budget, memory, process, runtime
-from cram.budget import LADDER, SHAPE_FIELDS, shape_of
+from cram import budget, memory, process, runtime, setup
+from cram.budget import SHAPE_FIELDS
 from cram.data import fill_in, get_batch, load_run_data, make_encoding, repeat_warning, to_device
-from cram.files import MetricsLog, Saves, all_finite, check_own_files, check_resume, claim_folder, load_checkpoint, parse_ranks, save_peak_bytes
-from cram.offload import OffloadTrainer, check_settings as check_offload
+from cram.files import MetricsLog, Saves, all_finite, check_resume, claim_folder, parse_ranks
+from cram.offload import OffloadTrainer
 from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, ModelConfig, Trainer, mask_tokens, param_groups
 
 # -----------------------------------------------------------------------------
@@ -120,20 +119,20 @@ wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 # main comes first: the whole run, with its loop. The step's pieces follow it in the loop's order (the schedules, the
 # micro-batches, the data, validation, bad steps, the budget's clock and saving), then set-up and the end. Set-up
-# (setup_device, decide_settings) decides the settings' values, so it reads them from `config`. main then writes them
-# over the settings above, and everything after that reads the settings.
+# (decide_settings here, the device and the checks in cram/setup.py) decides the settings' values, so it reads them
+# from `config`. main then writes them over the settings above, and everything after that reads the settings.
 
 
 def main(config, given):
     # -------------------------------------------------------------------- the settings
     ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
-    rt, rank, resumed, model_config = setup_device(config, world, ddp, given)
+    rt, rank, resumed, model_config = setup.device_and_resume(config, world, ddp, given, globals())
     master, log = rank == 0, rank0_print(rank == 0)
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt,
                                                                             world, ddp, master)
-    start_lines += [settled_line(given, config, resumed[0] is not None),
-                    budget.ramp_line(config["batch_ramp_start"], config["batch_size"], config["batch_ramp"],
+    start_lines += [setup.settled_line(given, config, resumed[0] is not None),
+                    setup.ramp_line(config["batch_ramp_start"], config["batch_size"], config["batch_ramp"],
                                      config["micro_batch"], remainder_micro)]
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
@@ -195,7 +194,8 @@ def main(config, given):
     repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
     while True:
         started = time.perf_counter()
-        seconds, stop = agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
+        # Under DDP every process takes rank 0's clock, and all stop if any was asked to: they step alike
+        seconds, stop = runtime.agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
@@ -299,31 +299,12 @@ def batch_size_at(progress, start, final, ramp):
 
 
 # How a step is cut into micro-batches. A process runs its share of a batch as several forward and backward passes
-# whose gradients add up (model.Trainer.backward), so a batch larger than the memory holds still trains as one.
-def split_micro_batches(world, micro, final, start, ramp):
-    """Returns (micro, remainder), the two micro-batch sizes that every batch of the schedule is cut into. A process's
-    share of a batch is as many micro-batches of `micro` as fit, then the rest in micro-batches of `remainder`. The
-    schedule's batches are `final` and, while the batch ramps up, multiples of `start`. Each micro-batch size is a
-    graph to compile, so two sizes must serve them all. `micro` is the cap, or a process's share of the final batch
-    if that is smaller. `remainder` is the largest size that divides what every share has left over. A batch that
-    `world` processes cannot share evenly is refused in one line."""
-    start = start if ramp and start < final else 0  # 0: no ramp, so only the final batch is cut
-    for name, batch in (("batch_size", final), ("batch_ramp_start", start)):
-        if batch % world:
-            raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a number "
-                             f"of processes that divides {math.gcd(final, start)}, or a new run with a multiple of {world}")
-    per_rank, ramp_unit = final // world, start // world  # a process's final batch, and what the ramp adds at a time
-    micro = min(micro, per_rank)
-    # A ramp batch of k units leaves k * left sequences over after its full micro-batches (mod micro). Once k * left
-    # passes micro, those leftovers take every multiple of gcd(left, micro), so that gcd is the size that divides them.
-    left = ramp_unit % micro
-    ramp_rest = 0 if not left else left if (per_rank - 1) // ramp_unit * left < micro else math.gcd(left, micro)
-    return micro, math.gcd(ramp_rest, per_rank % micro) or micro
-
-
+# whose gradients add up (model.Trainer.backward), so a batch larger than the memory holds still trains as one. Two
+# sizes serve the whole run, each a graph to compile: `micro_batch`, the most that fits, and `remainder_micro` for what
+# is left over, which set-up works out from the batch's schedule (cram/setup.py's split_micro_batches).
 def micro_batch_sizes(batch, world, micro, remainder):
     """The sizes of a process's micro-batches of a global `batch`: as many of `micro` as fit, then the rest in ones of
-    `remainder` (split_micro_batches's two sizes). They always add up to the process's whole share. A batch that the
+    `remainder` (set-up's two sizes). They always add up to the process's whole share. A batch that the
     two sizes do not cover (from a fork's schedule, say) takes one more micro-batch of what is left, a shape that
     torch.compile compiles once more. A batch that `world` processes cannot share evenly is refused in one line."""
     if batch % world:
@@ -536,16 +517,6 @@ class StopRequest:
         process.held(signum)
 
 
-def agree_on_clock(seconds, stop, master, device):
-    """Under DDP, every process takes rank 0's clock and stops if any process was asked to stop, so that all take the
-    same batch and stop at the same step. One process keeps its own values."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return seconds, stop
-    both = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the others send 0 seconds, so the largest is rank 0's
-    return both[0].item(), bool(both[1].item())
-
-
 # -----------------------------------------------------------------------------
 # Evaluation and saving: the periodic evaluation, what a checkpoint holds, and the save that refuses unsound weights.
 def run_eval(validation, metrics, step, tokens, seconds):
@@ -567,13 +538,13 @@ def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final,
       them.
     - the loss history that the spike check compares against (watch).
     - `run_info`, what the run is: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
-    A resume runs with the run's own settings (cram/budget.py's resume_settings). Only these may change:
+    A resume runs with the run's own settings (cram/setup.py's resume_settings). Only these may change:
     - the budget, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its
       schedule's value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is
       rescaled to end where it did (or at the budget's end, if that is sooner), so the batch never shrinks.
     - the optimizer's rate, clipping and decay and the spike check, which a diverged run's error asks you to lower
-      (budget.py's CHANGEABLE).
-    - how this command runs: device, precision, micro-batch, logging and where the data is (budget.py's THIS_COMMAND).
+      (setup.py's CHANGEABLE).
+    - how this command runs: device, precision, micro-batch, logging and where the data is (setup.py's THIS_COMMAND).
     Any other change is refused in one line. A fork's new setting is kept like the others unless it joins one of those
     two lists."""
     return dict(trainer.state_dict(), **run_info, step=step, elapsed=seconds, tokens=tokens, init_val_loss=init_loss,
@@ -597,115 +568,37 @@ def save_if_sound(saves, validation, state, at_end=False):
 
 
 # -----------------------------------------------------------------------------
-# Set-up and the end: what main calls before its loop (the settings' checks, the device, the settings' final values,
-# the trainer and its optimizer, the output folder) and after it.
-def check_settings(world, config, rt, given=None, model_config=None):
-    """Refuses, with a one-line error each, settings that cannot run together. The configurator has already checked
-    each setting's own range. This runs twice. The first call comes before any work and gets `given`, which says
-    where each setting came from. The second comes once budget.decide has picked the shape and batch. `model_config`
-    is the ModelConfig that the settings make. In the first call, shape fields still at 0 take the ladder's first
-    shape, so that a bad model setting is refused before any work."""
-    optim = config["optim"]
-    if config["wandb_log"] and not process.installed("wandb"):
-        raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb (or leave --wandb_log off)")
-    # A batch_size of 0 is not decided yet, so the first call checks with `world` in its place.
-    split_micro_batches(world, 1, config["batch_size"] or world, config["batch_ramp_start"], config["batch_ramp"])
-    if config["resume_from"] and not config["resume"]:
-        raise SystemExit(f"error: {named('resume_from', given)}={config['resume_from']} continues a run: add --resume=True")
-    # An optimizer without the width's rate rule needs a rate of its own. A rate typed on the command line is taken
-    # as meant for it. A rate from a config file is taken only if that file also chose this optimizer; otherwise it
-    # was tuned for AdamW. The answer does not depend on the order of the arguments.
-    lr_from = [s for s, v in (given or {}).get("lr", {}).items() if v == config["lr"]]
-    chose = [s for s in lr_from if s == "--" or given.get("optim", {}).get(s) == optim]
-    if not OPTIMIZERS[optim].width_lr and (not config["lr"] or lr_from and not chose):
-        why = f"{lr_from[-1]}'s lr={config['lr']:g}" if config["lr"] else "the width's rule (model.lr_for_width)"
-        raise SystemExit(f"error: {named('optim', given)}={optim} needs --lr: {why} is AdamW's, and its row in "
-                         f"model.OPTIMIZERS does not take it (width_lr)")
-    if config["offload"]:
-        check_offload(world, model_config, optim, rt.dtype)
-
-
+# Set-up and the end: what main calls before its loop (the settings' final values, the trainer and its optimizer) and
+# after it. The rest of set-up, which no step reads (the device, a resume's settings, the checks that refuse settings,
+# the output folder), is in cram/setup.py.
 def rank0_print(master):
     """print on rank 0; the other processes stay quiet, so that a line is printed once."""
     return print if master else (lambda *args, **kwargs: None)
 
 
-def setup_device(config, world, ddp, given):
-    """Picks the device and precision, loads a resume's checkpoint and checks every setting. All this happens before
-    torchrun's processes join, so that any refusal comes first. A resume writes its own settings into `config`,
-    except the `given` ones it may change (budget.resume_settings). Every process takes rank 0's precision.
-    Returns the Runtime, this process's rank, `resumed` and the model's settings. `resumed` holds the checkpoint
-    or None, its path, and the lines that say what the resume changed. The model's settings use the ladder's
-    smallest shape until decide_settings() has the budget pick the real one."""
-    resume_from = config["resume_from"]
-    source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
-    checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
-    kept, changes = budget.resume_settings(checkpoint, config, given) if checkpoint else ({}, [])
-    # A fork's or a newer cram's run: a value this cram does not allow (an optimizer it lacks), or a setting it lacks
-    problem = disallowed(globals(), kept) or (checkpoint and budget.unknown_setting(checkpoint["config"], config))
-    if problem:
-        raise SystemExit(f"error: {source} was trained with a setting this cram does not have ({problem}): resume "
-                         f"it with the cram that wrote it")
-    config.update(kept)
-    smallest = shape_of(LADDER[0], config)  # the ladder's smallest shape, where the budget has not picked one yet
-    saved = checkpoint.get("config", {}) if checkpoint else {}
-    rt = runtime.setup(config["device"], config["dtype"], config["compile"] and not config["offload"],  # off-load: eager
-                       config["compile_mode"], (saved.get("device"), saved.get("dtype")))
-    model_config = ModelConfig.from_settings({**config, **smallest})  # a bad model setting fails here, before any work
-    check_settings(world, config, rt, given, model_config)
-    rank = runtime.join_process_group(rt.device, config["join_minutes"]) if ddp else 0
-    rt = runtime.rank0_precision(rt) if ddp else rt
-    rt.optim = config["optim"]  # the optimizer whose state the memory check counts (model.OPTIMIZERS)
-    rt.peak_flops = runtime.peak_flops(rt.device, config["peak_tflops"] * 1e12)  # looked up by the GPU's name
-    config.update(device=rt.device.type, dtype=rt.dtype_name())
-    # Before any work, claim out_dir if it exists, which fails if another run holds it (open_out_dir creates a
-    # missing one later). Then refuse another run's files, which this run would replace or prune.
-    if rank == 0 and os.path.isdir(config["out_dir"]):
-        claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
-    check_own_files(config["out_dir"], checkpoint, source)
-    return rt, rank, (checkpoint, source, changes), model_config
-
-
 def decide_settings(config, model_config, resumed, run_data, rt, world, ddp, master):
     """Decides the value of every setting the run will use, before any work, and writes them into `config`.
     budget.decide fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
-    memory.choose_micro_batch finds the largest micro-batch that fits, and split_micro_batches the two micro-batch
-    sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
+    memory.choose_micro_batch finds the largest micro-batch that fits, and setup.split_micro_batches the two
+    micro-batch sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
     or what the budget picked."""
     log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     model_config = dataclasses.replace(model_config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
+    # A resume's shape is its checkpoint's already, so another run's checkpoint is refused before any work
+    check_resumable(checkpoint, source, dataclasses.asdict(model_config), tokenizer_text, meta, config, log, ddp)
     decided, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(model_config),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(decided)  # the shape, final batch and peak rate
     model_config = dataclasses.replace(model_config, **{k: config[k] for k in SHAPE_FIELDS})  # in the decided shape
-    check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
+    setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
-    check_resumable(checkpoint, source, model_args, tokenizer_text, meta, config, log, ddp)  # before any probe
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
                                     mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
                                     offload=config["offload"], log=log)
-    config["micro_batch"], remainder_micro = split_micro_batches(world, cap, config["batch_size"],
-                                                                      config["batch_ramp_start"], config["batch_ramp"])
+    config["micro_batch"], remainder_micro = setup.split_micro_batches(world, cap, config["batch_size"],
+                                                                       config["batch_ramp_start"], config["batch_ramp"])
     return model_args, remainder_micro, budget_pick, changes + picked_lines
-
-
-def settled_line(given, config, resumed):
-    """The start-up line "settled:". It prints the value of each setting whose 0 means "decide at start-up", and says
-    why it has that value: it was given (on the command line or in a config file, as `given` records), it is the
-    checkpoint's in a resume, or the rule named here set it."""
-    rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
-                 n_heads="the most heads at least 64 wide, or one", d_ffn="4 x d_model", lr="the width's rule",
-                 micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
-                 "32, or a process's share if smaller")
-    groups = {}  # why -> the settings it explains, as name=value
-    for k, rule in rules.items():
-        asked = [*given[k].values()][-1] if k in given else 0  # the value given last, or 0
-        why = "given" if asked else "its checkpoint's" if resumed and k != "micro_batch" else rule
-        shown = (lambda v: f"{v:.3g}") if k == "lr" else str
-        cut = f" of {shown(asked)} given" if asked and asked != config[k] else ""  # a micro-batch cut to the batch
-        groups.setdefault(why, []).append(f"{k}={shown(config[k])}{cut}")
-    return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
@@ -755,12 +648,10 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
 def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_lines):
     """Rank 0's start: claims out_dir (a lock, and room on disk for the checkpoints kept), warns of a run too large for
     a CPU or one that repeats its data (n_data_tokens: how many the data holds), prints the start-up lines and starts
-    W&B's run if wandb_log. Returns the metrics.jsonl log."""
-    each = max(12 * model.num_params() + 32 * model.config.vocab_size + 2 ** 20,  # weights, AdamW, tokenizer, records
-               os.path.getsize(saves.last_path) if checkpoint else 0)  # or the resumed one's size
-    claim_folder(out_dir, need_bytes=save_peak_bytes(saves.path, keep_checkpoints, each, saves.last, saves.branched),
+    W&B's run if wandb_log is on. Returns the metrics.jsonl log."""
+    claim_folder(out_dir, need_bytes=saves.room_needed(model.num_params(), model.config.vocab_size),
                  files=("ckpt.pt", "metrics.jsonl"))
-    step_flops = model.config.flops_per_token(mask_rate) * config["batch_size"] * model.config.seq_len
+    step_flops = model.config.flops_per_token(mask_rate) * batch_size * model.config.seq_len
     for warning in (rt.device.type == "cpu" and runtime.cpu_warning(step_flops), budget_tokens and
                     repeat_warning(budget_tokens, n_data_tokens, f"with --budget_tokens={budget_tokens:,}")):
         if warning:

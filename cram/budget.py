@@ -1,19 +1,16 @@
 """The budget's rule in one place. From the compute a budget buys it picks the shape (a rung of LADDER) and the final
 batch, and the width gives the peak rate (model.lr_for_width). The rule's functions are pure and sit beside their
 constants and sources. `decide` applies them for train.py: a setting given wins, and a resume keeps its checkpoint's.
-start_lines say what the rule picked, and docs/training.md has the published points it follows. Beside the rule are
-the settings a resume keeps and may change (resume_settings)."""
+start_lines say what the rule picked, and docs/training.md has the published points it follows."""
 import dataclasses
 import functools
 import math
-import os
 
 import torch
 
-from configurator import named
 from . import runtime
 from .data import repeat_warning
-from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, REPLACED_FIELDS, ModelConfig, lr_for_width, saved_model_args
+from model import LR_AT_768, LR_WIDTH_EXPONENT, ModelConfig, lr_for_width
 
 # The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -47,19 +44,7 @@ MIN_BATCH, MAX_BATCH = 32, 8192  # 32: the smallest measured, and a CPU's micro-
 # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision")
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
-# What a resume keeps and what it may change (train.checkpoint_state says it in words):
-# - DECIDED_AT_START settings have a 0 that means "decide at start-up": in a resume a 0 keeps the checkpoint's value.
-# - THIS_COMMAND settings say how this command runs, not what the run is, so a resume takes them from the command.
-# - CHANGEABLE settings are the run's own, but a resume may change them when given: they are what a diverged run
-#   asks to lower. A larger budget may be given too. Every other setting of the run is kept, and a different value
-#   given for one is refused in one line.
-DECIDED_AT_START = (*SHAPE_FIELDS, "batch_size", "lr")
-THIS_COMMAND = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch",
-                "offload", "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes",
-                "eval_sequences", "fill_in_examples", "wandb_log", "wandb_project", "wandb_run_name", "join_minutes",
-                "dry_run", "data_dir")  # files.check_resume judges whether the data given is the data the run trained on
-CHANGEABLE = ("lr", "grad_clip", "weight_decay", "beta1", "beta2", "eps", "spike_threshold", "max_skipped_steps",
-              "keep_checkpoints")
+
 
 
 def shape_of(rung, given):
@@ -132,7 +117,7 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns the decided settings,
     the rule's pick (or None), which the checkpoint keeps, and a new run's start-up lines that say what the rule
     picked."""
-    # A resume's are all here already: resume_settings wrote its run's shape, batch and rate into config.
+    # A resume's are all here already: setup.resume_settings wrote its run's shape, batch and rate into config.
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}  # those given (not 0)
     pick, decided = (checkpoint or {}).get("budget"), {}
     if not checkpoint and len(given) < len(SHAPE_FIELDS) + 1:
@@ -144,48 +129,6 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     decided["lr"] = config["lr"] or lr_for_width(decided["d_model"])
     lines = [] if checkpoint else start_lines(pick, {**config, **decided}, model_args["seq_len"], config["lr"])
     return decided, pick, lines
-
-
-def unknown_setting(saved, config):
-    """Names, as 'key=value', the first setting in a checkpoint's config `saved` that this cram does not have and that
-    is on (not in model.OFF); None if there is none. A fork's new setting, or a newer cram's, is off by default, so a
-    run that had it off runs here as it did; one that had it on would silently run without it."""
-    return next((f"{k}={v!r}" for k, v in saved.items() if k not in config and k not in REPLACED_FIELDS and
-                 k != "recipe_ramp" and v not in OFF), None)
-
-
-def resume_settings(checkpoint, config, given):
-    """The settings a resume runs with, and the start-up lines that say what it changed. They are the checkpoint's
-    own, except those `given` that may change (see DECIDED_AT_START, THIS_COMMAND and CHANGEABLE above). A larger
-    budget of the run's kind (hours or tokens) makes the schedules follow the share of the new budget, and the batch
-    ramp still ends where it did. The data is where the run trained unless --data_dir is given. A checkpoint's config
-    also keeps `recipe_ramp`, the batch_ramp the run was first given, before a larger budget rescaled it."""
-    saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
-    if "batch_ramp_start" not in saved and "micro_batch" in saved:  # from before the setting: it ramped from its micro-batch
-        saved = dict(saved, batch_ramp_start=saved["micro_batch"])
-    data_dir = config["data_dir"] if "data_dir" in given else checkpoint.get("data_dir", config["data_dir"])
-    if "data_dir" not in given and not os.path.isdir(data_dir):  # moved since (a given one missing: load_run_data's)
-        raise SystemExit(f"error: {data_dir}, the data the run trained on, is not there: give its place with --data_dir")
-    model = saved_model_args(checkpoint["model_args"])  # its model's settings as this version names them
-    run = {k: v for k, v in {**saved, **model}.items() if k in config and k not in THIS_COMMAND}
-    given_now = {k for k in run.keys() & given if config[k] or k not in DECIDED_AT_START}  # a 0 for a picked one: "as before"
-    # the run's settings as first given: its recipe_ramp is the ramp before an extension of the budget scaled it
-    before = dict(run, batch_ramp=saved.get("recipe_ramp", run.get("batch_ramp")))
-    changed = sorted(k for k in given_now if config[k] != before[k])
-    kind, shown = "budget_tokens" if run.get("budget_tokens") else "budget_hours", lambda v: f"{v:g}" if type(v) is float else v
-    for k in (k for k in changed if k not in CHANGEABLE and (k != kind or not config[k])):
-        extend = f"; to train further, give a larger --{kind}" if k.startswith("budget_") else ""
-        raise SystemExit(f"error: {named(k, given)}={shown(config[k])} differs from its checkpoint's {shown(before[k])}, and "
-                         f"a resume continues its run: leave it out, or start a new run in another --out_dir{extend}")
-    kept = {**run, **{k: config[k] for k in changed}, "recipe_ramp": before["batch_ramp"], "data_dir": data_dir}
-    spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
-    if kind in changed:
-        kept["batch_ramp"] = min(1.0, run.get("batch_ramp", 0.0) * run[kind] / config[kind])
-    extended = (f": the schedules follow it from the share spent, {spent / config[kind]:.0%} (the learning rate is its "
-                f"schedule's there), and the batch ramp ends where it did (batch_ramp {kept['batch_ramp']:.3g}): the "
-                f"batch never shrinks") if kind in changed else ""
-    return kept, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(before[k])})"
-                     f"{extended if k == kind else ''}" for k in changed]
 
 
 def budget_compute(config, rt, world, master, ddp):
@@ -246,16 +189,6 @@ def start_lines(pick, config, seq_len, lr_given):
     return [f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
             f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
-
-
-def ramp_line(start, final, ramp, micro, remainder):
-    """The start-up line that says the batch's schedule (train.batch_size_at) and the sizes of a process's
-    micro-batches."""
-    micros = f"micro-batches of {micro} per process{f' (and of {remainder} for the rest)' * (remainder < micro)}"
-    if ramp <= 0 or start >= final:
-        return f"batch: {final:,} sequences a step throughout; {micros}"
-    return (f"batch: {start:,} sequences a step at the start, then {start:,} more at a time up to {final:,} at {ramp:.0%} of the "
-            f"budget (batch_ramp_start, batch_size, batch_ramp); {micros}")
 
 
 def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):

@@ -587,6 +587,12 @@ class Saves:
         (branch_from) and returns their new names."""
         return branch_from(self.path, self.last) if self.branched else []
 
+    def room_needed(self, n_params, vocab_size):
+        """The bytes on disk the checkpoints kept need at their peak (save_peak_bytes), each about 12 bytes a parameter
+        (the weights and AdamW's two moments), the tokenizer and the records, or the resumed one's size if larger."""
+        each = max(12 * n_params + 32 * vocab_size + 2 ** 20, os.path.getsize(self.last_path) if self.last_path else 0)
+        return save_peak_bytes(self.path, self.keep, each, self.last, self.branched)
+
     def save(self, state):
         """Writes the checkpoint `state` as ckpt.pt, keeping the last `keep` of the run's checkpoints."""
         save_in_series(self.path, state, self.keep, None if self.branched else self.last)

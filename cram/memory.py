@@ -118,7 +118,7 @@ def check_memory(config, rt, mask_rate, micro, batch=(0, ""), training=True, off
 
 
 def choose_micro_batch(micro_batch, batch_size, model_args, rt, *, world, mask_rate, offload, log):
-    """The micro-batch cap train.split_micro_batches splits every batch by: micro_batch, or if 0 a GPU's largest power of
+    """The micro-batch cap setup.split_micro_batches splits every batch by: micro_batch, or if 0 a GPU's largest power of
     two that fits (the probe; under torchrun the ranks' smallest), else 32 or a process's share; check_memory first."""
     probe = not (micro_batch or rt.device.type != "cuda" or offload)  # the probe measures normal mode
     chosen = micro_batch or (1 if probe else min(32, batch_size // world))

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from model import Block, at_positions, micro_batch_weights, param_groups, set_rate
+from model import Block, Trainer, at_positions, micro_batch_weights, param_groups, set_rate
 
 STREAMED_INPUTS = ("self", "x", "attn_mask", "context")  # Block.forward's that off-load judges: the input and the
 # model's attention_mask (a position bias too), streamed to every block; context, narrowed layers', is refused below
@@ -315,10 +315,7 @@ class OffloadTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return applied
 
-    def step(self, micro_batches, lr, clip):
-        """backward, then update: (the step's loss, whether the update was applied)."""
-        loss = self.backward(micro_batches)
-        return loss, self.update(lr, clip)
+    step = Trainer.step  # backward, then update, as model.Trainer's
 
     def _locate(self):
         """name -> (optimizer, its index of the parameter), for every parameter of the plain model."""

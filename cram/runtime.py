@@ -338,6 +338,16 @@ def from_rank0(value, device):
     return t.item()
 
 
+def agree_on_clock(seconds, stop, master, device):
+    """Under DDP, every process takes rank 0's clock and stops if any process was asked to stop, so that all take the
+    same batch and stop at the same step. One process keeps its own values."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return seconds, stop
+    both = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the others send 0 seconds, so the largest is rank 0's
+    return both[0].item(), bool(both[1].item())
+
+
 def matmul_speed(rt, size=2048):
     """FLOP/s of a size^3 matmul at `rt`'s precision, the budget's measure of a device (budget_compute passes float32 on
     a CPU): the best of three rounds after 0.1 s of warm-up, its operands made in that precision (autocast's casts cost

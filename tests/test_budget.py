@@ -153,7 +153,7 @@ def test_a_resume_keeps_its_ramp_and_an_older_checkpoint_ramps_from_its_micro_ba
     """resume_settings: a resumed run ramps from its own start (not the default's 128); a checkpoint from before the
     setting ramped from its micro-batch (one process's, as train.py then did); another start given is refused."""
     import train
-    from cram.budget import resume_settings
+    from cram.setup import resume_settings
     config = dict(config_keys(vars(train)), data_dir=str(tmp_path))
     saved = dict(config, batch_size=64, lr=1e-3, micro_batch=16, batch_ramp_start=48)
     ckpt = dict(model_args=dict(n_layers=2, d_model=64, n_heads=2, d_ffn=256, vocab_size=512, seq_len=32),

@@ -6,7 +6,8 @@ import torch
 
 import train
 from model import MASK32, Masking, mask_tokens, row_noise
-from train import Batches, mask_keys, micro_batch_sizes, rows_at, split_micro_batches
+from cram.setup import split_micro_batches
+from train import Batches, mask_keys, micro_batch_sizes, rows_at
 
 MASK_ID, N_REGULAR = 999, 900
 

@@ -212,6 +212,7 @@ def test_a_rule_s_answer_is_the_same_in_any_order_of_the_arguments(tmp_path, mon
     from itertools import permutations
     import train
     from configurator import configure
+    from cram import setup
     from cram.budget import SHAPE_FIELDS
     from model import DATA_FIELDS, OPTIMIZERS, ModelConfig, Optimizer
     monkeypatch.setitem(OPTIMIZERS, "adafactor", Optimizer(None, 4))  # a fork's row: no width rule
@@ -227,7 +228,7 @@ def test_a_rule_s_answer_is_the_same_in_any_order_of_the_arguments(tmp_path, mon
         given = {}
         config = configure(dict(vars(train)), list(map(str, argv)), ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=given)
         with pytest.raises(SystemExit, match=re.escape(refusal)) if config["lr"] == 2e-3 else contextlib.nullcontext():
-            train.check_settings(1, config, None, given)
+            setup.check_settings(1, config, None, given)
     check([own, "--optim=adafactor"])  # the named pair, each order
     check(["--optim=adafactor", own])
     for args in ([own, "--optim=adafactor", "--seed=3"], [same, own, "--optim=adafactor"], [adamw, own, "--optim=adafactor"],
@@ -245,7 +246,9 @@ def test_a_line_names_a_setting_as_the_user_gave_it(tmp_path, capfd, monkeypatch
     import prepare
     import train
     from configurator import config_keys, configure
-    from cram.budget import SHAPE_FIELDS, resume_settings
+    from cram import setup
+    from cram.budget import SHAPE_FIELDS
+    from cram.setup import resume_settings
     from model import DATA_FIELDS, OPTIMIZERS, ModelConfig, Optimizer
     run = dict(config_keys(vars(train)), batch_ramp_start=64, batch_size=256, lr=1e-3, budget_tokens=8192)
     ckpt = dict(config=run, model_args=dataclasses.asdict(ModelConfig()), data_dir=str(tmp_path), tokens=0, elapsed=0.0)
@@ -270,7 +273,7 @@ def test_a_line_names_a_setting_as_the_user_gave_it(tmp_path, capfd, monkeypatch
         path.write_text(text)
         given = {}
         with pytest.raises(SystemExit, match=f"error: {re.escape(str(path) + fragment)}"):
-            train.check_settings(1, configure(dict(vars(train)), [str(path)], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS,
+            setup.check_settings(1, configure(dict(vars(train)), [str(path)], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS,
                                               given=given), None, given)
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from train import batch_size_at, lr_at, micro_batch_sizes, split_micro_batches
+from cram.setup import split_micro_batches
+from train import batch_size_at, lr_at, micro_batch_sizes
 
 
 def test_triangle_learning_rate():

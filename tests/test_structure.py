@@ -80,7 +80,7 @@ def test_the_style_check_reports_what_is_over_and_passes_what_is_within(tmp_path
     body = "".join(f"    x{i} = {i}\n" for i in range(60))
     (tmp_path / "model.py").write_text(f"def helper(a, b, c, d, e, f, g, h, k):\n{prose}{body}    return x0\n")
     proc = run_script("tools/style.py", f"--root={tmp_path}", check=False)
-    assert proc.returncode == 1 and "the core: 66 lines of code (at most 3,900) in 3 files" in proc.stdout
+    assert proc.returncode == 1 and "the core: 66 lines of code (at most " in proc.stdout and " in 3 files" in proc.stdout
     assert "over: model.py:1 helper: 62 lines of code (at most 60)" in proc.stdout
     assert "over: model.py:1 helper: 9 parameters (at most 8)" in proc.stdout
 

@@ -1,6 +1,6 @@
 """The global batch at a step is its run's schedule's (train.batch_size_at, a pure function of the budget's share spent)
 at any number of processes, and a resume in another number reads the same sequences (issue 87, item 6): the per-process
-split (train.split_micro_batches, train.micro_batch_sizes) over many worlds, micro-batches and batches; real runs over gloo
+split (setup.split_micro_batches, train.micro_batch_sizes) over many worlds, micro-batches and batches; real runs over gloo
 resumed 1 -> 2 -> 4 -> 1 processes, each step's rows read by every process; one line where a world cannot split it."""
 import itertools
 import os
@@ -13,7 +13,8 @@ import torch
 
 from conftest import ROOT, TINY_MODEL, run_script, spawn
 from cram.files import load_meta, read_jsonl
-from train import Batches, batch_size_at, micro_batch_sizes, rows_at, split_micro_batches
+from cram.setup import split_micro_batches
+from train import Batches, batch_size_at, micro_batch_sizes, rows_at
 
 # a token budget (the schedule a pure function of tokens), the ramp from 16 to 32 sequences over its first fifth: steps
 # 1 to 20 take 16, then 32
