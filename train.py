@@ -602,10 +602,9 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, ddp, mas
 
 
 def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
-    """Builds the model.Trainer: the model on the device, its compiled copy (wrapped by DDP under torchrun) that the
-    step runs, and the optimizer: OPTIMIZERS[optim] built over param_groups.
-    Off-load mode builds its own trainer with the same methods. A resume loads the checkpoint's state, which both
-    modes save in one format."""
+    """Builds the model.Trainer: the model on the device, the compiled copy that the step runs (wrapped by DDP under
+    torchrun), and the optimizer, OPTIMIZERS[optim] over param_groups. Off-load mode builds its own trainer with the
+    same methods and checkpoint format. A resume loads the checkpoint's state."""
     if offload:
         log("off-load mode: blocks' masters and AdamW in host memory, streamed through 2 device templates; eager")
         trainer = OffloadTrainer(model, rt, lr=peak_lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
@@ -625,15 +624,14 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
 
 
 def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, config, log, ddp):
-    """Refuses, in one line, a resume of another model, tokenizer, optimizer or data (files.check_resume). A resume
-    of a finished run whose budget is already spent ends here with status 0 and writes nothing. A run stopped on the
-    step that spent its budget is not finished: its resume goes on, the loop ends at once, and finish() evaluates it
-    and saves it as finished; a checkpoint that does not say (one written by hand) counts as finished. Does nothing for
-    a new run."""
+    """In a resume, refuses another run's checkpoint (another model, tokenizer, optimizer or data) in one line, and ends
+    a finished run whose budget is spent with status 0, writing nothing. A run stopped on the step that spent its
+    budget is not finished: the loop ends at once, and finish() evaluates it and saves it as finished."""
     if not checkpoint:
         return
     check_resume(ckpt_path, checkpoint, model_args, tokenizer_text, config["optim"], config["data_dir"], meta)
     progress = budget_progress(checkpoint["tokens"], checkpoint["elapsed"], config["budget_tokens"], config["budget_hours"])
+    # A checkpoint without "final" (one written by hand) counts as finished
     if not no_step_left(progress, checkpoint["step"], config["max_steps"]) or not checkpoint.get("final", True):
         return
     kind = "max_steps" if progress < 1.0 else "budget_tokens" if config["budget_tokens"] else "budget_hours"

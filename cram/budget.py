@@ -1,4 +1,4 @@
-"""The budget's rule in one place. From the compute a budget buys it picks the shape (a rung of LADDER) and the final
+"""The budget's rule in one place. From the compute a budget buys it picks the shape (one of LADDER's) and the final
 batch, and the width gives the peak rate (model.lr_for_width). The rule's functions are pure and sit beside their
 constants and sources. `decide` applies them for train.py: a setting given wins, and a resume keeps its checkpoint's.
 start_lines say what the rule picked, and docs/training.md has the published points it follows."""
@@ -12,7 +12,7 @@ from . import runtime
 from .data import repeat_warning
 from model import LR_AT_768, LR_WIDTH_EXPONENT, ModelConfig, lr_for_width
 
-# The shapes: a ladder of (layers, width), each with heads of 64 and a feed-forward 4x the width;
+# The shapes the rule picks from, smallest first, as (layers, width): each has heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
 LADDER = ((2, 128), (3, 192), (4, 256), (5, 320), (6, 384), (8, 512), (10, 640), (12, 768), (16, 768), (24, 1024))
 # A step's share of the matmul's speed. A compiled step at width 768 runs at STEP_EFFICIENCY of a 2048^3 matmul's
@@ -47,14 +47,14 @@ SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fiel
 
 
 
-def shape_of(rung, given):
-    """A LADDER rung (layers, width) as ModelConfig's four shape fields, with any `given` (not 0) in their place.
+def shape_of(pair, given):
+    """One of LADDER's (layers, width) pairs as ModelConfig's four shape fields, with any `given` (not 0) in their place.
     Heads are 64 wide (or, where 64 does not divide the width, the most heads up to width / 64 that do), and the
-    feed-forward is 4x the width. Where only the heads are given, the width is the multiple of them nearest the rung's."""
+    feed-forward is 4x the width. Where only the heads are given, the width is the multiple of them nearest the pair's."""
     heads = given.get("n_heads")
-    width = given.get("d_model") or (heads * max(1, round(rung[1] / heads)) if heads else rung[1])
+    width = given.get("d_model") or (heads * max(1, round(pair[1] / heads)) if heads else pair[1])
     heads = heads or max(h for h in range(1, max(1, width // 64) + 1) if width % h == 0)
-    return dict(n_layers=given.get("n_layers") or rung[0], d_model=width, n_heads=heads, d_ffn=given.get("d_ffn") or 4 * width)
+    return dict(n_layers=given.get("n_layers") or pair[0], d_model=width, n_heads=heads, d_ffn=given.get("d_ffn") or 4 * width)
 
 
 def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
@@ -67,23 +67,23 @@ def step_efficiency(d_model, gpu=False, compiled=True, offload=False):
 
 
 def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of):
-    """Picks the LADDER rung for a budget of `matmul_compute` FLOPs at the matmul's speed (or of `tokens`).
-    For each rung, the FLOPs it can spend are matmul_compute times its width's share (efficiency_of), and the best
-    size for them is PAPER_WEIGHTS * (FLOPs / PAPER_COMPUTE) ** SIZE_EXPONENT. The nearest rung is the one whose
+    """Picks one of LADDER's shapes for a budget of `matmul_compute` FLOPs at the matmul's speed (or of `tokens`).
+    For each shape, the FLOPs it can spend are matmul_compute times its width's share (efficiency_of), and the best
+    size for them is PAPER_WEIGHTS * (FLOPs / PAPER_COMPUTE) ** SIZE_EXPONENT. The nearest shape is the one whose
     blocks' weights are nearest that size, by ratio. Where the nearest would read `data_tokens` more than MAX_EPOCHS
-    times, a larger rung is taken, up to 4x the best size. Returns (the rung taken, the nearest, its tokens)."""
-    rungs = []  # (weights, best size, tokens) of each rung
-    for rung in LADDER:
-        config = ModelConfig(**{**model_args, **shape_of(rung, {})})
+    times, a larger shape is taken, up to 4x the best size. Returns (the shape taken, the nearest, its tokens)."""
+    sizes = []  # (weights, best size, tokens) of each shape
+    for pair in LADDER:
+        config = ModelConfig(**{**model_args, **shape_of(pair, {})})
         per_token = config.flops_per_token(mask_rate)
         trained = tokens or matmul_compute * efficiency_of(config.d_model) / per_token
         best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
-        rungs.append((config.n_layers * config.layer_weights(), best, trained))
-    i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j][0] / rungs[j][1])))
-    while (not tokens and rungs[i][2] > MAX_EPOCHS * data_tokens and i + 1 < len(rungs)
-           and rungs[i + 1][0] <= 4 * rungs[nearest][1]):
+        sizes.append((config.n_layers * config.layer_weights(), best, trained))
+    i = nearest = min(range(len(sizes)), key=lambda j: abs(math.log(sizes[j][0] / sizes[j][1])))
+    while (not tokens and sizes[i][2] > MAX_EPOCHS * data_tokens and i + 1 < len(sizes)
+           and sizes[i + 1][0] <= 4 * sizes[nearest][1]):
         i += 1
-    return LADDER[i], LADDER[nearest], rungs[i][2]
+    return LADDER[i], LADDER[nearest], sizes[i][2]
 
 
 def batch_for_budget(tokens, seq_len):
@@ -153,8 +153,8 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
     checkpoint keeps. The budget is budget_compute's FLOPs, or config's budget_tokens. `efficiency_of` is
     step_efficiency for this device, and `model_args` are the model's other settings (the rule replaces the shape)."""
     tokens, mask_rate = config["budget_tokens"], config["mask_rate"]
-    rung, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of)
-    shape = shape_of(rung, given)
+    taken, nearest, _ = shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate, efficiency_of)
+    shape = shape_of(taken, given)
     per_token = ModelConfig(**{**model_args, **shape}).flops_per_token(mask_rate)
     efficiency = efficiency_of(shape["d_model"])
     tokens = tokens or matmul_compute * efficiency / per_token
@@ -163,7 +163,7 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
     unit = world * (micro if micro and micro * world <= law else 1)
     batch = given.get("batch_size") or max(1, round(law / unit)) * unit
     return dict(shape, batch_size=batch), dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens,
-                                               epochs=tokens / data_tokens, rung=list(rung), nearest=list(nearest), given=sorted(given))
+                                               epochs=tokens / data_tokens, rung=list(taken), nearest=list(nearest), given=sorted(given))
 
 
 def start_lines(pick, config, seq_len, lr_given):
@@ -182,9 +182,9 @@ def start_lines(pick, config, seq_len, lr_given):
     else:
         budget = f"{budget}, {pick['compute']:.2g} FLOPs"
     steps = expected_steps(pick["tokens"] / seq_len, config["batch_ramp_start"], config["batch_size"], config["batch_ramp"])
-    rung, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])
-    why = (f"the ladder's {rung}, nearest that compute" if rung == nearest else
-           f"the ladder's {rung}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
+    taken, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])  # rung: the shape taken
+    why = (f"the ladder's {taken}, nearest that compute" if taken == nearest else
+           f"the ladder's {taken}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
     given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""
     return [f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
             f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
