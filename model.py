@@ -7,6 +7,7 @@ neighbours' (config/recipe_reference.py turns it off)."""
 import collections
 import dataclasses
 import math
+import zlib
 from contextlib import nullcontext
 
 import torch
@@ -218,12 +219,30 @@ def sinusoid_table(seq_len, d_model):
     return table[:, :d_model]  # (T, d): an odd width drops the last cosine
 
 
+def keyed_generator(base, name):
+    """The generator a weight named `name` is drawn from: seeded by `base` (drawn from the run's seed) and the name. So
+    at one seed a weight starts the same whatever other modules the model has, and a switch that adds one (smear, say)
+    leaves the rest of an ablation's starting point as it was (the masks are keyed by row the same way)."""
+    return torch.Generator().manual_seed(base ^ zlib.crc32(name.encode()))
+
+
+@torch.no_grad()
+def draw_normal(weight, generator=None, std=0.02):
+    """Fills `weight` from N(0, std), drawn on the CPU so that every device gets the same values. A weight on the meta
+    device (shapes only) is left alone."""
+    if not weight.is_meta:
+        weight.copy_(torch.randn(weight.shape, generator=generator) * std if generator else
+                     torch.empty_like(weight).normal_(0, std))
+
+
 class CrammedBert(nn.Module):
     """The encoder and its MLM output layer, which shares the token embedding's weights (tied). Built from any
     ModelConfig fields, CrammedBert(**settings); `model.config` holds them all."""
 
     def __init__(self, **settings):
         super().__init__()
+        # One draw from torch's generator, before anything else draws, keys every weight's own draw (keyed_generator)
+        base = int(torch.randint(2 ** 62, (), device="cpu"))
         self.config = c = ModelConfig(**settings)
         vocab_size, seq_len, d_model, norm_eps = c.vocab_size, c.seq_len, c.d_model, c.norm_eps
         self.sparse_prediction = c.sparse_prediction
@@ -246,22 +265,23 @@ class CrammedBert(nn.Module):
         self.head = (nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model, eps=norm_eps))
                      if c.head_transform else nn.Identity())
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if c.bias else None
-        self.apply(self._init_weights)
+        for name, module in self.named_modules():
+            self._init_weights(module, keyed_generator(base, name))
         if c.position_scheme == "learned":
-            nn.init.normal_(self.pos_emb, std=0.02)
+            draw_normal(self.pos_emb, keyed_generator(base, "pos_emb"))
         if c.smear:
             nn.init.zeros_(self.smear.weight)  # starts as the model without it
 
     @staticmethod
-    def _init_weights(module):
+    def _init_weights(module, generator=None):
         """BERT's initialisation, applied to every module at construction: each Linear and Embedding weight drawn from
         N(0, 0.02), each bias zero. LayerNorms keep PyTorch's ones and zeros. There is no depth-scaled init of the
-        residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in __init__
-        before `self.apply`; the exceptions (learned positions, smear at zero) are set after it, and the position scale
-        and the decoder bias are parameters it does not touch. The GLUE head (ClassificationHead) and the exported
-        model's heads are initialised by it too."""
+        residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in
+        __init__; the exceptions (learned positions, smear at zero) are set after it, and the position scale and the
+        decoder bias are parameters it does not touch. The model passes each module its own `generator`
+        (keyed_generator); the GLUE head (ClassificationHead) and the exported model's heads draw from torch's."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+            draw_normal(module.weight, generator)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 

@@ -21,6 +21,25 @@ def test_reference_parameter_count():
     assert model.config.flops_per_token(0.25) == pytest.approx(0.62e9, rel=0.01)
 
 
+def test_a_switch_that_adds_a_module_leaves_every_other_weight_as_it_was_at_the_same_seed():
+    """Each weight is drawn from a generator keyed by the seed and its name (keyed_generator), so a paired ablation
+    starts both variants from the same weights wherever they share them: smear on against off (the README's), and a
+    switch nobody named, the original BERT's head transform. Before, one more module shifted every draw after it. The
+    same seed gives the same model, another seed another, and the draws keep BERT's N(0, 0.02)."""
+    def weights(seed, **switches):
+        torch.manual_seed(seed)
+        return dict(CrammedBert(**TINY, **switches).named_parameters())
+    for plain, switched in ((dict(smear=False), dict(smear=True)), (dict(), dict(head_transform=True)),
+                            (dict(position_scheme="learned"), dict(position_scheme="learned", bias=True))):
+        a, b = weights(3, **plain), weights(3, **switched)
+        shared = a.keys() & b.keys()
+        assert len(shared) > 10 and all(torch.equal(a[k], b[k]) for k in shared), [k for k in shared if not torch.equal(a[k], b[k])]
+    again, other = weights(3), weights(4)
+    assert all(torch.equal(again[k], weights(3)[k]) for k in again)
+    assert not torch.equal(again["tok_emb.weight"], other["tok_emb.weight"])
+    assert again["tok_emb.weight"].std().item() == pytest.approx(0.02, rel=0.05)  # 19,200 draws: 0.5% standard error
+
+
 def test_an_odd_width_trains_with_sinusoidal_positions():
     """ModelConfig allows an odd width (65 with 5 heads of 13): the position table has that width too (its last cosine
     dropped), so the forward and the loss run; before, the table was one column wider and the embedding failed."""
