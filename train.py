@@ -9,8 +9,9 @@
 The budget is a number of hours of training or a number of tokens. Unless they are given, the budget picks the model's
 shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget
 spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So on any hardware they
-end together when the budget is spent. Ctrl-C or SIGTERM finishes the current step, saves a checkpoint (unless the
-weights have diverged) and exits. --resume=True continues from there."""
+end together when the budget is spent (unless max_steps stops the run first). In the loop, Ctrl-C or SIGTERM finishes
+the current step, with any evaluation or save due after it, then saves a checkpoint (unless the weights have diverged)
+and exits; --resume=True continues from there. Before the loop, it exits at once and saves nothing."""
 import dataclasses
 import functools
 import math
@@ -36,19 +37,22 @@ data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prep
 out_dir = "out"           # the checkpoints (ckpt.pt, the newest), metrics.jsonl and the run's lock file go here
 # The budget: hours of training steps, or a number of tokens. The schedules of the rate, the batch and the masking rate
 # follow the share of the budget spent, so they end when it ends. Under a budget of tokens, each step's batch, rate and
-# masks repeat from run to run. The floats may still differ: a GPU may add them in another order, and --dtype=auto
-# times the precisions again in a new run, so give --dtype to hold it.
+# masks repeat from one run of the same settings to the next. The floats may still differ: a GPU may add them in
+# another order, and --dtype=auto times the precisions again in a new run, so give --dtype to hold it. Two variants of
+# an ablation may cost other FLOPs per token, and so be given other shapes, batches and rates by the budget: give
+# n_layers, d_model and batch_size (and lr) to hold them.
 budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
-dry_run = False           # decide every setting, print what was decided ("settled:" and the batch's schedule among it) and exit: no training, no checkpoint
+dry_run = False           # decide every setting, print the start-up lines ("settled:", "batch:", "schedule:") and exit: no training, no checkpoint (it reads the prepared data: the budget's pick needs its size)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
-# resume. main writes the value here before training, and the start-up line "settled:" prints each value and why
-# (--dry_run=True prints it without training). For example, with data enough and at their measured matmul speeds, 24
-# hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and 24 hours on an H100 give 24 x
-# 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# resume. main writes the value here before training, and the start-up line "settled:" prints each value and why. Beside
+# it, "batch:" and "schedule:" give the batch, the learning rate and the masking rate over the budget, and how often the
+# run evaluates and saves (--dry_run=True prints them without training). For example, with data enough and at their
+# measured matmul speeds, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and 24
+# hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
 # of it a step reaches, times the processes, are the FLOPs the run can spend (a CPU times float32 and, running bfloat16,
 # multiplies by its measured gain). From a ladder of shapes, 2 x 128 to 24 x 1024, the rule takes the one whose blocks'
@@ -64,8 +68,9 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # predicted) and smear, cram's addition, on as well (config/recipe_reference.py turns it off). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
-# and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, here by count
-# (80%, 10% and 10% of a row's masked positions, not by chance), and the loss covers every masked position. With
+# and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, here by count,
+# not by chance: 80% of a row's masked positions, rounded, become [MASK], the next 10% a random token, and the rest stay
+# (26, 3 and 3 of the 32 in a row of 128 at 0.25). The loss covers every masked position. With
 # mask_rate_start the rate moves over the budget, up or down, as a staircase of mask_levels rates, the last of them
 # mask_rate (with one level it stays at mask_rate_start; mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
@@ -93,7 +98,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # which config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
-batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 it never quite gets there)
+batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
@@ -111,16 +116,16 @@ spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
-ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes of the budget's clock (0: every step)
+ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes of the budget's clock (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
 fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-# main comes first: the whole run, with its loop. The step's pieces follow it in the loop's order (the schedules, the
-# micro-batches, the data, validation, bad steps, the budget's clock and saving), then set-up and the end. Set-up
-# (decide_settings here, the device and the checks in cram/setup.py) decides the settings' values, so it reads them
-# from `config`. main then writes them over the settings above, and everything after that reads the settings.
+# main comes first: the whole run, with its loop. The step's pieces follow it in the loop's order (the budget's clock,
+# the schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then set-up and the
+# end. Set-up (decide_settings here, the device and the checks in cram/setup.py) decides the settings' values, so it
+# reads them from `config`. main then writes them over the settings above, and everything after that reads the settings.
 
 
 def main(config, given):
@@ -133,7 +138,7 @@ def main(config, given):
                                                                             world, ddp, master)
     start_lines += [setup.settled_line(given, config, resumed[0] is not None),
                     setup.ramp_line(config["batch_ramp_start"], config["batch_size"], config["batch_ramp"],
-                                     config["micro_batch"], remainder_micro)]
+                                    config["micro_batch"], remainder_micro), setup.schedule_line(config, lr_at, mask_rate_at)]
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
@@ -146,8 +151,10 @@ def main(config, given):
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
-    # torch's generator, seeded here, draws the initial weights and dropout (which a resume does not restore, and every
-    # DDP process draws alike). The data order and the masks come from the seed itself (epoch_order, mask_keys).
+    # torch's generator, seeded here, draws dropout (which a resume does not restore, and every DDP process draws alike)
+    # and the number that keys each initial weight's own draw by its name (model.keyed_generator): at one seed, two
+    # variants start from the same weights wherever they share them. The data order and the masks come from the seed
+    # itself (epoch_order, mask_keys).
 
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
@@ -260,7 +267,38 @@ def main(config, given):
 
 
 # -----------------------------------------------------------------------------
-# The step's pieces, in the loop's order. First the schedules: each is a pure function of the share of the budget spent.
+# The step's pieces, in the loop's order. First the budget's clock: the share of the budget spent, when the run is
+# over, and the stop request the loop checks.
+def budget_progress(tokens, seconds, budget_tokens, budget_hours):
+    """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
+    return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
+
+
+def no_step_left(progress, step, max_steps):
+    """Whether a run at this share of its budget and this step has no step left to take."""
+    return progress >= 1.0 or bool(max_steps and step >= max_steps)
+
+
+class StopRequest:
+    """Records a stop signal, so that the loop can finish its step, save and exit (main's end). The signals
+    (process.STOP_SIGNALS) are Ctrl-C, a scheduler's or a pre-emption's SIGTERM, a closed terminal and a batch system's
+    warnings. A repeated signal leaves the save alone, but a person's second Ctrl-C kills at once (process.held). It
+    also notes, in `continued_at`, when the process last continued after a pause (SIGCONT, after Ctrl-Z and fg or a
+    batch system's suspend), so that the loop can leave the pause off the budget's clock."""
+
+    def __init__(self):
+        self.signum, self.continued_at, process.INTERRUPTS[0] = None, -math.inf, 0
+        process.take_signals(self.handle)
+        if hasattr(signal, "SIGCONT"):
+            signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued_at", time.perf_counter()))
+
+    def handle(self, signum, frame):
+        self.signum = self.signum or signum  # the first request names the stop
+        process.held(signum)
+
+
+# -----------------------------------------------------------------------------
+# The schedules: each is a pure function of the share of the budget spent.
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
@@ -377,49 +415,6 @@ class Batches:
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
 
 
-# How validation is scored. It masks the first eval_sequences validation rows, each from a key made of VALIDATION_SEED
-# and the row's index, so every evaluation of every run scores the same masked tokens, whatever the micro-batch, the
-# device or the number of processes. That is what makes two runs' validation losses comparable.
-VALIDATION_SEED = 1234
-
-
-def validation_batch(tokens, rows, mask_rate, meta):
-    """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU."""
-    rows = np.asarray(rows, dtype=np.int64)
-    idx = torch.from_numpy(np.asarray(tokens[rows], dtype=np.int64))  # (B, T)
-    keys = mask_keys(VALIDATION_SEED, -1 - rows)  # negative numbers: never a training row's key
-    return mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], keys=keys)
-
-
-class Validation:
-    """The validation rows and what scoring them needs: the model, the data's meta.json, how many rows go through the
-    model at a time (`batch`) and the runtime (device and precision)."""
-
-    def __init__(self, model, tokens, meta, batch, rt):
-        self.model, self.tokens, self.meta, self.batch, self.rt = model, tokens, meta, batch, rt
-
-    @torch.no_grad()
-    def score(self, n_sequences, mask_rate):
-        """The validation loss and masked-token accuracy over the first n_sequences rows: the mean over all their
-        masked tokens. The model is in eval mode meanwhile (no dropout, and forward counts its correct predictions)
-        and back in training mode after."""
-        n = min(n_sequences, len(self.tokens))
-        loss_sum, correct, predicted = 0.0, 0, 0
-        self.model.eval()
-        try:
-            for start in range(0, n, self.batch):
-                masked = validation_batch(self.tokens, range(start, min(n, start + self.batch)), mask_rate, self.meta)
-                inputs, positions, labels = (to_device(t, self.rt.device) for t in masked)
-                with self.rt.autocast():
-                    loss, hits = self.model(inputs, positions, labels)
-                loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
-                correct += hits.item()
-                predicted += labels.numel()
-        finally:
-            self.model.train()
-        return loss_sum / predicted, correct / predicted
-
-
 # -----------------------------------------------------------------------------
 # Bad steps. A step is bad when its loss spikes, or when it shows that the run diverged. A spike's update is skipped
 # (SpikeWatch), and so is an update whose gradient is not finite (model.Trainer.update). After max_skipped_steps bad
@@ -488,33 +483,61 @@ class BadSteps:
 
 
 # -----------------------------------------------------------------------------
-# The budget's clock: the share of the budget spent, when the run is over, and the stop request the loop checks.
-def budget_progress(tokens, seconds, budget_tokens, budget_hours):
-    """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
-    return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
+# The training line that the loop prints and records every log_interval steps.
+def log_step(metrics, rt, record, epoch, progress):
+    """Prints a training line (the record, the epoch, the budget left, a GPU's peak memory) and records it."""
+    peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
+    rt.reset_peak_memory()
+    mfu, skipped = record["mfu"], record["skipped"]
+    print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
+          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {epoch:.2f} | "
+          f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left"
+          f"{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
+    metrics.write(record)
 
 
-def no_step_left(progress, step, max_steps):
-    """Whether a run at this share of its budget and this step has no step left to take."""
-    return progress >= 1.0 or bool(max_steps and step >= max_steps)
+# -----------------------------------------------------------------------------
+# How validation is scored. It masks the first eval_sequences validation rows, each from a key made of VALIDATION_SEED
+# and the row's index, so every evaluation of every run scores the same masked tokens, whatever the micro-batch, the
+# device or the number of processes. That is what makes two runs' validation losses comparable.
+VALIDATION_SEED = 1234
 
 
-class StopRequest:
-    """Records a stop signal, so that the loop can finish its step, save and exit (main's end). The signals
-    (process.STOP_SIGNALS) are Ctrl-C, a scheduler's or a pre-emption's SIGTERM, a closed terminal and a batch system's
-    warnings. A repeated signal leaves the save alone, but a person's second Ctrl-C kills at once (process.held). It
-    also notes, in `continued_at`, when the process last continued after a pause (SIGCONT, after Ctrl-Z and fg or a
-    batch system's suspend), so that the loop can leave the pause off the budget's clock."""
+def validation_batch(tokens, rows, mask_rate, meta):
+    """The validation rows `rows`, masked, as (inputs, positions, labels) on the CPU."""
+    rows = np.asarray(rows, dtype=np.int64)
+    idx = torch.from_numpy(np.asarray(tokens[rows], dtype=np.int64))  # (B, T)
+    keys = mask_keys(VALIDATION_SEED, -1 - rows)  # negative numbers: never a training row's key
+    return mask_tokens(idx, mask_rate, meta["special_ids"]["[MASK]"], meta["n_regular"], keys=keys)
 
-    def __init__(self):
-        self.signum, self.continued_at, process.INTERRUPTS[0] = None, -math.inf, 0
-        process.take_signals(self.handle)
-        if hasattr(signal, "SIGCONT"):
-            signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued_at", time.perf_counter()))
 
-    def handle(self, signum, frame):
-        self.signum = self.signum or signum  # the first request names the stop
-        process.held(signum)
+class Validation:
+    """The validation rows and what scoring them needs: the model, the data's meta.json, how many rows go through the
+    model at a time (`batch`) and the runtime (device and precision)."""
+
+    def __init__(self, model, tokens, meta, batch, rt):
+        self.model, self.tokens, self.meta, self.batch, self.rt = model, tokens, meta, batch, rt
+
+    @torch.no_grad()
+    def score(self, n_sequences, mask_rate):
+        """The validation loss and masked-token accuracy over the first n_sequences rows: the mean over all their
+        masked tokens. The model is in eval mode meanwhile (no dropout, and forward counts its correct predictions)
+        and back in training mode after."""
+        n = min(n_sequences, len(self.tokens))
+        loss_sum, correct, predicted = 0.0, 0, 0
+        self.model.eval()
+        try:
+            for start in range(0, n, self.batch):
+                masked = validation_batch(self.tokens, range(start, min(n, start + self.batch)), mask_rate, self.meta)
+                inputs, positions, labels = (to_device(t, self.rt.device) for t in masked)
+                with self.rt.autocast():
+                    loss, hits = self.model(inputs, positions, labels)
+                loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
+                correct += hits.item()
+                predicted += labels.numel()
+        finally:
+            self.model.train()
+        return loss_sum / predicted, correct / predicted
 
 
 # -----------------------------------------------------------------------------
@@ -665,18 +688,6 @@ def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_line
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)), config=config)
     return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_log, saves.run)
-
-
-def log_step(metrics, rt, record, epoch, progress):
-    """Prints a training line (the record, the epoch, the budget left, a GPU's peak memory) and records it."""
-    peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
-    rt.reset_peak_memory()
-    mfu, skipped = record["mfu"], record["skipped"]
-    print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
-          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {epoch:.2f} | "
-          f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left"
-          f"{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
-    metrics.write(record)
 
 
 def finish(validation, metrics, state, signum, saves, latest_score):

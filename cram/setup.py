@@ -178,6 +178,21 @@ def settled_line(given, config, resumed):
     return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
 
 
+def schedule_line(config, lr_at, mask_rate_at):
+    """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
+    rate and where it changes, and how often the run evaluates and saves. `lr_at` and `mask_rate_at` are train.py's
+    schedules, so a fork's new schedule shows here as it will run."""
+    lrs = [lr_at(p, config["lr"], config["lr_schedule"], config["warmup"]) for p in (0, 0.25, 0.5, 0.75, 1)]
+    # The masking rate at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
+    rates = [mask_rate_at(i / 840, config["mask_rate"], config["mask_rate_start"], config["mask_levels"]) for i in range(840)]
+    changes = [(i / 840, rate) for i, rate in enumerate(rates) if i == 0 or rate != rates[i - 1]]
+    masking = ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes) if len(changes) > 1 else f"{rates[0]:.3g} throughout"
+    every = [f"every {m:g} min" if m else "every step" for m in (config["eval_interval_minutes"], config["ckpt_interval_minutes"])]
+    return (f"schedule: lr {', '.join(f'{lr:.3g}' for lr in lrs)} at 0, 25, 50, 75 and 100% of the budget "
+            f"({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a checkpoint {every[1]} on "
+            f"the budget's clock")
+
+
 def ramp_line(start, final, ramp, micro, remainder):
     """The start-up line that says the batch's schedule (train.batch_size_at) and the sizes of a process's
     micro-batches."""

@@ -304,6 +304,7 @@ def test_a_dry_run_prints_what_would_run_and_trains_nothing(prepared, tmp_path):
     dry = run_script(*common, "--budget_tokens=8192", "--dry_run=True").stdout
     assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32 \(the budget's pick\)", dry, re.M), dry
     assert re.search(r"^budget: 8,192 tokens", dry, re.M) and re.search(r"^batch: ", dry, re.M), dry
+    assert re.search(r"^schedule: lr .* \(triangle\); masking rate 0.25 throughout; ", dry, re.M), dry
     assert "model:" not in dry and not out.exists(), dry
     run_script(*common, "--budget_tokens=8192")
     before = (out / "ckpt.pt").read_bytes(), (out / "metrics.jsonl").read_bytes()

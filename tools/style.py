@@ -22,10 +22,10 @@ from configurator import configure  # noqa: E402  (the core sits one folder up)
 # -----------------------------------------------------------------------------
 root = ROOT                # the checkout to measure
 # -----------------------------------------------------------------------------
-CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 3920, 400, 90, 60, 8
-# The core held 3,740 lines of code when the count left prose out (issue 98). The ceiling leaves a fork's first change
-# about 150 lines of room; a change of ours that would pass it first cuts what it repeats elsewhere. train.py's rose
-# from 320 to 400 when the micro-batch cut, the data order, the training batches and validation moved in from
+CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 3940, 400, 90, 60, 8
+# The core held 3,740 lines of code when the count left prose out (issue 98), about 150 under the ceiling then; a change
+# of ours that would pass it first cuts what it repeats elsewhere. A fork is never held to it (see above). train.py's
+# rose from 320 to 400 when the micro-batch cut, the data order, the training batches and validation moved in from
 # cram/data.py, so that a step is read in train.py and model.py alone (nanoGPT's train.py holds its get_batch and
 # estimate_loss too). It held 380 lines of code then, which leaves a fork's first change about 20 lines of room. It rose
 # to 470 when the bad-step rule (from model.py), the save's soundness check (from cram/files.py), the stop request and
@@ -33,7 +33,8 @@ CORE_LINES, TRAIN_LINES, MAIN_LINES, FUNCTION_LINES, FUNCTION_PARAMETERS = 3920,
 # that uses them, for the same reason. It held 455 then. It came back to 400 when the set-up that no step reads (the
 # device, a resume's settings, the checks that refuse settings, the two micro-batch sizes) moved to cram/setup.py and
 # the processes' agreement on the clock to cram/runtime.py: 391 lines then. The core's ceiling rose by 20 for that
-# module's own imports.
+# module's own imports, and by 20 more for two things a reader asked for that repeat nothing: the "schedule:" start-up
+# line and initial weights keyed by name (model.keyed_generator).
 DOCS = {"README.md": 220, "BENCHMARKS.md": 400}  # the front page and the summary of figures: at most these lines
 
 
