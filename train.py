@@ -202,7 +202,7 @@ def main(config, given):
     while True:
         started = time.perf_counter()
         # Under DDP every process takes rank 0's clock, and all stop if any was asked to: they step alike
-        seconds, stop = runtime.agree_on_clock(seconds, stop_request.signum is not None, master, rt.device)
+        seconds, stop = runtime.agree_on_clock(seconds, stop_request.signum is not None)
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break

@@ -338,12 +338,13 @@ def from_rank0(value, device):
     return t.item()
 
 
-def agree_on_clock(seconds, stop, master, device):
+def agree_on_clock(seconds, stop):
     """Under DDP, every process takes rank 0's clock and stops if any process was asked to stop, so that all take the
     same batch and stop at the same step. One process keeps its own values."""
     if not (dist.is_available() and dist.is_initialized()):
         return seconds, stop
-    both = torch.tensor([seconds if master else 0.0, float(stop)], dtype=torch.float64, device=device)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    both = torch.tensor([seconds if dist.get_rank() == 0 else 0.0, float(stop)], dtype=torch.float64, device=device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the others send 0 seconds, so the largest is rank 0's
     return both[0].item(), bool(both[1].item())
 
