@@ -228,11 +228,15 @@ def keyed_generator(base, name):
 
 @torch.no_grad()
 def draw_normal(weight, generator=None, std=0.02):
-    """Fills `weight` from N(0, std), drawn on the CPU so that every device gets the same values. A weight on the meta
-    device (shapes only) is left alone."""
-    if not weight.is_meta:
-        weight.copy_(torch.randn(weight.shape, generator=generator) * std if generator else
-                     torch.empty_like(weight).normal_(0, std))
+    """Fills `weight` from N(0, std). With a `generator` the values are drawn on the CPU in float32, so that every device
+    and precision gets the same ones; without one, from torch's generator (nn.init's, which transformers' loading
+    guards). A weight on the meta device (shapes only) is left alone."""
+    if weight.is_meta:
+        return
+    if generator is None:
+        nn.init.normal_(weight, 0.0, std)
+    else:
+        weight.copy_(torch.randn(weight.shape, generator=generator, device="cpu", dtype=torch.float32) * std)
 
 
 class CrammedBert(nn.Module):
@@ -276,9 +280,9 @@ class CrammedBert(nn.Module):
     def _init_weights(module, generator=None):
         """BERT's initialisation, applied to every module at construction: each Linear and Embedding weight drawn from
         N(0, 0.02), each bias zero. LayerNorms keep PyTorch's ones and zeros. There is no depth-scaled init of the
-        residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in
-        __init__; the exceptions (learned positions, smear at zero) are set after it, and the position scale and the
-        decoder bias are parameters it does not touch. The model passes each module its own `generator`
+        residual branches (GPT-2's), as the reference has none. A fork's new module gets this if it is built in __init__
+        before the loop at its end; the exceptions (learned positions, smear at zero) are set after it, and the position
+        scale and the decoder bias are parameters it does not touch. The model passes each module its own `generator`
         (keyed_generator); the GLUE head (ClassificationHead) and the exported model's heads draw from torch's."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             draw_normal(module.weight, generator)

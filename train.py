@@ -6,12 +6,14 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-The budget is a number of hours of training or a number of tokens. Unless they are given, the budget picks the model's
-shape, the final batch size and the peak learning rate (cram/budget.py). The schedules follow the fraction of the budget
-spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So on any hardware they
-end together when the budget is spent (unless max_steps stops the run first). In the loop, Ctrl-C or SIGTERM finishes
-the current step, with any evaluation or save due after it, then saves a checkpoint (unless the weights have diverged)
-and exits; --resume=True continues from there. Before the loop, it exits at once and saves nothing."""
+The budget is a number of hours of training steps, timed by what this file calls the budget's clock (set-up, evaluation,
+saving and pauses are left off it), or a number of tokens. Unless they are given, the budget picks the model's shape and
+the final batch size (cram/budget.py), and the shape's width gives the peak learning rate. The schedules follow the
+fraction of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So
+on any hardware they end together when the budget is spent (unless max_steps stops the run first). In the loop, Ctrl-C
+or SIGTERM finishes the current step, with any evaluation or save due after it, then saves a checkpoint (unless the
+weights have diverged) and exits; --resume=True continues from there. Before the loop, it exits at once and saves
+nothing."""
 import dataclasses
 import functools
 import math
@@ -75,7 +77,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # mask_rate (with one level it stays at mask_rate_start; mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates that staircase has, each a new shape to compile (1: mask_rate_start throughout)
+mask_levels = 4           # [1, 8]: how many rates that staircase has, each at most one new shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
 # peak rate (width_lr) asks for --lr.
@@ -89,13 +91,13 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
 # The batch. Where batch_ramp is above 0 and batch_ramp_start below batch_size, a run's first steps take
-# batch_ramp_start sequences each. The batch then grows by that many at a time and reaches batch_size at batch_ramp of
-# the budget (batch_size_at). Early on, a small batch learns about as much per token as a large one (the critical batch
-# is small while the loss is high), so it gives more updates for the same data (the cramming recipe ramps it). A
-# batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences / 54M) ** 0.64, as a power of two from 32 to
-# 8192, then rounded to a multiple of the processes, or of micro_batch x the processes where a given micro_batch fits it
-# (cram/budget.py). The paper's day gives 4096, the batch the paper found best (the reference's recipe ramps to 8192,
-# which config/shape_paper.py pins).
+# batch_ramp_start sequences each. The batch then grows by that many at a time (the last jump smaller where batch_size
+# is not a multiple of it) and reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch
+# learns about as much per token as a large one (the critical batch is small while the loss is high), so it gives more
+# updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the budget pick it: 4096 x (the
+# budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a multiple of the processes, or
+# of micro_batch x the processes where a given micro_batch fits it (cram/budget.py). The paper's day gives 4096, the
+# batch the paper found best (the reference's recipe ramps to 8192, which config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
@@ -114,10 +116,10 @@ log_interval = 10         # >= 1: print and record a training line every this ma
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see Bad steps)
 spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate every this many minutes of the budget's clock (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
+eval_interval_minutes = 30.0  # >= 0: evaluate after the first step that ends this many minutes of the budget's clock after the last evaluation (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
-ckpt_interval_minutes = 60.0  # >= 0: save every this many minutes of the budget's clock (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
-fill_in_examples = 3      # >= 0: at the end, fill-in-the-blank examples from the validation text
+ckpt_interval_minutes = 60.0  # >= 0: save after the first step that ends this many minutes of the budget's clock after the last save (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
+fill_in_examples = 3      # >= 0: at the end of a finished run (not a stopped one), fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
@@ -189,7 +191,7 @@ def main(config, given):
     # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # - It counts drawing and masking the batch, the forward, the backward and the update.
     # - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and
-    #   again at each new masking level.
+    #   again at each new masking level and the first time the ramp needs a new micro-batch size.
     # - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
     #   clock where an evaluation or a save comes between.
     # - Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run takes longer on the wall.
@@ -224,7 +226,8 @@ def main(config, given):
         step, tokens = step + 1, tokens + step_batch * seq_len
         # The clock stops here. If the process was paused during the step (Ctrl-Z, then fg: StopRequest notes when it
         # continued), the step counts as the shorter of its own time and the step before's, so that the pause is not
-        # counted as training. The first step of a run or of a resume has no step before it, so a pause in it counts.
+        # counted as training. A step before that was long (one that compiled) still lets up to its own time of the
+        # pause count. The first step of a run or of a resume has no step before it, so a pause in it counts.
         took = time.perf_counter() - started
         took = min(took, last_took) if stop_request.continued_at >= started else took
         seconds, last_took = seconds + took, took
@@ -317,8 +320,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
 def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
     it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
-    each rate is one shape that torch.compile compiles once (Ankner et al. 2023 lower the rate in stages). With one
-    level the rate is `start` throughout."""
+    torch.compile compiles each rate's shape once (two rates that give a row the same count share one; Ankner et al.
+    2023 lower the rate in stages). With one level the rate is `start` throughout."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
@@ -591,9 +594,9 @@ def save_if_sound(saves, validation, state, at_end=False):
 
 
 # -----------------------------------------------------------------------------
-# Set-up and the end: what main calls before its loop (the settings' final values, the trainer and its optimizer) and
-# after it. The rest of set-up, which no step reads (the device, a resume's settings, the checks that refuse settings,
-# the output folder), is in cram/setup.py.
+# Set-up and the end: what main calls before its loop (the settings' final values, the trainer and its optimizer, the
+# output folder) and after it. The rest of set-up, which no step reads (the device, a resume's settings, the checks that
+# refuse settings, the two micro-batch sizes, the start-up lines), is in cram/setup.py.
 def rank0_print(master):
     """print on rank 0; the other processes stay quiet, so that a line is printed once."""
     return print if master else (lambda *args, **kwargs: None)

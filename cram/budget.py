@@ -164,7 +164,7 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
     unit = world * (micro if micro and micro * world <= law else 1)
     batch = given.get("batch_size") or max(1, round(law / unit)) * unit
     return dict(shape, batch_size=batch), dict(compute=tokens * per_token, efficiency=efficiency, tokens=tokens,
-                                               epochs=tokens / data_tokens, rung=list(taken), nearest=list(nearest), given=sorted(given))
+                                               epochs=tokens / data_tokens, taken=list(taken), nearest=list(nearest), given=sorted(given))
 
 
 def start_lines(pick, config, seq_len, lr_given):
@@ -183,7 +183,7 @@ def start_lines(pick, config, seq_len, lr_given):
     else:
         budget = f"{budget}, {pick['compute']:.2g} FLOPs"
     steps = expected_steps(pick["tokens"] / seq_len, config["batch_ramp_start"], config["batch_size"], config["batch_ramp"])
-    taken, nearest = "{} x {}".format(*pick["rung"]), "{} x {}".format(*pick["nearest"])  # rung: the shape taken
+    taken, nearest = "{} x {}".format(*pick["taken"]), "{} x {}".format(*pick["nearest"])
     why = (f"the ladder's {taken}, nearest that compute" if taken == nearest else
            f"the ladder's {taken}: {nearest} is nearest that compute, a larger one repeats the data at most {MAX_EPOCHS} times")
     given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""

@@ -74,7 +74,7 @@ def installed(module):
 # and exits 128 + n): SIGINT (Ctrl-C); SIGTERM (schedulers, pre-emption; PBS and SLURM at the time
 # limit); SIGHUP (a closed terminal, a dropped ssh session); SIGUSR1 and SIGUSR2 (sent ahead of the kill
 # by SLURM's --signal, SGE's -notify and LSF); SIGXCPU (a CPU-time limit: ulimit -t, a batch system's).
-# SIGKILL and SIGSTOP cannot be caught (a checkpoint every ckpt_interval_minutes covers a kill). Those a
+# SIGKILL and SIGSTOP cannot be caught (the last periodic checkpoint is what a kill leaves). Those a
 # platform lacks are left out (Windows has SIGINT and SIGTERM of them, and SIGBREAK: Ctrl-Break).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU",
                                                         "SIGBREAK") if hasattr(signal, name))

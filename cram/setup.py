@@ -1,6 +1,7 @@
 """Set-up: what train.py's main does before its first step, and never during one. It picks the device and precision,
 loads a resume's checkpoint and settings, refuses settings that cannot run together (each in one line, before any
-work), says why each setting decided at start-up has its value, and opens the output folder. What a resume keeps and
+work), claims an existing output folder and refuses another run's files in it, works out the two micro-batch sizes,
+and writes the start-up lines that say what was decided (train.open_out_dir opens the folder). What a resume keeps and
 what it may change is here too (resume_settings)."""
 import math
 import os
@@ -181,12 +182,14 @@ def settled_line(given, config, resumed):
 def schedule_line(config, lr_at, mask_rate_at):
     """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
     rate and where it changes, and how often the run evaluates and saves. `lr_at` and `mask_rate_at` are train.py's
-    schedules, so a fork's new schedule shows here as it will run."""
+    schedules, so a fork's new one shows here as it will run (a masking rate that changes more than 8 times is given
+    by its first and last values)."""
     lrs = [lr_at(p, config["lr"], config["lr_schedule"], config["warmup"]) for p in (0, 0.25, 0.5, 0.75, 1)]
     # The masking rate at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
     rates = [mask_rate_at(i / 840, config["mask_rate"], config["mask_rate_start"], config["mask_levels"]) for i in range(840)]
     changes = [(i / 840, rate) for i, rate in enumerate(rates) if i == 0 or rate != rates[i - 1]]
-    masking = ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes) if len(changes) > 1 else f"{rates[0]:.3g} throughout"
+    masking = (f"{rates[0]:.3g} throughout" if len(changes) == 1 else f"{rates[0]:.3g} at the start to {rates[-1]:.3g} at the end"
+               if len(changes) > 8 else ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes))
     every = [f"every {m:g} min" if m else "every step" for m in (config["eval_interval_minutes"], config["ckpt_interval_minutes"])]
     return (f"schedule: lr {', '.join(f'{lr:.3g}' for lr in lrs)} at 0, 25, 50, 75 and 100% of the budget "
             f"({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a checkpoint {every[1]} on "

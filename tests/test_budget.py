@@ -179,14 +179,14 @@ def test_a_run_picks_its_shape_says_why_and_keeps_it_on_resume(prepared, tmp_pat
                      r"compute\), about 0.0M tokens \([\d.]+ epochs\), a final batch of 32 sequences, about \d+ "
                      r"optimizer steps$", first, re.M)
     assert line, first
-    # every setting whose 0 the start-up decides, in one line, with why (train.settled_line)
+    # every setting whose 0 the start-up decides, in one line, with why (setup.settled_line)
     assert re.search(r"^settled: n_layers=2, d_model=128, batch_size=32 \(the budget's pick\); "
                      r"n_heads=2 \(the most heads at least 64 wide, or one\); d_ffn=512 \(4 x d_model\); "
                      r"lr=0.00245 \(the width's rule\); "
                      r"micro_batch=16 \(given\)$", first, re.M), first
     ckpt = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)
     assert (ckpt["model_args"]["n_layers"], ckpt["model_args"]["d_model"], ckpt["config"]["batch_size"]) == (2, 128, 32)
-    assert ckpt["budget"]["rung"] == [2, 128] and ckpt["budget"]["matmul_flops"] == 0.0
+    assert ckpt["budget"]["taken"] == [2, 128] and ckpt["budget"]["matmul_flops"] == 0.0
     assert shape_for_budget(0, 5_000_000, 1e9, dict(ckpt["model_args"], n_layers=2), 0.25, step_efficiency)[0] != (2, 128)
     resumed = run_script(*common, f"--out_dir={tmp_path / 'a'}", "--budget_tokens=5000000", "--max_steps=20",
                          "--resume=True").stdout

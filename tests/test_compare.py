@@ -57,6 +57,12 @@ def test_tokens_protocol_times_then_trains_equal_time_budgets_and_reuses_runs(pr
                                      f"--out_dir={out}", *ARGS[:2], "--budget_minutes=0.1", *ARGS[3:], check=False),
                           "finished with other settings")
     assert json.loads((out / "results.json").read_text())["target"] == results["target"]
+    # a run finished before the initial weights were keyed by name is refused too, not paired with a later variant
+    done = out / "crammed" / "seed0" / "done"
+    done.write_text(done.read_text().rsplit("\n", 1)[0])
+    assert_one_line_error(run_script("tools/compare.py", "--variants=crammed,mask_rate=0.4", f"--base={base}",
+                                     f"--out_dir={out}", *ARGS[:1], *ARGS[2:], "--seeds=2", check=False),
+                          "finished with other settings")
 
 
 def test_variants_name_configs_or_settings_or_combine_them():

@@ -112,7 +112,7 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
     # sst2 for 1 epoch, the others as transfer_glue_args says
     assert {t: e["settings"]["epochs"] for t, e in transfer["tasks"].items()} == dict(rte=2, sst2=1)
     assert transfer["no_pretraining"]["sst2"]["settings"]["epochs"] == 1
-    assert torch.load(out / "transfer" / "ckpt.pt", weights_only=True)["budget"]["rung"] == [2, 128]
+    assert torch.load(out / "transfer" / "ckpt.pt", weights_only=True)["budget"]["taken"] == [2, 128]
     evals = [r for r in map(json.loads, (out / "transfer" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
     assert 3 <= evals[-1]["elapsed"] < 3 + 15 and evals[-1]["val_loss"] < evals[0]["val_loss"]  # its budget: 3 s
     assert re.fullmatch(r"rte [\d.]+, sst2 [\d.]+ \(no pretraining [\d.]+\) after [\d.]+M tokens, [\d.]+e\+\d+ FLOPs",

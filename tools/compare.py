@@ -50,6 +50,7 @@ train_args = ""           # more train.py settings for every run, before the var
 out_dir = "out/compare"   # the runs (<out_dir>/<variant>/seed<k>), results.json and compare.png
 png = ""                  # the picture; default: <out_dir>/compare.png
 # -----------------------------------------------------------------------------
+INITIAL_WEIGHTS = "initial weights: each drawn from a generator keyed by its name"  # the last line of a done file
 
 
 def variant_args(name):
@@ -72,7 +73,9 @@ def train(name, run_dir, *args):
     is refused, not reused as if it were this command's, nor replaced."""
     command = [sys.executable, os.path.join(ROOT, "train.py"), *([base] if base else []), *train_args.split(),
                *variant_args(name), *args, f"--out_dir={run_dir}", "--fill_in_examples=0"]
-    settings, done = "\n".join(command[2:]), os.path.join(run_dir, "done")
+    # The done file names how the initial weights were drawn too, so that a run from before they were keyed by name
+    # (model.keyed_generator) is not paired with a later variant as if both started from the same weights
+    settings, done = "\n".join([*command[2:], INITIAL_WEIGHTS]), os.path.join(run_dir, "done")
     if os.path.isfile(done):
         with open(done, encoding="utf-8") as f:
             earlier = f.read()
