@@ -138,7 +138,7 @@ def main(config, given):
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt,
                                                                             world, ddp, master)
-    start_lines += [setup.settled_line(given, config, resumed[0] is not None),
+    start_lines += [setup.settled_line(given, config, resumed.checkpoint is not None),
                     setup.ramp_line(config["batch_ramp_start"], config["batch_size"], config["batch_ramp"],
                                     config["micro_batch"], remainder_micro), setup.schedule_line(config, lr_at, mask_rate_at)]
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume

@@ -3,6 +3,7 @@ batches for the benchmarks and the memory probe; the fill-in examples. Which row
 validation is scored, are in train.py. Training, benchmarks and fine-tuning need only torch, numpy and tiktoken here,
 not `datasets`."""
 import bz2
+import collections
 import contextlib
 import gzip
 import hashlib
@@ -112,9 +113,13 @@ def fill_in(model, tokens, meta, enc, rt, n, seed):
     return lines
 
 
+# What a run trains on: meta.json (with each split's digest), the train and val tokens, and the tokenizer's text
+RunData = collections.namedtuple("RunData", "meta train val tokenizer_text")
+
+
 def load_run_data(path):
-    """(meta.json with each split's digest, the train and val tokens, the tokenizer's text), each checked, or a line on how
-    to prepare; a digest hashes the count and 4,096 rows first, last and spread between (a resume compares them)."""
+    """The RunData in folder `path`, each part checked, or a line on how to prepare it. A digest hashes the count and
+    4,096 rows first, last and spread between (a resume compares them)."""
     if not os.path.isfile(os.path.join(path, "meta.json")):
         how = "python prepare.py config/prepare_fineweb.py" if path.rstrip("/") == "data/fineweb-edu" else \
             f"python prepare.py --out_dir={path} --dataset=..."
@@ -127,7 +132,7 @@ def load_run_data(path):
     digests = {split: hashlib.blake2b(b"%d:" % len(t) + t[:4096].tobytes() + t[np.linspace(0, len(t) - 1, 4096).astype(int)]
                                       .tobytes() + t[-4096:].tobytes(), digest_size=8).hexdigest()
                for split, t in (("train", train), ("val", val))}
-    return dict(meta, digests=digests), train, val, tokenizer_text
+    return RunData(dict(meta, digests=digests), train, val, tokenizer_text)
 
 
 def random_tokens(vocab_size, seq_len, seed=0, rows=4096):

@@ -3,6 +3,7 @@ loads a resume's checkpoint and settings, refuses settings that cannot run toget
 work), claims an existing output folder and refuses another run's files in it, works out the two micro-batch sizes,
 and writes the start-up lines that say what was decided (train.open_out_dir opens the folder). What a resume keeps and
 what it may change is here too (resume_settings)."""
+import collections
 import math
 import os
 
@@ -20,6 +21,8 @@ from .offload import check_settings as check_offload
 # - CHANGEABLE settings are the run's own, but a resume may change them when given: they are what a diverged run
 #   asks to lower. A larger budget may be given too. Every other setting of the run is kept, and a different value
 #   given for one is refused in one line.
+# A resume's checkpoint (None in a new run), its path, and the start-up lines that say what the resume changed
+Resumed = collections.namedtuple("Resumed", "checkpoint source changes")
 DECIDED_AT_START = (*SHAPE_FIELDS, "batch_size", "lr")
 THIS_COMMAND = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch",
                 "offload", "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes",
@@ -33,9 +36,8 @@ def device_and_resume(config, world, ddp, given, script):
     """Picks the device and precision. In a resume, loads the checkpoint and writes the run's own settings into
     `config` (resume_settings). Checks every setting, against the others and against what `script` (train.py's
     globals) declares it may be, before torchrun's processes join, so that any refusal comes first. Returns the
-    Runtime, this process's rank, `resumed` (the checkpoint or None, its path, and the lines that say what the resume
-    changed) and the model's settings, in the ladder's smallest shape until the budget picks one
-    (train.decide_settings)."""
+    Runtime, this process's rank, the Resumed and the model's settings, in the ladder's smallest shape until the budget
+    picks one (train.decide_settings)."""
     resume_from = config["resume_from"]
     source = resume_from if os.path.dirname(resume_from) else os.path.join(config["out_dir"], resume_from or "ckpt.pt")
     checkpoint = load_checkpoint(source, "resume") if config["resume"] else None
@@ -62,7 +64,7 @@ def device_and_resume(config, world, ddp, given, script):
     if rank == 0 and os.path.isdir(config["out_dir"]):
         claim_folder(config["out_dir"], files=("ckpt.pt", "metrics.jsonl"))
     check_own_files(config["out_dir"], checkpoint, source)
-    return rt, rank, (checkpoint, source, changes), model_config
+    return rt, rank, Resumed(checkpoint, source, changes), model_config
 
 
 def unknown_setting(saved, config):
