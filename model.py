@@ -512,7 +512,7 @@ def same_shape(state, param):
 # Unless given, width_lr is False and fits is factored.
 Optimizer = collections.namedtuple("Optimizer", "build state_bytes width_lr fits", defaults=(False, factored))
 OPTIMIZERS = {
-    # Two moments in float32. fused=True makes one launch for all parameters on a GPU, and vectorises on a CPU.
+    # Two moments in float32. fused=True updates many parameters per kernel launch on a GPU, and vectorises on a CPU.
     "adamw": Optimizer(lambda groups, lr, betas, eps: torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True),
                        8, True, same_shape),
     # The Muon class below keeps one momentum on the first group of param_groups(..., optim="muon"), and AdamW's
@@ -534,7 +534,7 @@ def lr_for_width(d_model):
 
 
 # Muon (Keller Jordan 2024) on the blocks' matrices, AdamW on the rest, as one optimizer: momentum made the nearest
-# semi-orthogonal matrix, scaled to AdamW's update RMS (Moonshot AI 2025), so one lr serves both; torch >= 2.4's.
+# semi-orthogonal matrix, scaled to AdamW's update RMS (Moonshot AI 2025), so one lr serves both.
 def orthogonalize(g, steps=5):
     """The semi-orthogonal matrix nearest to g (U V^T of its SVD), approximately: a quintic Newton-Schulz iteration
     (Jordan's coefficients) puts every singular value in about [0.7, 1.2] in five steps, as good for an update."""

@@ -1,4 +1,4 @@
-"""Wall-clock-budgeted MLM pretraining of crammed BERT.
+"""Masked-language-model (MLM) pretraining of crammed BERT, under a budget of training time or of tokens.
 
     python train.py                                     # the real run: 24 hours on data/fineweb-edu, one GPU
     python train.py config/train_quickstart.py          # a few minutes on a CPU
@@ -6,14 +6,20 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
+One step, in order (main's loop): take the next rows of the shuffled token file, seq_len tokens each; in each row hide
+mask_rate of the tokens (by default 32 of 128: 26 become [MASK], 3 a random token and 3 stay as they are); the model
+predicts the original token at each hidden position, and the loss is the cross-entropy averaged over all of them; the
+backward pass gives the gradients; their norm is clipped to grad_clip; the optimizer (AdamW by default) updates the
+weights at this step's learning rate; the gradients are cleared.
+
 The budget is a number of hours of training steps, timed by what this file calls the budget's clock (set-up, evaluation,
-saving and pauses are left off it), or a number of tokens. Unless they are given, the budget picks the model's shape and
-the final batch size (cram/budget.py), and the shape's width gives the peak learning rate. The schedules follow the
-fraction of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the step count. So
-on any hardware they end together when the budget is spent (unless max_steps stops the run first). In the loop, Ctrl-C
-or SIGTERM finishes the current step, with any evaluation or save due after it, then saves a checkpoint (unless the
-weights have diverged) and exits; --resume=True continues from there. Before the loop, it exits at once and saves
-nothing."""
+saving and most of a pause are left off it), or a number of tokens. Unless they are given, the budget picks the model's
+shape and the final batch size (cram/budget.py), and the shape's width gives the peak learning rate. The schedules
+follow the fraction of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the
+step count. So on any hardware they end together when the budget is spent (unless max_steps stops the run first). In the
+loop, Ctrl-C or SIGTERM finishes the current step (an evaluation or save due after it is skipped), then saves a
+checkpoint (unless the weights have diverged) and exits; --resume=True continues from there. Before the loop, it exits
+at once and saves nothing."""
 import dataclasses
 import functools
 import math
@@ -86,7 +92,7 @@ lr = 0.0                  # [0, inf): the peak learning rate; 0: model.lr_for_wi
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
-weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by the step's rate, so it follows the schedule
+weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by the step's rate (AdamW's and Muon's decoupled decay), so it follows the schedule
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
@@ -118,7 +124,7 @@ spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
 eval_interval_minutes = 30.0  # >= 0: evaluate after the first step that ends this many minutes of the budget's clock after the last evaluation (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
-ckpt_interval_minutes = 60.0  # >= 0: save after the first step that ends this many minutes of the budget's clock after the last save (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
+ckpt_interval_minutes = 60.0  # >= 0: save after the first step that ends this many minutes of the budget's clock after the last save, or refused save (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
 fill_in_examples = 3      # >= 0: at the end of a finished run (not a stopped one), fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
@@ -194,7 +200,8 @@ def main(config, given):
     #   again at each new masking level and the first time the ramp needs a new micro-batch size.
     # - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
     #   clock where an evaluation or a save comes between.
-    # - Set-up, logging, evaluation, saving and pauses (Ctrl-Z) are off the clock, so a run takes longer on the wall.
+    # - Set-up, logging, evaluation, saving and most of a pause (Ctrl-Z: the rule below) are off the clock, so a run
+    #   takes longer on the wall.
     # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
     # batch's tokens.
     last_eval = last_ckpt = seconds
@@ -242,10 +249,14 @@ def main(config, given):
                      budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the share spent after this step
             repeats_warned = repeats_warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
-        if master and seconds - last_eval >= eval_interval_minutes * 60:
+        # After a stop request, an evaluation or save due now is skipped: the end saves at once, and a stopped run has no
+        # final evaluation, so a scheduler's grace period covers one save, not three.
+        stopping = stop_request.signum is not None
+        if master and seconds - last_eval >= eval_interval_minutes * 60 and not stopping:
             last_eval, latest_score = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
-        # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged.
-        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row:
+        # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged (the next
+        # try is an interval after the refused one).
+        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row and not stopping:
             last_ckpt = seconds
             save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
 
@@ -565,9 +576,10 @@ def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final,
     - the loss history that the spike check compares against (watch).
     - `run_info`, what the run is: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/setup.py's resume_settings). Only these may change:
-    - the budget, to train further. The schedules then follow the new, smaller share spent: the rate jumps to its
-      schedule's value there, with no new warm-up, and the masking rate may step back a level. The batch ramp is
-      rescaled to end where it did (or at the budget's end, if that is sooner), so the batch never shrinks.
+    - the budget: a larger one to train further, a smaller one to end sooner. The schedules then follow the new share
+      spent: the rate jumps to its schedule's value there, with no new warm-up, and the masking rate may step back a
+      level. The batch ramp is rescaled to end where it did (or at the budget's end, if that is sooner), so the batch
+      never shrinks.
     - the optimizer's rate, clipping and decay and the spike check, which a diverged run's error asks you to lower
       (setup.py's CHANGEABLE).
     - how this command runs: device, precision, micro-batch, logging and where the data is (setup.py's THIS_COMMAND).

@@ -85,8 +85,8 @@ def repeat_warning(expected, train_tokens, basis):
     """A one-line warning, in the data's unit (B, M or k), where the run trains more tokens than it holds (`basis`)."""
     scale, unit = next(((s, u) for s, u in ((1e9, "B"), (1e6, "M")) if train_tokens >= s), (1e3, "k"))
     return (f"warning: {basis} the run will train about {expected / scale:.2f}{unit} tokens, {expected / train_tokens:.1f} "
-            f"epochs of the {train_tokens / scale:.2f}{unit} training tokens: repeated data overfits; prepare a larger "
-            f"corpus (see the README)") if expected > train_tokens else None
+            f"epochs of the {train_tokens / scale:.2f}{unit} training tokens: repeated tokens are worth less than new ones "
+            f"(little past about 16 epochs); prepare a larger corpus (see the README)") if expected > train_tokens else None
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ import codecs
 import contextlib
 import dataclasses
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -79,7 +80,7 @@ def write_atomically(path, write):
         os.replace(tmp, path)
     except Exception as e:  # OSError, or a library's own error for one (torch.save: RuntimeError)
         raise cannot_write(path, e)
-    finally:  # a failed or interrupted write leaves no temporary file (a second Ctrl-C, which kills, may leave one)
+    finally:  # a failed or interrupted write leaves no temporary file (a kill may leave one: claim_folder removes it)
         if os.path.exists(tmp):
             os.remove(tmp)
     with contextlib.suppress(OSError):  # the rename itself on the disk (POSIX; elsewhere a folder cannot be opened)
@@ -121,21 +122,30 @@ def size_text(n_bytes):
 
 def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     """The folder `path` made and locked for this process (flock: released however it ends), or a one-line error: it or
-    its `files` cannot be written, it has under need_bytes free, or another process holds it."""
+    its `files` cannot be written, it has under need_bytes free, or another process holds it. Once it is locked, a
+    killed process's temporary copies of `files` (write_atomically's, left by a SIGKILL during a save) are removed: no
+    live process is writing them."""
     for name in (LOCK_FILE, *files):
         check_writable(os.path.join(path, name), setting)
+    if os.path.realpath(path) not in HELD and lock_folder(path, setting):  # locked: no other process writes here
+        for stale in (p for name in files for p in glob.glob(glob.escape(os.path.join(path, name)) + ".*.tmp")):
+            os.remove(stale)
     free = shutil.disk_usage(path).free
     if free < need_bytes:
         raise SystemExit(f"error: {setting}={path} has {size_text(free)} free and this run needs about "
                          f"{size_text(need_bytes)} there: free space or choose another {setting}")
-    if os.path.realpath(path) in HELD:
-        return
+
+
+def lock_folder(path, setting):
+    """Locks `path` for this process (its pid in the lock file), or a one-line error if another process holds it.
+    Returns whether it could lock (a system without flock, Windows, cannot)."""
     lock = open(os.path.join(path, LOCK_FILE), "a+", encoding="utf-8")
     try:
         import fcntl
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except ImportError:  # no flock (Windows): no lock
-        pass
+        HELD[os.path.realpath(path)] = lock
+        return False
     except OSError as e:
         if e.errno not in HELD_ERRNOS:  # ENOSYS (Lustre without -o flock), ENOLCK (NFS without its lock daemon), ...
             raise SystemExit(f"error: {path}'s file system cannot lock a file ({e.strerror or e}), and cram locks a "
@@ -147,6 +157,7 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     HELD[os.path.realpath(path)] = lock
+    return True
 
 
 def write_json(path, obj):

@@ -180,6 +180,40 @@ def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
         torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-6, atol=1e-7)
 
 
+STOP_IN_STEP = """import os, runpy, signal, sys
+sys.path.insert(0, {root!r})
+from cram import data
+read, reads = data.get_batch, []
+def get_batch(tokens, rows, device):  # a stop signal in the middle of step {step}, as a scheduler's would come
+    if getattr(tokens, "filename", "").endswith("train.bin"):
+        reads.append(1)
+        if len(reads) == {step}:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return read(tokens, rows, device)
+data.get_batch = get_batch
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
+"""
+
+
+def test_a_stop_skips_the_evaluation_and_the_save_due_after_its_step(prepared, tmp_path):
+    """A stop signal during a step after which an evaluation and a periodic save are due (here every step): the run
+    finishes the step and saves it once, at the end. Before, it evaluated, saved, and saved the same step again: three
+    jobs where a scheduler's grace period needs one."""
+    from cram.files import checkpoint_series
+    spy, out = tmp_path / "spy.py", tmp_path / "run"
+    spy.write_text(STOP_IN_STEP.format(root=ROOT, step=4))
+    args = [sys.executable, str(spy), f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL, "--micro_batch=32",
+            "--budget_hours=1.0", "--eval_interval_minutes=0", "--ckpt_interval_minutes=0", "--keep_checkpoints=3"]
+    proc = spawn(args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and "stopped by SIGTERM at step 4 " in stdout, (stdout[-2000:], stderr[-2000:])
+    evals = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals == [0, 1, 2, 3], evals  # at init, then after each step but the stopped one
+    assert torch.load(out / "ckpt.pt")["step"] == 4 and [s for s, _ in checkpoint_series(out)] == [2, 3]
+
+
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), pytest.param(
     signal.SIGHUP, 129, marks=slow), (signal.SIGXCPU, 152)])  # SIGHUP's stop: the hang-up tests
 def test_a_signal_saves_and_exits_with_its_status(prepared, tmp_path, signum, status):

@@ -569,6 +569,17 @@ def test_a_full_disk_keeps_the_last_good_file(tmp_path, monkeypatch):
     assert torch.load(path)["step"] == 1 and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+def test_claiming_a_folder_removes_a_killed_save_s_temporary_file_and_nothing_else(tmp_path):
+    """A SIGKILL during a save leaves write_atomically's ckpt.pt.<pid>.tmp (a checkpoint's size, a new pid at each
+    requeue); the next run that locks the folder removes it, and only the temporary copies of the files it owns."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("ckpt.pt.4242.tmp", "metrics.jsonl.77.tmp", "notes.txt.1.tmp", "ckpt.pt", "ckpt_00000010.pt"):
+        (run / name).write_text("x")
+    claim_folder(str(run), files=("ckpt.pt", "metrics.jsonl"))
+    assert sorted(os.listdir(run)) == [".lock", "ckpt.pt", "ckpt_00000010.pt", "notes.txt.1.tmp"]
+
+
 def test_a_folder_without_room_for_a_checkpoint_is_refused(tmp_path):
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(SystemExit, match="GB free and this run needs about"):
