@@ -661,7 +661,10 @@ class Trainer:
     def update(self, lr, clip, skip=False):
         """Clips the gradients' norm to `clip` (0: no clipping) and applies one update at learning rate `lr`, unless
         `skip` is set or the norm is not finite. Returns whether the update was applied. The gradients are then
-        cleared either way. Every process sees the same averaged gradients, so all of them decide alike."""
+        cleared either way. Every process sees the same averaged gradients, so all of them decide alike.
+        What the update sees: the gradients of the mean loss over every masked token of the step, on all processes,
+        unscaled (float16's loss scale taken off) and clipped; `lr`, the schedule's rate for this step (train.lr_at).
+        Its state lives in self.optimizer.state, whose step count counts the applied updates only."""
         set_rate(self.optimizer, lr)
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)

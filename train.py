@@ -202,6 +202,8 @@ def main(config, given):
     #   clock where an evaluation or a save comes between.
     # - Set-up, logging, evaluation, saving and most of a pause (Ctrl-Z: the rule below) are off the clock, so a run
     #   takes longer on the wall.
+    # - A resume starts from its checkpoint's clock: steps after the last save that a kill lost are not on it, and the
+    #   resume's first steps compile again, on it.
     # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
     # batch's tokens.
     last_eval = last_ckpt = seconds
