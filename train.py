@@ -61,12 +61,14 @@ dry_run = False           # decide every setting, print the start-up lines ("set
 # run evaluates and saves (--dry_run=True prints them without training). For example, with data enough and at their
 # measured matmul speeds, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and 24
 # hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
-# How the budget picks the shape: train.py times a 2048^3 matmul. The budget's hours, times that speed, times the share
-# of it a step reaches, times the processes, are the FLOPs the run can spend (a CPU times float32 and, running bfloat16,
-# multiplies by its measured gain). From a ladder of shapes, 2 x 128 to 24 x 1024, the rule takes the one whose blocks'
-# weights are nearest (by ratio) the best size for those FLOPs. The best size is the paper's 16 x 768 at its day on an
-# A6000, scaled as FLOPs ** 0.4. A larger shape is taken where the smaller one would read the data more than 16 times
-# (up to 4x the best size; a budget of tokens does not do this).
+# How the budget picks the shape, in three steps (cram/budget.py):
+# 1. The FLOPs the run can spend: the budget's hours x a timed 2048^3 matmul's speed x the share of that speed a
+#    training step reaches x the processes. (A CPU times the matmul in float32 and, running bfloat16, multiplies by its
+#    gain.)
+# 2. The best model size for those FLOPs: the paper's 16 x 768 for its own day on an A6000, scaled as FLOPs ** 0.4.
+# 3. The shape: of a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
+#    If it would read the data more than 16 times, a larger one is taken (up to 4x the best size; not for a budget of
+#    tokens).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -233,10 +235,10 @@ def main(config, given):
         # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
         # rows.
         step, tokens = step + 1, tokens + step_batch * seq_len
-        # The clock stops here. If the process was paused during the step (Ctrl-Z, then fg: StopRequest notes when it
-        # continued), the step counts as the shorter of its own time and the step before's, so that the pause is not
-        # counted as training. A step before that was long (one that compiled) still lets up to its own time of the
-        # pause count. The first step of a run or of a resume has no step before it, so a pause in it counts.
+        # The clock stops here. A pause (Ctrl-Z, then fg) is not training: StopRequest notes when the process continued,
+        # and a step that a pause fell in counts as no longer than the step before. So the pause is left out, unless the
+        # step before was long itself (one that compiled, say). The first step of a run or of a resume has no step
+        # before it, so a pause in it counts in full.
         took = time.perf_counter() - started
         took = min(took, last_took) if stop_request.continued_at >= started else took
         seconds, last_took = seconds + took, took

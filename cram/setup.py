@@ -156,8 +156,10 @@ def split_micro_batches(world, micro, final, start, ramp):
     start = start if ramp and start < final else 0  # 0: no ramp, so only the final batch is cut
     per_rank, ramp_unit = final // world, start // world  # a process's final batch, and what the ramp adds at a time
     micro = min(micro, per_rank)
-    # A ramp batch of k units leaves k * left sequences over after its full micro-batches (mod micro). Once k * left
-    # passes micro, those leftovers take every multiple of gcd(left, micro), so that gcd is the size that divides them.
+    # What a share leaves over after its full micro-batches: a ramp batch of k units leaves (k * left) mod micro, with
+    # left = ramp_unit mod micro. If k * left stays below micro for every ramp batch, each leftover is a multiple of
+    # left; otherwise they can be any multiple of gcd(left, micro). The final batch leaves per_rank mod micro. The
+    # remainder is the largest size that divides them all. (Units of 16 with micro 24: leftovers 16, 8, 0, ...: 8.)
     left = ramp_unit % micro
     ramp_rest = 0 if not left else left if (per_rank - 1) // ramp_unit * left < micro else math.gcd(left, micro)
     return micro, math.gcd(ramp_rest, per_rank % micro) or micro
