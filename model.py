@@ -634,10 +634,10 @@ class Trainer:
 
     `model` is the plain module that checkpoints hold and evaluation runs. `step_model` is the same module in the form
     the step runs: compiled by torch.compile, and wrapped by DDP when several processes train. The model stays in
-    training mode; only evaluation (train.py's Validation) switches it to eval mode, and back. `scaler` is float16's
-    loss scaler, which does nothing in other precisions. offload.OffloadTrainer has the same methods but runs the step
-    its own way, streaming the blocks from host memory; a change to backward, update or the model's forward must be made
-    there too."""
+    training mode; only evaluation (train.py's Validation) and the fill-in examples switch it to eval mode, and back.
+    `scaler` is float16's loss scaler, which does nothing in other precisions. offload.OffloadTrainer has the same
+    methods but runs the step its own way, streaming the blocks from host memory; a change to backward, update or the
+    model's forward must be made there too."""
 
     def __init__(self, model, optimizer, scaler, step_model=None, autocast=nullcontext):
         self.model, self.optimizer, self.scaler, self.autocast = model, optimizer, scaler, autocast

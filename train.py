@@ -6,11 +6,12 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-One step, in order (main's loop): take the next rows of the shuffled token file, seq_len tokens each; in each row hide
-mask_rate of the tokens (by default 32 of 128: 26 become [MASK], 3 a random token and 3 stay as they are); the model
-predicts the original token at each hidden position, and the loss is the cross-entropy averaged over all of them; the
-backward pass gives the gradients; their norm is clipped to grad_clip; the optimizer (AdamW by default) updates the
-weights at this step's learning rate; the gradients are cleared.
+One step, in order (main's loop): take the next rows of the token file in the run's order (shuffled unless
+data_order=file), seq_len tokens each; in each row hide mask_rate of the tokens (by default 32 of 128: 26 become [MASK],
+3 a random token and 3 stay as they are); the model predicts the original token at each hidden position, and the loss is
+the cross-entropy averaged over all of them; the backward pass gives the gradients; their norm is clipped to grad_clip
+(0: not clipped); the optimizer (AdamW by default) updates the weights at this step's learning rate, unless the loss
+spiked (Bad steps); the gradients are cleared.
 
 The budget is a number of hours of training steps, timed by what this file calls the budget's clock (set-up, evaluation,
 saving and most of a pause are left off it), or a number of tokens. Unless they are given, the budget picks the model's
@@ -54,7 +55,7 @@ budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens ins
 max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
-dry_run = False           # decide every setting, print the start-up lines ("settled:", "batch:", "schedule:") and exit: no training, no checkpoint (it reads the prepared data: the budget's pick needs its size)
+dry_run = False           # decide every setting, print the start-up lines ("settled:", "batch:", "schedule:") and exit: no training, no checkpoint (it reads the prepared data, which the budget's pick needs, and refuses what the run would refuse, another run's out_dir say)
 # A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
 # resume. main writes the value here before training, and the start-up line "settled:" prints each value and why. Beside
 # it, "batch:" and "schedule:" give the batch, the learning rate and the masking rate over the budget, and how often the
@@ -124,7 +125,7 @@ log_interval = 10         # >= 1: print and record a training line every this ma
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see Bad steps)
 spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate after the first step that ends this many minutes of the budget's clock after the last evaluation (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
+eval_interval_minutes = 30.0  # >= 0: evaluate after the first step that ends this many minutes of the budget's clock after the last evaluation, or the resume (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
 ckpt_interval_minutes = 60.0  # >= 0: save after the first step that ends this many minutes of the budget's clock after the last save, or refused save (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
 fill_in_examples = 3      # >= 0: at the end of a finished run (not a stopped one), fill-in-the-blank examples from the validation text
@@ -255,12 +256,12 @@ def main(config, given):
             at_last_line = (seconds, tokens)
         # After a stop request, an evaluation or save due now is skipped: the end saves at once, and a stopped run has no
         # final evaluation, so a scheduler's grace period covers one save, not three.
-        stopping = stop_request.signum is not None
-        if master and seconds - last_eval >= eval_interval_minutes * 60 and not stopping:
+        if master and seconds - last_eval >= eval_interval_minutes * 60 and stop_request.signum is None:
             last_eval, latest_score = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
         # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged (the next
         # try is an interval after the refused one).
-        if master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row and not stopping:
+        if (master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row
+                and stop_request.signum is None):  # asked again here: a stop may come during the evaluation
             last_ckpt = seconds
             save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
 
@@ -269,9 +270,10 @@ def main(config, given):
     # prints the fill-in examples and the final line. On a stop signal, it saves after the step it was on, without a
     # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
     # once with an error and saves nothing; the last checkpoint saved is the one to resume from.
-    # The end is not a step to finish, so a stop signal from here on ends the process at once, with its one line, as one
-    # before the loop does. A finished run saves first: a signal after that save loses nothing, and one during it
-    # leaves the last checkpoint as it was (a save is written whole or not at all).
+    # After a finished run's loop, the end is not a step to finish, so a stop signal from here on ends the process at
+    # once, with its one line, as one before the loop does. A finished run saves first: a signal after that save loses
+    # nothing, and one during it leaves the last checkpoint as it was (a save is written whole or not at all). A stopped
+    # run keeps its stop request: a repeated signal leaves its final save alone, and a second Ctrl-C kills at once.
     if not stop:
         process.take_signals(process.interrupt)
     if master:

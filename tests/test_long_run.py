@@ -180,9 +180,17 @@ def test_sigkill_then_resume_continues_the_same_run(prepared, tmp_path):
         torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-6, atol=1e-7)
 
 
-STOP_IN_STEP = """import os, runpy, signal, sys
+SAVES_SEEN = """import os, runpy, signal, sys
 sys.path.insert(0, {root!r})
-from cram import data
+from cram import data, files
+save = files.Saves.save
+def seen(self, state):  # each save's step, in saves.txt beside this file
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "saves.txt"), "a") as f:
+        f.write(str(state["step"]) + chr(10))
+    save(self, state)
+files.Saves.save = seen
+"""
+STOP_IN_STEP = SAVES_SEEN + """
 read, reads = data.get_batch, []
 def get_batch(tokens, rows, device):  # a stop signal in the middle of step {step}, as a scheduler's would come
     if getattr(tokens, "filename", "").endswith("train.bin"):
@@ -196,22 +204,35 @@ runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
 """
 
 
-def test_a_stop_skips_the_evaluation_and_the_save_due_after_its_step(prepared, tmp_path):
+STOP_IN_EVAL = SAVES_SEEN + """
+write = files.MetricsLog.write
+def stop_after(self, fields):  # a stop signal as step {step}'s evaluation ends, before its save
+    write(self, fields)
+    if fields["kind"] == "eval" and fields["step"] == {step}:
+        os.kill(os.getpid(), signal.SIGTERM)
+files.MetricsLog.write = stop_after
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("spy_text, evals", [(STOP_IN_STEP, [0, 1, 2, 3]), (STOP_IN_EVAL, [0, 1, 2, 3, 4])])
+def test_a_stop_skips_the_evaluation_and_the_save_due_after_its_step(prepared, tmp_path, spy_text, evals):
     """A stop signal during a step after which an evaluation and a periodic save are due (here every step): the run
     finishes the step and saves it once, at the end. Before, it evaluated, saved, and saved the same step again: three
-    jobs where a scheduler's grace period needs one."""
+    jobs where a scheduler's grace period needs one. A stop during that evaluation skips the save after it too."""
     from cram.files import checkpoint_series
     spy, out = tmp_path / "spy.py", tmp_path / "run"
-    spy.write_text(STOP_IN_STEP.format(root=ROOT, step=4))
+    spy.write_text(spy_text.format(root=ROOT, step=4))
     args = [sys.executable, str(spy), f"--data_dir={prepared}", f"--out_dir={out}", *TINY_MODEL, "--micro_batch=32",
             "--budget_hours=1.0", "--eval_interval_minutes=0", "--ckpt_interval_minutes=0", "--keep_checkpoints=3"]
     proc = spawn(args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE, text=True)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 143 and "stopped by SIGTERM at step 4 " in stdout, (stdout[-2000:], stderr[-2000:])
-    evals = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
-    assert evals == [0, 1, 2, 3], evals  # at init, then after each step but the stopped one
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"] == evals  # at init, then a step's
     assert torch.load(out / "ckpt.pt")["step"] == 4 and [s for s, _ in checkpoint_series(out)] == [2, 3]
+    assert (tmp_path / "saves.txt").read_text().split() == ["1", "2", "3", "4"]  # step 4 once: the end's save
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), pytest.param(
