@@ -153,7 +153,7 @@ def main(config, given):
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
-    if dry_run:  # the values this command would train with, and why, and the batch's schedule
+    if dry_run:  # the values this command would train with, and why, and the schedules
         log("\n".join(start_lines))
         if ddp:
             runtime.leave_process_group()

@@ -46,7 +46,6 @@ CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
 
 
-
 def shape_of(pair, given):
     """One of LADDER's (layers, width) pairs as ModelConfig's four shape fields, with any `given` (not 0) in their place.
     Heads are 64 wide (or, where 64 does not divide the width, the most heads up to width / 64 that do), and the

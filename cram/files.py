@@ -139,13 +139,12 @@ def claim_folder(path, setting="--out_dir", need_bytes=0, files=()):
 def lock_folder(path, setting):
     """Locks `path` for this process (its pid in the lock file), or a one-line error if another process holds it.
     Returns whether it could lock (a system without flock, Windows, cannot)."""
-    lock = open(os.path.join(path, LOCK_FILE), "a+", encoding="utf-8")
+    lock, locked = open(os.path.join(path, LOCK_FILE), "a+", encoding="utf-8"), True
     try:
         import fcntl
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except ImportError:  # no flock (Windows): no lock
-        HELD[os.path.realpath(path)] = lock
-        return False
+        locked = False
     except OSError as e:
         if e.errno not in HELD_ERRNOS:  # ENOSYS (Lustre without -o flock), ENOLCK (NFS without its lock daemon), ...
             raise SystemExit(f"error: {path}'s file system cannot lock a file ({e.strerror or e}), and cram locks a "
@@ -157,7 +156,7 @@ def lock_folder(path, setting):
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     HELD[os.path.realpath(path)] = lock
-    return True
+    return locked
 
 
 def write_json(path, obj):

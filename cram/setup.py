@@ -15,14 +15,14 @@ from .files import check_own_files, claim_folder, load_checkpoint
 from .offload import check_settings as check_offload
 
 
+# A resume's checkpoint (None in a new run), its path, and the start-up lines that say what the resume changed
+Resumed = collections.namedtuple("Resumed", "checkpoint source changes")
 # What a resume keeps and what it may change (train.checkpoint_state says it in words):
 # - DECIDED_AT_START settings have a 0 that means "decide at start-up": in a resume a 0 keeps the checkpoint's value.
 # - THIS_COMMAND settings say how this command runs, not what the run is, so a resume takes them from the command.
 # - CHANGEABLE settings are the run's own, but a resume may change them when given: they are what a diverged run
-#   asks to lower. A larger budget may be given too. Every other setting of the run is kept, and a different value
-#   given for one is refused in one line.
-# A resume's checkpoint (None in a new run), its path, and the start-up lines that say what the resume changed
-Resumed = collections.namedtuple("Resumed", "checkpoint source changes")
+#   asks to lower. A budget of the run's kind may be given too (a larger one trains further, a smaller one ends
+#   sooner). Every other setting of the run is kept, and a different value given for one is refused in one line.
 DECIDED_AT_START = (*SHAPE_FIELDS, "batch_size", "lr")
 THIS_COMMAND = ("out_dir", "resume", "resume_from", "device", "dtype", "compile", "compile_mode", "micro_batch",
                 "offload", "peak_tflops", "max_steps", "log_interval", "eval_interval_minutes", "ckpt_interval_minutes",
@@ -137,12 +137,14 @@ def check_settings(world, config, rt, given=None, model_config=None):
 
 def check_shares(world, final, start, ramp):
     """Refuses, in one line, a schedule whose batches `world` processes cannot share evenly. Its batches are `final`
-    and, while the batch ramps up (where ramp is above 0 and start below final), the multiples of `start`."""
+    and, while the batch ramps up (where ramp is above 0 and start below final), the multiples of `start`. Returns
+    what the ramp adds at a time: `start`, or 0 where the batch does not ramp."""
     start = start if ramp and start < final else 0  # 0: no ramp, so only the final batch is shared
     for name, batch in (("batch_size", final), ("batch_ramp_start", start)):
         if batch % world:
             raise SystemExit(f"error: --{name}={batch} sequences cannot be split evenly over {world} processes: run in a "
                              f"number of processes that divides {math.gcd(final, start)}, or a new run with a multiple of {world}")
+    return start
 
 
 def split_micro_batches(world, micro, final, start, ramp):
@@ -152,8 +154,7 @@ def split_micro_batches(world, micro, final, start, ramp):
     graph to compile, so two sizes must serve them all. `micro` is the cap, or a process's share of the final batch
     if that is smaller. `remainder` is the largest size that divides what every share has left over. A batch that
     `world` processes cannot share evenly is refused in one line."""
-    check_shares(world, final, start, ramp)
-    start = start if ramp and start < final else 0  # 0: no ramp, so only the final batch is cut
+    start = check_shares(world, final, start, ramp)  # 0: no ramp, so only the final batch is cut
     per_rank, ramp_unit = final // world, start // world  # a process's final batch, and what the ramp adds at a time
     micro = min(micro, per_rank)
     # What a share leaves over after its full micro-batches: a ramp batch of k units leaves (k * left) mod micro, with
