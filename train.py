@@ -13,14 +13,14 @@ the cross-entropy averaged over all of them; the backward pass gives the gradien
 (0: not clipped); the optimizer (AdamW by default) updates the weights at this step's learning rate, unless the loss
 spiked (Bad steps); the gradients are cleared.
 
-The budget is a number of hours of training steps, timed by what this file calls the budget's clock (set-up, evaluation,
-saving and most of a pause are left off it), or a number of tokens. Unless they are given, the budget picks the model's
-shape and the final batch size (cram/budget.py), and the shape's width gives the peak learning rate. The schedules
-follow the fraction of the budget spent (seconds trained / the budget's seconds, or tokens / budget_tokens), not the
-step count. So on any hardware they end together when the budget is spent (unless max_steps stops the run first). In the
-loop, Ctrl-C or SIGTERM finishes the current step (an evaluation or save due after it is skipped), then saves a
-checkpoint (unless the weights have diverged) and exits; --resume=True continues from there. Before the loop, it exits
-at once and saves nothing."""
+The budget is a number of hours of training time, or a number of tokens. Training time is the time spent in training
+steps: set-up, evaluation, saving and most of a pause are not counted. Unless they are given, the budget picks the
+model's shape and the final batch size (cram/budget.py), and the shape's width gives the peak learning rate. The
+schedules follow the run's progress, the fraction of the budget used (seconds of training time / the budget's seconds,
+or tokens / budget_tokens), not the step count. So on any hardware they end together when the budget is spent (unless
+max_steps stops the run first). In the loop, Ctrl-C or SIGTERM finishes the current step (an evaluation or save due
+after it is skipped), then saves a checkpoint (unless the weights have diverged) and exits; --resume=True continues from
+there. Before the loop, it exits at once and saves nothing."""
 import dataclasses
 import functools
 import math
@@ -44,13 +44,13 @@ from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, Mode
 # The settings. Each one's comment opens with the values it allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # the checkpoints (ckpt.pt, the newest), metrics.jsonl and the run's lock file go here
-# The budget: hours of training steps, or a number of tokens. The schedules of the rate, the batch and the masking rate
-# follow the share of the budget spent, so they end when it ends. Under a budget of tokens, each step's batch, rate and
-# masks repeat from one run of the same settings to the next. The floats may still differ: a GPU may add them in
-# another order, and --dtype=auto times the precisions again in a new run, so give --dtype to hold it. Two variants of
-# an ablation may cost other FLOPs per token, and so be given other shapes, batches and rates by the budget: give
-# n_layers, d_model and batch_size (and lr) to hold them.
-budget_hours = 24.0       # > 0: hours of training steps; the schedules follow the share spent
+# The budget: hours of training time, or a number of tokens. The schedules of the rate, the batch and the masking rate
+# follow the run's progress, the fraction of the budget used, so they end when it ends. Under a budget of tokens, each
+# step's batch, rate and masks repeat from one run of the same settings to the next. The floats may still differ: a GPU
+# may add them in another order, and --dtype=auto times the precisions again in a new run, so give --dtype to hold it.
+# Two variants of an ablation may cost other FLOPs per token, and so be given other shapes, batches and rates by the
+# budget: give n_layers, d_model and batch_size (and lr) to hold them.
+budget_hours = 24.0       # > 0: hours of training time; the schedules follow the run's progress
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
@@ -85,9 +85,9 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # mask_rate_start the rate moves over the budget, up or down, as a staircase of mask_levels rates, the last of them
 # mask_rate (with one level it stays at mask_rate_start; mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
-mask_rate_start = 0.0     # [0, 1): if above 0, the share starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
+mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates that staircase has, each at most one new shape to compile (1: mask_rate_start throughout)
-eval_mask_rate = MASK_RATE  # (0, 1): the share validation masks, whatever mask_rate is, so that recipes compare
+eval_mask_rate = MASK_RATE  # (0, 1): the masking rate of validation, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
 # peak rate (width_lr) asks for --lr.
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
@@ -98,7 +98,7 @@ eps = 1e-12               # >= 0
 weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by the step's rate (AdamW's and Muon's decoupled decay), so it follows the schedule
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
-warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_linear' (see lr_at)
+warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
 # The batch. Where batch_ramp is above 0 and batch_ramp_start below batch_size, a run's first steps take
 # batch_ramp_start sequences each. The batch then grows by that many at a time (the last jump smaller where batch_size
 # is not a multiple of it) and reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch
@@ -109,7 +109,7 @@ warmup = 0.01             # [0, 1): warm-up share of the budget for 'warmup_line
 # batch the paper found best (the reference's recipe ramps to 8192, which config/shape_paper.py pins).
 micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
-batch_ramp = 0.6          # [0, 1]: share of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
+batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
@@ -125,21 +125,23 @@ log_interval = 10         # >= 1: print and record a training line every this ma
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see Bad steps)
 spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate after the first step that ends this many minutes of the budget's clock after the last evaluation, or the resume (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
+eval_interval_minutes = 30.0  # >= 0: evaluate after the first step that ends this many minutes of training time after the last evaluation, or the resume (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
-ckpt_interval_minutes = 60.0  # >= 0: save after the first step that ends this many minutes of the budget's clock after the last save, or refused save (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
+ckpt_interval_minutes = 60.0  # >= 0: save after the first step that ends this many minutes of training time after the last save, or refused save (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
 fill_in_examples = 3      # >= 0: at the end of a finished run (not a stopped one), fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-# main comes first: the whole run, with its loop. The step's pieces follow it in the loop's order (the budget's clock,
-# the schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then set-up and the
+# main comes first: the whole run, with its loop. The step's pieces follow it in the loop's order (the clock, the
+# schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then set-up and the
 # end. Set-up (decide_settings here, the device and the checks in cram/setup.py) decides the settings' values, so it
 # reads them from `config`. main then writes them over the settings above, and everything after that reads the settings.
 
 
 def main(config, given):
+    """The whole run. `config` holds every setting, as the top of this file, a config file and the command line set it
+    (a 0 still to decide). `given` names the settings a config file or the command line set, and where."""
     # -------------------------------------------------------------------- the settings
     ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
     rt, rank, resumed, model_config = setup.device_and_resume(config, world, ddp, given, globals())
@@ -155,8 +157,7 @@ def main(config, given):
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     if dry_run:  # the values this command would train with, and why, and the schedules
         log("\n".join(start_lines))
-        if ddp:
-            runtime.leave_process_group()
+        runtime.leave_process_group()  # under torchrun
         return
     (checkpoint, source, _), (meta, train_tokens, val_tokens, tokenizer_text) = resumed, run_data
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
@@ -184,20 +185,19 @@ def main(config, given):
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
     # How far the run has got: steps taken (a step whose update was skipped counts), input tokens trained on, and
-    # `seconds` on the budget's clock.
+    # `seconds` of training time.
     step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     run_info = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta,
                     tokenizer=tokenizer_text, budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
     # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
-    latest_score = (None, None)  # the latest evaluation: (its step, (val loss, accuracy))
-    init_loss = checkpoint.get("init_val_loss") if checkpoint else None
+    scores = {}  # step -> (val loss, masked-token accuracy) of each evaluation this command runs
     if master and not checkpoint:
-        latest_score = (step, run_eval(validation, metrics, step, tokens, seconds))
-        init_loss = latest_score[1][0]
+        scores[step] = run_eval(validation, metrics, step, tokens, seconds)
+    init_loss = checkpoint.get("init_val_loss") if checkpoint else scores.get(0, (None,))[0]
     stop_request = StopRequest()
 
     # -------------------------------------------------------------------- the loop
-    # The budget's clock, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
+    # Training time, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # - It counts drawing and masking the batch, the forward, the backward and the update.
     # - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and
     #   again at each new masking level and the first time the ramp needs a new micro-batch size.
@@ -250,14 +250,14 @@ def main(config, given):
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                                       skipped=bad_steps.skipped), tokens / (n_rows * seq_len),
-                     budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the share spent after this step
+                                       skipped=bad_steps.skipped), n_rows, seq_len,
+                     budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the progress after this step
             repeats_warned = repeats_warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
         # After a stop request, an evaluation or save due now is skipped: the end saves at once, and a stopped run has no
         # final evaluation, so a scheduler's grace period covers one save, not three.
         if master and seconds - last_eval >= eval_interval_minutes * 60 and stop_request.signum is None:
-            last_eval, latest_score = seconds, (step, run_eval(validation, metrics, step, tokens, seconds))
+            last_eval, scores[step] = seconds, run_eval(validation, metrics, step, tokens, seconds)
         # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged (the next
         # try is an interval after the refused one).
         if (master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row
@@ -278,19 +278,18 @@ def main(config, given):
         process.take_signals(process.interrupt)
     if master:
         state = checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
-        finish(validation, metrics, state, stop_request.signum, saves, latest_score)
-    if ddp:  # DDP's model is freed before its process group ends, and the group waits for rank 0 to save
-        del trainer
-        runtime.leave_process_group()
+        finish(validation, metrics, state, stop_request.signum, saves, scores)
+    del trainer  # under torchrun, DDP's model is freed before its process group ends
+    runtime.leave_process_group()  # under torchrun, the processes wait for rank 0 to save, then the group ends
     if stop:  # exit with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
         process.exit_stopped(stop_request.signum or signal.SIGTERM)
 
 
 # -----------------------------------------------------------------------------
-# The step's pieces, in the loop's order. First the budget's clock: the share of the budget spent, when the run is
+# The step's pieces, in the loop's order. First the clock: the run's progress through its budget, when the run is
 # over, and the stop request the loop checks.
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):
-    """The share of the budget spent: of budget_tokens when set, else of budget_hours' seconds."""
+    """The run's progress, the fraction of its budget used: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
 
 
@@ -304,7 +303,7 @@ class StopRequest:
     (process.STOP_SIGNALS) are Ctrl-C, a scheduler's or a pre-emption's SIGTERM, a closed terminal and a batch system's
     warnings. A repeated signal leaves the save alone, but a person's second Ctrl-C kills at once (process.held). It
     also notes, in `continued_at`, when the process last continued after a pause (SIGCONT, after Ctrl-Z and fg or a
-    batch system's suspend), so that the loop can leave the pause off the budget's clock."""
+    batch system's suspend), so that the loop can leave the pause out of training time."""
 
     def __init__(self):
         self.signum, self.continued_at, process.INTERRUPTS[0] = None, -math.inf, 0
@@ -318,7 +317,7 @@ class StopRequest:
 
 
 # -----------------------------------------------------------------------------
-# The schedules: each is a pure function of the share of the budget spent.
+# The schedules: each is a pure function of the run's progress, the fraction of the budget used.
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
@@ -504,14 +503,19 @@ class BadSteps:
 
 # -----------------------------------------------------------------------------
 # The training line that the loop prints and records every log_interval steps.
-def log_step(metrics, rt, record, epoch, progress):
-    """Prints a training line (the record, the epoch, the budget left, a GPU's peak memory) and records it."""
+def log_step(metrics, rt, record, n_rows, seq_len, progress):
+    """Prints a training line and records it. Beside the record's figures, the line gives a GPU's peak memory, the epoch
+    (how many times the run has read the n_rows training rows), the budget left and about how many steps the whole run
+    takes, max_steps included. That last figure assumes the rest of the run trains as fast as it has so far (under a
+    budget of tokens it is close whatever the speed); a workshop or a quick test reads it at the first line."""
     peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
-    mfu, skipped = record["mfu"], record["skipped"]
+    mfu, skipped, tokens = record["mfu"], record["skipped"], record["tokens"]
+    steps = min(budget.expected_steps(tokens / seq_len / progress, batch_ramp_start, batch_size, batch_ramp), max_steps or math.inf)
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
-          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {epoch:.2f} | "
-          f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left"
+          f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {tokens / (n_rows * seq_len):.2f} | "
+          f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left, about {steps:,.0f} "
+          f"steps in all"
           f"{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
     metrics.write(record)
 
@@ -577,15 +581,15 @@ def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final,
     """What a checkpoint holds, and so what --resume=True restores:
     - the weights, the optimizer's state and float16's loss scale (trainer.state_dict).
     - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules follow the
-      share of the budget spent, and the rows and their masks the sequences read (Batches), so a resume continues all of
-      them.
+      run's progress through the budget, and the rows and their masks the sequences read (Batches), so a resume
+      continues all of them.
     - the loss history that the spike check compares against (watch).
     - `run_info`, what the run is: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/setup.py's resume_settings). Only these may change:
-    - the budget: a larger one to train further, a smaller one to end sooner. The schedules then follow the new share
-      spent: the rate jumps to its schedule's value there, with no new warm-up, and the masking rate may step back a
-      level. The batch ramp is rescaled to end where it did (or at the budget's end, if that is sooner), so the batch
-      never shrinks.
+    - the budget: a larger one to train further, a smaller one to end sooner. The schedules then follow the progress
+      through the new budget: the rate jumps to its schedule's value there, with no new warm-up, and the masking rate
+      may step back a level. The batch ramp is rescaled to end where it did (or at the budget's end, if that is sooner),
+      so the batch never shrinks.
     - the optimizer's rate, clipping and decay and the spike check, which a diverged run's error asks you to lower
       (setup.py's CHANGEABLE).
     - how this command runs: device, precision, micro-batch, logging and where the data is (setup.py's THIS_COMMAND).
@@ -599,7 +603,7 @@ def save_if_sound(saves, validation, state, at_end=False):
     """Saves the checkpoint `state`, unless its weights are not finite or its loss on one validation batch has diverged
     (diverged, above). So every checkpoint kept is one that a run stopped for diverging can resume from. A save writes
     ckpt.pt whole or not at all (a temporary file, then a rename), and keeps the last keep_checkpoints (cram/files.py).
-    Weights that are not saved are said; at the end of a run (at_end) that is an error."""
+    When the weights are not saved, a line says why; at the end of a run (at_end) that is an error."""
     loss = validation.score(validation.batch, eval_mask_rate)[0] if all_finite(state["model"]) else None
     refused = ("non-finite weights" if loss is None else
                f"a diverged validation loss ({loss:.2f})" if diverged(loss, state["meta"]["vocab_size"]) else None)
@@ -623,14 +627,14 @@ def rank0_print(master):
 def decide_settings(config, model_config, resumed, run_data, rt, world, ddp, master):
     """Decides the value of every setting the run will use, before any work, and writes them into `config`.
     budget.decide fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
-    memory.choose_micro_batch finds the largest micro-batch that fits, and setup.split_micro_batches the two
-    micro-batch sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
+    memory.choose_micro_batch finds the largest micro-batch that fits, and setup.split_micro_batches the two micro-batch
+    sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
     or what the budget picked."""
     log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     model_config = dataclasses.replace(model_config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
     # A resume's shape is its checkpoint's already, so another run's checkpoint is refused before any work
-    check_resumable(checkpoint, source, dataclasses.asdict(model_config), tokenizer_text, meta, config, log, ddp)
+    check_resumable(checkpoint, source, dataclasses.asdict(model_config), tokenizer_text, meta, config, log)
     decided, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(model_config),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
     config.update(decided)  # the shape, final batch and peak rate
@@ -667,7 +671,7 @@ def make_trainer(model, rt, ddp, log, peak_lr, checkpoint):
     return trainer
 
 
-def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, config, log, ddp):
+def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, config, log):
     """In a resume, refuses another run's checkpoint (another model, tokenizer, optimizer or data) in one line, and ends
     a finished run whose budget is spent with status 0, writing nothing. A run stopped on the step that spent its
     budget is not finished: the loop ends at once, and finish() evaluates it and saves it as finished."""
@@ -682,8 +686,7 @@ def check_resumable(checkpoint, ckpt_path, model_args, tokenizer_text, meta, con
     log(f"{ckpt_path} has spent this budget (step {checkpoint['step']}, {checkpoint['tokens'] / 1e6:.1f}M tokens in "
         f"{checkpoint['elapsed'] / 60:.1f} min): nothing to do; to train it further, resume it with a larger "
         f"--{kind} (now {config[kind]})")
-    if ddp:
-        runtime.leave_process_group()
+    runtime.leave_process_group()  # under torchrun
     raise SystemExit(0)
 
 
@@ -711,10 +714,10 @@ def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_line
     return MetricsLog(os.path.join(out_dir, "metrics.jsonl"), not resume, wandb_log, saves.run)
 
 
-def finish(validation, metrics, state, signum, saves, latest_score):
+def finish(validation, metrics, state, signum, saves, scores):
     """Saves the last checkpoint first. A run stopped by a signal (signum, or None when another process got it) then
-    says how to continue it. A finished run evaluates, unless `latest_score` (the latest evaluation's step and score)
-    is of this step, and prints how many graphs torch.compile built, the fill-in examples and the final line."""
+    says how to continue it. A finished run evaluates, unless `scores` (each evaluation's score by its step) holds
+    this step's, and prints how many graphs torch.compile built, the fill-in examples and the final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
     save_if_sound(saves, validation, state, at_end=True)
     if not state["final"]:
@@ -722,7 +725,7 @@ def finish(validation, metrics, state, signum, saves, latest_score):
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {saves.path}; "
               f"continue with the same command and --resume=True")
         return
-    score = latest_score[1] if latest_score[0] == step else run_eval(validation, metrics, step, tokens, seconds)  # (loss, accuracy)
+    score = scores.get(step) or run_eval(validation, metrics, step, tokens, seconds)  # (val loss, accuracy)
     if validation.rt.compile:
         print(f"torch.compile built {runtime.compiled_graphs()} graph(s) for the training step")
     if fill_in_examples:

@@ -95,7 +95,7 @@ def batch_for_budget(tokens, seq_len):
 def expected_steps(sequences, start, final, ramp):
     """About how many optimizer steps a run of `sequences` takes with train.batch_size_at's batches. While the batch
     grows, each of its sizes (k times `start`) lasts ramp * start / (final - start) of the budget, the last one up to
-    `ramp`, and the final batch takes the rest. It counts a share of the budget as the same share of the sequences.
+    `ramp`, and the final batch takes the rest. It counts a fraction of the budget as the same fraction of the sequences.
     That is close under a budget of tokens (each share ends on a whole step) and an estimate under one of hours (small
     batches may run slower)."""
     if ramp <= 0 or (levels := -(-final // start) - 1) < 1:  # the ramp's batches below the final one

@@ -324,7 +324,10 @@ def set_waits(minutes):
 
 def leave_process_group():
     """The end of a DDP run, once the DDP model is deleted: its reducer freed before the group (at the interpreter's exit
-    it can abort the process), a barrier (rank 0 evaluates and saves alone), and the group's end."""
+    it can abort the process), a barrier (rank 0 evaluates and saves alone), and the group's end. Without a process
+    group (one process), nothing."""
+    if not dist.is_available() or not dist.is_initialized():
+        return
     import gc
     gc.collect()
     dist.barrier()

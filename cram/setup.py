@@ -78,7 +78,7 @@ def unknown_setting(saved, config):
 def resume_settings(checkpoint, config, given):
     """The settings a resume runs with, and the start-up lines that say what it changed. They are the checkpoint's
     own, except those `given` that may change (see DECIDED_AT_START, THIS_COMMAND and CHANGEABLE above). A larger
-    budget of the run's kind (hours or tokens) makes the schedules follow the share of the new budget, and the batch
+    budget of the run's kind (hours or tokens) makes the schedules follow the progress through the new budget, and the batch
     ramp still ends where it did. The data is where the run trained unless --data_dir is given. A checkpoint's config
     also keeps `recipe_ramp`, the batch_ramp the run was first given, before a larger budget rescaled it."""
     saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
@@ -102,7 +102,7 @@ def resume_settings(checkpoint, config, given):
     spent = checkpoint["tokens"] if kind == "budget_tokens" else checkpoint["elapsed"] / 3600
     if kind in changed:
         kept["batch_ramp"] = min(1.0, run.get("batch_ramp", 0.0) * run[kind] / config[kind])
-    extended = (f": the schedules follow it from the share spent, {spent / config[kind]:.0%} (the learning rate is its "
+    extended = (f": the schedules follow it from the progress so far, {spent / config[kind]:.0%} (the learning rate is its "
                 f"schedule's there), and the batch ramp ends where it did (batch_ramp {kept['batch_ramp']:.3g}): the "
                 f"batch never shrinks") if kind in changed else ""
     return kept, [f"resuming with --{k}={shown(config[k])} (its checkpoint's: {shown(before[k])})"
@@ -186,7 +186,7 @@ def settled_line(given, config, resumed):
 
 def schedule_line(config, lr_at, mask_rate_at):
     """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
-    rate and where it changes, and how often the run evaluates and saves. `lr_at` and `mask_rate_at` are train.py's
+    rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does. `lr_at` and `mask_rate_at` are train.py's
     schedules, so a fork's new one shows here as it will run (a masking rate that changes more than 8 times is given
     by its first and last values)."""
     lrs = [lr_at(p, config["lr"], config["lr_schedule"], config["warmup"]) for p in (0, 0.25, 0.5, 0.75, 1)]
@@ -197,8 +197,9 @@ def schedule_line(config, lr_at, mask_rate_at):
                if len(changes) > 8 else ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes))
     every = [f"every {m:g} min" if m else "every step" for m in (config["eval_interval_minutes"], config["ckpt_interval_minutes"])]
     return (f"schedule: lr {', '.join(f'{lr:.3g}' for lr in lrs)} at 0, 25, 50, 75 and 100% of the budget "
-            f"({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a checkpoint {every[1]} on "
-            f"the budget's clock")
+            f"({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a checkpoint {every[1]} of "
+            f"training time, to {os.path.join(config['out_dir'], 'ckpt.pt')} (the last {config['keep_checkpoints']} "
+            f"kept); Ctrl-C or SIGTERM ends the step, saves and exits (--resume=True continues)")
 
 
 def ramp_line(start, final, ramp, micro, remainder):

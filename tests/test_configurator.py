@@ -98,7 +98,7 @@ def test_help_lists_every_setting_with_its_default_and_comment(script):
     if script == "finetune_glue.py":  # a long default: its comment on a line of its own
         assert "  --tasks=cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte\n" + " " * 37 + "wnli on request" in out
     if script == "train.py":
-        assert "  --budget_hours=24.0" in out and "the schedules follow the share spent" in out
+        assert "  --budget_hours=24.0" in out and "the schedules follow the run's progress" in out
         assert "  --data_dir=data/fineweb-edu" in out
         # the model's settings, declared once in model.py's ModelConfig, with their comments
         assert "ModelConfig (model.py)" in out and "  --n_layers=0" in out and "  --smear=True" in out

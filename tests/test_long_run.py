@@ -534,12 +534,20 @@ def test_the_end_does_not_score_a_step_twice_and_a_resume_keeps_the_score_at_ini
     assert re.search(r"^final: step 4 \| val loss [\d.]+ \| masked-token", third, re.M), third
 
 
-def test_the_log_says_the_budget_left_after_its_step(prepared, tmp_path):
+def test_the_log_says_the_budget_left_after_its_step_and_the_steps_in_all(prepared, tmp_path):
     """A token budget of five steps of 16 x 32 tokens: each step's line says the share left after that step, the last
-    one none (the step that spends the budget may pass it; the line never says less than 0%)."""
-    lines = run_script("train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--batch_size=16",
-                       "--log_interval=1", "--budget_tokens=2560", "--fill_in_examples=0").stdout
+    one none (the step that spends the budget may pass it; the line never says less than 0%), and that the run takes
+    5 steps. With a batch that ramps from 16 to 32 over half the budget, 4,096 tokens take 4 steps of 16 and 2 of 32,
+    and every line says 6; with max_steps=5 it says 5."""
+    train = ["train.py", f"--data_dir={prepared}", f"--out_dir={tmp_path}", *TINY_MODEL, "--log_interval=1",
+             "--fill_in_examples=0", "--eval_sequences=32"]
+    lines = run_script(*train, "--batch_size=16", "--budget_tokens=2560").stdout
     assert re.findall(r"\| (-?\d+)% of the budget left", lines) == ["80", "60", "40", "20", "0"], lines
+    assert re.findall(r"left, about (\d+) steps in all", lines) == ["5"] * 5, lines
+    for max_steps, steps in ((0, 6), (5, 5)):
+        lines = run_script(*train, "--batch_size=32", "--batch_ramp_start=16", "--batch_ramp=0.5", "--budget_tokens=4096",
+                           f"--max_steps={max_steps}", f"--out_dir={tmp_path / str(max_steps)}").stdout
+        assert re.findall(r"left, about (\d+) steps in all", lines) == [str(steps)] * steps, lines
 
 
 def test_a_run_stopped_on_its_last_step_is_finished_by_its_resume(prepared, tmp_path):
@@ -609,7 +617,7 @@ def test_a_resume_is_its_run_or_one_line(prepared, tmp_path):
     extend = [*base, f"--out_dir={out}", "--resume=True", f"--budget_tokens={2 * int(advice[1])}", "--grad_clip=1.0",
               "--batch_ramp=0.6"]  # the run's ramp, which the extension scales: the same command again is the same run
     longer = run_script(*extend).stdout
-    assert "the schedules follow it from the share spent, 50%" in longer and "the batch never shrinks" in longer, longer
+    assert "the schedules follow it from the progress so far, 50%" in longer and "the batch never shrinks" in longer, longer
     assert "resuming with --grad_clip=1 (its checkpoint's: 0.5)" in longer, longer
     steps = step_lines(longer)
     assert steps and {b for *_, b in steps.values()} == {"32"} and torch.load(out / "ckpt.pt")["tokens"] >= 32768

@@ -1,3 +1,4 @@
+import os
 import re
 
 import pytest
@@ -73,11 +74,13 @@ def test_masking_rate_schedule_is_a_pure_function_of_progress_in_few_levels():
 
 def test_the_schedule_line_says_the_rates_the_loop_will_use():
     """The start-up line "schedule:" (printed by every run and --dry_run) gives lr_at's rates at each quarter of the
-    budget and mask_rate_at's staircase, for either schedule and any number of levels, a falling staircase too."""
+    budget and mask_rate_at's staircase, for either schedule and any number of levels, a falling staircase too, and
+    where the checkpoints go."""
     for schedule, start, levels in (("triangle", 0.0, 4), ("warmup_linear", 0.15, 3), ("triangle", 0.4, 1),
                                     ("triangle", 0.3, 8), ("warmup_linear", 0.1, 7)):
         config = dict(lr=1e-3, lr_schedule=schedule, warmup=0.05, mask_rate=0.25, mask_rate_start=start,
-                      mask_levels=levels, eval_interval_minutes=30.0, ckpt_interval_minutes=0.0)
+                      mask_levels=levels, eval_interval_minutes=30.0, ckpt_interval_minutes=0.0, out_dir="runs/a",
+                      keep_checkpoints=2)
         line = schedule_line(config, lr_at, mask_rate_at)
         said = [float(v) for v in re.search(r"^schedule: lr (.*) at 0, 25, 50, 75 and 100% of the budget", line).group(1).split(", ")]
         assert said == pytest.approx([lr_at(p, 1e-3, schedule, 0.05) for p in (0, 0.25, 0.5, 0.75, 1)], rel=5e-3), line
@@ -87,7 +90,8 @@ def test_the_schedule_line_says_the_rates_the_loop_will_use():
             assert steps == f"{rates[0]:.3g} throughout", line
         else:  # each level's rate, from the share of the budget where it starts
             assert steps == ", ".join(f"{r:.3g} from {k / levels:.0%}" for k, r in enumerate(rates)), line
-        assert line.endswith("an evaluation every 30 min and a checkpoint every step on the budget's clock"), line
+        assert ("an evaluation every 30 min and a checkpoint every step of training time, to "
+                f"{os.path.join('runs', 'a', 'ckpt.pt')} (the last 2 kept); Ctrl-C or SIGTERM ends the step, saves and exits") in line
 
 
 def test_a_run_with_a_schedule_compiles_a_graph_per_level(prepared, tmp_path):

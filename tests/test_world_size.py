@@ -1,4 +1,4 @@
-"""The global batch at a step is its run's schedule's (train.batch_size_at, a pure function of the budget's share spent)
+"""The global batch at a step is its run's schedule's (train.batch_size_at, a pure function of the run's progress)
 at any number of processes, and a resume in another number reads the same sequences (issue 87, item 6): the per-process
 split (setup.split_micro_batches, train.micro_batch_sizes) over many worlds, micro-batches and batches; real runs over gloo
 resumed 1 -> 2 -> 4 -> 1 processes, each step's rows read by every process; one line where a world cannot split it."""
