@@ -20,7 +20,16 @@ schedules follow the run's progress, the fraction of the budget used (seconds of
 or tokens / budget_tokens), not the step count. So on any hardware they end together when the budget is spent (unless
 max_steps stops the run first). In the loop, Ctrl-C or SIGTERM finishes the current step (an evaluation or save due
 after it is skipped), then saves a checkpoint (unless the weights have diverged) and exits; --resume=True continues from
-there. Before the loop, it exits at once and saves nothing."""
+there. Before the loop, it exits at once and saves nothing.
+
+Running it on a shared or pre-emptible machine. Everything a run writes is in out_dir: ckpt.pt, the newest checkpoint
+(saved every ckpt_interval_minutes of training time, so less often on the wall clock; on a stop signal in the loop; at
+the end), the keep_checkpoints - 1 before it as ckpt_<step>.pt, metrics.jsonl (every training and evaluation line, as
+JSON) and a lock file that keeps a second run out of the folder. A checkpoint is written whole or not at all, so a kill
+leaves the last one saved. The exit status is 0 when the run finished or had nothing left to do, 128 + the signal's
+number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM; SIGHUP, SIGUSR1, SIGUSR2 and SIGXCPU stop it the same
+way), and 1 with a one-line error for a refused setting, a fault or a run whose loss diverged. To restart it, run the same
+command with --resume=True where out_dir/ckpt.pt exists, or the same command as it was where none was saved yet."""
 import dataclasses
 import functools
 import math
@@ -74,14 +83,15 @@ n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes 
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
-# Every other field of model.py's ModelConfig is a setting too (see --help). Their defaults are the reference's recipe
+# Every other field of model.py's ModelConfig is a setting too (listed last by --help). Their defaults are the reference's recipe
 # (pre-LayerNorm, a gated GELU feed-forward, no biases in the linear layers, no dropout, only the masked positions
 # predicted) and smear, cram's addition, on as well (config/recipe_reference.py turns it off). The vocabulary size and
 # the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
 # The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
 # and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, here by count,
-# not by chance: 80% of a row's masked positions, rounded, become [MASK], the next 10% a random token, and the rest stay
-# (26, 3 and 3 of the 32 in a row of 128 at 0.25). The loss covers every masked position. With
+# not by chance: of a row's k masked positions, round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random
+# token (which may happen to be the token itself, as in BERT), and the rest stay (26, 3 and 3 of the 32 in a row of 128
+# at 0.25; 4, 0 and 1 of 5). The loss covers every masked position. With
 # mask_rate_start the rate moves over the budget, up or down, as a staircase of mask_levels rates, the last of them
 # mask_rate (with one level it stays at mask_rate_start; mask_rate_at).
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
@@ -101,7 +111,9 @@ lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_a
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
 # The batch. Where batch_ramp is above 0 and batch_ramp_start below batch_size, a run's first steps take
 # batch_ramp_start sequences each. The batch then grows by that many at a time (the last jump smaller where batch_size
-# is not a multiple of it) and reaches batch_size at batch_ramp of the budget (batch_size_at). Early on, a small batch
+# is not a multiple of it) and reaches batch_size at batch_ramp of the budget (batch_size_at). A step takes the batch
+# of the point in the budget where it starts, so where one step spends more of the budget than a size lasts, that size
+# is skipped. Early on, a small batch
 # learns about as much per token as a large one (the critical batch is small while the loss is high), so it gives more
 # updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the budget pick it: 4096 x (the
 # budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a multiple of the processes, or
@@ -255,7 +267,8 @@ def main(config, given):
             repeats_warned = repeats_warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
         # After a stop request, an evaluation or save due now is skipped: the end saves at once, and a stopped run has no
-        # final evaluation, so a scheduler's grace period covers one save, not three.
+        # final evaluation. So a scheduler's grace period needs to cover what was under way when the signal came (the
+        # step, an evaluation or a save) and then one save (none, if the signal came during a save of this step).
         if master and seconds - last_eval >= eval_interval_minutes * 60 and stop_request.signum is None:
             last_eval, scores[step] = seconds, run_eval(validation, metrics, step, tokens, seconds)
         # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged (the next
@@ -506,12 +519,14 @@ class BadSteps:
 def log_step(metrics, rt, record, n_rows, seq_len, progress):
     """Prints a training line and records it. Beside the record's figures, the line gives a GPU's peak memory, the epoch
     (how many times the run has read the n_rows training rows), the budget left and about how many steps the whole run
-    takes, max_steps included. That last figure assumes the rest of the run trains as fast as it has so far (under a
-    budget of tokens it is close whatever the speed); a workshop or a quick test reads it at the first line."""
+    takes, max_steps included. Under a budget of hours, that last figure assumes the rest of the run trains at the
+    speed since the line before. The first line's speed includes the first step's compilation, so its figure is low;
+    the second line's is not. Under a budget of tokens it is close at any speed."""
     peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped, tokens = record["mfu"], record["skipped"], record["tokens"]
-    steps = min(budget.expected_steps(tokens / seq_len / progress, batch_ramp_start, batch_size, batch_ramp), max_steps or math.inf)
+    total = budget_tokens or tokens + record["tokens_per_s"] * max(0.0, 1 - progress) * 3600 * budget_hours  # in the run
+    steps = min(budget.expected_steps(total / seq_len, batch_ramp_start, batch_size, batch_ramp), max_steps or math.inf)
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
           f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {tokens / (n_rows * seq_len):.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left, about {steps:,.0f} "
@@ -588,8 +603,8 @@ def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final,
     A resume runs with the run's own settings (cram/setup.py's resume_settings). Only these may change:
     - the budget: a larger one to train further, a smaller one to end sooner. The schedules then follow the progress
       through the new budget: the rate jumps to its schedule's value there, with no new warm-up, and the masking rate
-      may step back a level. The batch ramp is rescaled to end where it did (or at the budget's end, if that is sooner),
-      so the batch never shrinks.
+      may step back a level. The batch ramp is rescaled to end where it did, so the batch never shrinks. Where the new
+      budget ends before the old ramp did, the batch is still growing at the end.
     - the optimizer's rate, clipping and decay and the spike check, which a diverged run's error asks you to lower
       (setup.py's CHANGEABLE).
     - how this command runs: device, precision, micro-batch, logging and where the data is (setup.py's THIS_COMMAND).
@@ -715,11 +730,13 @@ def open_out_dir(model, saves, config, rt, n_data_tokens, checkpoint, start_line
 
 
 def finish(validation, metrics, state, signum, saves, scores):
-    """Saves the last checkpoint first. A run stopped by a signal (signum, or None when another process got it) then
-    says how to continue it. A finished run evaluates, unless `scores` (each evaluation's score by its step) holds
-    this step's, and prints how many graphs torch.compile built, the fill-in examples and the final line."""
+    """Saves the last checkpoint first, unless a stop came during the periodic save of this same step, which saved it
+    already. A run stopped by a signal (signum, or None when another process got it) then says how to continue it. A
+    finished run evaluates, unless `scores` (each evaluation's score by its step) holds this step's, and prints how
+    many graphs torch.compile built, the fill-in examples and the final line."""
     step, tokens, seconds, meta = state["step"], state["tokens"], state["elapsed"], state["meta"]
-    save_if_sound(saves, validation, state, at_end=True)
+    if state["final"] or saves.saved_step != step:  # a stop during the periodic save of this step: saved already
+        save_if_sound(saves, validation, state, at_end=True)
     if not state["final"]:
         name = signal.Signals(signum).name if signum else "a signal to another rank"
         print(f"stopped by {name} at step {step} ({tokens / 1e6:.1f}M tokens, {seconds / 60:.1f} min): saved {saves.path}; "

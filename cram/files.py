@@ -370,7 +370,8 @@ def load_checkpoint(path, use="weights"):
     `use` 'settings' (config and model_args), 'weights' (finite too: fine-tuning, the export), 'resume' (the optimizer
     state, the run's counters and its settings, RUN_SETTINGS, too; check_resume checks them against the run)."""
     if not os.path.isfile(path):
-        raise unfound(path, f"error: checkpoint not found: {path}")
+        first = " (if the run has saved none yet, start it again without --resume=True)" if use == "resume" else ""
+        raise unfound(path, f"error: checkpoint not found: {path}{first}")
     try:
         with warnings.catch_warnings():  # torch warns about a pickle protocol before refusing it: the error says it
             warnings.simplefilter("ignore")
@@ -591,6 +592,7 @@ class Saves:
         self.path, self.keep, self.run = path, keep, (checkpoint or {}).get("run") or os.urandom(8).hex()
         self.last, self.last_path = (checkpoint["step"], source) if checkpoint is not None else (None, None)
         self.branched = checkpoint is not None and os.path.abspath(source) != os.path.abspath(path)
+        self.saved_step = None  # the step of this command's last save
 
     def branch(self):
         """For a resume from an older checkpoint, once out_dir is claimed: sets aside the checkpoints saved after it
@@ -606,7 +608,7 @@ class Saves:
     def save(self, state):
         """Writes the checkpoint `state` as ckpt.pt, keeping the last `keep` of the run's checkpoints."""
         save_in_series(self.path, state, self.keep, None if self.branched else self.last)
-        self.last, self.last_path, self.branched = state["step"], self.path, False
+        self.last, self.last_path, self.branched, self.saved_step = state["step"], self.path, False, state["step"]
 
     def kept(self):
         """A phrase that says where the last sound checkpoint is and names the one before it, or that none was saved."""

@@ -186,9 +186,9 @@ def settled_line(given, config, resumed):
 
 def schedule_line(config, lr_at, mask_rate_at):
     """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
-    rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does. `lr_at` and `mask_rate_at` are train.py's
-    schedules, so a fork's new one shows here as it will run (a masking rate that changes more than 8 times is given
-    by its first and last values)."""
+    rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does. `lr_at` and
+    `mask_rate_at` are train.py's schedules, so a fork's new one shows here as it will run (a masking rate that takes
+    more than 8 values is given by its first and last values)."""
     lrs = [lr_at(p, config["lr"], config["lr_schedule"], config["warmup"]) for p in (0, 0.25, 0.5, 0.75, 1)]
     # The masking rate at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
     rates = [mask_rate_at(i / 840, config["mask_rate"], config["mask_rate_start"], config["mask_levels"]) for i in range(840)]

@@ -216,11 +216,25 @@ runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("spy_text, evals", [(STOP_IN_STEP, [0, 1, 2, 3]), (STOP_IN_EVAL, [0, 1, 2, 3, 4])])
+STOP_IN_SAVE = SAVES_SEEN + """
+save_seen, sent = files.Saves.save, []
+def stop_during(self, state):  # a stop signal while step {step}'s periodic save is written
+    if state["step"] == {step} and not sent:
+        sent.append(os.kill(os.getpid(), signal.SIGTERM))
+    save_seen(self, state)
+files.Saves.save = stop_during
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join({root!r}, "train.py"), run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("spy_text, evals", [(STOP_IN_STEP, [0, 1, 2, 3]), (STOP_IN_EVAL, [0, 1, 2, 3, 4]),
+                                             (STOP_IN_SAVE, [0, 1, 2, 3, 4])])
 def test_a_stop_skips_the_evaluation_and_the_save_due_after_its_step(prepared, tmp_path, spy_text, evals):
     """A stop signal during a step after which an evaluation and a periodic save are due (here every step): the run
     finishes the step and saves it once, at the end. Before, it evaluated, saved, and saved the same step again: three
-    jobs where a scheduler's grace period needs one. A stop during that evaluation skips the save after it too."""
+    jobs where a scheduler's grace period needs one. A stop during that evaluation skips the save after it too, and
+    one during that save lets it finish and does not save the same step again at the end."""
     from cram.files import checkpoint_series
     spy, out = tmp_path / "spy.py", tmp_path / "run"
     spy.write_text(spy_text.format(root=ROOT, step=4))
@@ -232,7 +246,7 @@ def test_a_stop_skips_the_evaluation_and_the_save_due_after_its_step(prepared, t
     assert proc.returncode == 143 and "stopped by SIGTERM at step 4 " in stdout, (stdout[-2000:], stderr[-2000:])
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"] == evals  # at init, then a step's
     assert torch.load(out / "ckpt.pt")["step"] == 4 and [s for s, _ in checkpoint_series(out)] == [2, 3]
-    assert (tmp_path / "saves.txt").read_text().split() == ["1", "2", "3", "4"]  # step 4 once: the end's save
+    assert (tmp_path / "saves.txt").read_text().split() == ["1", "2", "3", "4"]  # step 4 saved once
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), pytest.param(
