@@ -382,6 +382,29 @@ class TiedLookup(torch.autograd.Function):
         return grad_weight.float().index_add_(0, idx.reshape(-1), tokens), None, None
 
 
+# -----------------------------------------------------------------------------
+# The objective: Masking (its settings) and mask_tokens (which masks a batch). First, what a fork's change to the step
+# touches besides the line it changes:
+# - A batch is (inputs, positions, labels) with the same count k of masked positions in every row. Batches,
+#   Validation, micro_batch_weights, step_bytes, flops_per_token, narrowed layers and off-load mode
+#   all rely on that fixed k.
+# - The forward and mlm_loss run compiled as one graph of fixed shapes, so a change there may not read a value on
+#   the host (.item()) or make a shape that depends on the data.
+# - Every check reads the same loss: the spike check, diverged (ln(vocab_size) + 1), the check before a save (an
+#   error at the end of a run), validation and the log line.
+# - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss; the
+#   weights are micro_batch_weights') and update. Its blocks' weights live in host memory, so a loss term that reads
+#   them does not work there.
+# - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
+#   whose draws a resume or another number of processes would not repeat. Noise that the loss needs travels with
+#   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
+# - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
+#   not hold it, runs with its current default.
+# - Outside the step, two places describe the objective: cram/data.py's fill_in masks one word of a validation row
+#   its own way for the end's examples, and tools/export.py's model card states the masking rate and the 80/10/10
+#   split. An objective that changes them changes those too.
+
+
 MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
 
 
@@ -601,27 +624,11 @@ def set_rate(optimizer, lr):
         group["lr"] = lr
 
 
-# -----------------------------------------------------------------------------
-# What a fork's change to the step touches besides the line it changes:
-# - A batch is (inputs, positions, labels) with the same count k of masked positions in every row. Batches,
-#   Validation, micro_batch_weights, step_bytes, flops_per_token, narrowed layers and off-load mode
-#   all rely on that fixed k.
-# - The forward and mlm_loss run compiled as one graph of fixed shapes, so a change there may not read a value on
-#   the host (.item()) or make a shape that depends on the data.
-# - Every check reads the same loss: the spike check, diverged (ln(vocab_size) + 1), the check before a save (an
-#   error at the end of a run), validation and the log line.
-# - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss; the
-#   weights are micro_batch_weights') and update. Its blocks' weights live in host memory, so a loss term that reads
-#   them does not work there.
-# - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
-#   whose draws a resume or another number of processes would not repeat. Noise that the loss needs travels with
-#   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
-# - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
-#   not hold it, runs with its current default.
 def micro_batch_weights(micro_batches):
     """Each micro-batch's weight in the step's loss: its share of this process's rows in the step. Every row has the
     same number of masked positions, so this weights every masked token alike. An objective whose count varies by row
-    weights by labels.numel() here instead (normal and off-load mode both call this)."""
+    pads its labels (with -100, say) and weights each micro-batch by its count of real labels, (labels != -100).sum(),
+    here instead (normal and off-load mode both call this)."""
     rows = sum(len(batch[0]) for batch in micro_batches)
     return [len(batch[0]) / rows for batch in micro_batches]
 

@@ -29,7 +29,20 @@ JSON) and a lock file that keeps a second run out of the folder. A checkpoint is
 leaves the last one saved. The exit status is 0 when the run finished or had nothing left to do, 128 + the signal's
 number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM; SIGHUP, SIGUSR1, SIGUSR2 and SIGXCPU stop it the same
 way), and 1 with a one-line error for a refused setting, a fault or a run whose loss diverged. To restart it, run the same
-command with --resume=True where out_dir/ckpt.pt exists, or the same command as it was where none was saved yet."""
+command with --resume=True where out_dir/ckpt.pt exists, or the same command as it was where none was saved yet.
+
+Comparing runs. The seed fixes the initial weights (each drawn by its name, so two variants share the weights they
+have in common), the data order, the training masks and dropout; validation masks are the same in every run. Between
+two runs of one command, the rest may still differ. Under a budget of hours the clock decides how many steps there are
+and so each step's rate, batch and masking rate, and the budget picks the shape and batch from a timed matmul.
+--dtype=auto times the precisions again on a CPU, micro_batch=0 probes a GPU's free memory, a GPU may add floats in
+another order, and the picked batch is a multiple of the number of processes. So, to repeat a run, give
+--budget_tokens, --dtype and --micro_batch and use as many processes. To compare two variants, give n_layers, d_model,
+batch_size and lr as well, since a variant that costs other FLOPs per token would be given another shape
+(tools/compare.py runs such comparisons). To compare machines, the training lines' tokens/s and MFU are the figures
+(MFU against the GPU's peak, looked up by its name, or --peak_tflops): a step's time includes drawing and masking its
+batch, and compilation in the first steps. Under equal hours a faster machine is given a larger model by the budget,
+so pin the shape and batch to compare speeds; bench.py times the step alone."""
 import dataclasses
 import functools
 import math
@@ -55,10 +68,8 @@ data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prep
 out_dir = "out"           # the checkpoints (ckpt.pt, the newest), metrics.jsonl and the run's lock file go here
 # The budget: hours of training time, or a number of tokens. The schedules of the rate, the batch and the masking rate
 # follow the run's progress, the fraction of the budget used, so they end when it ends. Under a budget of tokens, each
-# step's batch, rate and masks repeat from one run of the same settings to the next. The floats may still differ: a GPU
-# may add them in another order, and --dtype=auto times the precisions again in a new run, so give --dtype to hold it.
-# Two variants of an ablation may cost other FLOPs per token, and so be given other shapes, batches and rates by the
-# budget: give n_layers, d_model and batch_size (and lr) to hold them.
+# step's batch, rate and masks repeat from run to run. What else to give, to repeat a run or to compare two variants
+# fairly, is in "Comparing runs" at the top of this file.
 budget_hours = 24.0       # > 0: hours of training time; the schedules follow the run's progress
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
@@ -119,7 +130,7 @@ warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_l
 # budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a multiple of the processes, or
 # of micro_batch x the processes where a given micro_batch fits it (cram/budget.py). The paper's day gives 4096, the
 # batch the paper found best (the reference's recipe ramps to 8192, which config/shape_paper.py pins).
-micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest that fits (normal mode), else 32 or a process's share if smaller (main writes the value here)
+micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest power of two that fits in 90% of the free memory (normal mode), else 32 or a process's share if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
@@ -212,7 +223,8 @@ def main(config, given):
     # Training time, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
     # - It counts drawing and masking the batch, the forward, the backward and the update.
     # - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and
-    #   again at each new masking level and the first time the ramp needs a new micro-batch size.
+    #   again at each new masking level that changes a row's count of masked tokens, and the first time the ramp
+    #   needs a new micro-batch size.
     # - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
     #   clock where an evaluation or a save comes between.
     # - Set-up, logging, evaluation, saving and most of a pause (Ctrl-Z: the rule below) are off the clock, so a run
@@ -335,10 +347,14 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
     rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. With many steps, its last one
-    runs at 4 x peak x the fraction of the budget left when it starts, near 0. Decaying to 0 as the budget ends is what
+    runs at 4 x peak x the fraction of the budget left when it starts, near 0 (where the budget, not max_steps, ends
+    the run). Decaying to 0 as the budget ends is what
     trains best under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
-    rate of 0 at a new run's first step, then decays linearly to 0."""
+    rate of 0 at a new run's first step, then decays linearly to 0.
+    A step runs at the rate of the point in the budget where it starts. Under a budget of hours, the first step's
+    compilation is on the clock, so in a short run the second step may start well into the schedule: past a
+    warm-up shorter than the compilation, say (a 5-minute run's 1% is 3 seconds). A budget of tokens does not skip."""
     if schedule == "triangle":  # up from 0.25 of the peak at 0 to the peak at 0.75, then down to 0 at 1
         return peak * (0.25 + progress if progress < 0.75 else max(0.0, 4 * (1.0 - progress)))
     if schedule == "warmup_linear":

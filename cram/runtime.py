@@ -26,10 +26,11 @@ with contextlib.suppress(FileNotFoundError):
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Dense bf16 tensor-core peaks (FLOP/s) used for MFU; match on the device name.
-GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A6000": 154.8e12, "A40": 149.7e12,
-                  "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12, "4090": 165e12, "3090": 71e12,
-                  "V100": 125e12, "A4000": 76.7e12}
+# Dense bf16 tensor-core peaks (FLOP/s) used for MFU (the V100's is float16's: it has no bfloat16); matched on the device
+# name, the longest key first. An H100 is the SXM card's unless its name says PCIe or NVL. Another GPU: --peak_tflops.
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "GH200": 989e12,
+                  "A100": 312e12, "A6000": 154.8e12, "A40": 149.7e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12,
+                  "A10": 125e12, "4090": 165e12, "3090": 71e12, "V100": 125e12, "A4000": 76.7e12}
 
 # torch.compile's modes: inductor's defaults, autotuned GEMMs, CUDA graphs (one launch a step) with or without them. The
 # reference trains with max-autotune; cram keeps inductor's until a GPU report shows one faster (bench.py times them).

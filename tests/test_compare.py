@@ -3,6 +3,8 @@ tests/test_gpu_report.py's recipes phase; protocol=tokens here), finished runs r
 import json
 import os
 
+import torch
+
 from conftest import ROOT, TINY_MODEL, assert_one_line_error, run_script, slow
 from compare import variant_args
 
@@ -44,6 +46,9 @@ def test_tokens_protocol_times_then_trains_equal_time_budgets_and_reuses_runs(pr
         assert all(r["budget_tokens"] <= c[-1]["tokens"] < r["budget_tokens"] + 32 * 32 for c in r["curves"])
         assert f"| {name} |" in proc.stdout
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    # every run trained in the precision decided once for the command, whatever a CPU's timing said run to run
+    dtypes = {torch.load(out / name / "seed0" / "ckpt.pt")["config"]["dtype"] for name in ("crammed", "mask_rate=0.4")}
+    assert len(dtypes) == 1 and f"--dtype={dtypes.pop()}" in (out / "crammed" / "seed0" / "done").read_text()
     # a rerun with one more seed trains only that seed, and the target is the baseline's mean over its seeds
     stamp = (out / "mask_rate=0.4" / "seed0" / "ckpt.pt").stat().st_mtime
     run_script("tools/compare.py", "--variants=crammed,mask_rate=0.4", f"--base={base}", f"--out_dir={out}",
@@ -63,6 +68,19 @@ def test_tokens_protocol_times_then_trains_equal_time_budgets_and_reuses_runs(pr
     assert_one_line_error(run_script("tools/compare.py", "--variants=crammed,mask_rate=0.4", f"--base={base}",
                                      f"--out_dir={out}", *ARGS[:1], *ARGS[2:], "--seeds=2", check=False),
                           "finished with other settings")
+
+
+def test_auto_precision_is_decided_once_for_every_run(monkeypatch):
+    """dtype=auto becomes the precision train.py would pick here, once, so that every run is given the same one; a
+    dtype given stays as given."""
+    import compare
+    from cram.runtime import DTYPES
+    monkeypatch.setattr(compare, "dtype", "auto")
+    compare.decide_dtype()
+    assert compare.dtype in DTYPES
+    monkeypatch.setattr(compare, "dtype", "float16")
+    compare.decide_dtype()
+    assert compare.dtype == "float16"
 
 
 def test_variants_name_configs_or_settings_or_combine_them():

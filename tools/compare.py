@@ -14,7 +14,8 @@ variant trains on the base config's data, from the same settings plus its own, o
   protocol=tokens  on a shared machine a run's speed varies from minute to minute, so each variant
                    is first timed (short full-batch runs of every variant, interleaved and
                    repeated), then trained for the tokens that speed reaches in the budget
-                   (--budget_tokens: its schedules and result no longer depend on the load)
+                   (--budget_tokens: once the speed is timed, the schedules and result of a run
+                   no longer depend on the load while it trains)
 Each variant trains once per seed. The table gives each variant's final validation loss (mean and
 spread over seeds, fixed 25% masks), its speed, and its time-to-quality: the share of the budget
 it needs to reach the first variant's mean final loss, read off its evaluation curve (an upper
@@ -46,6 +47,7 @@ budget_tokens = 0         # >= 0: protocol=tokens: > 0 gives every variant these
 seeds = 1                 # [1, 100000]: training runs per variant (seeds 0, 1, ...)
 speed_steps = 12          # >= 6: protocol=tokens: full-batch steps per timing run (logged every 3; the first window is dropped)
 speed_repeats = 2         # >= 1: protocol=tokens: timing runs per variant, interleaved across variants
+dtype = "auto"            # {auto, float32, bfloat16, float16}: every run's precision; auto: train.py's rule, decided once here, so that no two variants train in other precisions (a CPU times it, and a near tie could go either way run to run)
 train_args = ""           # more train.py settings for every run, before the variant's own, space-separated
 out_dir = "out/compare"   # the runs (<out_dir>/<variant>/seed<k>), results.json and compare.png
 png = ""                  # the picture; default: <out_dir>/compare.png
@@ -67,11 +69,20 @@ def variant_args(name):
     return args
 
 
+def decide_dtype():
+    """dtype=auto decided once, as train.py decides it on this machine's device, for every run of this command."""
+    global dtype
+    if dtype == "auto":
+        import torch
+        from cram.runtime import auto_dtype
+        dtype = auto_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))[0]
+
+
 def train(name, run_dir, *args):
     """A train.py run of variant `name` into run_dir, kept when it finished earlier with the same settings
     (its `done` file holds them); one finished with other settings (another budget, base or train_args)
     is refused, not reused as if it were this command's, nor replaced."""
-    command = [sys.executable, os.path.join(ROOT, "train.py"), *([base] if base else []), *train_args.split(),
+    command = [sys.executable, os.path.join(ROOT, "train.py"), f"--dtype={dtype}", *([base] if base else []), *train_args.split(),
                *variant_args(name), *args, f"--out_dir={run_dir}", "--fill_in_examples=0"]
     # The done file names how the initial weights were drawn too, so that a run from before they were keyed by name
     # (model.keyed_generator) is not paired with a later variant as if both started from the same weights
@@ -251,6 +262,7 @@ def main():
     claim_folder(out_dir)
     if path:
         check_writable(path, "--png")
+    decide_dtype()
     curves, speeds, budgets = train_variants(names, budget)
     table, results = variants_table(curves, speeds, budget)
     for name, tokens in budgets.items():
