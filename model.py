@@ -221,7 +221,8 @@ def sinusoid_table(seq_len, d_model):
 
 def keyed_generator(base, name):
     """The generator a weight named `name` is drawn from: seeded by `base` (drawn from the run's seed) and the name. So
-    at one seed a weight starts the same whatever other modules the model has, and a switch that adds one (smear, say)
+    at one seed a weight starts the same whatever other modules the model has (where its shape is the same: glu=False
+    gives ffn.down another shape, so other values), and a switch that adds one (smear, say)
     leaves the rest of an ablation's starting point as it was (the masks are keyed by row the same way)."""
     return torch.Generator().manual_seed(base ^ zlib.crc32(name.encode()))
 
@@ -245,8 +246,11 @@ class CrammedBert(nn.Module):
 
     def __init__(self, **settings):
         super().__init__()
-        # One draw from torch's generator, before anything else draws, keys every weight's own draw (keyed_generator)
+        # One draw from torch's generator, before anything else draws, keys every weight's own draw (keyed_generator).
+        # The modules' constructors draw from it too, so its state after that one draw is put back at the end: what
+        # draws from it next (dropout) follows the seed alone, not which modules a variant has.
         base = int(torch.randint(2 ** 62, (), device="cpu"))
+        after_base = torch.get_rng_state()
         self.config = c = ModelConfig(**settings)
         vocab_size, seq_len, d_model, norm_eps = c.vocab_size, c.seq_len, c.d_model, c.norm_eps
         self.sparse_prediction = c.sparse_prediction
@@ -275,6 +279,7 @@ class CrammedBert(nn.Module):
             draw_normal(self.pos_emb, keyed_generator(base, "pos_emb"))
         if c.smear:
             nn.init.zeros_(self.smear.weight)  # starts as the model without it
+        torch.set_rng_state(after_base)
 
     @staticmethod
     def _init_weights(module, generator=None):

@@ -6,9 +6,9 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-One step, in order (main's loop): take the next rows of the token file in the run's order (shuffled unless
-data_order=file), seq_len tokens each; in each row hide mask_rate of the tokens (by default 32 of 128: 26 become [MASK],
-3 a random token and 3 stay as they are); the model predicts the original token at each hidden position, and the loss is
+One step, in order (main's loop): take the next rows of the token file in the run's order (each epoch shuffled anew;
+with data_order=file the first epoch in the file's order), seq_len tokens each; in each row hide round(mask_rate x
+seq_len) tokens (by default 32 of 128: 26 become [MASK], 3 a random token and 3 stay as they are); the model predicts the original token at each hidden position, and the loss is
 the cross-entropy averaged over all of them; the backward pass gives the gradients; their norm is clipped to grad_clip
 (0: not clipped); the optimizer (AdamW by default) updates the weights at this step's learning rate, unless the loss
 spiked (Bad steps); the gradients are cleared.
@@ -24,25 +24,29 @@ there. Before the loop, it exits at once and saves nothing.
 
 Running it on a shared or pre-emptible machine. Everything a run writes is in out_dir: ckpt.pt, the newest checkpoint
 (saved every ckpt_interval_minutes of training time, so less often on the wall clock; on a stop signal in the loop; at
-the end), the keep_checkpoints - 1 before it as ckpt_<step>.pt, metrics.jsonl (every training and evaluation line, as
-JSON) and a lock file that keeps a second run out of the folder. A checkpoint is written whole or not at all, so a kill
-leaves the last one saved. The exit status is 0 when the run finished or had nothing left to do, 128 + the signal's
-number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM; SIGHUP, SIGUSR1, SIGUSR2 and SIGXCPU stop it the same
-way), and 1 with a one-line error for a refused setting, a fault or a run whose loss diverged. To restart it, run the same
-command with --resume=True where out_dir/ckpt.pt exists, or the same command as it was where none was saved yet.
+the end), the keep_checkpoints - 1 before it as ckpt_<step>.pt (the step in 8 digits), metrics.jsonl (every training and
+evaluation line, as JSON) and a lock file that keeps a second run out of the folder. A checkpoint is written whole or
+not at all, so a kill leaves the last one saved. The exit status is 0 when the run finished or had nothing left to do,
+128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM; SIGHUP, SIGUSR1, SIGUSR2 and
+SIGXCPU stop it the same way, even after a finished run's final save, whose next attempt then exits 0), and 1 with a
+one-line error for a refused setting, a fault or a run whose loss diverged. To restart it, run the same command with
+--resume=True where out_dir/ckpt.pt exists, or the same command as it was where none was saved yet. A batch script can
+give every attempt one line: python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True).
 
-Comparing runs. The seed fixes the initial weights (each drawn by its name, so two variants share the weights they
-have in common), the data order, the training masks and dropout; validation masks are the same in every run. Between
-two runs of one command, the rest may still differ. Under a budget of hours the clock decides how many steps there are
-and so each step's rate, batch and masking rate, and the budget picks the shape and batch from a timed matmul.
---dtype=auto times the precisions again on a CPU, micro_batch=0 probes a GPU's free memory, a GPU may add floats in
-another order, and the picked batch is a multiple of the number of processes. So, to repeat a run, give
---budget_tokens, --dtype and --micro_batch and use as many processes. To compare two variants, give n_layers, d_model,
-batch_size and lr as well, since a variant that costs other FLOPs per token would be given another shape
-(tools/compare.py runs such comparisons). To compare machines, the training lines' tokens/s and MFU are the figures
-(MFU against the GPU's peak, looked up by its name, or --peak_tflops): a step's time includes drawing and masking its
-batch, and compilation in the first steps. Under equal hours a faster machine is given a larger model by the budget,
-so pin the shape and batch to compare speeds; bench.py times the step alone."""
+Comparing runs. What holds two runs alike, and what does not:
+- Fixed by the seed: the initial weights (each drawn by its name, so two variants share the weights they have in
+  common), the data order, the training masks and dropout. Validation's masks are the same in every run.
+- Fixed only under a budget of tokens: each step's batch, learning rate and masking rate. Under a budget of hours the
+  clock decides how many steps there are and where each falls in the schedules.
+- Fixed only where given: the shape, the batch and the peak rate. Left at 0, the budget picks them from the FLOPs a
+  token costs, which a variant may change (smear adds some), and from a timed matmul under a budget of hours.
+- Fixed only where given: the precision (--dtype=auto times it again on a CPU) and the micro-batch (0 probes a GPU's
+  free memory). A GPU may still add floats in another order, and the picked batch is a multiple of the processes.
+So to repeat a run give --budget_tokens, --dtype and --micro_batch on as many processes; to compare two variants give
+n_layers, d_model, batch_size and lr too (tools/compare.py runs such comparisons). To compare machines, read the
+training lines' tokens/s and MFU (against the GPU's peak, looked up by its name, or --peak_tflops) with the shape and
+batch given: under equal hours a faster machine is given a larger model. A step's time includes drawing and masking
+its batch, and compilation in the first steps; bench.py times the step alone."""
 import dataclasses
 import functools
 import math
@@ -120,12 +124,10 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by th
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
-# The batch. Where batch_ramp is above 0 and batch_ramp_start below batch_size, a run's first steps take
-# batch_ramp_start sequences each. The batch then grows by that many at a time (the last jump smaller where batch_size
-# is not a multiple of it) and reaches batch_size at batch_ramp of the budget (batch_size_at). A step takes the batch
-# of the point in the budget where it starts, so where one step spends more of the budget than a size lasts, that size
-# is skipped. Early on, a small batch
-# learns about as much per token as a large one (the critical batch is small while the loss is high), so it gives more
+# The batch. By default a run's first steps take 128 sequences each (batch_ramp_start), and the batch grows by 128 at
+# a time until it is batch_size at 60% of the budget (batch_ramp; batch_size_at has the rule, and the schedules'
+# section its edge cases). With batch_ramp=0, or batch_ramp_start at batch_size or above, it is batch_size throughout.
+# Early on, a small batch learns about as much per token as a large one (the critical batch is small while the loss is high), so it gives more
 # updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the budget pick it: 4096 x (the
 # budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a multiple of the processes, or
 # of micro_batch x the processes where a given micro_batch fits it (cram/budget.py). The paper's day gives 4096, the
@@ -342,19 +344,25 @@ class StopRequest:
 
 
 # -----------------------------------------------------------------------------
-# The schedules: each is a pure function of the run's progress, the fraction of the budget used.
+# The schedules: each is a pure function of the run's progress, the fraction of the budget used. At the defaults:
+# - the learning rate starts at a quarter of its peak, rises in a straight line to the peak at 75% of the budget, and
+#   falls in a straight line to 0 at the end (lr_at);
+# - the batch starts at 128 sequences and grows by 128 at a time until it is batch_size at 60% of the budget
+#   (batch_size_at);
+# - the masking rate is 0.25 throughout (mask_rate_at).
+# The edge cases, the same for all three. A step takes the values of the point in the budget where it starts, so
+# where one step spends more of the budget than a stretch of a schedule lasts (a warm-up, one size of the batch), that
+# stretch is skipped. Under a budget of hours that happens at the start of a short run, whose first step's compilation
+# is on the clock (a 5-minute run's 1% warm-up is 3 seconds); under a budget of tokens, where one batch is a large
+# share of it. For the same reason the last step runs at the rate where it starts, not at the end's 0 (the triangle's
+# 4 x peak x the fraction left then). max_steps stops a run without shortening the schedules.
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
-    """The learning rate when a fraction `progress` of the budget is spent, for a peak rate `peak` (the run's lr).
-    "triangle" is the cramming reference's schedule, which it calls "budget-triangle2". It starts at 25% of the peak,
-    rises linearly to the peak at 75% of the budget, then falls linearly to 0 at the end. With many steps, its last one
-    runs at 4 x peak x the fraction of the budget left when it starts, near 0 (where the budget, not max_steps, ends
-    the run). Decaying to 0 as the budget ends is what
-    trains best under a fixed budget (Li et al. 2020, budgeted training).
-    "warmup_linear" is original BERT's schedule. It warms up linearly over a fraction `warmup` of the budget, from a
-    rate of 0 at a new run's first step, then decays linearly to 0.
-    A step runs at the rate of the point in the budget where it starts. Under a budget of hours, the first step's
-    compilation is on the clock, so in a short run the second step may start well into the schedule: past a
-    warm-up shorter than the compilation, say (a 5-minute run's 1% is 3 seconds). A budget of tokens does not skip."""
+    """The learning rate at a fraction `progress` of the budget, for a peak rate `peak` (the run's lr).
+    "triangle" is the cramming reference's schedule (its "budget-triangle2"): from 25% of the peak at the start up to
+    the peak at 75% of the budget, then down to 0 at the end. Decaying to 0 as the budget ends is what trains best
+    under a fixed budget (Li et al. 2020, budgeted training).
+    "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
+    at the end."""
     if schedule == "triangle":  # up from 0.25 of the peak at 0 to the peak at 0.75, then down to 0 at 1
         return peak * (0.25 + progress if progress < 0.75 else max(0.0, 4 * (1.0 - progress)))
     if schedule == "warmup_linear":
@@ -374,10 +382,10 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
 
 
 def batch_size_at(progress, start, final, ramp):
-    """Sequences per optimizer step at a fraction `progress` of the budget. The batch grows linearly from `start` to
-    `final`, which it reaches at `ramp` of the budget, rounded down to a multiple of `start`. So it grows in steps of
-    `start`: a ramp from 32 to 64 is one jump, at `ramp`. Where `final` is not a multiple of `start`, the last jump is
-    smaller. Where start >= final, the batch is `final` throughout."""
+    """Sequences per optimizer step at a fraction `progress` of the budget: the straight line from `start` (at 0) to
+    `final` (at `ramp`), rounded down to a multiple of `start`. So the batch grows in jumps of `start` (from 32 to 64:
+    one jump, at `ramp`), the last one smaller where `final` is not a multiple of `start`. Where start >= final, the
+    batch is `final` throughout."""
     if progress >= ramp or start >= final:
         return final
     grown = start + (final - start) * progress / ramp  # the straight line from start (at 0) to final (at ramp)

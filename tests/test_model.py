@@ -25,7 +25,8 @@ def test_a_switch_that_adds_a_module_leaves_every_other_weight_as_it_was_at_the_
     """Each weight is drawn from a generator keyed by the seed and its name (keyed_generator), so a paired ablation
     starts both variants from the same weights wherever they share them: smear on against off (the README's), and a
     switch nobody named, the original BERT's head transform. Before, one more module shifted every draw after it. The
-    same seed gives the same model, another seed another, and the draws keep BERT's N(0, 0.02)."""
+    same seed gives the same model, another seed another, and the draws keep BERT's N(0, 0.02). Building the model takes
+    one draw of torch's generator whatever its modules, so dropout's draws after it do not depend on them either."""
     def weights(seed, **switches):
         torch.manual_seed(seed)
         return dict(CrammedBert(**TINY, **switches).named_parameters())
@@ -34,6 +35,15 @@ def test_a_switch_that_adds_a_module_leaves_every_other_weight_as_it_was_at_the_
         a, b = weights(3, **plain), weights(3, **switched)
         shared = a.keys() & b.keys()
         assert len(shared) > 10 and all(torch.equal(a[k], b[k]) for k in shared), [k for k in shared if not torch.equal(a[k], b[k])]
+    # building it takes one draw of torch's generator whatever its modules, so dropout's draws follow the seed alone
+    draws = []
+    for switches in (dict(), dict(smear=False), dict(head_transform=True), dict(bias=True)):
+        weights(3, **switches)
+        draws.append(torch.rand(4))
+    torch.manual_seed(3)
+    torch.randint(2 ** 62, ())  # the one draw
+    expected = torch.rand(4)
+    assert all(torch.equal(d, expected) for d in draws), draws
     again, other = weights(3), weights(4)
     assert all(torch.equal(again[k], weights(3)[k]) for k in again)
     assert not torch.equal(again["tok_emb.weight"], other["tok_emb.weight"])
