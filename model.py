@@ -528,7 +528,10 @@ def param_groups(module, weight_decay, optim="adamw"):
 # - fits(state, param) says whether a resumed state tensor fits its parameter (files.optimizer_problem). By default
 #   it must have the parameter's shape, or a shape that factors it (Adafactor keeps a row's and a column's statistics).
 # An optimizer that takes settings beyond lr, betas and eps also needs them passed in make_trainer. One that updates
-# some parameters apart from the rest, as Muon does, needs its group in param_groups. Off-load mode runs AdamW alone.
+# some parameters apart from the rest, as Muon does, needs its group in param_groups. Where a row is built: train.py's
+# make_trainer and the memory probe (cram/memory.py, through Runtime.optimizer, with its own rate, betas and eps) build
+# --optim's row; bench.py and finetune_glue.py always build "adamw"'s, so a change to that row changes them too;
+# off-load mode runs an AdamW of its own.
 def factored(state, param):
     return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
 
@@ -676,7 +679,8 @@ class Trainer:
         cleared either way. Every process sees the same averaged gradients, so all of them decide alike.
         What the update sees: the gradients of the mean loss over every masked token of the step, on all processes,
         unscaled (float16's loss scale taken off) and clipped; `lr`, the schedule's rate for this step (train.lr_at).
-        Its state lives in self.optimizer.state, whose step count counts the applied updates only."""
+        Its state lives in self.optimizer.state, whose step count (AdamW's; Muon's matrices keep none) counts the
+        applied updates only."""
         set_rate(self.optimizer, lr)
         self.scaler.unscale_(self.optimizer)  # the true gradients for the norm and clipping (a no-op unless float16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip or math.inf)

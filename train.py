@@ -8,10 +8,11 @@
 
 One step, in order (main's loop): take the next rows of the token file in the run's order (each epoch shuffled anew;
 with data_order=file the first epoch in the file's order), seq_len tokens each; in each row hide round(mask_rate x
-seq_len) tokens (by default 32 of 128: 26 become [MASK], 3 a random token and 3 stay as they are); the model predicts the original token at each hidden position, and the loss is
-the cross-entropy averaged over all of them; the backward pass gives the gradients; their norm is clipped to grad_clip
-(0: not clipped); the optimizer (AdamW by default) updates the weights at this step's learning rate, unless the loss
-spiked (Bad steps); the gradients are cleared.
+seq_len) tokens (by default 32 of 128: 26 become [MASK], 3 a random token and 3 stay as they are); the model predicts
+the original token at each hidden position, and the loss is the cross-entropy averaged over all of them; the backward
+pass gives the gradients; their norm is clipped to grad_clip (0: not clipped); the optimizer (AdamW by default) updates
+the weights at this step's learning rate, unless the loss spiked or the gradients are not finite (Bad steps); the
+gradients are cleared.
 
 The budget is a number of hours of training time, or a number of tokens. Training time is the time spent in training
 steps: set-up, evaluation, saving and most of a pause are not counted. Unless they are given, the budget picks the
@@ -46,7 +47,7 @@ So to repeat a run give --budget_tokens, --dtype and --micro_batch on as many pr
 n_layers, d_model, batch_size and lr too (tools/compare.py runs such comparisons). To compare machines, read the
 training lines' tokens/s and MFU (against the GPU's peak, looked up by its name, or --peak_tflops) with the shape and
 batch given: under equal hours a faster machine is given a larger model. A step's time includes drawing and masking
-its batch, and compilation in the first steps; bench.py times the step alone."""
+its batch, and compilation in the first steps; bench.py times the step alone (AdamW's)."""
 import dataclasses
 import functools
 import math
@@ -173,7 +174,7 @@ def main(config, given):
     master, log = rank == 0, rank0_print(rank == 0)
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt,
-                                                                            world, ddp, master)
+                                                                            world, master, log)
     start_lines += [setup.settled_line(given, config, resumed.checkpoint is not None),
                     setup.ramp_line(config["batch_ramp_start"], config["batch_size"], config["batch_ramp"],
                                     config["micro_batch"], remainder_micro), setup.schedule_line(config, lr_at, mask_rate_at)]
@@ -219,40 +220,27 @@ def main(config, given):
     if master and not checkpoint:
         scores[step] = run_eval(validation, metrics, step, tokens, seconds)
     init_loss = checkpoint.get("init_val_loss") if checkpoint else scores.get(0, (None,))[0]
-    stop_request = StopRequest()
+    clock = TrainingClock(seconds)  # training time, and a stop signal from here on (TrainingClock has the rules)
 
     # -------------------------------------------------------------------- the loop
-    # Training time, `seconds`, counts each step from `started`, at the top of the loop, to the end of its update.
-    # - It counts drawing and masking the batch, the forward, the backward and the update.
-    # - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and
-    #   again at each new masking level that changes a row's count of masked tokens, and the first time the ramp
-    #   needs a new micro-batch size.
-    # - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
-    #   clock where an evaluation or a save comes between.
-    # - Set-up, logging, evaluation, saving and most of a pause (Ctrl-Z: the rule below) are off the clock, so a run
-    #   takes longer on the wall.
-    # - A resume starts from its checkpoint's clock: steps after the last save that a kill lost are not on it, and the
-    #   resume's first steps compile again, on it.
     # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
     # batch's tokens.
     last_eval = last_ckpt = seconds
-    last_took = math.inf  # the step before's time on the clock
     at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
     repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
     while True:
-        started = time.perf_counter()
-        # Under DDP every process takes rank 0's clock, and all stop if any was asked to: they step alike
-        seconds, stop = runtime.agree_on_clock(seconds, stop_request.signum is not None)
+        seconds, stop = clock.start_step()  # under DDP, rank 0's seconds, and a stop if any process was asked to
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
         step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)  # lr: the peak, decided at start-up
+        # the objective's settings for this step (model.Masking, one field unless a fork adds some) at its masking rate
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
         # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
         # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
-        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)
+        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # from the run's next sequence on
         # The step: forward and backward over the micro-batches (the loss is the mean over every masked token of the
         # step), then one clipped update, skipped on a loss spike.
         loss = trainer.backward(micro_batches)
@@ -262,13 +250,7 @@ def main(config, given):
         # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
         # rows.
         step, tokens = step + 1, tokens + step_batch * seq_len
-        # The clock stops here. A pause (Ctrl-Z, then fg) is not training: StopRequest notes when the process continued,
-        # and a step that a pause fell in counts as no longer than the step before. So the pause is left out, unless the
-        # step before was long itself (one that compiled, say). The first step of a run or of a resume has no step
-        # before it, so a pause in it counts in full.
-        took = time.perf_counter() - started
-        took = min(took, last_took) if stop_request.continued_at >= started else took
-        seconds, last_took = seconds + took, took
+        seconds = clock.end_step()  # the step's time added, a pause in it left out
         # max_skipped_steps bad steps in a row end the run (Bad steps, below)
         bad_steps.count(step, loss, spike, applied, trainer.scaler)
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
@@ -283,12 +265,12 @@ def main(config, given):
         # After a stop request, an evaluation or save due now is skipped: the end saves at once, and a stopped run has no
         # final evaluation. So a scheduler's grace period needs to cover what was under way when the signal came (the
         # step, an evaluation or a save) and then one save (none, if the signal came during a save of this step).
-        if master and seconds - last_eval >= eval_interval_minutes * 60 and stop_request.signum is None:
+        if master and seconds - last_eval >= eval_interval_minutes * 60 and clock.signum is None:
             last_eval, scores[step] = seconds, run_eval(validation, metrics, step, tokens, seconds)
         # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged (the next
         # try is an interval after the refused one).
         if (master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row
-                and stop_request.signum is None):  # asked again here: a stop may come during the evaluation
+                and clock.signum is None):  # asked again here: a stop may come during the evaluation
             last_ckpt = seconds
             save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
 
@@ -305,16 +287,16 @@ def main(config, given):
         process.take_signals(process.interrupt)
     if master:
         state = checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
-        finish(validation, metrics, state, stop_request.signum, saves, scores)
+        finish(validation, metrics, state, clock.signum, saves, scores)
     del trainer  # under torchrun, DDP's model is freed before its process group ends
     runtime.leave_process_group()  # under torchrun, the processes wait for rank 0 to save, then the group ends
     if stop:  # exit with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM): the run is not finished
-        process.exit_stopped(stop_request.signum or signal.SIGTERM)
+        process.exit_stopped(clock.signum or signal.SIGTERM)
 
 
 # -----------------------------------------------------------------------------
 # The step's pieces, in the loop's order. First the clock: the run's progress through its budget, when the run is
-# over, and the stop request the loop checks.
+# over, and training time with the stop signal the loop checks.
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     """The run's progress, the fraction of its budget used: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
@@ -325,15 +307,29 @@ def no_step_left(progress, step, max_steps):
     return progress >= 1.0 or bool(max_steps and step >= max_steps)
 
 
-class StopRequest:
-    """Records a stop signal, so that the loop can finish its step, save and exit (main's end). The signals
-    (process.STOP_SIGNALS) are Ctrl-C, a scheduler's or a pre-emption's SIGTERM, a closed terminal and a batch system's
-    warnings. A repeated signal leaves the save alone, but a person's second Ctrl-C kills at once (process.held). It
-    also notes, in `continued_at`, when the process last continued after a pause (SIGCONT, after Ctrl-Z and fg or a
-    batch system's suspend), so that the loop can leave the pause out of training time."""
+class TrainingClock:
+    """Training time, `seconds`, and the stop signal the loop checks. The loop calls start_step at the top of each step
+    and end_step at the end of its update, and the time between is the step's.
+    - It counts drawing and masking the batch, the forward, the backward and the update.
+    - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and again
+      at each new masking level that changes a row's count of masked tokens, and the first time the ramp needs a new
+      micro-batch size.
+    - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
+      clock where an evaluation or a save comes between.
+    - Set-up, logging, evaluation and saving are off the clock, so a run takes longer on the wall. So is most of a
+      pause (Ctrl-Z, then fg, or a batch system's suspend): SIGCONT notes when the process continued, and a step that
+      a pause fell in counts as no longer than the step before. The pause is left out, unless the step before was long
+      itself (one that compiled, say); the first step of a run or of a resume has no step before it, so a pause in it
+      counts in full.
+    - A resume starts from its checkpoint's clock: steps after the last save that a kill lost are not on it, and the
+      resume's first steps compile again, on it.
+    A stop signal (process.STOP_SIGNALS: Ctrl-C, a scheduler's or a pre-emption's SIGTERM, a closed terminal, a batch
+    system's warnings) is recorded in `signum`, so that the loop can finish its step, save and exit (main's end). A
+    repeated signal leaves the save alone, but a person's second Ctrl-C kills at once (process.held)."""
 
-    def __init__(self):
-        self.signum, self.continued_at, process.INTERRUPTS[0] = None, -math.inf, 0
+    def __init__(self, seconds):
+        # continued_at: when the process last continued after a pause
+        self.seconds, self.last_took, self.signum, self.continued_at, process.INTERRUPTS[0] = seconds, math.inf, None, -math.inf, 0
         process.take_signals(self.handle)
         if hasattr(signal, "SIGCONT"):
             signal.signal(signal.SIGCONT, lambda signum, frame: setattr(self, "continued_at", time.perf_counter()))
@@ -341,6 +337,20 @@ class StopRequest:
     def handle(self, signum, frame):
         self.signum = self.signum or signum  # the first request names the stop
         process.held(signum)
+
+    def start_step(self):
+        """Starts a step's time. Returns the seconds so far and whether to stop. Under DDP every process takes rank 0's
+        seconds, and all stop if any was asked to, so that they step alike."""
+        self.started = time.perf_counter()
+        self.seconds, stop = runtime.agree_on_clock(self.seconds, self.signum is not None)
+        return self.seconds, stop
+
+    def end_step(self):
+        """Adds the step's time, less a pause that fell in it (see above), and returns the seconds so far."""
+        took = time.perf_counter() - self.started
+        took = min(took, self.last_took) if self.continued_at >= self.started else took
+        self.seconds, self.last_took = self.seconds + took, took
+        return self.seconds
 
 
 # -----------------------------------------------------------------------------
@@ -663,19 +673,18 @@ def rank0_print(master):
     return print if master else (lambda *args, **kwargs: None)
 
 
-def decide_settings(config, model_config, resumed, run_data, rt, world, ddp, master):
+def decide_settings(config, model_config, resumed, run_data, rt, world, master, log):
     """Decides the value of every setting the run will use, before any work, and writes them into `config`.
     budget.decide fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
     memory.choose_micro_batch finds the largest micro-batch that fits, and setup.split_micro_batches the two micro-batch
     sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
     or what the budget picked."""
-    log = rank0_print(master)
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     model_config = dataclasses.replace(model_config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
     # A resume's shape is its checkpoint's already, so another run's checkpoint is refused before any work
     check_resumable(checkpoint, source, dataclasses.asdict(model_config), tokenizer_text, meta, config, log)
     decided, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(model_config),
-                                         data_tokens=train_tokens.size, rt=rt, world=world, master=master, ddp=ddp)
+                                         data_tokens=train_tokens.size, rt=rt, world=world, master=master)
     config.update(decided)  # the shape, final batch and peak rate
     model_config = dataclasses.replace(model_config, **{k: config[k] for k in SHAPE_FIELDS})  # in the decided shape
     setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
@@ -780,7 +789,7 @@ def finish(validation, metrics, state, signum, saves, scores):
 
 if __name__ == "__main__":
     # process.guarded turns a stop signal before the loop (Ctrl-C, SIGTERM) or a machine's fault (a full disk, the
-    # GPU's memory) into one line that says what was kept. In the loop, StopRequest only records a stop signal.
+    # GPU's memory) into one line that says what was kept. In the loop, TrainingClock only records a stop signal.
     settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := {}))
     process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings, given)

@@ -111,7 +111,7 @@ def cpu_bf16_gain(speedup):
     return 1 / ((1 - CPU_MATMUL_SHARE) * CPU_BF16_REST + CPU_MATMUL_SHARE / speedup)
 
 
-def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, ddp):
+def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master):
     """Decides the shape, the final batch and the peak rate. Each one given (not 0) is used as given. A resume keeps its
     checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the model's other settings
     and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns the decided settings,
@@ -121,7 +121,7 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}  # those given (not 0)
     pick, decided = (checkpoint or {}).get("budget"), {}
     if not checkpoint and len(given) < len(SHAPE_FIELDS) + 1:
-        compute, timing = budget_compute(config, rt, world, master, ddp)
+        compute, timing = budget_compute(config, rt, world, master)
         efficiency_of = functools.partial(step_efficiency, gpu=rt.device.type != "cpu", compiled=rt.compile, offload=config["offload"])
         decided, picked = pick_for(compute, config, given, model_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
@@ -131,7 +131,7 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master, dd
     return decided, pick, lines
 
 
-def budget_compute(config, rt, world, master, ddp):
+def budget_compute(config, rt, world, master):
     """The FLOPs a budget of hours buys, and how they were measured: the hours times a timed matmul's speed (rank 0's)
     times the processes. A budget of tokens buys 0 here, since the rule counts its tokens instead. A CPU's step keeps up
     with its float32 matmuls rather than its bfloat16 ones, so a CPU times float32 and, running bfloat16, multiplies by
@@ -142,7 +142,7 @@ def budget_compute(config, rt, world, master, ddp):
         speed = runtime.matmul_speed(matmul_rt)
         if rt.device.type == "cpu" and rt.dtype == torch.bfloat16:
             gain = cpu_bf16_gain(rt.bf16_speedup or runtime.bf16_speedup())
-    if ddp:
+    if world > 1:  # rank 0's measurement, on every process
         speed, gain = runtime.from_rank0(speed, rt.device), runtime.from_rank0(gain, rt.device)
     compute = config["budget_hours"] * 3600 * speed * gain * world
     return compute, dict(matmul_flops=speed, matmul_dtype=matmul_rt.dtype_name(), bf16_gain=gain)

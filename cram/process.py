@@ -140,7 +140,7 @@ def held(signum):
 def guarded(main, kept, *args):
     """A script's main(*args), the faults that can come at any moment made one line on stderr saying what was kept and
     how to continue (`kept`, or kept() if known only then): Ctrl-C or another of STOP_SIGNALS ('stopped by SIGHUP:
-    <kept>', status 128 + n; train.py's loop installs its StopRequest over this, which finishes its step and saves),
+    <kept>', status 128 + n; train.py's loop installs its TrainingClock over this, which finishes its step and saves),
     and the machine's OSError (a full disk: 'error: ...', status 1); output whose reader is gone the configurator
     drops."""
     told = kept if callable(kept) else lambda: kept

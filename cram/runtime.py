@@ -95,8 +95,9 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
     def optimizer(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-        """OPTIMIZERS[self.optim] built over `params` (model.param_groups's groups), as train.py's make_trainer builds
-        it. bench.py, fine-tuning and the memory probe build theirs here."""
+        """OPTIMIZERS[self.optim]'s row built over `params` (model.param_groups's groups), the row train.py's
+        make_trainer builds, with the rate, betas and eps given here. bench.py, fine-tuning (both "adamw") and the
+        memory probe (--optim's row) build theirs here."""
         return OPTIMIZERS[self.optim].build(params, lr, betas, eps)
 
     def compile_model(self, model, fullgraph=True):

@@ -549,18 +549,27 @@ def test_stopped_time_is_not_training_time(prepared, tmp_path):
 
 @pytest.mark.skipif(not hasattr(signal, "SIGCONT"), reason="POSIX's SIGCONT")
 def test_a_continue_is_noted_on_the_step_s_clock():
-    """The loop leaves a pause off the clock when the process continued after the step began: StopRequest notes a
-    SIGCONT as a perf_counter reading, comparable with the step's start, and nothing else moves it."""
+    """The loop leaves a pause off the clock when the process continued after the step began: TrainingClock notes a
+    SIGCONT as a perf_counter reading, comparable with the step's start, and nothing else moves it. A step in which the
+    process continued counts as no longer than the step before; one without a continue counts in full."""
     from cram import process
-    from train import StopRequest
+    from train import TrainingClock
     handlers = {signum: signal.getsignal(signum) for signum in (*process.STOP_SIGNALS, signal.SIGCONT)}
     try:
-        request = StopRequest()
-        started = time.perf_counter()
-        assert request.continued_at < started  # never continued: no step counts as paused
-        os.kill(os.getpid(), signal.SIGCONT)  # continued during the step
-        assert started <= request.continued_at <= time.perf_counter()
-        assert request.signum is None  # a continue is not a stop
+        clock = TrainingClock(10.0)  # a resume's seconds
+        assert clock.start_step() == (10.0, False) and clock.continued_at < clock.started  # never continued
+        time.sleep(0.05)
+        first = clock.end_step() - 10.0
+        assert first >= 0.05
+        clock.start_step()
+        os.kill(os.getpid(), signal.SIGCONT)  # continued during the step, after a pause of 0.3 s, say
+        time.sleep(0.3)
+        assert clock.started <= clock.continued_at <= time.perf_counter()
+        assert clock.end_step() == pytest.approx(10.0 + 2 * first)  # the paused step counts as the one before
+        clock.start_step()
+        time.sleep(0.2)
+        assert clock.end_step() >= 10.0 + 2 * first + 0.2  # no continue since it began: counted in full
+        assert clock.signum is None  # a continue is not a stop
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
