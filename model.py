@@ -248,7 +248,8 @@ class CrammedBert(nn.Module):
         super().__init__()
         # One draw from torch's generator, before anything else draws, keys every weight's own draw (keyed_generator).
         # The modules' constructors draw from it too, so its state after that one draw is put back at the end: what
-        # draws from it next (dropout) follows the seed alone, not which modules a variant has.
+        # draws from it next (dropout) follows the seed alone, not which modules a variant has. (That is the CPU's
+        # generator: a model built on a GPU, as tools/gpu_report.py's memory phase builds one, moves the GPU's.)
         base = int(torch.randint(2 ** 62, (), device="cpu"))
         after_base = torch.get_rng_state()
         self.config = c = ModelConfig(**settings)

@@ -555,12 +555,13 @@ def log_step(metrics, rt, record, n_rows, seq_len, progress):
     (how many times the run has read the n_rows training rows), the budget left and about how many steps the whole run
     takes, max_steps included. Under a budget of hours, that last figure assumes the rest of the run trains at the
     speed since the line before. The first line's speed includes the first step's compilation, so its figure is low;
-    the second line's is not. Under a budget of tokens it is close at any speed."""
+    the second line's is not. Under a budget of tokens it is close at any speed. It assumes the whole run followed
+    this run's batch schedule (a resume with a smaller budget rescales it), and it is never below the steps taken."""
     peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped, tokens = record["mfu"], record["skipped"], record["tokens"]
     total = budget_tokens or tokens + record["tokens_per_s"] * max(0.0, 1 - progress) * 3600 * budget_hours  # in the run
-    steps = min(budget.expected_steps(total / seq_len, batch_ramp_start, batch_size, batch_ramp), max_steps or math.inf)
+    steps = min(max(record["step"], budget.expected_steps(total / seq_len, batch_ramp_start, batch_size, batch_ramp)), max_steps or math.inf)
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
           f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {tokens / (n_rows * seq_len):.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left, about {steps:,.0f} "

@@ -70,17 +70,23 @@ def test_tokens_protocol_times_then_trains_equal_time_budgets_and_reuses_runs(pr
                           "finished with other settings")
 
 
-def test_auto_precision_is_decided_once_for_every_run(monkeypatch):
-    """dtype=auto becomes the precision train.py would pick here, once, so that every run is given the same one; a
-    dtype given stays as given."""
+def test_auto_precision_is_decided_once_for_every_run(monkeypatch, tmp_path):
+    """dtype=auto becomes the precision train.py would pick on the runs' device, once for the out_dir, so that every
+    run is given the same one, a rerun's too, whatever a CPU's timing says then; a dtype given stays as given."""
     import compare
     from cram.runtime import DTYPES
+    monkeypatch.setattr(compare, "out_dir", str(tmp_path))
+    monkeypatch.setattr(compare, "train_args", "--device=cpu")
     monkeypatch.setattr(compare, "dtype", "auto")
     compare.decide_dtype()
-    assert compare.dtype in DTYPES
-    monkeypatch.setattr(compare, "dtype", "float16")
+    assert compare.dtype in ("float32", "bfloat16") and (tmp_path / "dtype").read_text() == compare.dtype  # a CPU's
+    (tmp_path / "dtype").write_text("float16")  # as if the first command had decided another
+    monkeypatch.setattr(compare, "dtype", "auto")
     compare.decide_dtype()
-    assert compare.dtype == "float16"
+    assert compare.dtype == "float16" and compare.dtype in DTYPES  # the rerun keeps the out_dir's precision
+    monkeypatch.setattr(compare, "dtype", "bfloat16")
+    compare.decide_dtype()
+    assert compare.dtype == "bfloat16"
 
 
 def test_variants_name_configs_or_settings_or_combine_them():

@@ -70,12 +70,23 @@ def variant_args(name):
 
 
 def decide_dtype():
-    """dtype=auto decided once, as train.py decides it on this machine's device, for every run of this command."""
+    """dtype=auto decided once for out_dir, as train.py decides it on the runs' device (train_args' or the base's
+    --device, else a GPU if there is one), and kept in <out_dir>/dtype: a rerun that adds seeds or variants gives its
+    runs the same precision as the finished ones, even where a CPU's timing would now pick the other."""
     global dtype
-    if dtype == "auto":
-        import torch
-        from cram.runtime import auto_dtype
-        dtype = auto_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))[0]
+    if dtype != "auto":
+        return
+    kept = os.path.join(out_dir, "dtype")
+    if os.path.isfile(kept):
+        dtype = Path(kept).read_text(encoding="utf-8").strip()
+        return
+    import torch
+    from cram.runtime import auto_dtype
+    given = [a.split("=", 1)[1] for a in train_args.split() if a.startswith("--device=")]
+    device = (given or [(read_config_file(base) if base else {}).get("device", "auto")])[-1]
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    dtype = auto_dtype(torch.device(device))[0]
+    write_atomically(kept, lambda tmp: Path(tmp).write_text(dtype, encoding="utf-8"))
 
 
 def train(name, run_dir, *args):
