@@ -4,11 +4,12 @@
     python bench.py --shape=reference --micro_batch=256 --sweep=False
     python bench.py --shape=cpu --data_dir=data/books32k --baselines=False   # the CPU recipe's shape
 
-Times train.py's step (its model, trainer and compilation; its own micro-batch, 128 by default where training probes
-for the largest, random rows, and each step timed to the device's end) after warm-up for train.py's recipe (crammed, compiled and eager), the
-original BERT's (config/bert_original.py) and transformers' BertForMaskedLM of the same shape, if installed; then the
-ratios, the share of the device's matmul speed at the model's shapes, data loading's cost and tokens/s per micro-batch
-up to the largest that fits. Off-load mode and data preparation: tools/bench_offload.py, tools/bench_prepare.py."""
+Times train.py's step (its model, trainer and compilation; its own micro-batch, 128 by default where training probes for
+the largest, random rows, and each step timed to the device's end) after warm-up for train.py's recipe (crammed,
+compiled and eager), the original BERT's (config/bert_original.py) and transformers' BertForMaskedLM of the same shape,
+if installed; then the ratios, the share of the device's matmul speed at the model's shapes, data loading's cost and
+tokens/s per micro-batch up to the largest that fits. Off-load mode and data preparation: tools/bench_offload.py,
+tools/bench_prepare.py."""
 import dataclasses
 import functools
 import gc

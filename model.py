@@ -222,8 +222,8 @@ def sinusoid_table(seq_len, d_model):
 def keyed_generator(base, name):
     """The generator a weight named `name` is drawn from: seeded by `base` (drawn from the run's seed) and the name. So
     at one seed a weight starts the same whatever other modules the model has (where its shape is the same: glu=False
-    gives ffn.down another shape, so other values), and a switch that adds one (smear, say)
-    leaves the rest of an ablation's starting point as it was (the masks are keyed by row the same way)."""
+    gives ffn.down another shape, so other values), and a switch that adds one (smear, say) leaves the rest of an
+    ablation's starting point as it was (the masks are keyed by row the same way)."""
     return torch.Generator().manual_seed(base ^ zlib.crc32(name.encode()))
 
 

@@ -256,11 +256,13 @@ def main(config, given):
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
+            progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)  # after this step
+            # The tokens the run will have trained at its end: at the speed since the last line, under a budget of hours
+            total = budget_tokens or tokens + tokens_per_s * max(0.0, 1 - progress) * 3600 * budget_hours
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                                       skipped=bad_steps.skipped), n_rows, seq_len,
-                     budget_progress(tokens, seconds, budget_tokens, budget_hours))  # the progress after this step
-            repeats_warned = repeats_warned or budget.warn_repeats(tokens, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
+                                       skipped=bad_steps.skipped), n_rows, seq_len, progress, total)
+            repeats_warned = repeats_warned or budget.warn_repeats(total, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
         # After a stop request, an evaluation or save due now is skipped: the end saves at once, and a stopped run has no
         # final evaluation. So a scheduler's grace period needs to cover what was under way when the signal came (the
@@ -550,18 +552,20 @@ class BadSteps:
 
 # -----------------------------------------------------------------------------
 # The training line that the loop prints and records every log_interval steps.
-def log_step(metrics, rt, record, n_rows, seq_len, progress):
+def log_step(metrics, rt, record, n_rows, seq_len, progress, total):
     """Prints a training line and records it. Beside the record's figures, the line gives a GPU's peak memory, the epoch
-    (how many times the run has read the n_rows training rows), the budget left and about how many steps the whole run
-    takes, max_steps included. Under a budget of hours, that last figure assumes the rest of the run trains at the
-    speed since the line before. The first line's speed includes the first step's compilation, so its figure is low;
-    the second line's is not. Under a budget of tokens it is close at any speed. It assumes the whole run followed
-    this run's batch schedule (a resume with a smaller budget rescales it), and it is never below the steps taken."""
+    (how many times the run has read the n_rows training rows), the budget left (`progress` is the run's after this
+    step) and about how many steps the whole run takes, max_steps included: the steps taken, then the sequences left
+    until the run has trained `total` tokens, spread evenly over the rest of the budget, each part at its batch size
+    (batch_size_at). Under a budget of hours, `total` assumes the rest of the run trains at the speed since the line
+    before. The first line's speed includes the first step's compilation, so its figure is low; the second line's is
+    not. Under a budget of tokens it is close at any speed."""
     peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped, tokens = record["mfu"], record["skipped"], record["tokens"]
-    total = budget_tokens or tokens + record["tokens_per_s"] * max(0.0, 1 - progress) * 3600 * budget_hours  # in the run
-    steps = min(max(record["step"], budget.expected_steps(total / seq_len, batch_ramp_start, batch_size, batch_ramp)), max_steps or math.inf)
+    rest = max(0.0, total - tokens) / seq_len / 1000  # the sequences left, in a thousandth of the budget left each
+    grid = [progress + (1 - progress) * (i + 0.5) / 1000 for i in range(1000)]  # the middles of those thousandths
+    steps = min(record["step"] + sum(rest / batch_size_at(p, batch_ramp_start, batch_size, batch_ramp) for p in grid), max_steps or math.inf)
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
           f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {tokens / (n_rows * seq_len):.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left, about {steps:,.0f} "

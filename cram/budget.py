@@ -191,14 +191,13 @@ def start_lines(pick, config, seq_len, lr_given):
             f"sequences, about {steps:,.0f} optimizer steps"] + lr
 
 
-def warn_repeats(tokens, seconds, tokens_per_s, data_tokens, budget_hours):
+def warn_repeats(total, seconds, tokens_per_s, data_tokens, budget_hours):
     """Prints data.repeat_warning's warning once the speed is known (2 minutes in, or 5% of the budget), if the run will
-    read its data too many times. Returns whether the speed was known, so that the loop warns only once."""
-    budget_seconds = 3600 * budget_hours
-    if seconds < min(120.0, 0.05 * budget_seconds):
+    read its data too many times: `total` tokens, which it will have trained at `tokens_per_s`. Returns whether the
+    speed was known, so that the loop warns only once."""
+    if seconds < min(120.0, 0.05 * 3600 * budget_hours):
         return False
-    warning = repeat_warning(tokens + tokens_per_s * max(0.0, budget_seconds - seconds), data_tokens,
-                             f"at {tokens_per_s:,.0f} tokens/s")
+    warning = repeat_warning(total, data_tokens, f"at {tokens_per_s:,.0f} tokens/s")
     if warning:
         print(warning)
     return True

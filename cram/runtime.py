@@ -328,7 +328,7 @@ def leave_process_group():
     """The end of a DDP run, once the DDP model is deleted: its reducer freed before the group (at the interpreter's exit
     it can abort the process), a barrier (rank 0 evaluates and saves alone), and the group's end. Without a process
     group (one process), nothing."""
-    if not dist.is_available() or not dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):  # as agree_on_clock asks
         return
     import gc
     gc.collect()

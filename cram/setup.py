@@ -76,11 +76,11 @@ def unknown_setting(saved, config):
 
 
 def resume_settings(checkpoint, config, given):
-    """The settings a resume runs with, and the start-up lines that say what it changed. They are the checkpoint's
-    own, except those `given` that may change (see DECIDED_AT_START, THIS_COMMAND and CHANGEABLE above). A larger
-    budget of the run's kind (hours or tokens) makes the schedules follow the progress through the new budget, and the batch
-    ramp still ends where it did. The data is where the run trained unless --data_dir is given. A checkpoint's config
-    also keeps `recipe_ramp`, the batch_ramp the run was first given, before a larger budget rescaled it."""
+    """The settings a resume runs with, and the start-up lines that say what it changed. They are the checkpoint's own,
+    except those `given` that may change (see DECIDED_AT_START, THIS_COMMAND and CHANGEABLE above). A larger budget of
+    the run's kind (hours or tokens) makes the schedules follow the progress through the new budget, and the batch ramp
+    still ends where it did. The data is where the run trained unless --data_dir is given. A checkpoint's config also
+    keeps `recipe_ramp`, the batch_ramp the run was first given, before a larger budget rescaled it."""
     saved = checkpoint["config"]  # files.load_checkpoint's: holding RUN_SETTINGS at least
     if "batch_ramp_start" not in saved and "micro_batch" in saved:  # from before the setting: it ramped from its micro-batch
         saved = dict(saved, batch_ramp_start=saved["micro_batch"])

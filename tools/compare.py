@@ -36,6 +36,8 @@ from cram.files import (check_writable, claim_folder, load_checkpoint, read_json
                         write_atomically, write_json)
 from measure import held_below, save_figure  # noqa: E402
 from cram.process import child_env, guarded, installed  # noqa: E402
+from cram.runtime import auto_dtype  # noqa: E402
+import torch  # noqa: E402  (cram.files has imported it already)
 
 # -----------------------------------------------------------------------------
 runs = ""                 # comma-separated out_dirs of finished runs to plot (each with a metrics.jsonl)
@@ -80,8 +82,6 @@ def decide_dtype():
     if os.path.isfile(kept):
         dtype = Path(kept).read_text(encoding="utf-8").strip()
         return
-    import torch
-    from cram.runtime import auto_dtype
     given = [a.split("=", 1)[1] for a in train_args.split() if a.startswith("--device=")]
     device = (given or [(read_config_file(base) if base else {}).get("device", "auto")])[-1]
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
