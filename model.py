@@ -246,10 +246,10 @@ class CrammedBert(nn.Module):
 
     def __init__(self, **settings):
         super().__init__()
-        # One draw from torch's generator, before anything else draws, keys every weight's own draw (keyed_generator).
-        # The modules' constructors draw from it too, so its state after that one draw is put back at the end: what
-        # draws from it next (dropout) follows the seed alone, not which modules a variant has. (That is the CPU's
-        # generator: a model built on a GPU, as tools/gpu_report.py's memory phase builds one, moves the GPU's.)
+        # Each weight is drawn from its own generator, keyed by the weight's name and by one number drawn here from
+        # torch's generator (keyed_generator). The modules' constructors draw from torch's generator too, so its state
+        # after this one draw is put back at the end. What draws from it next (dropout) then depends on the seed alone,
+        # not on which modules a variant has. (This is the CPU's generator; a model built on a GPU moves the GPU's.)
         base = int(torch.randint(2 ** 62, (), device="cpu"))
         after_base = torch.get_rng_state()
         self.config = c = ModelConfig(**settings)

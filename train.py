@@ -6,48 +6,52 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-One step, in order (main's loop): take the next rows of the token file in the run's order (each epoch shuffled anew;
-with data_order=file the first epoch in the file's order), seq_len tokens each; in each row hide round(mask_rate x
-seq_len) tokens (by default 32 of 128: 26 become [MASK], 3 a random token and 3 stay as they are); the model predicts
-the original token at each hidden position, and the loss is the cross-entropy averaged over all of them; the backward
-pass gives the gradients; their norm is clipped to grad_clip (0: not clipped); the optimizer (AdamW by default) updates
-the weights at this step's learning rate, unless the loss spiked or the gradients are not finite (Bad steps); the
-gradients are cleared.
+One training step (the loop in main) does five things:
+1. It reads the next rows of the token file, seq_len tokens each. By default the rows come in a shuffled order, a new
+   one each epoch.
+2. It hides the same number of tokens in every row: mask_rate x seq_len, rounded (32 of 128 by default).
+3. The model predicts the original token at each hidden position. The loss is the cross-entropy, averaged over all
+   the hidden positions of the step.
+4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
+5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
+   loss spikes or a gradient is not finite (see "Bad steps").
 
-The budget is a number of hours of training time, or a number of tokens. Training time is the time spent in training
-steps: set-up, evaluation, saving and most of a pause are not counted. Unless they are given, the budget picks the
-model's shape and the final batch size (cram/budget.py), and the shape's width gives the peak learning rate. The
-schedules follow the run's progress, the fraction of the budget used (seconds of training time / the budget's seconds,
-or tokens / budget_tokens), not the step count. So on any hardware they end together when the budget is spent (unless
-max_steps stops the run first). In the loop, Ctrl-C or SIGTERM finishes the current step (an evaluation or save due
-after it is skipped), then saves a checkpoint (unless the weights have diverged) and exits; --resume=True continues from
-there. Before the loop, it exits at once and saves nothing.
+The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps
+only: set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the
+fraction of the budget used so far. The learning rate, the batch size and the masking rate are functions of the
+progress, not of the step count, so on any hardware they reach their end when the budget runs out. The run stops then,
+or earlier at max_steps. Unless you give them, the budget also picks the model's shape and the final batch size (see
+the settings below), and the shape's width gives the peak learning rate.
 
-Running it on a shared or pre-emptible machine. Everything a run writes is in out_dir: ckpt.pt, the newest checkpoint
-(saved every ckpt_interval_minutes of training time, so less often on the wall clock; on a stop signal in the loop; at
-the end), the keep_checkpoints - 1 before it as ckpt_<step>.pt (the step in 8 digits), metrics.jsonl (every training and
-evaluation line, as JSON) and a lock file that keeps a second run out of the folder. A checkpoint is written whole or
-not at all, so a kill leaves the last one saved. The exit status is 0 when the run finished or had nothing left to do,
-128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM; SIGHUP, SIGUSR1, SIGUSR2 and
-SIGXCPU stop it the same way, even after a finished run's final save, whose next attempt then exits 0), and 1 with a
-one-line error for a refused setting, a fault or a run whose loss diverged. To restart it, run the same command with
---resume=True where out_dir/ckpt.pt exists, or the same command as it was where none was saved yet. A batch script can
-give every attempt one line: python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True).
+Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint and exits, and --resume=True continues
+from there. Before training starts, it exits at once and saves nothing.
 
-Comparing runs. What holds two runs alike, and what does not:
-- Fixed by the seed: the initial weights (each drawn by its name, so two variants share the weights they have in
-  common), the data order, the training masks and dropout. Validation's masks are the same in every run.
-- Fixed only under a budget of tokens: each step's batch, learning rate and masking rate. Under a budget of hours the
-  clock decides how many steps there are and where each falls in the schedules.
-- Fixed only where given: the shape, the batch and the peak rate. Left at 0, the budget picks them from the FLOPs a
-  token costs, which a variant may change (smear adds some), and from a timed matmul under a budget of hours.
-- Fixed only where given: the precision (--dtype=auto times it again on a CPU) and the micro-batch (0 probes a GPU's
-  free memory). A GPU may still add floats in another order, and the picked batch is a multiple of the processes.
-So to repeat a run give --budget_tokens, --dtype and --micro_batch on as many processes; to compare two variants give
-n_layers, d_model, batch_size and lr too (tools/compare.py runs such comparisons). To compare machines, read the
-training lines' tokens/s and MFU (against the GPU's peak, looked up by its name, or --peak_tflops) with the shape and
-batch given: under equal hours a faster machine is given a larger model. A step's time includes drawing and masking
-its batch, and compilation in the first steps; bench.py times the step alone (AdamW's)."""
+Running it on a shared or pre-emptible machine:
+- A run writes everything to out_dir: ckpt.pt (the newest checkpoint), the keep_checkpoints - 1 checkpoints before it
+  as ckpt_<step>.pt, metrics.jsonl (every training and evaluation line, as JSON) and a lock file that keeps a second
+  run out of the folder.
+- It saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal, and at the end. A checkpoint is
+  written whole or not at all, so a kill leaves the last one saved.
+- The exit status is 0 when the run has finished, 1 with a one-line error (a refused setting, a fault, a diverged
+  loss), and 128 + the signal's number when a signal stopped it: 130 for Ctrl-C, 143 for SIGTERM, and likewise for
+  SIGHUP, SIGUSR1, SIGUSR2 and SIGXCPU. A signal that comes after the final save gives 128 + n as well; the restart
+  below then exits with 0.
+- To restart a run, run the same command, with --resume=True once out_dir/ckpt.pt exists. In a batch script, one line
+  does both: python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
+
+Comparing runs:
+- The seed fixes the initial weights, the data order, the training masks and dropout. Each weight is drawn by its
+  name, so two variants share the weights they have in common. Validation's masks are the same in every run.
+- A budget of tokens fixes each step's batch, learning rate and masking rate. Under a budget of hours, the clock
+  decides how many steps there are.
+- The shape, the batch and the peak rate are fixed only if you give them. Left at 0, the budget picks them, and it may
+  pick differently for a variant whose tokens cost more FLOPs (smear adds some) or on a faster machine.
+- The precision and the micro-batch are fixed only if you give them: dtype=auto times both precisions on a CPU, and
+  micro_batch=0 probes a GPU's free memory. A GPU may still add floats in a different order.
+So to repeat a run, give --budget_tokens, --dtype and --micro_batch, and use as many processes. To compare two
+variants, give n_layers, d_model, batch_size and lr as well (tools/compare.py runs such comparisons). To compare
+machines, give the shape and the batch, and read the training lines' tokens/s and MFU. A step's time includes drawing
+and masking its batch, and compilation in the first steps; bench.py times the step alone."""
 import dataclasses
 import functools
 import math
@@ -68,101 +72,94 @@ from cram.offload import OffloadTrainer
 from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, ModelConfig, Trainer, mask_tokens, param_groups
 
 # -----------------------------------------------------------------------------
-# The settings. Each one's comment opens with the values it allows, which the configurator checks.
+# The settings. Each comment opens with the values the setting allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
-out_dir = "out"           # the checkpoints (ckpt.pt, the newest), metrics.jsonl and the run's lock file go here
-# The budget: hours of training time, or a number of tokens. The schedules of the rate, the batch and the masking rate
-# follow the run's progress, the fraction of the budget used, so they end when it ends. Under a budget of tokens, each
-# step's batch, rate and masks repeat from run to run. What else to give, to repeat a run or to compare two variants
-# fairly, is in "Comparing runs" at the top of this file.
+out_dir = "out"           # the checkpoints (ckpt.pt is the newest), metrics.jsonl and the run's lock file go here
+# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see "Comparing
+# runs" there.
 budget_hours = 24.0       # > 0: hours of training time; the schedules follow the run's progress
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
-max_steps = 0             # >= 0: also stop after this many steps in all, a resume's earlier ones included; the schedules do not shorten to fit it (0: no limit; a resume does not keep it)
+max_steps = 0             # >= 0: also stop after this many steps in all, counting a resume's earlier steps (0: no limit). The schedules do not shorten to fit it, and a resume does not keep it
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
-dry_run = False           # decide every setting, print the start-up lines ("settled:", "batch:", "schedule:") and exit: no training, no checkpoint (it reads the prepared data, which the budget's pick needs, and refuses what the run would refuse, another run's out_dir say)
-# A 0 below is decided at start-up: by the budget's rule (cram/budget.py) in a new run, and from the checkpoint in a
-# resume. main writes the value here before training, and the start-up line "settled:" prints each value and why. Beside
-# it, "batch:" and "schedule:" give the batch, the learning rate and the masking rate over the budget, and how often the
-# run evaluates and saves (--dry_run=True prints them without training). For example, with data enough and at their
-# measured matmul speeds, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and 24
-# hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
-# How the budget picks the shape, in three steps (cram/budget.py):
-# 1. The FLOPs the run can spend: the budget's hours x a timed 2048^3 matmul's speed x the share of that speed a
-#    training step reaches x the processes. (A CPU times the matmul in float32 and, running bfloat16, multiplies by its
-#    gain.)
-# 2. The best model size for those FLOPs: the paper's 16 x 768 for its own day on an A6000, scaled as FLOPs ** 0.4.
-# 3. The shape: of a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
-#    If it would read the data more than 16 times, a larger one is taken (up to 4x the best size; not for a budget of
-#    tokens).
+dry_run = False           # decide every setting, print the start-up lines and exit without training. It reads the data and refuses what the run would refuse
+# A setting left at 0 below is decided at start-up: by the budget in a new run, or from the checkpoint in a resume.
+# main writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
+# and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the budget, and
+# when the run evaluates and saves. --dry_run=True prints these lines and stops.
+# For example, with enough data, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3,
+# and 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# How the budget picks the shape (cram/budget.py has the constants and their sources):
+# 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
+#    share of the matmul's speed that a training step reaches (0.5 at width 768, less for narrower models on a GPU).
+# 2. The best model size for those FLOPs. It grows as FLOPs ** 0.4 from the paper's point (16 x 768 for its 24 hours
+#    on an A6000), so 10 times the FLOPs give a model 2.5 times larger.
+# 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
+#    If that shape would read the data more than 16 times, a larger one is taken instead (up to 4x the best size).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
-# Every other field of model.py's ModelConfig is a setting too (listed last by --help). Their defaults are the reference's recipe
-# (pre-LayerNorm, a gated GELU feed-forward, no biases in the linear layers, no dropout, only the masked positions
-# predicted) and smear, cram's addition, on as well (config/recipe_reference.py turns it off). The vocabulary size and
-# the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
-# The objective (model.mask_tokens). Each row has the same number of masked positions: mask_rate x seq_len, rounded,
-# and at least one. As in BERT, a masked position's token becomes [MASK], a random token or stays itself, here by count,
-# not by chance: of a row's k masked positions, round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random
-# token (which may happen to be the token itself, as in BERT), and the rest stay (26, 3 and 3 of the 32 in a row of 128
-# at 0.25; 4, 0 and 1 of 5). The loss covers every masked position. With
-# mask_rate_start the rate moves over the budget, up or down, as a staircase of mask_levels rates, the last of them
-# mask_rate (with one level it stays at mask_rate_start; mask_rate_at).
+# Every other field of model.py's ModelConfig is a setting too (--help lists them last). Their defaults are the
+# reference's recipe: pre-LayerNorm, a gated GELU feed-forward, no biases in the linear layers, no dropout, and only
+# the masked positions predicted. smear, cram's addition, is on as well (config/recipe_reference.py turns it off). The
+# vocabulary size and the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
+# The objective (model.mask_tokens). Every row has the same number of masked positions, k = mask_rate x seq_len
+# rounded, and at least one. As in BERT, a masked token becomes [MASK], a random token, or stays as it is, but here
+# by count rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest
+# stay. In a row of 128 at 0.25 that is 26, 3 and 3 of 32. The loss covers every masked position.
+# mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates that ends at mask_rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates that staircase has, each at most one new shape to compile (1: mask_rate_start throughout)
+mask_levels = 4           # [1, 8]: how many rates the staircase has. Each is one more shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the masking rate of validation, whatever mask_rate is, so that recipes compare
-# The optimizer and the schedules. An optimizer whose row in model.OPTIMIZERS does not take the width's rule for the
-# peak rate (width_lr) asks for --lr.
+# The optimizer and the schedules. The width's rule for the peak rate was tuned for AdamW, so an optimizer whose row in
+# model.OPTIMIZERS does not take it (width_lr) needs --lr.
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
-lr = 0.0                  # [0, inf): the peak learning rate; 0: model.lr_for_width's 1e-3 x (d_model / 768) ** -0.5, or a resume's own (main writes the value here)
+lr = 0.0                  # [0, inf): the peak learning rate. 0: 1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width), or a resume's own (main writes the value here)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1)
 eps = 1e-12               # >= 0
-weight_decay = 0.01       # >= 0: not on biases, norms and scalars; scaled by the step's rate (AdamW's and Muon's decoupled decay), so it follows the schedule
+weight_decay = 0.01       # >= 0: not on biases, norms and scalars. It is multiplied by the step's rate (decoupled decay, as in AdamW and Muon), so it follows the schedule
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
-# The batch. By default a run's first steps take 128 sequences each (batch_ramp_start), and the batch grows by 128 at
-# a time until it is batch_size at 60% of the budget (batch_ramp; batch_size_at has the rule, and the schedules'
-# section its edge cases). With batch_ramp=0, or batch_ramp_start at batch_size or above, it is batch_size throughout.
-# Early on, a small batch learns about as much per token as a large one (the critical batch is small while the loss is high), so it gives more
-# updates for the same data (the cramming recipe ramps it). A batch_size of 0 lets the budget pick it: 4096 x (the
-# budget's sequences / 54M) ** 0.64, as a power of two from 32 to 8192, then rounded to a multiple of the processes, or
-# of micro_batch x the processes where a given micro_batch fits it (cram/budget.py). The paper's day gives 4096, the
-# batch the paper found best (the reference's recipe ramps to 8192, which config/shape_paper.py pins).
-micro_batch = 0           # >= 0: the most sequences in one forward pass; 0: on a GPU the largest power of two that fits in 90% of the free memory (normal mode), else 32 or a process's share if smaller (main writes the value here)
+# The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by 128 at a time
+# until it reaches batch_size at 60% of the budget (batch_ramp). With batch_ramp=0 it is batch_size throughout. Early
+# in training a small batch learns about as much per token as a large one, so it gives more updates for the same data
+# (the cramming recipe ramps the batch too). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences
+# / 54M) ** 0.64 as a power of two from 32 to 8192 (then a multiple of the processes), so the paper's day gives 4096,
+# the batch the paper found best.
+micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
-batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
+batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
-compile = True            # torch.compile the model's forward and its loss as one graph with fixed shapes (a graph break, .item() say, is an error); clipping and the update run uncompiled
+compile = True            # torch.compile the model's forward and loss as one graph (a graph break is an error); clipping and the update run uncompiled
 compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhead record CUDA graphs: a GPU only)
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
-peak_tflops = 0.0         # >= 0: for MFU; 0 looks the GPU up by name
+peak_tflops = 0.0         # >= 0: the GPU's peak, for MFU; 0 looks the GPU up by name
 seed = 0                  # [0, 4294967295]: seeds the initial weights, dropout, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
 max_skipped_steps = 5     # >= 1: stop after this many bad steps in a row (see Bad steps)
 spike_threshold = 6.0     # >= 0: a loss this many standard deviations (and 10%) above its recent mean is a spike; its update is skipped (0: off)
 keep_checkpoints = 3      # >= 1: how many checkpoints to keep: ckpt.pt, the newest, and older ones as ckpt_<step>.pt
-eval_interval_minutes = 30.0  # >= 0: evaluate after the first step that ends this many minutes of training time after the last evaluation, or the resume (0: every step); also before a new run's first step and at the end (no final evaluation after a stop signal)
+eval_interval_minutes = 30.0  # >= 0: evaluate about every this many minutes of training time (0: every step), and also before a new run's first step and at the end of a finished run
 eval_sequences = 4096     # >= 1: validation sequences per evaluation, each with its own fixed mask (Validation)
-ckpt_interval_minutes = 60.0  # >= 0: save after the first step that ends this many minutes of training time after the last save, or refused save (0: every step), but not during a streak of bad steps, nor weights that fail save_if_sound
-fill_in_examples = 3      # >= 0: at the end of a finished run (not a stopped one), fill-in-the-blank examples from the validation text
+ckpt_interval_minutes = 60.0  # >= 0: save a checkpoint about every this many minutes of training time (0: every step), but not during a streak of bad steps
+fill_in_examples = 3      # >= 0: at the end of a finished run, print this many fill-in-the-blank examples from the validation text
 wandb_log = False         # also log to Weights & Biases (pip install wandb; imported only when on)
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-# main comes first: the whole run, with its loop. The step's pieces follow it in the loop's order (the clock, the
+# main comes first: the whole run, with its loop. After it come the step's pieces in the loop's order (the clock, the
 # schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then set-up and the
-# end. Set-up (decide_settings here, the device and the checks in cram/setup.py) decides the settings' values, so it
-# reads them from `config`. main then writes them over the settings above, and everything after that reads the settings.
+# end. Set-up decides the settings' values, so it reads them from `config`. Then main writes them over the settings
+# above, and from there on everything reads the settings.
 
 
 def main(config, given):
@@ -175,12 +172,12 @@ def main(config, given):
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt,
                                                                             world, master, log)
-    start_lines += [setup.settled_line(given, config, resumed.checkpoint is not None),
-                    setup.ramp_line(config["batch_ramp_start"], config["batch_size"], config["batch_ramp"],
-                                    config["micro_batch"], remainder_micro), setup.schedule_line(config, lr_at, mask_rate_at)]
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
+    start_lines += [setup.settled_line(given, config, resumed.checkpoint is not None),
+                    setup.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro),
+                    setup.schedule_line(config, lr_at, mask_rate_at)]
     if dry_run:  # the values this command would train with, and why, and the schedules
         log("\n".join(start_lines))
         runtime.leave_process_group()  # under torchrun
@@ -189,10 +186,10 @@ def main(config, given):
     seq_len, n_rows = meta["seq_len"], len(train_tokens)
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
-    # torch's generator, seeded here, draws dropout (which a resume does not restore, and every DDP process draws alike)
-    # and the number that keys each initial weight's own draw by its name (model.keyed_generator): at one seed, two
-    # variants start from the same weights wherever they share them. The data order and the masks come from the seed
-    # itself (epoch_order, mask_keys).
+    # torch's generator, seeded here, draws dropout, and one number that keys each initial weight's own draw by the
+    # weight's name (model.keyed_generator). So at one seed, two variants start from the same weights wherever they
+    # share them. A resume does not restore the generator. The data order and the masks are drawn from the seed itself
+    # (epoch_order, mask_keys).
 
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
@@ -229,30 +226,29 @@ def main(config, given):
     at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
     repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
     while True:
-        seconds, stop = clock.start_step()  # under DDP, rank 0's seconds, and a stop if any process was asked to
+        seconds, stop = clock.start_step()  # under DDP, every process takes rank 0's seconds, and stops if any was asked to
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
+        # The schedules at the run's progress give this step's batch size, learning rate (lr is the peak) and masking
+        # rate. step_masking is the objective's settings (model.Masking) with this step's masking rate.
         step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)  # lr: the peak, decided at start-up
-        # the objective's settings for this step (model.Masking, one field unless a fork adds some) at its masking rate
+        step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)
         step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
-        # Each process runs its share of the batch as micro-batches: as many of micro_batch as fit, then the rest in
-        # ones of remainder_micro (a batch of 384 on 2 processes with micro_batch=128: 128 and 64 on each).
+        # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
+        # one after the other (a batch of 384 on 2 processes with micro_batch=128: 128 and then 64 on each).
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
-        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # from the run's next sequence on
-        # The step: forward and backward over the micro-batches (the loss is the mean over every masked token of the
-        # step), then one clipped update, skipped on a loss spike.
+        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # tokens // seq_len: sequences read so far
+        # Forward and backward over the micro-batches, whose gradients add up. The loss is the mean over every masked
+        # token of the step. Then one clipped update, skipped on a loss spike or where a gradient is not finite.
         loss = trainer.backward(micro_batches)
         spike = watch.is_spike(loss, step_masking.mask_rate)
-        applied = trainer.update(step_lr, grad_clip, skip=spike)  # also skipped where the gradient is not finite
-        # `tokens` counts every input token trained on (sequences x seq_len), not only the masked ones. A skipped update
-        # still spends its data and time. The next sequence number is tokens // seq_len, so `tokens` must count whole
-        # rows.
+        applied = trainer.update(step_lr, grad_clip, skip=spike)
+        # `tokens` counts the input tokens trained on, masked or not, in whole rows. A skipped update still spends its
+        # rows and its time.
         step, tokens = step + 1, tokens + step_batch * seq_len
-        seconds = clock.end_step()  # the step's time added, a pause in it left out
-        # max_skipped_steps bad steps in a row end the run (Bad steps, below)
-        bad_steps.count(step, loss, spike, applied, trainer.scaler)
+        seconds = clock.end_step()  # the step's time added, less a pause
+        bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
@@ -264,27 +260,28 @@ def main(config, given):
                                        skipped=bad_steps.skipped), n_rows, seq_len, progress, total)
             repeats_warned = repeats_warned or budget.warn_repeats(total, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
-        # After a stop request, an evaluation or save due now is skipped: the end saves at once, and a stopped run has no
-        # final evaluation. So a scheduler's grace period needs to cover what was under way when the signal came (the
-        # step, an evaluation or a save) and then one save (none, if the signal came during a save of this step).
+        # After a stop signal, an evaluation or a save that is due is skipped, and the end saves at once. So a
+        # scheduler's grace period must cover what was under way when the signal came (the step, an evaluation or a
+        # save) and one save.
         if master and seconds - last_eval >= eval_interval_minutes * 60 and clock.signum is None:
             last_eval, scores[step] = seconds, run_eval(validation, metrics, step, tokens, seconds)
-        # No periodic checkpoint is saved during a streak of bad steps, and none whose weights have diverged (the next
-        # try is an interval after the refused one).
+        # No checkpoint is saved during a streak of bad steps. save_if_sound refuses weights that have diverged, and the
+        # next try comes an interval later.
         if (master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row
                 and clock.signum is None):  # asked again here: a stop may come during the evaluation
             last_ckpt = seconds
             save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
 
     # -------------------------------------------------------------------- the end; the clock has stopped
-    # A run ends in one of three ways. When the budget or max_steps is spent, it saves its checkpoint, evaluates, and
-    # prints the fill-in examples and the final line. On a stop signal, it saves after the step it was on, without a
-    # final evaluation, and --resume=True continues it. After max_skipped_steps bad steps in a row, BadSteps exits at
-    # once with an error and saves nothing; the last checkpoint saved is the one to resume from.
-    # After a finished run's loop, the end is not a step to finish, so a stop signal from here on ends the process at
-    # once, with its one line, as one before the loop does. A finished run saves first: a signal after that save loses
-    # nothing, and one during it leaves the last checkpoint as it was (a save is written whole or not at all). A stopped
-    # run keeps its stop request: a repeated signal leaves its final save alone, and a second Ctrl-C kills at once.
+    # A run ends in one of three ways.
+    # - Its budget or max_steps is spent: it saves its checkpoint, evaluates, and prints the fill-in examples and the
+    #   final line.
+    # - A stop signal: it saves after the step it was on, with no final evaluation, and --resume=True continues it.
+    # - max_skipped_steps bad steps in a row: BadSteps has already exited with an error, saving nothing. The last
+    #   checkpoint saved is the one to resume from.
+    # For a finished run, a stop signal from here on ends the process at once, as one before the loop does. It saves
+    # first, so a signal after the save loses nothing, and a signal during it leaves the last checkpoint as it was. A
+    # stopped run keeps its handler: a repeated signal does not interrupt its final save, but a second Ctrl-C kills at once.
     if not stop:
         process.take_signals(process.interrupt)
     if master:
@@ -311,23 +308,20 @@ def no_step_left(progress, step, max_steps):
 
 class TrainingClock:
     """Training time, `seconds`, and the stop signal the loop checks. The loop calls start_step at the top of each step
-    and end_step at the end of its update, and the time between is the step's.
-    - It counts drawing and masking the batch, the forward, the backward and the update.
-    - It counts torch.compile's compilation: in the first steps, which on a short budget is a visible share, and again
-      at each new masking level that changes a row's count of masked tokens, and the first time the ramp needs a new
-      micro-batch size.
-    - On a GPU the update may still be running when the clock stops. Its time falls into the next step, or off the
-      clock where an evaluation or a save comes between.
-    - Set-up, logging, evaluation and saving are off the clock, so a run takes longer on the wall. So is most of a
-      pause (Ctrl-Z, then fg, or a batch system's suspend): SIGCONT notes when the process continued, and a step that
-      a pause fell in counts as no longer than the step before. The pause is left out, unless the step before was long
-      itself (one that compiled, say); the first step of a run or of a resume has no step before it, so a pause in it
+    and end_step after the update, and the time between is the step's.
+    - It counts drawing and masking the batch, the forward and backward passes and the update. It also counts
+      torch.compile's compilation: in the first steps, and again when a new shape appears (a masking level that changes
+      a row's count of masked tokens, or the ramp's first use of a new micro-batch size).
+    - Set-up, logging, evaluation and saving are not counted, so a run takes longer on the wall clock.
+    - A pause (Ctrl-Z then fg, or a batch system's suspend) is mostly left out: a step that a pause fell in counts as
+      no longer than the step before it. The first step of a run or of a resume has no step before it, so a pause in it
       counts in full.
-    - A resume starts from its checkpoint's clock: steps after the last save that a kill lost are not on it, and the
-      resume's first steps compile again, on it.
-    A stop signal (process.STOP_SIGNALS: Ctrl-C, a scheduler's or a pre-emption's SIGTERM, a closed terminal, a batch
-    system's warnings) is recorded in `signum`, so that the loop can finish its step, save and exit (main's end). A
-    repeated signal leaves the save alone, but a person's second Ctrl-C kills at once (process.held)."""
+    - On a GPU the update may still be running when the clock stops. Its time then falls into the next step, or off
+      the clock if an evaluation or a save comes first.
+    - A resume starts from its checkpoint's clock. Steps after the last save that a kill lost are not on it.
+    A stop signal (Ctrl-C, SIGTERM and the others in process.STOP_SIGNALS) is recorded in `signum`, so that the loop
+    can finish its step, save and exit. A repeated signal does not interrupt the save, but a person's second Ctrl-C kills
+    at once (process.held)."""
 
     def __init__(self, seconds):
         # continued_at: when the process last continued after a pause
@@ -554,12 +548,11 @@ class BadSteps:
 # The training line that the loop prints and records every log_interval steps.
 def log_step(metrics, rt, record, n_rows, seq_len, progress, total):
     """Prints a training line and records it. Beside the record's figures, the line gives a GPU's peak memory, the epoch
-    (how many times the run has read the n_rows training rows), the budget left (`progress` is the run's after this
-    step) and about how many steps the whole run takes, max_steps included: the steps taken, then the sequences left
-    until the run has trained `total` tokens, spread evenly over the rest of the budget, each part at its batch size
-    (batch_size_at). Under a budget of hours, `total` assumes the rest of the run trains at the speed since the line
-    before. The first line's speed includes the first step's compilation, so its figure is low; the second line's is
-    not. Under a budget of tokens it is close at any speed."""
+    (how many times the run has read its n_rows training rows), the share of the budget left (`progress` is the run's
+    after this step), and about how many steps the whole run takes. That estimate is the steps taken, plus the
+    sequences left until the run has trained `total` tokens, spread evenly over the rest of the budget at each point's
+    batch size, and at most max_steps. Under a budget of hours, `total` assumes the speed since the line before. On the
+    first line that speed includes compilation, so its estimate is low."""
     peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped, tokens = record["mfu"], record["skipped"], record["tokens"]
@@ -635,8 +628,8 @@ def checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, final,
     """What a checkpoint holds, and so what --resume=True restores:
     - the weights, the optimizer's state and float16's loss scale (trainer.state_dict).
     - how far the run has got: its step, the tokens it trained on and the seconds it spent. The schedules follow the
-      run's progress through the budget, and the rows and their masks the sequences read (Batches), so a resume
-      continues all of them.
+      run's progress through the budget, and the rows and their masks follow the number of sequences read (Batches),
+      so a resume continues all of them.
     - the loss history that the spike check compares against (watch).
     - `run_info`, what the run is: its settings, model shape, data folder and digest, tokenizer and the budget's pick.
     A resume runs with the run's own settings (cram/setup.py's resume_settings). Only these may change:
