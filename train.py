@@ -7,21 +7,28 @@
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
 One training step (the loop in main) does five things:
-1. It reads the next rows of the token file, seq_len tokens each. By default the rows come in a shuffled order, a new
-   one each epoch.
-2. It hides the same number of tokens in every row: mask_rate x seq_len, rounded (32 of 128 by default).
+1. It reads the next rows of the token file, seq_len tokens each: the run's sequences numbered tokens / seq_len on
+   (tokens counts the tokens trained on so far). By default the rows come in a shuffled order, a new one each epoch.
+2. It hides the same number of tokens in every row: k = mask_rate x seq_len, rounded, and at least 1 (32 of 128 by
+   default). Of those, about 80% become [MASK], 10% a random token and 10% stay as they are (by count: see the
+   objective, below). Which tokens are hidden is drawn from a key made of the seed and the row's sequence number.
 3. The model predicts the original token at each hidden position. The loss is the cross-entropy, averaged over all
    the hidden positions of the step.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
    loss spikes or a gradient is not finite (see "Bad steps").
+Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
+when the update was skipped.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps
 only: set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the
-fraction of the budget used so far. The learning rate, the batch size and the masking rate are functions of the
-progress, not of the step count, so on any hardware they reach their end when the budget runs out. The run stops then,
-or earlier at max_steps. Unless you give them, the budget also picks the model's shape and the final batch size (see
-the settings below), and the shape's width gives the peak learning rate.
+fraction of the budget used so far. A step's batch size, learning rate and masking rate are batch_size_at, lr_at and
+mask_rate_at of the progress at the step's start, not of the step count. So on any hardware the schedules are at the
+same point when the same share of the budget is used. The run stops when the budget is used, or earlier at max_steps.
+Unless you give them, the budget also picks the model's shape and the final batch size (see the settings below), and
+the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or shrinks every
+schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The masking rates
+stay as they are.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint and exits, and --resume=True continues
 from there. Before training starts, it exits at once and saves nothing.
@@ -41,7 +48,7 @@ Running it on a shared or pre-emptible machine:
 
 Comparing runs:
 - The seed fixes the initial weights, the data order, the training masks and dropout. Each weight is drawn by its
-  name, so two variants share the weights they have in common. Validation's masks are the same in every run.
+  name, so two variants start alike in every weight that has the same name and shape in both. Validation's masks are the same in every run.
 - A budget of tokens fixes each step's batch, learning rate and masking rate. Under a budget of hours, the clock
   decides how many steps there are.
 - The shape, the batch and the peak rate are fixed only if you give them. Left at 0, the budget picks them, and it may
@@ -91,19 +98,35 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # and 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape (cram/budget.py has the constants and their sources):
 # 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
-#    share of the matmul's speed that a training step reaches (0.5 at width 768, less for narrower models on a GPU).
-# 2. The best model size for those FLOPs. It grows as FLOPs ** 0.4 from the paper's point (16 x 768 for its 24 hours
-#    on an A6000), so 10 times the FLOPs give a model 2.5 times larger.
+#    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
+#    a GPU 0.5 at width 768, less for narrower shapes and more for wider ones; less again uncompiled or in off-load
+#    mode. (A CPU that runs bfloat16 times its matmul in float32 and multiplies by bfloat16's measured gain.)
+#    A budget of tokens gives the FLOPs directly: the tokens x each shape's FLOPs per token.
+# 2. The best model size for those FLOPs, counted as the blocks' matmul weights. It grows as FLOPs ** 0.4 from the
+#    paper's point (16 x 768 for its 24 hours on an A6000), so 10 times the FLOPs give 2.5 times the weights.
 # 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
-#    If that shape would read the data more than 16 times, a larger one is taken instead (up to 4x the best size).
+#    Under a budget of hours, if that shape would read the data more than 16 times, a larger one is taken instead:
+#    the next on the ladder that reads it at most 16 times, but none with more than 4x the best size's weights (then
+#    the largest below that).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
-# Every other field of model.py's ModelConfig is a setting too (--help lists them last). Their defaults are the
-# reference's recipe: pre-LayerNorm, a gated GELU feed-forward, no biases in the linear layers, no dropout, and only
-# the masked positions predicted. smear, cram's addition, is on as well (config/recipe_reference.py turns it off). The
-# vocabulary size and the sequence length come from the data (prepare.py's vocab_size and seq_len settings).
+# Every other field of model.py's ModelConfig is a setting too (--help lists them last). The defaults are the crammed
+# recipe (Geiping & Goldstein 2022). Where it differs from the original BERT's (config/bert_original.py sets BERT's),
+# and why it suits a budget:
+# - Pre-LayerNorm (norm_first) trains stably at a high rate without a long warm-up (Xiong et al. 2020): a peak of
+#   1e-3, where post-norm BERT used 1e-4.
+# - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.
+# - A gated GELU feed-forward (glu): more learned per FLOP (Shazeer 2020, "GLU variants improve Transformer").
+# - No dropout: a run that reads each token about once has little overfitting to prevent, and dropout costs time.
+# - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 saves 15% of the
+#   FLOPs per token (model.flops_per_token).
+# - 25% of the tokens are masked, not 15% (mask_rate): more predictions per step from the same rows.
+# - The learning rate decays to 0 as the budget ends, and the batch grows over the run (the schedules, below).
+# At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
+# addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
+# from the data (prepare.py's vocab_size and seq_len settings).
 # The objective (model.mask_tokens). Every row has the same number of masked positions, k = mask_rate x seq_len
 # rounded, and at least one. As in BERT, a masked token becomes [MASK], a random token, or stays as it is, but here
 # by count rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest
@@ -125,11 +148,13 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
 # The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by 128 at a time
-# until it reaches batch_size at 60% of the budget (batch_ramp). With batch_ramp=0 it is batch_size throughout. Early
+# until it reaches batch_size at 60% of the budget (batch_ramp). With batch_ramp=0, or a batch_size of 128 or less, it
+# is batch_size throughout. Early
 # in training a small batch learns about as much per token as a large one, so it gives more updates for the same data
 # (the cramming recipe ramps the batch too). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences
-# / 54M) ** 0.64 as a power of two from 32 to 8192 (then a multiple of the processes), so the paper's day gives 4096,
-# the batch the paper found best.
+# / 54M) ** 0.64 as a power of two from 32 to 8192, so the paper's day gives 4096, the batch the paper found best. On
+# several processes it is then rounded to a multiple of them (or of micro_batch x the processes, if micro_batch is
+# given and fits), so that each process takes an equal share.
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size
@@ -252,12 +277,12 @@ def main(config, given):
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
-            progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)  # after this step
+            progress_after = budget_progress(tokens, seconds, budget_tokens, budget_hours)  # the step above's is before it
             # The tokens the run will have trained at its end: at the speed since the last line, under a budget of hours
-            total = budget_tokens or tokens + tokens_per_s * max(0.0, 1 - progress) * 3600 * budget_hours
+            total = budget_tokens or tokens + tokens_per_s * max(0.0, 1 - progress_after) * 3600 * budget_hours
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                                       skipped=bad_steps.skipped), n_rows, seq_len, progress, total)
+                                       skipped=bad_steps.skipped), n_rows, seq_len, progress_after, total)
             repeats_warned = repeats_warned or budget.warn_repeats(total, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
         # After a stop signal, an evaluation or a save that is due is skipped, and the end saves at once. So a
@@ -354,14 +379,14 @@ class TrainingClock:
 # - the learning rate starts at a quarter of its peak, rises in a straight line to the peak at 75% of the budget, and
 #   falls in a straight line to 0 at the end (lr_at);
 # - the batch starts at 128 sequences and grows by 128 at a time until it is batch_size at 60% of the budget
-#   (batch_size_at);
+#   (batch_size_at; a batch_size of 128 or less is used from the start);
 # - the masking rate is 0.25 throughout (mask_rate_at).
-# The edge cases, the same for all three. A step takes the values of the point in the budget where it starts, so
-# where one step spends more of the budget than a stretch of a schedule lasts (a warm-up, one size of the batch), that
-# stretch is skipped. Under a budget of hours that happens at the start of a short run, whose first step's compilation
-# is on the clock (a 5-minute run's 1% warm-up is 3 seconds); under a budget of tokens, where one batch is a large
-# share of it. For the same reason the last step runs at the rate where it starts, not at the end's 0 (the triangle's
-# 4 x peak x the fraction left then). max_steps stops a run without shortening the schedules.
+# The edge cases, the same for all three. A step takes the values at the point of the budget where it starts. So if
+# one step uses more of the budget than a stretch of a schedule lasts (a warm-up, one size of the batch), that stretch
+# is skipped. Under a budget of hours this happens at the start of a short run, because the first step's compilation
+# counts (a 5-minute run's 1% warm-up is 3 seconds). Under a budget of tokens it happens where one batch is a large
+# share of the budget. For the same reason the last step runs at the rate where it starts, not at 0: for the triangle,
+# 4 x peak x the share of the budget left then. max_steps stops a run without shortening the schedules.
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule (its "budget-triangle2"): from 25% of the peak at the start up to
@@ -369,9 +394,9 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
     at the end."""
-    if schedule == "triangle":  # up from 0.25 of the peak at 0 to the peak at 0.75, then down to 0 at 1
-        return peak * (0.25 + progress if progress < 0.75 else max(0.0, 4 * (1.0 - progress)))
-    if schedule == "warmup_linear":
+    if schedule == "triangle":  # up from 0.25 x peak at 0 to the peak at 0.75, then down to 0 at 1
+        return peak * (0.25 + progress) if progress < 0.75 else peak * max(0.0, 4 * (1.0 - progress))
+    if schedule == "warmup_linear":  # up from 0 to the peak at warmup, then down to 0 at 1
         return peak * progress / warmup if progress < warmup else peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
     raise ValueError(f"unknown lr_schedule '{schedule}'")
 
