@@ -438,12 +438,13 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     """BERT's corruption of each row of idx (B, T). Returns (inputs, positions, labels): the corrupted rows (B, T), the
     k masked positions of each row (B, k), and the original tokens at those positions (B, k).
 
-    Every row has exactly k = masked_count(mask_rate, T) masked positions, so at a given rate every batch has the same
-    shape and torch.compile builds one graph for it. The positions are a random subset of the row, in random order, and
-    any position may be masked, a [SEP] included. As in the reference code (Geiping and Goldstein's), the first 80% of
-    them become [MASK], the next 10% a random regular token (which may be the original), and the rest keep their
-    token. Of 32 that is 26, 3 and 3; a small k splits coarsely (5 gives 4, 0 and 1). Regular tokens are the ids below
-    n_regular, and the special ones come after them (the reference draws from the whole vocabulary).
+    Every row has exactly k = masked_count(mask_rate, T) masked positions, so at a given rate every micro-batch of a
+    given size has the same shape and torch.compile builds one graph for it. The positions are a random subset of the
+    row, in random order, and any position may be masked, a [SEP] included. As in the reference code (Geiping and
+    Goldstein's), the first 80% of them become [MASK], the next 10% a random regular token (which may be the original),
+    and the rest keep their token. Of 32 that is 26, 3 and 3; a small k splits coarsely (5 gives 4, 0 and 1). Regular
+    tokens are the ids below n_regular, and the special ones come after them (the reference draws from the whole
+    vocabulary).
 
     Training and validation pass `keys`, one int64 key per row (B,). A row's random values then come from its key alone
     (row_noise), so the row is masked the same way in any batch and on any device. Without keys, the values are drawn

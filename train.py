@@ -94,8 +94,9 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # main writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
 # and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the budget, and
 # when the run evaluates and saves. --dry_run=True prints these lines and stops.
-# For example, with enough data, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3,
-# and 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in
+# bfloat16) give 16 x 768, a batch of 4096 and lr 1e-3: any timing from 70 to 174 TFLOP/s gives the same. 24 hours on
+# an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape (cram/budget.py has the constants and their sources):
 # 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
 #    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
@@ -134,7 +135,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates that ends at mask_rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates the staircase has. Each is one more shape to compile (1: mask_rate_start throughout)
+mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the masking rate of validation, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. The width's rule for the peak rate was tuned for AdamW, so an optimizer whose row in
 # model.OPTIMIZERS does not take it (width_lr) needs --lr.
@@ -147,11 +148,10 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars. It is multip
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
-# The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by 128 at a time
-# until it reaches batch_size at 60% of the budget (batch_ramp). With batch_ramp=0, or a batch_size of 128 or less, it
-# is batch_size throughout. Early
-# in training a small batch learns about as much per token as a large one, so it gives more updates for the same data
-# (the cramming recipe ramps the batch too). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences
+# The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by batch_ramp_start
+# at a time until it reaches batch_size at 60% of the budget (batch_ramp). With batch_ramp=0, or a batch_size no larger
+# than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
+# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences
 # / 54M) ** 0.64 as a power of two from 32 to 8192, so the paper's day gives 4096, the batch the paper found best. On
 # several processes it is then rounded to a multiple of them (or of micro_batch x the processes, if micro_batch is
 # given and fits), so that each process takes an equal share.
@@ -193,7 +193,8 @@ def main(config, given):
     # -------------------------------------------------------------------- the settings
     ddp, world = runtime.launcher()  # several processes under torchrun (DDP), or one
     rt, rank, resumed, model_config = setup.device_and_resume(config, world, ddp, given, globals())
-    master, log = rank == 0, rank0_print(rank == 0)
+    master = rank == 0
+    log = print if master else (lambda *args, **kwargs: None)  # rank 0 alone prints, so that a line is printed once
     run_data = load_run_data(config["data_dir"])  # the data a resume trained on, unless given
     model_args, remainder_micro, budget_pick, start_lines = decide_settings(config, model_config, resumed, run_data, rt,
                                                                             world, master, log)
@@ -202,7 +203,7 @@ def main(config, given):
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
     start_lines += [setup.settled_line(given, config, resumed.checkpoint is not None),
                     setup.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro),
-                    setup.schedule_line(config, lr_at, mask_rate_at)]
+                    setup.schedule_line(config, schedules_at)]
     if dry_run:  # the values this command would train with, and why, and the schedules
         log("\n".join(start_lines))
         runtime.leave_process_group()  # under torchrun
@@ -255,11 +256,10 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # The schedules at the run's progress give this step's batch size, learning rate (lr is the peak) and masking
-        # rate. step_masking is the objective's settings (model.Masking) with this step's masking rate.
-        step_batch = batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp)
-        step_lr = lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup)
-        step_masking = dataclasses.replace(masking, mask_rate=mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
+        # The schedules at the run's progress give this step's batch size, learning rate and masking rate.
+        # step_masking is the objective's settings (model.Masking) with this step's masking rate.
+        step_batch, step_lr, step_mask_rate = schedules_at(progress)
+        step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
         # one after the other (a batch of 384 on 2 processes with micro_batch=128: 128 and then 64 on each).
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
@@ -387,6 +387,15 @@ class TrainingClock:
 # counts (a 5-minute run's 1% warm-up is 3 seconds). Under a budget of tokens it happens where one batch is a large
 # share of the budget. For the same reason the last step runs at the rate where it starts, not at 0: for the triangle,
 # 4 x peak x the share of the budget left then. max_steps stops a run without shortening the schedules.
+def schedules_at(progress):
+    """A step's batch size, learning rate and masking rate at the run's progress: the three schedules below with the
+    run's settings (lr is the peak rate). The loop and the start-up line "schedule:" both read them here, so a new
+    schedule, or a new setting of one, is written in this one place."""
+    return (batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp),
+            lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup),
+            mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
+
+
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule (its "budget-triangle2"): from 25% of the peak at the start up to
@@ -583,12 +592,11 @@ def log_step(metrics, rt, record, n_rows, seq_len, progress, total):
     mfu, skipped, tokens = record["mfu"], record["skipped"], record["tokens"]
     rest = max(0.0, total - tokens) / seq_len / 1000  # the sequences left, in a thousandth of the budget left each
     grid = [progress + (1 - progress) * (i + 0.5) / 1000 for i in range(1000)]  # the middles of those thousandths
-    steps = min(record["step"] + sum(rest / batch_size_at(p, batch_ramp_start, batch_size, batch_ramp) for p in grid), max_steps or math.inf)
+    steps = min(record["step"] + sum(rest / schedules_at(p)[0] for p in grid), max_steps or math.inf)
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
           f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {tokens / (n_rows * seq_len):.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left, about {steps:,.0f} "
-          f"steps in all"
-          f"{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
+          f"steps in all{f' | {skipped} updates skipped (non-finite or spikes)' if skipped else ''}")
     metrics.write(record)
 
 
@@ -691,11 +699,6 @@ def save_if_sound(saves, validation, state, at_end=False):
 # Set-up and the end: what main calls before its loop (the settings' final values, the trainer and its optimizer, the
 # output folder) and after it. The rest of set-up, which no step reads (the device, a resume's settings, the checks that
 # refuse settings, the two micro-batch sizes, the start-up lines), is in cram/setup.py.
-def rank0_print(master):
-    """print on rank 0; the other processes stay quiet, so that a line is printed once."""
-    return print if master else (lambda *args, **kwargs: None)
-
-
 def decide_settings(config, model_config, resumed, run_data, rt, world, master, log):
     """Decides the value of every setting the run will use, before any work, and writes them into `config`.
     budget.decide fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.

@@ -184,20 +184,19 @@ def settled_line(given, config, resumed):
     return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
 
 
-def schedule_line(config, lr_at, mask_rate_at):
+def schedule_line(config, schedules_at):
     """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
-    rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does. `lr_at` and
-    `mask_rate_at` are train.py's schedules, so a fork's new one shows here as it will run (a masking rate that takes
-    more than 8 values is given by its first and last values)."""
-    lrs = [lr_at(p, config["lr"], config["lr_schedule"], config["warmup"]) for p in (0, 0.25, 0.5, 0.75, 1)]
+    rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does.
+    `schedules_at` is train.py's (the batch, the rate and the masking rate at a progress), so a fork's new schedule
+    shows here as it will run (a masking rate that takes more than 8 values is given by its first and last values)."""
     # The masking rate at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
-    rates = [mask_rate_at(i / 840, config["mask_rate"], config["mask_rate_start"], config["mask_levels"]) for i in range(840)]
+    rates = [schedules_at(i / 840)[2] for i in range(840)]
     changes = [(i / 840, rate) for i, rate in enumerate(rates) if i == 0 or rate != rates[i - 1]]
     masking = (f"{rates[0]:.3g} throughout" if len(changes) == 1 else f"{rates[0]:.3g} at the start to {rates[-1]:.3g} at the end"
                if len(changes) > 8 else ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes))
     every = [f"every {m:g} min" if m else "every step" for m in (config["eval_interval_minutes"], config["ckpt_interval_minutes"])]
-    return (f"schedule: lr {', '.join(f'{lr:.3g}' for lr in lrs)} at 0, 25, 50, 75 and 100% of the budget "
-            f"({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a checkpoint {every[1]} of "
+    return (f"schedule: lr {', '.join(f'{schedules_at(p)[1]:.3g}' for p in (0, 0.25, 0.5, 0.75, 1))} at 0, 25, 50, 75 and 100% of "
+            f"the budget ({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a checkpoint {every[1]} of "
             f"training time, to {os.path.join(config['out_dir'], 'ckpt.pt')} (the last {config['keep_checkpoints']} "
             f"kept); Ctrl-C or SIGTERM ends the step, saves and exits (--resume=True continues)")
 
