@@ -18,7 +18,9 @@ One training step (the loop in main) does five things:
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
    loss spikes or a gradient is not finite (see "Bad steps").
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
-when the update was skipped.
+when the update was skipped. For example, at the defaults in a run whose final batch is 4096 and peak rate 1e-3, a step
+that starts 30% into the budget reads 2,048 rows of 128 tokens, hides 32 tokens in each (26 become [MASK], 3 a random
+token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps
 only: set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the
@@ -72,11 +74,11 @@ import numpy as np
 import torch
 
 from cram import budget, memory, process, runtime, setup
-from cram.budget import SHAPE_FIELDS
 from cram.data import fill_in, get_batch, load_run_data, make_encoding, repeat_warning, to_device
 from cram.files import MetricsLog, Saves, all_finite, check_resume, claim_folder, parse_ranks
 from cram.offload import OffloadTrainer
-from model import DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, ModelConfig, Trainer, mask_tokens, param_groups
+from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, ModelConfig, Trainer, lr_for_width,
+                   mask_tokens, param_groups)
 
 # -----------------------------------------------------------------------------
 # The settings. Each comment opens with the values the setting allows, which the configurator checks.
@@ -701,7 +703,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # refuse settings, the two micro-batch sizes, the start-up lines), is in cram/setup.py.
 def decide_settings(config, model_config, resumed, run_data, rt, world, master, log):
     """Decides the value of every setting the run will use, before any work, and writes them into `config`.
-    budget.decide fills in the shape, final batch and peak rate. A resume takes these from its checkpoint.
+    budget.decide fills in the shape and the final batch, and the width gives the peak rate (model.lr_for_width) unless
+    it is given. A resume takes these from its checkpoint.
     memory.choose_micro_batch finds the largest micro-batch that fits, and setup.split_micro_batches the two micro-batch
     sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
     or what the budget picked."""
@@ -711,8 +714,9 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
     check_resumable(checkpoint, source, dataclasses.asdict(model_config), tokenizer_text, meta, config, log)
     decided, budget_pick, picked_lines = budget.decide(config, checkpoint, model_args=dataclasses.asdict(model_config),
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master)
-    config.update(decided)  # the shape, final batch and peak rate
-    model_config = dataclasses.replace(model_config, **{k: config[k] for k in SHAPE_FIELDS})  # in the decided shape
+    config.update(decided)  # the shape and the final batch
+    config["lr"] = config["lr"] or lr_for_width(config["d_model"])  # the peak rate: given, a resume's own, or by the width
+    model_config = dataclasses.replace(model_config, **{k: config[k] for k in budget.SHAPE_FIELDS})  # in the decided shape
     setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
@@ -816,6 +820,6 @@ def finish(validation, metrics, state, signum, saves, scores):
 if __name__ == "__main__":
     # process.guarded turns a stop signal before the loop (Ctrl-C, SIGTERM) or a machine's fault (a full disk, the
     # GPU's memory) into one line that says what was kept. In the loop, TrainingClock only records a stop signal.
-    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := {}))
+    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + budget.SHAPE_FIELDS, given=(given := {}))
     process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings, given)

@@ -112,11 +112,11 @@ def cpu_bf16_gain(speedup):
 
 
 def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master):
-    """Decides the shape, the final batch and the peak rate. Each one given (not 0) is used as given. A resume keeps its
-    checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the model's other settings
-    and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns the decided settings,
-    the rule's pick (or None), which the checkpoint keeps, and a new run's start-up lines that say what the rule
-    picked."""
+    """Decides the shape and the final batch (train.py adds the peak rate). Each one given (not 0) is used as given. A
+    resume keeps its checkpoint's. A new run has the budget's rule pick the rest (pick_for). `model_args` are the
+    model's other settings and its data's vocabulary and sequence length, with any shape (the rule replaces it). Returns
+    the decided settings, the rule's pick (or None), which the checkpoint keeps, and a new run's start-up lines that say
+    what the rule picked."""
     # A resume's are all here already: setup.resume_settings wrote its run's shape, batch and rate into config.
     given = {k: config[k] for k in (*SHAPE_FIELDS, "batch_size") if config[k]}  # those given (not 0)
     pick, decided = (checkpoint or {}).get("budget"), {}
@@ -126,7 +126,6 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master):
         decided, picked = pick_for(compute, config, given, model_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
     decided.update(given)
-    decided["lr"] = config["lr"] or lr_for_width(decided["d_model"])
     lines = [] if checkpoint else start_lines(pick, {**config, **decided}, model_args["seq_len"], config["lr"])
     return decided, pick, lines
 
@@ -169,7 +168,7 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
 def start_lines(pick, config, seq_len, lr_given):
     """A new run's start-up lines that say what the rule picked: the shape and batch (from `pick`), and the rate unless
     it was given."""
-    lr = [] if lr_given else [f"lr: {config['lr']:.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
+    lr = [] if lr_given else [f"lr: {lr_for_width(config['d_model']):.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
                               f"{LR_WIDTH_EXPONENT}, model.lr_for_width, tuned for AdamW; --lr sets it)"]
     if not pick:
         return lr
