@@ -168,8 +168,8 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
 def start_lines(pick, config, seq_len, lr_given):
     """A new run's start-up lines that say what the rule picked: the shape and batch (from `pick`), and the rate unless
     it was given."""
-    lr = [] if lr_given else [f"lr: {lr_for_width(config['d_model']):.3g} by the width ({LR_AT_768:g} x ({config['d_model']} / 768) ** "
-                              f"{LR_WIDTH_EXPONENT}, model.lr_for_width, tuned for AdamW; --lr sets it)"]
+    lr = [] if lr_given else [f"lr: {lr_for_width(config['d_model']):.3g} by the width ({LR_AT_768:g} x "
+                              f"({config['d_model']} / 768) ** {LR_WIDTH_EXPONENT}, model.lr_for_width, tuned for AdamW; --lr sets it)"]
     if not pick:
         return lr
     hours, tokens = config["budget_hours"], config["budget_tokens"]  # the budget as given: '5 min', '24 h'

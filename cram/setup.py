@@ -195,10 +195,10 @@ def schedule_line(config, schedules_at):
     masking = (f"{rates[0]:.3g} throughout" if len(changes) == 1 else f"{rates[0]:.3g} at the start to {rates[-1]:.3g} at the end"
                if len(changes) > 8 else ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes))
     every = [f"every {m:g} min" if m else "every step" for m in (config["eval_interval_minutes"], config["ckpt_interval_minutes"])]
-    return (f"schedule: lr {', '.join(f'{schedules_at(p)[1]:.3g}' for p in (0, 0.25, 0.5, 0.75, 1))} at 0, 25, 50, 75 and 100% of "
-            f"the budget ({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a checkpoint {every[1]} of "
-            f"training time, to {os.path.join(config['out_dir'], 'ckpt.pt')} (the last {config['keep_checkpoints']} "
-            f"kept); Ctrl-C or SIGTERM ends the step, saves and exits (--resume=True continues)")
+    return (f"schedule: lr {', '.join(f'{schedules_at(p)[1]:.3g}' for p in (0, 0.25, 0.5, 0.75, 1))} at 0, 25, 50, 75 "
+            f"and 100% of the budget ({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a "
+            f"checkpoint {every[1]} of training time, to {os.path.join(config['out_dir'], 'ckpt.pt')} (the last "
+            f"{config['keep_checkpoints']} kept); Ctrl-C or SIGTERM ends the step, saves and exits (--resume=True continues)")
 
 
 def ramp_line(start, final, ramp, micro, remainder):
