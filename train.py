@@ -340,8 +340,8 @@ class TrainingClock:
       torch.compile's compilation: in the first steps, and again when a new shape appears (a masking level that changes
       a row's count of masked tokens, or the ramp's first use of a new micro-batch size).
     - Set-up, logging, evaluation and saving are not counted, so a run takes longer on the wall clock.
-    - A pause (Ctrl-Z then fg, or a batch system's suspend) is mostly left out: a step that a pause fell in counts as
-      no longer than the step before it. The first step of a run or of a resume has no step before it, so a pause in it
+    - A pause (Ctrl-Z then fg, or a batch system's suspend) is mostly left out where the system sends SIGCONT (not on
+      Windows): a step that a pause fell in counts as no longer than the step before it. The first step of a run or of a resume has no step before it, so a pause in it
       counts in full.
     - On a GPU the update may still be running when the clock stops. Its time then falls into the next step, or off
       the clock if an evaluation or a save comes first.
@@ -387,8 +387,9 @@ class TrainingClock:
 # one step uses more of the budget than a stretch of a schedule lasts (a warm-up, one size of the batch), that stretch
 # is skipped. Under a budget of hours this happens at the start of a short run, because the first step's compilation
 # counts (a 5-minute run's 1% warm-up is 3 seconds). Under a budget of tokens it happens where one batch is a large
-# share of the budget. For the same reason the last step runs at the rate where it starts, not at 0: for the triangle,
-# 4 x peak x the share of the budget left then. max_steps stops a run without shortening the schedules.
+# share of the budget. For the same reason the last step runs at the rate where it starts, not at 0 (for the triangle,
+# if it starts past 75% of the budget, 4 x peak x the share left then). max_steps stops a run without shortening the
+# schedules, so a run it stops ends at the rate of that point of the budget.
 def schedules_at(progress):
     """A step's batch size, learning rate and masking rate at the run's progress: the three schedules below with the
     run's settings (lr is the peak rate). The loop and the start-up line "schedule:" both read them here, so a new
