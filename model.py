@@ -430,7 +430,7 @@ class Masking:
 def masked_count(mask_rate, seq_len):
     """How many positions of a row of seq_len tokens mask_tokens masks at mask_rate: mask_rate x seq_len rounded by
     Python's round (a half goes to the even number), and at least one. The memory estimate and the FLOP count use it
-    too, so all three agree."""
+    too, so at the same rate all three agree."""
     return max(1, round(mask_rate * seq_len))
 
 

@@ -10,8 +10,8 @@ One training step (the loop in main) does five things:
 1. It reads the next rows of the token file, seq_len tokens each: the run's sequences numbered tokens / seq_len on
    (tokens counts the tokens trained on so far). By default the rows come in a shuffled order, a new one each epoch.
 2. It hides the same number of tokens in every row: k = mask_rate x seq_len, rounded, and at least 1 (32 of 128 by
-   default). Of those, about 80% become [MASK], 10% a random token and 10% stay as they are (by count: see the
-   objective, below). Which tokens are hidden is drawn from a key made of the seed and the row's sequence number.
+   default). Of those, about 80% become [MASK], 10% a random token and 10% stay as they are (by count, so a small k
+   splits coarsely: see the objective, below). Which tokens are hidden is drawn from a key made of the seed and the row's sequence number.
 3. The model predicts the original token at each hidden position. The loss is the cross-entropy, averaged over all
    the hidden positions of the step.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
@@ -50,7 +50,8 @@ Running it on a shared or pre-emptible machine:
 
 Comparing runs:
 - The seed fixes the initial weights, the data order, the training masks and dropout. Each weight is drawn by its
-  name, so two variants start alike in every weight that has the same name and shape in both. Validation's masks are the same in every run.
+  name in the model (blocks.0.attn.qkv, say), so two variants start alike in every weight that has the same name and
+  shape in both. Validation's masks are the same in every run.
 - A budget of tokens fixes each step's batch, learning rate and masking rate. Under a budget of hours, the clock
   decides how many steps there are.
 - The shape, the batch and the peak rate are fixed only if you give them. Left at 0, the budget picks them, and it may
@@ -97,14 +98,14 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the budget, and
 # when the run evaluates and saves. --dry_run=True prints these lines and stops.
 # For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in
-# bfloat16) give 16 x 768, a batch of 4096 and lr 1e-3: any timing from 70 to 174 TFLOP/s gives the same. 24 hours on
+# bfloat16) give 16 x 768, a batch of 4096 and lr 1e-3: any timing from 70 to 172 TFLOP/s gives the same. 24 hours on
 # an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape (cram/budget.py has the constants and their sources):
 # 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
 #    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
 #    a GPU 0.5 at width 768, less for narrower shapes and more for wider ones; less again uncompiled or in off-load
 #    mode. (A CPU that runs bfloat16 times its matmul in float32 and multiplies by bfloat16's measured gain.)
-#    A budget of tokens gives the FLOPs directly: the tokens x each shape's FLOPs per token.
+#    A budget of tokens gives the FLOPs directly: the tokens x each shape's FLOPs per token at mask_rate.
 # 2. The best model size for those FLOPs, counted as the blocks' matmul weights. It grows as FLOPs ** 0.4 from the
 #    paper's point (16 x 768 for its 24 hours on an A6000), so 10 times the FLOPs give 2.5 times the weights.
 # 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
@@ -134,9 +135,11 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # rounded, and at least one. As in BERT, a masked token becomes [MASK], a random token, or stays as it is, but here
 # by count rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest
 # stay. In a row of 128 at 0.25 that is 26, 3 and 3 of 32. The loss covers every masked position.
-# mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates that ends at mask_rate.
+# mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
+# mask_rate (with one level, mask_rate_start throughout). A lower rate hides a subset of the tokens a higher one does
+# in the same row. model.py's objective section lists what else reads the rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
-mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and moves to mask_rate as a staircase of mask_levels rates (mask_rate_at)
+mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the masking rate of validation, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. The width's rule for the peak rate was tuned for AdamW, so an optimizer whose row in
@@ -153,10 +156,13 @@ warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_l
 # The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by batch_ramp_start
 # at a time until it reaches batch_size at 60% of the budget (batch_ramp). With batch_ramp=0, or a batch_size no larger
 # than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
-# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too). A batch_size of 0 lets the budget pick it: 4096 x (the budget's sequences
-# / 54M) ** 0.64 as a power of two from 32 to 8192, so the paper's day gives 4096, the batch the paper found best. On
-# several processes it is then rounded to a multiple of them (or of micro_batch x the processes, if micro_batch is
-# given and fits), so that each process takes an equal share.
+# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too).
+# A batch_size of 0 lets the budget pick it: 4096 x (the sequences the budget trains / 54M) ** 0.64, as a power of two
+# from 32 to 8192, so the paper's day gives 4096, the batch the paper found best. It is then rounded to a multiple of
+# the processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an
+# equal share.
+# Under a budget of tokens the data's size never moves the pick. For example, a budget of 2e9 tokens of 128 picks
+# 10 x 640, a batch of 2048 and lr 1.1e-3, about 19,000 steps in all (1e9: 8 x 512, 1024; 1e10: 16 x 768, 4096).
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size
@@ -283,8 +289,8 @@ def main(config, given):
             # The tokens the run will have trained at its end: at the speed since the last line, under a budget of hours
             total = budget_tokens or tokens + tokens_per_s * max(0.0, 1 - progress_after) * 3600 * budget_hours
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
-                                       lr=step_lr, batch=step_batch, tokens_per_s=round(tokens_per_s), mfu=mfu,
-                                       skipped=bad_steps.skipped), n_rows, seq_len, progress_after, total)
+                                       lr=step_lr, batch=step_batch, mask_rate=step_mask_rate, tokens_per_s=round(tokens_per_s),
+                                       mfu=mfu, skipped=bad_steps.skipped), n_rows, seq_len, progress_after, total)
             repeats_warned = repeats_warned or budget.warn_repeats(total, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
         # After a stop signal, an evaluation or a save that is due is skipped, and the end saves at once. So a
@@ -544,7 +550,7 @@ class SpikeWatch:
         and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
         losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history.
         `rate` is the step's masking rate. Losses at two rates do not compare (a higher rate gives a higher loss), so
-        at a new rate the history starts again. A rate of 0 is unknown (a checkpoint from before it was kept)."""
+        at a new rate the history starts again, and no loss is judged for the next SPIKE_HISTORY steps. A rate of 0 is unknown (a checkpoint from before it was kept)."""
         if rate != self.rate and self.rate:
             self.mean, self.var, self.count, self.last = 0.0, 0.0, 0, 0.0
         self.rate = rate

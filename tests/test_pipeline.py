@@ -188,6 +188,7 @@ def test_train_learns_checkpoints_and_resumes(prepared, tmp_path):
     assert len(evals) == len(re.findall(r"^eval ", proc.stdout, re.M)) >= 2
     assert evals[0]["step"] == 0 and evals[-1]["step"] == steps and evals[-1]["val_loss"] == pytest.approx(loss, abs=1e-4)
     assert {"elapsed", "tokens", "loss", "lr", "batch", "tokens_per_s", "mfu"} <= logged[0].keys()
+    assert {m["mask_rate"] for m in logged} == {0.25}  # the rate each logged step trained at (the default, throughout)
     before = (out / "metrics.jsonl").read_text()
 
     # a fresh run must not overwrite the checkpoint
