@@ -189,6 +189,7 @@ class ModelConfig:
 
 
 DATA_FIELDS = ("vocab_size", "seq_len")  # set by the prepared data, never by a setting
+SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # what the budget picks where train.py leaves them 0
 MISSING_FIELD_DEFAULTS = {"smear": False}  # missing from a checkpoint's model_args: the switch did not exist yet (off)
 REPLACED_FIELDS = {  # an older checkpoint's field that others replaced -> the new fields its value means
     "learned_positions": lambda learned: dict(position_scheme="learned" if learned else "sinusoidal")}

@@ -78,8 +78,8 @@ from cram import budget, memory, process, runtime, setup
 from cram.data import fill_in, get_batch, load_run_data, make_encoding, repeat_warning, to_device
 from cram.files import MetricsLog, Saves, all_finite, check_resume, claim_folder, parse_ranks
 from cram.offload import OffloadTrainer
-from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, CrammedBert, Masking, ModelConfig, Trainer, lr_for_width,
-                   mask_tokens, param_groups)
+from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, SHAPE_FIELDS, CrammedBert, Masking, ModelConfig, Trainer,
+                   lr_for_width, mask_tokens, param_groups)
 
 # -----------------------------------------------------------------------------
 # The settings. Each comment opens with the values the setting allows, which the configurator checks.
@@ -723,7 +723,7 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
                                          data_tokens=train_tokens.size, rt=rt, world=world, master=master)
     config.update(decided)  # the shape and the final batch
     config["lr"] = config["lr"] or lr_for_width(config["d_model"])  # the peak rate: given, a resume's own, or by the width
-    model_config = dataclasses.replace(model_config, **{k: config[k] for k in budget.SHAPE_FIELDS})  # in the decided shape
+    model_config = dataclasses.replace(model_config, **{k: config[k] for k in SHAPE_FIELDS})  # in the decided shape
     setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
@@ -827,6 +827,6 @@ def finish(validation, metrics, state, signum, saves, scores):
 if __name__ == "__main__":
     # process.guarded turns a stop signal before the loop (Ctrl-C, SIGTERM) or a machine's fault (a full disk, the
     # GPU's memory) into one line that says what was kept. In the loop, TrainingClock only records a stop signal.
-    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + budget.SHAPE_FIELDS, given=(given := {}))
+    settings = configure(globals(), sys.argv[1:], ModelConfig, skip=DATA_FIELDS + SHAPE_FIELDS, given=(given := {}))
     process.guarded(main, f"{os.path.join(out_dir, 'ckpt.pt')} keeps the last checkpoint saved: continue with "
                     f"--resume=True (or, if none was saved yet, run the same command again)", settings, given)

@@ -10,7 +10,7 @@ import torch
 
 from . import runtime
 from .data import repeat_warning
-from model import LR_AT_768, LR_WIDTH_EXPONENT, ModelConfig, lr_for_width
+from model import LR_AT_768, LR_WIDTH_EXPONENT, SHAPE_FIELDS, ModelConfig, lr_for_width
 
 # The shapes the rule picks from, smallest first, as (layers, width): each has heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -43,7 +43,6 @@ MIN_BATCH, MAX_BATCH = 32, 8192  # 32: the smallest measured, and a CPU's micro-
 # A CPU's bfloat16 step (cpu_bf16_gain): its matmuls (this share of a float32 step) at the measured speed-up, the rest
 # at 1.08x float32's time (BENCHMARKS.md, "The CPU's precision")
 CPU_MATMUL_SHARE, CPU_BF16_REST = 0.75, 1.08
-SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "d_ffn")  # ModelConfig's fields that the rule picks
 
 
 def shape_of(pair, given):
