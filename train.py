@@ -398,8 +398,9 @@ class TrainingClock:
 # schedules, so a run it stops ends at the rate of that point of the budget.
 def schedules_at(progress):
     """A step's batch size, learning rate and masking rate at the run's progress: the three schedules below with the
-    run's settings (lr is the peak rate). The loop and the start-up line "schedule:" both read them here, so a new
-    schedule, or a new setting of one, is written in this one place."""
+    run's settings, the values main wrote over the globals at start-up (so lr here is the decided peak rate, not the
+    0 at the top of the file). The loop and the start-up line "schedule:" both read them here, so a new schedule, or a
+    new setting of one, is written in this one place."""
     return (batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp),
             lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup),
             mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
@@ -727,8 +728,8 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
     setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
-                                    mask_rate=max(config["mask_rate"], config["mask_rate_start"]),
-                                    offload=config["offload"], log=log)
+                                    mask_rate=max(config["mask_rate"], config["mask_rate_start"]),  # the most memory
+                                    offload=config["offload"], log=log)  # (more masked tokens, more logits kept)
     config["micro_batch"], remainder_micro = setup.split_micro_batches(world, cap, config["batch_size"],
                                                                        config["batch_ramp_start"], config["batch_ramp"])
     return model_args, remainder_micro, budget_pick, changes + picked_lines
