@@ -98,9 +98,9 @@ class ModelConfig:
     also a train.py setting (--key=value). A checkpoint saves them all as `model_args`.
     A fork adds a new switch as a field here, and uses it below. If the switch is on by default, also add it to
     MISSING_FIELD_DEFAULTS as off, so that older checkpoints load as they were trained. If it changes the work per
-    token, also add it to flops_per_token and step_bytes, which the budget's pick, the memory check and the MFU use.
-    The defaults are the reference crammed BERT's shape (about 120M parameters) and recipe, but for smear, which is
-    cram's and on (config/recipe_reference.py turns it off). train.py declares the four shape fields again, with 0
+    token, also add it to flops_per_token (the budget's pick, the MFU, the CPU's warning) and step_bytes (the memory
+    check). The defaults are the reference crammed BERT's shape (about 120M parameters) and recipe, but for smear, which
+    is cram's and on (config/recipe_reference.py turns it off). train.py declares the four shape fields again, with 0
     meaning that the budget picks them."""
     vocab_size: int = 32768    # >= 5: train.py: from the data (prepare.py's meta.json), not a setting
     seq_len: int = 128         # >= 2: train.py: from the data too (prepare.py --seq_len sets it)

@@ -9,8 +9,8 @@
 One training step (the loop in main) does five things:
 1. It reads the next rows of the token file, seq_len tokens each: the run's sequences numbered tokens / seq_len on
    (tokens counts the tokens trained on so far). By default the rows come in a shuffled order, a new one each epoch.
-2. It hides the same number of tokens in every row: k = mask_rate x seq_len, rounded, and at least 1 (32 of 128 by
-   default). Of those, about 80% become [MASK], 10% a random token and 10% stay as they are (by count, so a small k
+2. It hides the same number of tokens in every row: k = round(mask_rate x seq_len), and at least 1 (32 of 128 by
+   default; Python's round takes a half to the even number). Of those, about 80% become [MASK], 10% a random token and 10% stay as they are (by count, so a small k
    splits coarsely: see the objective, below). Which tokens are hidden is drawn from a key made of the seed and the row's sequence number.
 3. The model predicts the original token at each hidden position. The loss is the cross-entropy, averaged over all
    the hidden positions of the step.
@@ -97,9 +97,9 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # main writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
 # and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the budget, and
 # when the run evaluates and saves. --dry_run=True prints these lines and stops.
-# For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in
-# bfloat16) give 16 x 768, a batch of 4096 and lr 1e-3: any timing from 70 to 172 TFLOP/s gives the same. 24 hours on
-# an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in bfloat16)
+# give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on) any timing from 70 to 172 TFLOP/s
+# gives the same. 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape (cram/budget.py has the constants and their sources):
 # 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
 #    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
@@ -111,7 +111,10 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
 #    Under a budget of hours, if that shape would read the data more than 16 times, a larger one is taken instead:
 #    the next on the ladder that reads it at most 16 times, but none with more than 4x the best size's weights (then
-#    the largest below that).
+#    the largest below that, or the ladder's top).
+#    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
+#    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
+#    give a batch of 4096 and about 38,000 steps. Each shape of the ladder is judged at its own width's share.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -124,8 +127,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.
 # - A gated GELU feed-forward (glu): more learned per FLOP (Shazeer 2020, "GLU variants improve Transformer").
 # - No dropout: a run that reads each token about once has little overfitting to prevent, and dropout costs time.
-# - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 saves 15% of the
-#   FLOPs per token (model.flops_per_token).
+# - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 and a vocabulary of
+#   32768 saves 15% of the FLOPs per token (model.flops_per_token; more for a smaller model).
 # - 25% of the tokens are masked, not 15% (mask_rate): more predictions per step from the same rows.
 # - The learning rate decays to 0 as the budget ends, and the batch grows over the run (the schedules, below).
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
@@ -269,7 +272,8 @@ def main(config, given):
         step_batch, step_lr, step_mask_rate = schedules_at(progress)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
-        # one after the other (a batch of 384 on 2 processes with micro_batch=128: 128 and then 64 on each).
+        # one after the other (a batch of 384 on 2 processes with micro_batch=128 and remainder_micro=64: 128 and then
+        # 64 on each).
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # tokens // seq_len: sequences read so far
         # Forward and backward over the micro-batches, whose gradients add up. The loss is the mean over every masked
@@ -412,7 +416,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     the peak at 75% of the budget, then down to 0 at the end. Decaying to 0 as the budget ends is what trains best
     under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
-    at the end."""
+    at the end. Its first step, at progress 0, has a rate of 0: it leaves the weights as they are, though AdamW's
+    moments take its gradient."""
     if schedule == "triangle":  # up from 0.25 x peak at 0 to the peak at 0.75, then down to 0 at 1
         return peak * (0.25 + progress) if progress < 0.75 else peak * max(0.0, 4 * (1.0 - progress))
     if schedule == "warmup_linear":  # up from 0 to the peak at warmup, then down to 0 at 1
