@@ -70,18 +70,18 @@ def shape_for_budget(matmul_compute, tokens, data_tokens, model_args, mask_rate,
     size for them is PAPER_WEIGHTS * (FLOPs / PAPER_COMPUTE) ** SIZE_EXPONENT. The nearest shape is the one whose
     blocks' weights are nearest that size, by ratio. Where the nearest would read `data_tokens` more than MAX_EPOCHS
     times, a larger shape is taken, up to 4x the best size. Returns (the shape taken, the nearest, its tokens)."""
-    sizes = []  # (weights, best size, tokens) of each shape
+    rungs = []  # each shape's blocks' weights, the best size for the FLOPs it can spend, and the tokens it trains
     for pair in LADDER:
         config = ModelConfig(**{**model_args, **shape_of(pair, {})})
         per_token = config.flops_per_token(mask_rate)
         trained = tokens or matmul_compute * efficiency_of(config.d_model) / per_token
         best = PAPER_WEIGHTS * (trained * per_token / PAPER_COMPUTE) ** SIZE_EXPONENT
-        sizes.append((config.n_layers * config.layer_weights(), best, trained))
-    i = nearest = min(range(len(sizes)), key=lambda j: abs(math.log(sizes[j][0] / sizes[j][1])))
-    while (not tokens and sizes[i][2] > MAX_EPOCHS * data_tokens and i + 1 < len(sizes)
-           and sizes[i + 1][0] <= 4 * sizes[nearest][1]):
-        i += 1
-    return LADDER[i], LADDER[nearest], sizes[i][2]
+        rungs.append(dict(weights=config.n_layers * config.layer_weights(), best=best, tokens=trained))
+    i = nearest = min(range(len(rungs)), key=lambda j: abs(math.log(rungs[j]["weights"] / rungs[j]["best"])))
+    while (not tokens and rungs[i]["tokens"] > MAX_EPOCHS * data_tokens and i + 1 < len(rungs)
+           and rungs[i + 1]["weights"] <= 4 * rungs[nearest]["best"]):
+        i += 1  # the nearest shape would repeat the data too often: a larger one, up to 4x the best size
+    return LADDER[i], LADDER[nearest], rungs[i]["tokens"]
 
 
 def batch_for_budget(tokens, seq_len):
