@@ -170,21 +170,22 @@ class ModelConfig:
         return int(self.seq_len * full * per_position + (self.n_layers - full) * narrowed + logits)
 
     def flops_per_token(self, mask_rate):
-        """Training FLOPs per input token: 3 times the forward's (the backward costs about twice the forward). The
-        forward counts the matmul weights, the attention's scores and values, and the tied output layer at the
-        predicted positions, a share k / T of them (masked_count). A narrowed layer computes keys and values at every
-        position and the rest at the masked positions only."""
+        """Training FLOPs per input token: 3 times the forward's (the backward costs about twice the forward). In the
+        forward, a matmul costs 2 FLOPs (a multiply and an add) per weight per position it runs at. It counts the
+        blocks' weights, the attention's scores and values, smear's map, and the tied output layer at the predicted
+        positions, a share k / T of them (masked_count). A narrowed layer computes keys and values at every position and
+        the rest at the masked positions only. Every term below is forward FLOPs per input token."""
         k = masked_count(mask_rate, self.seq_len) if mask_rate > 0 else 0
         predicted = k / self.seq_len if self.sparse_prediction else 1.0  # the share of positions predicted
         full = self.full_layer_count()
-        layers = full + (self.n_layers - full) * predicted  # full layers' worth of queries
-        attention = 2 * 2 * layers * self.seq_len * self.d_model
+        query_layers = full + (self.n_layers - full) * predicted  # full layers' worth of queries
+        attention = 2 * 2 * query_layers * self.seq_len * self.d_model  # q.k and the weights times v, over T keys
         output_layer = 2 * self.vocab_size * self.d_model * predicted
         head = 2 * self.d_model ** 2 * predicted if self.head_transform else 0  # its dense layer
-        kv = 2 * self.d_model ** 2  # the keys' and values' weights: computed at every position of a narrowed layer
-        per_layer = self.layer_weights()
-        blocks = 2 * (full * per_layer + (self.n_layers - full) * (kv + (per_layer - kv) * predicted))
-        smear = 2 * 2 * self.d_model ** 2 if self.smear else 0
+        kv_weights, layer_weights = 2 * self.d_model ** 2, self.layer_weights()  # weights (a narrowed layer: kv everywhere)
+        narrowed = kv_weights + (layer_weights - kv_weights) * predicted
+        blocks = 2 * (full * layer_weights + (self.n_layers - full) * narrowed)
+        smear = 2 * 2 * self.d_model ** 2 if self.smear else 0  # a (2d, d) matmul
         return 3 * (blocks + attention + output_layer + head + smear)
 
 
