@@ -10,8 +10,9 @@ One training step (the loop in main) does five things:
 1. It reads the next rows of the token file, seq_len tokens each: the run's sequences numbered tokens / seq_len on
    (tokens counts the tokens trained on so far). By default the rows come in a shuffled order, a new one each epoch.
 2. It hides the same number of tokens in every row: k = round(mask_rate x seq_len), and at least 1 (32 of 128 by
-   default; Python's round takes a half to the even number). Of those, about 80% become [MASK], 10% a random token and 10% stay as they are (by count, so a small k
-   splits coarsely: see the objective, below). Which tokens are hidden is drawn from a key made of the seed and the row's sequence number.
+   default; Python's round takes a half to the even number). Of those, about 80% become [MASK], 10% a random token and
+   10% stay as they are (by count, so a small k splits coarsely: see the objective, below). Which tokens are hidden is
+   drawn from a key made of the seed and the row's sequence number.
 3. The model predicts the original token at each hidden position. The loss is the cross-entropy, averaged over all
    the hidden positions of the step.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
@@ -24,8 +25,8 @@ token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps
 only: set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the
-fraction of the budget used so far. A step's batch size, learning rate and masking rate are batch_size_at, lr_at and
-mask_rate_at of the progress at the step's start, not of the step count. So on any hardware the schedules are at the
+fraction of the budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at
+the step's start (schedules_at), not of the step count. So on any hardware the schedules are at the
 same point when the same share of the budget is used. The run stops when the budget is used, or earlier at max_steps.
 Unless you give them, the budget also picks the model's shape and the final batch size (see the settings below), and
 the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or shrinks every
