@@ -408,9 +408,11 @@ class TiedLookup(torch.autograd.Function):
 #   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
 # - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
 #   not hold it, runs with its current default.
-# - Outside the step, two places describe the objective: cram/data.py's fill_in masks one word of a validation row
-#   its own way for the end's examples, and tools/export.py's model card states the masking rate and the 80/10/10
-#   split. An objective that changes them changes those too.
+# - Outside the step, three places describe the objective: cram/data.py's fill_in masks one word of a validation row
+#   its own way for the end's examples, tools/export.py's model card states the masking rate and the 80/10/10 split,
+#   and tools/modeling_cram.py (the exported model for transformers) has its own MLM head and loss. An objective that
+#   changes them changes those too. Whatever ranks runs by the validation loss (tools/compare.py, the final line)
+#   then ranks them by the new one, and diverged's ceiling of ln(vocab_size) + 1 assumes a cross-entropy's scale.
 
 
 MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time

@@ -9,18 +9,18 @@
 One training step (the loop in main) does five things:
 1. It reads the next rows of the token file, seq_len tokens each: the run's sequences numbered tokens / seq_len on
    (tokens counts the tokens trained on so far). By default the rows come in a shuffled order, a new one each epoch.
-2. It hides the same number of tokens in every row: k = round(mask_rate x seq_len), and at least 1 (32 of 128 by
+2. It masks the same number of tokens in every row: k = round(mask_rate x seq_len), and at least 1 (32 of 128 by
    default; Python's round takes a half to the even number). Of those, about 80% become [MASK], 10% a random token and
-   10% stay as they are (by count, so a small k splits coarsely: see the objective, below). Which tokens are hidden is
+   10% stay as they are (by count, so a small k splits coarsely: see the objective, below). Which tokens are masked is
    drawn from a key made of the seed and the row's sequence number.
-3. The model predicts the original token at each hidden position. The loss is the cross-entropy, averaged over all
-   the hidden positions of the step.
+3. The model predicts the original token at each masked position. The loss is the cross-entropy, averaged over all
+   the masked positions of the step.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
    loss spikes or a gradient is not finite (see "Bad steps").
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
 when the update was skipped. For example, at the defaults in a run whose final batch is 4096 and peak rate 1e-3, a step
-that starts 30% into the budget reads 2,048 rows of 128 tokens, hides 32 tokens in each (26 become [MASK], 3 a random
+that starts 30% into the budget reads 2,048 rows of 128 tokens, masks 32 tokens in each (26 become [MASK], 3 a random
 token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps
@@ -36,33 +36,15 @@ stay as they are.
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint and exits, and --resume=True continues
 from there. Before training starts, it exits at once and saves nothing.
 
-Running it on a shared or pre-emptible machine:
-- A run writes everything to out_dir: ckpt.pt (the newest checkpoint), the keep_checkpoints - 1 checkpoints before it
-  as ckpt_<step>.pt, metrics.jsonl (every training and evaluation line, as JSON) and a lock file that keeps a second
-  run out of the folder.
-- It saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal, and at the end. A checkpoint is
-  written whole or not at all, so a kill leaves the last one saved.
-- The exit status is 0 when the run has finished, 1 with a one-line error (a refused setting, a fault, a diverged
-  loss), and 128 + the signal's number when a signal stopped it: 130 for Ctrl-C, 143 for SIGTERM, and likewise for
-  SIGHUP, SIGUSR1, SIGUSR2 and SIGXCPU. A signal that comes after the final save gives 128 + n as well; the restart
-  below then exits with 0.
-- To restart a run, run the same command, with --resume=True once out_dir/ckpt.pt exists. In a batch script, one line
-  does both: python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
-
-Comparing runs:
-- The seed fixes the initial weights, the data order, the training masks and dropout. Each weight is drawn by its
-  name in the model (blocks.0.attn.qkv, say), so two variants start alike in every weight that has the same name and
-  shape in both. Validation's masks are the same in every run.
-- A budget of tokens fixes each step's batch, learning rate and masking rate. Under a budget of hours, the clock
-  decides how many steps there are.
-- The shape, the batch and the peak rate are fixed only if you give them. Left at 0, the budget picks them, and it may
-  pick differently for a variant whose tokens cost more FLOPs (smear adds some) or on a faster machine.
-- The precision and the micro-batch are fixed only if you give them: dtype=auto times both precisions on a CPU, and
-  micro_batch=0 probes a GPU's free memory. A GPU may still add floats in a different order.
-So to repeat a run, give --budget_tokens, --dtype and --micro_batch, and use as many processes. To compare two
-variants, give n_layers, d_model, batch_size and lr as well (tools/compare.py runs such comparisons). To compare
-machines, give the shape and the batch, and read the training lines' tokens/s and MFU. A step's time includes drawing
-and masking its batch, and compilation in the first steps; bench.py times the step alone."""
+On a shared or pre-emptible machine: a run writes everything to out_dir (checkpoints, metrics.jsonl, a lock file),
+and saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal and at the end. It exits with 0
+when finished, with 128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM), and with 1
+and a one-line error otherwise. One line restarts it, with or without a checkpoint saved:
+    python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
+To compare runs fairly: the seed fixes the initial weights, the data order, the masks and dropout; a budget of tokens
+fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype and --micro_batch
+fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons).
+docs/training.md has both in full."""
 import dataclasses
 import functools
 import math
@@ -140,9 +122,9 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # by count rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest
 # stay. In a row of 128 at 0.25 that is 26, 3 and 3 of 32. The loss covers every masked position.
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
-# mask_rate (with one level, mask_rate_start throughout). A lower rate hides a subset of the tokens a higher one does
+# mask_rate (with one level, mask_rate_start throughout). A lower rate masks a subset of the tokens a higher one does
 # in the same row. model.py's objective section lists what else reads the rate.
-mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict (MASK_RATE is 0.25, the crammed recipe's)
+mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more shape to compile (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the masking rate of validation, whatever mask_rate is, so that recipes compare
@@ -556,8 +538,9 @@ class SpikeWatch:
         """Whether `loss` is a spike: more than `threshold` standard deviations (the square root of the variance)
         and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
         losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history.
-        `rate` is the step's masking rate. Losses at two rates do not compare (a higher rate gives a higher loss), so
-        at a new rate the history starts again, and no loss is judged for the next SPIKE_HISTORY steps. A rate of 0 is unknown (a checkpoint from before it was kept)."""
+        `rate` is the step's masking rate. Losses at two rates do not compare (a higher rate gives a higher loss), so at
+        a new rate (even one that gives a row the same count) the history starts again, and no loss is judged for the
+        next SPIKE_HISTORY steps. A rate of 0 is unknown (a checkpoint from before it was kept)."""
         if rate != self.rate and self.rate:
             self.mean, self.var, self.count, self.last = 0.0, 0.0, 0, 0.0
         self.rate = rate
