@@ -461,11 +461,14 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
         random_ids = torch.randint(0, n_regular, (B, k), device=idx.device, generator=generator)
     else:
         noise = row_noise(keys.to(idx.device), T + k)  # (B, T + k)
-        # (B, T): ranked by the noise, and by position where two noises are equal, so that no two scores in a row tie
-        scores = noise[:, :T] * T + torch.arange(T, device=idx.device)
+        # (B, T): each position's score is its noise times T plus its index. The noise is an integer, so this orders
+        # positions by their noise, and two positions whose noise is equal by their index: no two scores in a row tie.
+        scores = noise[:, :T] * T + torch.arange(T, device=idx.device)  # int64: 2**32 x T fits
         random_ids = noise[:, T:] % n_regular  # (B, k)
-    positions = scores.topk(k, dim=1).indices  # (B, k), in the draw's order
+    positions = scores.topk(k, dim=1).indices  # (B, k): the k highest scores, highest first (the draw's order)
     labels = idx.gather(1, positions)
+    # In the draw's order, the first round(0.8 k) masked positions get [MASK], those up to round(0.9 k) a random
+    # token, and the rest keep their own token (26, 3 and 3 of 32). The order is random, so which get which is too.
     slot = torch.arange(k, device=idx.device)  # (k,): each masked position's place in the draw's order
     replacement = torch.where(slot < round(0.8 * k), mask_id,
                               torch.where(slot < round(0.9 * k), random_ids, labels))  # (B, k)

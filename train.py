@@ -251,7 +251,8 @@ def main(config, given):
         if no_step_left(progress, step, max_steps) or stop:
             break
         # The schedules at the run's progress give this step's batch size, learning rate and masking rate.
-        # step_masking is the objective's settings (model.Masking) with this step's masking rate.
+        # step_masking is the objective's settings (model.Masking: only the masking rate, unless a fork adds a field)
+        # with this step's rate.
         step_batch, step_lr, step_mask_rate = schedules_at(progress)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
