@@ -43,7 +43,9 @@ and a one-line error otherwise. One line restarts it, with or without a checkpoi
     python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
 To compare runs fairly: the seed fixes the initial weights, the data order, the masks and dropout; a budget of tokens
 fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype and --micro_batch
-fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons).
+fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A model switch
+left to the budget can move its pick (glu changes each shape's weights, glu and smear the FLOPs per token: glu=False
+gives the A6000's day 12 x 768), so an ablation gives the shape and the batch.
 docs/training.md has both in full."""
 import dataclasses
 import functools
@@ -122,8 +124,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # by count rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest
 # stay. In a row of 128 at 0.25 that is 26, 3 and 3 of 32. The loss covers every masked position.
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
-# mask_rate (with one level, mask_rate_start throughout). A lower rate masks a subset of the tokens a higher one does
-# in the same row. model.py's objective section lists what else reads the rate.
+# mask_rate (with one level, mask_rate_start throughout). In the same row, a lower rate masks a subset of the positions
+# a higher one does (what each becomes may differ). model.py's objective section lists what else reads the rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more shape to compile (1: mask_rate_start throughout)
@@ -161,6 +163,11 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: the GPU's peak, for MFU; 0 looks the GPU up by name
+# Randomness, by source. The initial weights: the seed and each weight's name (model.keyed_generator). The data order:
+# the seed and the epoch (epoch_order; data_order=file keeps the file's order in the first epoch). Each row's masked
+# positions and random tokens: the seed and the row's sequence number (mask_keys, model.row_noise). Dropout (0 by
+# default): torch's generator, seeded once, the same on every process, and not restored by a resume. Each step's batch,
+# rate and masking rate are not random: they follow the clock under a budget of hours, the tokens under one of tokens.
 seed = 0                  # [0, 4294967295]: seeds the initial weights, dropout, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
@@ -481,7 +488,8 @@ def mask_keys(seed, numbers):
     """One key for each row's mask, as an int64 tensor: model.mask_tokens draws a row's mask from its key alone. The
     key is the row's number mixed with the seed (xor with a number the seed draws), so every number has its own key
     and another seed gives other keys. A training row's number is its sequence number in the run (0, 1, 2, ...). A
-    validation row's is negative (-1 - its index), so no validation row ever shares a training row's key."""
+    validation row's is negative (-1 - its index), so no validation row shares a training row's key. (row_noise hashes
+    a key to 32 bits first, so two rows' masks may still coincide, as two random draws may.)"""
     return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
 
 
@@ -579,7 +587,10 @@ class BadSteps:
 
 
 # -----------------------------------------------------------------------------
-# The training line that the loop prints and records every log_interval steps.
+# The training line that the loop prints and records every log_interval steps. Its loss is that one step's loss (not a
+# mean over the log_interval steps), measured before the update. Its level rises with the masking rate (less context
+# to predict from), so a staircase moves it at each new rate: compare runs at different rates by the eval lines, which
+# score at eval_mask_rate. Its scatter shrinks as the batch grows, since each step averages over more rows.
 def log_step(metrics, rt, record, n_rows, seq_len, progress, total):
     """Prints a training line and records it. Beside the record's figures, the line gives a GPU's peak memory, the epoch
     (how many times the run has read its n_rows training rows), the share of the budget left (`progress` is the run's
