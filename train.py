@@ -33,13 +33,13 @@ the shape's width gives the peak learning rate. So in a new run, a larger or sma
 schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The masking rates
 stay as they are.
 
-Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint and exits, and --resume=True continues
-from there. Before training starts, it exits at once and saves nothing.
+Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
+and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
 
 On a shared or pre-emptible machine: a run writes everything to out_dir (checkpoints, metrics.jsonl, a lock file),
 and saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal and at the end. It exits with 0
 when finished, with 128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM), and with 1
-and a one-line error otherwise. One line restarts it, with or without a checkpoint saved:
+and a one-line error when it fails. One line restarts it, with or without a checkpoint saved:
     python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
 To compare runs fairly: the seed fixes the initial weights, the data order, the masks and dropout; a budget of tokens
 fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype and --micro_batch
@@ -70,8 +70,8 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, SHAPE_FIELDS, CrammedBert
 # The settings. Each comment opens with the values the setting allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # the checkpoints (ckpt.pt is the newest), metrics.jsonl and the run's lock file go here
-# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see "Comparing
-# runs" there.
+# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see the top of
+# this file in short, or docs/training.md's "Comparing runs" in full.
 budget_hours = 24.0       # > 0: hours of training time; the schedules follow the run's progress
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, counting a resume's earlier steps (0: no limit). The schedules do not shorten to fit it, and a resume does not keep it
@@ -153,7 +153,7 @@ warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_l
 # 10 x 640, a batch of 2048 and lr 1.1e-3, about 19,000 steps in all (1e9: 8 x 512, 1024; 1e10: 16 x 768, 4096).
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
-batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size
+batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
@@ -166,8 +166,9 @@ peak_tflops = 0.0         # >= 0: the GPU's peak, for MFU; 0 looks the GPU up by
 # Randomness, by source. The initial weights: the seed and each weight's name (model.keyed_generator). The data order:
 # the seed and the epoch (epoch_order; data_order=file keeps the file's order in the first epoch). Each row's masked
 # positions and random tokens: the seed and the row's sequence number (mask_keys, model.row_noise). Dropout (0 by
-# default): torch's generator, seeded once, the same on every process, and not restored by a resume. Each step's batch,
-# rate and masking rate are not random: they follow the clock under a budget of hours, the tokens under one of tokens.
+# default): torch's generator, seeded once, the same on every process, and not restored by a resume. The end's fill-in
+# examples: the seed. Each step's batch, rate and masking rate are not random: they follow the clock under a budget of
+# hours, the tokens under a budget of tokens.
 seed = 0                  # [0, 4294967295]: seeds the initial weights, dropout, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
@@ -407,8 +408,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     the peak at 75% of the budget, then down to 0 at the end. Decaying to 0 as the budget ends is what trains best
     under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
-    at the end. Its first step, at progress 0, has a rate of 0: it leaves the weights as they are, though AdamW's
-    moments take its gradient."""
+    at the end. With a warmup above 0, its first step, at progress 0, has a rate of 0: it leaves the weights as they
+    are, though the optimizer's state takes its gradient."""
     if schedule == "triangle":  # up from 0.25 x peak at 0 to the peak at 0.75, then down to 0 at 1
         return peak * (0.25 + progress) if progress < 0.75 else peak * max(0.0, 4 * (1.0 - progress))
     if schedule == "warmup_linear":  # up from 0 to the peak at warmup, then down to 0 at 1

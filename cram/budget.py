@@ -1,7 +1,7 @@
 """The budget's rule in one place. From the compute a budget buys it picks the shape (one of LADDER's) and the final
-batch, and the width gives the peak rate (model.lr_for_width). The rule's functions are pure and sit beside their
-constants and sources. `decide` applies them for train.py: a setting given wins, and a resume keeps its checkpoint's.
-start_lines say what the rule picked, and docs/training.md has the published points it follows."""
+batch; train.py then takes the peak rate from the width (model.lr_for_width). The rule's functions are pure and sit
+beside their constants and sources. `decide` applies them for train.py: a setting given wins, and a resume keeps its
+checkpoint's. start_lines say what the rule picked, and docs/training.md has the published points it follows."""
 import dataclasses
 import functools
 import math

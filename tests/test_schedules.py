@@ -75,7 +75,7 @@ def test_masking_rate_schedule_is_a_pure_function_of_progress_in_few_levels():
 def test_the_schedule_line_says_the_rates_the_loop_will_use(monkeypatch):
     """The start-up line "schedule:" (printed by every run and --dry_run) gives the loop's rates at each quarter of
     the budget and its masking staircase, for either schedule and any number of levels, a falling staircase too, and
-    where the checkpoints go. Both read train.schedules_at with the run's settings, so they agree."""
+    where the checkpoints go. The line reads train.schedules_at with the run's settings, as the loop does."""
     import train
     for schedule, start, levels in (("triangle", 0.0, 4), ("warmup_linear", 0.15, 3), ("triangle", 0.4, 1),
                                     ("triangle", 0.3, 8), ("warmup_linear", 0.1, 7)):
