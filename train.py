@@ -281,7 +281,7 @@ def main(config, given):
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
             tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
-            progress_after = budget_progress(tokens, seconds, budget_tokens, budget_hours)  # the step above's is before it
+            progress_after = budget_progress(tokens, seconds, budget_tokens, budget_hours)  # `progress` is before the step
             # The tokens the run will have trained at its end: at the speed since the last line, under a budget of hours
             total = budget_tokens or tokens + tokens_per_s * max(0.0, 1 - progress_after) * 3600 * budget_hours
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
@@ -343,8 +343,8 @@ class TrainingClock:
       a row's count of masked tokens, or the ramp's first use of a new micro-batch size).
     - Set-up, logging, evaluation and saving are not counted, so a run takes longer on the wall clock.
     - A pause (Ctrl-Z then fg, or a batch system's suspend) is mostly left out where the system sends SIGCONT (not on
-      Windows): a step that a pause fell in counts as no longer than the step before it. The first step of a run or of a resume has no step before it, so a pause in it
-      counts in full.
+      Windows): a step that a pause fell in counts as no longer than the step before it. The first step of a run or of
+      a resume has no step before it, so a pause in it counts in full.
     - On a GPU the update may still be running when the clock stops. Its time then falls into the next step, or off
       the clock if an evaluation or a save comes first.
     - A resume starts from its checkpoint's clock. Steps after the last save that a kill lost are not on it.
