@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARA
 P=${P:-.}; OUT=${OUT:-/tmp/paircall}; W=${W:-/tmp/paircall_work}; DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}
 SEEDS=${SEEDS:-3}; PT_MINUTES=${PT_MINUTES:-4}; PREP_LIMIT=${PREP_LIMIT:-90}; FT_LIMIT=${FT_LIMIT:-230}
 PREP_ARGS=${PREP_ARGS:---vocab_size=32768 --tokenizer_train_chars=120000000}; EXTRA=${EXTRA:-}
-CARRY=${CARRY:-data/gpu_call}
+CARRY=${CARRY:-data/gpu_call}; DEADLINE=${DEADLINE:-570}  # seconds into the call by which the table is written
 mkdir -p "$OUT" "$W/ft" "$W/logs"
 T0=$(date +%s); mark() { echo "$1 at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/timeline.txt"; }
 cd "$P" || exit 1
@@ -40,7 +40,9 @@ timeout -s TERM -k 20 $(( ${PT_MINUTES%.*} * 60 + 60 )) $PY train.py --data_dir=
 mark "pretraining rc=$?"
 [ -f "$W/pt/ckpt.pt" ] || { mark "no checkpoint"; exit 1; }
 
-# 3. fine-tuning, every run at once
+# 3. fine-tuning, every run at once, stopped FT_LIMIT seconds on or 20 s before DEADLINE, whichever comes first
+FT_LIMIT=$(( FT_LIMIT < DEADLINE - 20 - ($(date +%s) - T0) ? FT_LIMIT : DEADLINE - 20 - ($(date +%s) - T0) ))
+mark "fine-tuning for $FT_LIMIT s"
 G=$CARRY/glue
 run() {  # name, task, extra arguments
   timeout -s TERM -k 15 "$FT_LIMIT" $PY finetune_glue.py --checkpoint="$W/pt/ckpt.pt" --glue_dir="$G" --tasks="$2" \
