@@ -100,6 +100,23 @@ dry_run = False           # decide every setting, print the start-up lines and e
 #    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
 #    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
 #    give a batch of 4096 and about 38,000 steps. Each shape of the ladder is judged at its own width's share.
+# The ladder at the defaults (glu and smear on, a vocabulary of 32768, sequences of 128, mask_rate 0.25). Each row is
+# the best size for the FLOPs in its row. The budget takes the row whose "best for" is nearest, by ratio, to the FLOPs
+# the run can spend at that row's share (0.5 on a CPU, the column on a GPU), then applies the 16-epoch rule above.
+# The last three columns are what a run of exactly those FLOPs would get; the batch follows the tokens (below).
+#    shape     blocks' weights  GFLOP/token  GPU share  best for FLOPs  tokens then  batch then  peak lr
+#    2 x 128        0.33M          0.009        0.17        3.1e12         3.5e5           32    2.4e-3
+#    3 x 192        1.11M          0.017        0.22        6.4e13         3.7e6           32    2.0e-3
+#    4 x 256        2.62M          0.031        0.26        5.6e14         1.8e7          128    1.7e-3
+#    5 x 320        5.12M          0.050        0.30        3.0e15         5.9e7          256    1.5e-3
+#    6 x 384        8.85M          0.077        0.33        1.2e16         1.5e8          256    1.4e-3
+#    8 x 512       20.97M          0.160        0.39        1.0e17         6.3e8         1024    1.2e-3
+#   10 x 640       40.96M          0.292        0.45        5.4e17         1.8e9         2048    1.1e-3
+#   12 x 768       70.78M          0.484        0.50        2.1e18         4.3e9         4096    1.0e-3
+#   16 x 768       94.37M          0.630        0.50        4.3e18         6.9e9         4096    1.0e-3
+#   24 x 1024     251.66M          1.611        0.59        5.0e19        3.1e10         8192    8.7e-4
+#    For example, 4 minutes on an H200 (a matmul timed at 680 TFLOP/s) can spend 1.6e17 x the share: 6.4e16 at
+#    8 x 512's 0.39, within 1.6x of its row, while 6 x 384's 5.4e16 is 4.5x its row's, so the pick is 8 x 512.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
