@@ -3,7 +3,7 @@
 #
 #   1. prepares the carried text (tools/gpu_call.py --carry_text=True wrote data/gpu_call/corpus.txt.xz) at a 32k
 #      vocabulary and sequences of 128, on the GPU machine's cores;
-#   2. pretrains for PT_MINUTES at the budget's pick of shape, batch and rate;
+#   2. pretrains for PT_MINUTES at the budget's pick of shape, batch and rate (and PT_ARGS);
 #   3. fine-tunes STS-B, MRPC, RTE and SST-2 with the pair head at the rule's settings, SEEDS seeds each, beside the
 #      same shape never pretrained (the floor), and RTE once more at lr 1e-4 for 3 epochs (the best of the last call's
 #      RTE probe), all at once. Each run's JSON carries words alone's scores. A process stopped at FT_LIMIT keeps the
@@ -20,6 +20,8 @@ export PYTHONUNBUFFERED=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARA
 P=${P:-.}; OUT=${OUT:-/tmp/paircall}; W=${W:-/tmp/paircall_work}; DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}
 SEEDS=${SEEDS:-3}; PT_MINUTES=${PT_MINUTES:-4}; PREP_LIMIT=${PREP_LIMIT:-90}; FT_LIMIT=${FT_LIMIT:-230}
 PREP_ARGS=${PREP_ARGS:---vocab_size=32768 --tokenizer_train_chars=120000000}; EXTRA=${EXTRA:-}
+PT_ARGS=${PT_ARGS:-}  # more train.py settings, e.g. --batch_ramp=0: at 8 x 512 on an H200 the ramp's micro-batches of
+                      # 128 ran at 0.56-0.60x the full batch's tokens/s (docs/runs/h200_more_text_2026-11-29)
 CARRY=${CARRY:-data/gpu_call}; DEADLINE=${DEADLINE:-570}  # seconds into the call by which the table is written
 mkdir -p "$OUT" "$W/ft" "$W/logs"
 T0=$(date +%s); mark() { echo "$1 at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/timeline.txt"; }
@@ -36,7 +38,7 @@ mark "prepared rc=$?"
 # 2. pretraining at the budget's pick; the budget counts compilation, so the call's clock is kept
 timeout -s TERM -k 20 $(( ${PT_MINUTES%.*} * 60 + 60 )) $PY train.py --data_dir="$W/corpus" --out_dir="$W/pt" \
   --budget_hours="$($PY -c "print($PT_MINUTES / 60)")" --eval_interval_minutes=1 --ckpt_interval_minutes=2 \
-  --device="$DEVICE" > "$OUT/train.log" 2>&1
+  --device="$DEVICE" $PT_ARGS > "$OUT/train.log" 2>&1
 mark "pretraining rc=$?"
 [ -f "$W/pt/ckpt.pt" ] || { mark "no checkpoint"; exit 1; }
 
