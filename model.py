@@ -173,8 +173,10 @@ class ModelConfig:
         """Training FLOPs per input token: 3 times the forward's (the backward costs about twice the forward). In the
         forward, a matmul costs 2 FLOPs (a multiply and an add) per weight per position it runs at. It counts the
         blocks' weights, the attention's scores and values, smear's map, and the tied output layer at the predicted
-        positions, a share k / T of them (masked_count). A narrowed layer computes keys and values at every position and
-        the rest at the masked positions only. Every term below is forward FLOPs per input token."""
+        positions, a share k / T of them (masked_count). Every term below is forward FLOPs per input token. At 16 x 768,
+        a vocabulary of 32768 and mask_rate 0.25 they are: the blocks 188.7M, attention 6.3M, the output layer 12.6M and
+        smear 2.4M, 210.0M in all, so 0.630 GFLOP per token for training. (Narrowed layers, off by default, compute keys
+        and values at every position and the rest at the masked positions only.)"""
         k = masked_count(mask_rate, self.seq_len) if mask_rate > 0 else 0
         predicted = k / self.seq_len if self.sparse_prediction else 1.0  # the share of positions predicted
         full = self.full_layer_count()

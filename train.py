@@ -23,6 +23,18 @@ when the update was skipped. For example, at the defaults in a run whose final b
 that starts 30% into the budget reads 2,048 rows of 128 tokens, masks 32 tokens in each (26 become [MASK], 3 a random
 token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens.
 
+The whole of such a run, with --budget_tokens=6900000000 (the A6000's day in tokens: 16 x 768, a final batch of 4096
+and a peak rate of 1e-3 at the defaults). The step that starts at each point of the budget:
+    progress   steps before it   tokens before it   batch   learning rate   FLOPs in the step
+    0                        0                  0     128          2.5e-4              1.0e13
+    25%                 25,871              1.7e9   1,664          5.0e-4              1.3e14
+    50%                 31,368              3.5e9   3,328          7.5e-4              2.7e14
+    75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
+    the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
+Two thirds of the steps come in the first quarter of the budget, while the batch is small. Every step masks 32 tokens
+in each row. Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
+tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
+
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps
 only: set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the
 fraction of the budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at
@@ -78,13 +90,15 @@ max_steps = 0             # >= 0: also stop after this many steps in all, counti
 resume = False            # continue the run in out_dir/ckpt.pt with its own settings (see checkpoint_state)
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 dry_run = False           # decide every setting, print the start-up lines and exit without training. It reads the data and refuses what the run would refuse
-# A setting left at 0 below is decided at start-up: by the budget in a new run, or from the checkpoint in a resume.
-# main writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
-# and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the budget, and
-# when the run evaluates and saves. --dry_run=True prints these lines and stops.
+# A setting left at 0 below is decided at start-up: by the budget in a new run, or from the checkpoint in a resume. main
+# writes the decided value here before training starts. In a new run the start-up line "budget:" prints the FLOPs, the
+# shape, the tokens and about how many steps the budget gives, and "lr:" the peak rate. The line "settled:" prints each
+# value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the
+# budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
 # For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in bfloat16)
-# give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on) any timing from 70 to 172 TFLOP/s
-# gives the same. 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on) any timing from 70 to 173 TFLOP/s
+# gives the same (under 70 the shape is 12 x 768; over 173 the batch is 8192, and the shape holds to about 312). 24
+# hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape (cram/budget.py has the constants and their sources):
 # 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
 #    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
@@ -100,23 +114,30 @@ dry_run = False           # decide every setting, print the start-up lines and e
 #    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
 #    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
 #    give a batch of 4096 and about 38,000 steps. Each shape of the ladder is judged at its own width's share.
-# The ladder at the defaults (glu and smear on, a vocabulary of 32768, sequences of 128, mask_rate 0.25). Each row is
-# the best size for the FLOPs in its row. The budget takes the row whose "best for" is nearest, by ratio, to the FLOPs
-# the run can spend at that row's share (0.5 on a CPU, the column on a GPU), then applies the 16-epoch rule above.
-# The last three columns are what a run of exactly those FLOPs would get; the batch follows the tokens (below).
-#    shape     blocks' weights  GFLOP/token  GPU share  best for FLOPs  tokens then  batch then  peak lr
-#    2 x 128        0.33M          0.009        0.17        3.1e12         3.5e5           32    2.4e-3
-#    3 x 192        1.11M          0.017        0.22        6.4e13         3.7e6           32    2.0e-3
-#    4 x 256        2.62M          0.031        0.26        5.6e14         1.8e7          128    1.7e-3
-#    5 x 320        5.12M          0.050        0.30        3.0e15         5.9e7          256    1.5e-3
-#    6 x 384        8.85M          0.077        0.33        1.2e16         1.5e8          256    1.4e-3
-#    8 x 512       20.97M          0.160        0.39        1.0e17         6.3e8         1024    1.2e-3
-#   10 x 640       40.96M          0.292        0.45        5.4e17         1.8e9         2048    1.1e-3
-#   12 x 768       70.78M          0.484        0.50        2.1e18         4.3e9         4096    1.0e-3
-#   16 x 768       94.37M          0.630        0.50        4.3e18         6.9e9         4096    1.0e-3
-#   24 x 1024     251.66M          1.611        0.59        5.0e19        3.1e10         8192    8.7e-4
-#    For example, 4 minutes on an H200 (a matmul timed at 680 TFLOP/s) can spend 1.6e17 x the share: 6.4e16 at
-#    8 x 512's 0.39, within 1.6x of its row, while 6 x 384's 5.4e16 is 4.5x its row's, so the pick is 8 x 512.
+# The ladder at the defaults (glu and smear on, a vocabulary of 32768, sequences of 128, mask_rate 0.25). By step 2's
+# rule, each shape is the best size for the FLOPs in its "best for" column. The budget takes the shape whose "best for"
+# is nearest, by ratio, to the FLOPs the run can spend with that shape's share (0.5 on a CPU, the column on a GPU). That
+# is the same as the nearest size, since the size follows the FLOPs ** 0.4. Then the 16-epoch rule may take a larger one.
+# The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
+# final batch (by the batch rule, below), about how many steps it takes, and its peak rate (by the width).
+#    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
+#    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
+#    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
+#    4 x 256     2.62M        0.031       0.26          5.6e14        1.8e7           7         128       1,105  1.7e-3
+#    5 x 320     5.12M        0.050       0.30          3.0e15        5.9e7          12         256       2,882  1.5e-3
+#    6 x 384     8.85M        0.077       0.33          1.2e16        1.5e8          17         256       7,341  1.4e-3
+#    8 x 512    20.97M        0.160       0.39          1.0e17        6.3e8          30        1024      10,408  1.2e-3
+#   10 x 640    40.96M        0.292       0.45          5.4e17        1.8e9          45        2048      17,665  1.1e-3
+#   12 x 768    70.78M        0.484       0.50          2.1e18        4.3e9          61        4096      24,002  1.0e-3
+#   16 x 768    94.37M        0.630       0.50          4.3e18        6.9e9          73        4096      37,830  1.0e-3
+#  24 x 1024   251.66M        1.611       0.59          5.0e19       3.1e10         124        8192      97,415  8.7e-4
+#    For example, 4 minutes on an H200 (a matmul timed at 680 TFLOP/s) can spend 1.6e17 FLOPs x the share: 6.4e16 at
+#    8 x 512's 0.39, 1.6x under its "best for", and 5.4e16 at 6 x 384's 0.33, 4.6x over its, so the pick is 8 x 512.
+#    The matmul is timed at start-up on the run's own device: here an H100 timed 649 TFLOP/s and an H200 680-689.
+# In scaling-law terms: the size grows as compute ** 0.4, a line through two points (the paper's day and a 2-core CPU's
+# 3 x 192), where Chinchilla's rule grows it as compute ** 0.5 at about 20 tokens per parameter. So the tokens per weight
+# grow with the budget here, from about 1 to 124 along the ladder. The batch grows as about compute ** 0.4 too, and
+# the peak rate depends on the width alone, not on the batch or the depth.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -130,7 +151,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # - A gated GELU feed-forward (glu): more learned per FLOP (Shazeer 2020, "GLU variants improve Transformer").
 # - No dropout: a run that reads each token about once has little overfitting to prevent, and dropout costs time.
 # - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 and a vocabulary of
-#   32768 saves 15% of the FLOPs per token (model.flops_per_token; more for a smaller model).
+#   32768 saves 15% of the FLOPs per token at mask_rate 0.25 (model.flops_per_token; more for a smaller model or a
+#   lower rate).
 # - 25% of the tokens are masked, not 15% (mask_rate): more predictions per step from the same rows.
 # - The learning rate decays to 0 as the budget ends, and the batch grows over the run (the schedules, below).
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
@@ -139,7 +161,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # The objective (model.mask_tokens). Every row has the same number of masked positions, k = mask_rate x seq_len
 # rounded, and at least one. As in BERT, a masked token becomes [MASK], a random token, or stays as it is, but here
 # by count rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest
-# stay. In a row of 128 at 0.25 that is 26, 3 and 3 of 32. The loss covers every masked position.
+# stay. (A random token is drawn from the regular tokens, so by chance it can be the original.) In a row of 128 at 0.25 that is 26, 3 and 3 of 32. The loss covers every masked position.
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
 # mask_rate (with one level, mask_rate_start throughout). In the same row, a lower rate masks a subset of the positions
 # a higher one does (what each becomes may differ). model.py's objective section lists what else reads the rate.
@@ -159,7 +181,8 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
 # The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by batch_ramp_start
-# at a time until it reaches batch_size at 60% of the budget (batch_ramp). With batch_ramp=0, or a batch_size no larger
+# at a time until it reaches batch_size at 60% of the budget (batch_ramp; the last jump is smaller where batch_size is
+# not a multiple of batch_ramp_start). With batch_ramp=0, or a batch_size no larger
 # than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
 # as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too).
 # A batch_size of 0 lets the budget pick it: 4096 x (the sequences the budget trains / 54M) ** 0.64, as a power of two
