@@ -56,8 +56,8 @@ and a one-line error when it fails. One line restarts it, with or without a chec
 To compare runs fairly: the seed fixes the initial weights, the data order, the masks and dropout; a budget of tokens
 fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype and --micro_batch
 fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A model switch
-left to the budget can move its pick (glu changes each shape's weights, glu and smear the FLOPs per token: glu=False
-gives the A6000's day 12 x 768), so an ablation gives the shape and the batch.
+can also change what the budget picks: glu changes each shape's weights, and glu and smear change the FLOPs per token.
+With glu=False, for example, the A6000's day picks 12 x 768. So an ablation should give the shape and the batch.
 docs/training.md has both in full."""
 import dataclasses
 import functools
@@ -108,9 +108,10 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # 2. The best model size for those FLOPs, counted as the blocks' matmul weights. It grows as FLOPs ** 0.4 from the
 #    paper's point (16 x 768 for its 24 hours on an A6000), so 10 times the FLOPs give 2.5 times the weights.
 # 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
-#    Under a budget of hours, if that shape would read the data more than 16 times, a larger one is taken instead:
-#    the next on the ladder that reads it at most 16 times, but none with more than 4x the best size's weights (then
-#    the largest below that, or the ladder's top).
+#    Under a budget of hours, that shape may be too small for the data: in the time, it would read the data more than
+#    16 times. Then the budget moves up the ladder, since a larger shape reads fewer tokens in the same time. It stops
+#    at the first shape that reads the data at most 16 times, or at the ladder's top, and it never takes a shape with
+#    more than 4 times the best size's weights.
 #    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
 #    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
 #    give a batch of 4096 and about 38,000 steps. Each shape of the ladder is judged at its own width's share.
@@ -425,13 +426,12 @@ class TrainingClock:
 # - the batch starts at 128 sequences and grows by 128 at a time until it is batch_size at 60% of the budget
 #   (batch_size_at; a batch_size of 128 or less is used from the start);
 # - the masking rate is 0.25 throughout (mask_rate_at).
-# The edge cases, the same for all three. A step takes the values at the point of the budget where it starts. So if
-# one step uses more of the budget than a stretch of a schedule lasts (a warm-up, one size of the batch), that stretch
-# is skipped. Under a budget of hours this happens at the start of a short run, because the first step's compilation
-# counts (a 5-minute run's 1% warm-up is 3 seconds). Under a budget of tokens it happens where one batch is a large
-# share of the budget. For the same reason the last step runs at the rate where it starts, not at 0 (for the triangle,
-# if it starts past 75% of the budget, 4 x peak x the share left then). max_steps stops a run without shortening the
-# schedules, so a run it stops ends at the rate of that point of the budget.
+# A step takes all three values at the point of the budget where it starts. That has three consequences.
+# - A step that uses more of the budget than a stretch of a schedule lasts skips that stretch. For example, the first
+#   step of a 5-minute run includes compilation, so it can use up the whole 1% warm-up of warmup_linear (3 seconds).
+#   Under a budget of tokens, a batch that is a large share of the budget skips stretches the same way.
+# - The last step runs at the rate of the point where it starts, not at 0.
+# - max_steps stops a run without shortening the schedules, so such a run ends at the rate of the point it reached.
 def schedules_at(progress):
     """A step's batch size, learning rate and masking rate at the run's progress: the three schedules below with the
     run's settings, the values main wrote over the globals at start-up (so lr here is the decided peak rate, not the
