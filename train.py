@@ -7,17 +7,21 @@
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
 One training step (the loop in main) does five things:
-1. It reads the next rows of the token file, seq_len tokens each: the run's sequences numbered tokens / seq_len on
-   (tokens counts the tokens trained on so far). By default the rows come in a shuffled order, a new one each epoch.
+1. It reads the next rows of the token file, seq_len tokens each. The run numbers the rows it reads 0, 1, 2, ...
+   across epochs, so a step starts at number tokens / seq_len, where tokens counts the tokens trained on so far. By
+   default the rows come in a shuffled order, a new one each epoch.
 2. It masks the same number of tokens in every row: k = round(mask_rate x seq_len), and at least 1 (32 of 128 by
-   default; Python's round takes a half to the even number). Of those, about 80% become [MASK], 10% a random token and
-   10% stay as they are (by count, so a small k splits coarsely: see the objective, below). Which tokens are masked is
-   drawn from a key made of the seed and the row's sequence number.
+   default; Python's round takes a half to the even number). Masking 25% rather than BERT's 15% gives more
+   predictions per step from the same rows. Of the k, about 80% become [MASK], 10% a random token and 10% stay as they
+   are, as in BERT: fine-tuning never shows the model [MASK], so it must also learn to predict tokens it can see. The
+   split is by count, so a small k splits coarsely (5 gives 4, 0 and 1). Which tokens are masked is drawn from a key
+   made of the seed and the row's number in the run, so a row read again in a later epoch gets a new mask.
 3. The model predicts the original token at each masked position. The loss is the cross-entropy, averaged over all
    the masked positions of the step.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
-   loss spikes or a gradient is not finite (see "Bad steps").
+   loss spikes or a gradient is not finite (see "Bad steps"). By default the rate rises to its peak at 75% of the budget
+   and then falls to 0, because ending at 0 trains best when the length of training is fixed in advance.
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
 when the update was skipped. For example, at the defaults in a run whose final batch is 4096 and peak rate 1e-3, a step
 that starts 30% into the budget reads 2,048 rows of 128 tokens, masks 32 tokens in each (26 become [MASK], 3 a random
@@ -31,19 +35,21 @@ and a peak rate of 1e-3 at the defaults). The step that starts at each point of 
     50%                 31,368              3.5e9   3,328          7.5e-4              2.7e14
     75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
-Two thirds of the steps come in the first quarter of the budget, while the batch is small. Every step masks 32 tokens
-in each row. Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
-tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
+Two thirds of the steps come in the first quarter of the budget, while the batch is small. Every step masks 32 tokens in
+each row. The last step starts just short of the end, so its rate is near 0 but not 0. Under a budget of hours, the
+batch and the rate are the same at the same share of the clock; the steps and tokens match only while the tokens per
+second stay the same (on a GPU a small batch often runs slower).
 
-The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps
-only: set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the
-fraction of the budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at
-the step's start (schedules_at), not of the step count. So on any hardware the schedules are at the
-same point when the same share of the budget is used. The run stops when the budget is used, or earlier at max_steps.
-Unless you give them, the budget also picks the model's shape and the final batch size (see the settings below), and
-the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or shrinks every
-schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The masking rates
-stay as they are.
+The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
+set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
+budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at the step's
+start (schedules_at), not of the step count. So on any hardware the schedules are at the same point when the same share
+of the budget is used. (A resume given a larger budget is the exception: its schedules go on from its progress so far
+under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is used, or earlier at
+max_steps. Unless you give them, the budget also picks the model's shape and the final batch size (see the settings
+below), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
+shrinks every schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The
+masking rates stay as they are.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
@@ -111,7 +117,12 @@ dry_run = False           # decide every setting, print the start-up lines and e
 #    Under a budget of hours, that shape may be too small for the data: in the time, it would read the data more than
 #    16 times. Then the budget moves up the ladder, since a larger shape reads fewer tokens in the same time. It stops
 #    at the first shape that reads the data at most 16 times, or at the ladder's top, and it never takes a shape with
-#    more than 4 times the best size's weights.
+#    more than 4 times the weights of the best size from step 2.
+#    This rule is the only way the data's size moves the pick. For example, the A6000's day on a corpus of 200M
+#    tokens: 16 x 768 would read it 34 times, so the budget takes 24 x 1024, which trains 3.2e9 tokens (16 epochs) with
+#    a final batch of 2048 and lr 8.7e-4. From about 430M tokens up, the pick is 16 x 768, as with more data. Under a
+#    budget of tokens the data's size changes only the epochs. A run that will read its data more than once prints a
+#    warning: at start-up under a budget of tokens, and 2 minutes in (or 5% of the budget) under a budget of hours.
 #    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
 #    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
 #    give a batch of 4096 and about 38,000 steps. Each shape of the ladder is judged at its own width's share.
@@ -366,6 +377,13 @@ def main(config, given):
 # -----------------------------------------------------------------------------
 # The step's pieces, in the loop's order. First the clock: the run's progress through its budget, when the run is
 # over, and training time with the stop signal the loop checks.
+# The budget's kind (hours or tokens) matters in these places, so a new kind of budget (joules, say) touches each:
+# - budget_progress, below: the run's progress, which every schedule and the end of the run read;
+# - the loop's training line: its estimate of the run's tokens (`total`) and the warning of repeated data;
+# - check_resumable and open_out_dir: a spent budget in a resume, and the warning of repeated data at start-up;
+# - cram/budget.py: budget_compute turns hours into FLOPs, pick_for takes a budget of tokens as it is, start_lines
+#   prints the budget, and warn_repeats says when the speed is known;
+# - cram/setup.py's resume_settings: a resume given a larger budget of the same kind.
 def budget_progress(tokens, seconds, budget_tokens, budget_hours):
     """The run's progress, the fraction of its budget used: of budget_tokens when set, else of budget_hours' seconds."""
     return tokens / budget_tokens if budget_tokens else seconds / (3600 * budget_hours)
