@@ -46,7 +46,7 @@ budget used so far. A step's batch size, learning rate and masking rate are func
 start (schedules_at), not of the step count. So on any hardware the schedules are at the same point when the same share
 of the budget is used. (A resume given a larger budget is the exception: its schedules go on from its progress so far
 under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is used, or earlier at
-max_steps. Unless you give them, the budget also picks the model's shape and the final batch size (see the settings
+max_steps. Unless you give them, the budget also picks the model's shape and the final batch size ("The budget's pick",
 below), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
 shrinks every schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The
 masking rates stay as they are.
@@ -105,51 +105,8 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on) any timing from 70 to 173 TFLOP/s
 # gives the same (under 70 the shape is 12 x 768; over 173 the batch is 8192, and the shape holds to about 312). 24
 # hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
-# How the budget picks the shape (cram/budget.py has the constants and their sources):
-# 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
-#    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
-#    a GPU 0.5 at width 768, less for narrower shapes and more for wider ones; less again uncompiled or in off-load
-#    mode. (A CPU that runs bfloat16 times its matmul in float32 and multiplies by bfloat16's measured gain.)
-#    A budget of tokens gives the FLOPs directly: the tokens x each shape's FLOPs per token at mask_rate.
-# 2. The best model size for those FLOPs, counted as the blocks' matmul weights. It grows as FLOPs ** 0.4 from the
-#    paper's point (16 x 768 for its 24 hours on an A6000), so 10 times the FLOPs give 2.5 times the weights.
-# 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
-#    Under a budget of hours, that shape may be too small for the data: in the time, it would read the data more than
-#    16 times. Then the budget moves up the ladder, since a larger shape reads fewer tokens in the same time. It stops
-#    at the first shape that reads the data at most 16 times, or at the ladder's top, and it never takes a shape with
-#    more than 4 times the weights of the best size from step 2.
-#    This rule is the only way the data's size moves the pick. For example, the A6000's day on a corpus of 200M
-#    tokens: 16 x 768 would read it 34 times, so the budget takes 24 x 1024, which trains 3.2e9 tokens (16 epochs) with
-#    a final batch of 2048 and lr 8.7e-4. From about 430M tokens up, the pick is 16 x 768, as with more data. Under a
-#    budget of tokens the data's size changes only the epochs. A run that will read its data more than once prints a
-#    warning: at start-up under a budget of tokens, and 2 minutes in (or 5% of the budget) under a budget of hours.
-#    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
-#    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
-#    give a batch of 4096 and about 38,000 steps. Each shape of the ladder is judged at its own width's share.
-# The ladder at the defaults (glu and smear on, a vocabulary of 32768, sequences of 128, mask_rate 0.25). By step 2's
-# rule, each shape is the best size for the FLOPs in its "best for" column. The budget takes the shape whose "best for"
-# is nearest, by ratio, to the FLOPs the run can spend with that shape's share (0.5 on a CPU, the column on a GPU). That
-# is the same as the nearest size, since the size follows the FLOPs ** 0.4. Then the 16-epoch rule may take a larger one.
-# The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
-# final batch (by the batch rule, below), about how many steps it takes, and its peak rate (by the width).
-#    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
-#    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
-#    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
-#    4 x 256     2.62M        0.031       0.26          5.6e14        1.8e7           7         128       1,105  1.7e-3
-#    5 x 320     5.12M        0.050       0.30          3.0e15        5.9e7          12         256       2,882  1.5e-3
-#    6 x 384     8.85M        0.077       0.33          1.2e16        1.5e8          17         256       7,341  1.4e-3
-#    8 x 512    20.97M        0.160       0.39          1.0e17        6.3e8          30        1024      10,408  1.2e-3
-#   10 x 640    40.96M        0.292       0.45          5.4e17        1.8e9          45        2048      17,665  1.1e-3
-#   12 x 768    70.78M        0.484       0.50          2.1e18        4.3e9          61        4096      24,002  1.0e-3
-#   16 x 768    94.37M        0.630       0.50          4.3e18        6.9e9          73        4096      37,830  1.0e-3
-#  24 x 1024   251.66M        1.611       0.59          5.0e19       3.1e10         124        8192      97,415  8.7e-4
-#    For example, 4 minutes on an H200 (a matmul timed at 680 TFLOP/s) can spend 1.6e17 FLOPs x the share: 6.4e16 at
-#    8 x 512's 0.39, 1.6x under its "best for", and 5.4e16 at 6 x 384's 0.33, 4.6x over its, so the pick is 8 x 512.
-#    The matmul is timed at start-up on the run's own device: here an H100 timed 649 TFLOP/s and an H200 680-689.
-# In scaling-law terms: the size grows as compute ** 0.4, a line through two points (the paper's day and a 2-core CPU's
-# 3 x 192), where Chinchilla's rule grows it as compute ** 0.5 at about 20 tokens per parameter. So the tokens per weight
-# grow with the budget here, from about 1 to 124 along the ladder. The batch grows as about compute ** 0.4 too, and
-# the peak rate depends on the width alone, not on the batch or the depth.
+# How the budget picks the shape, the final batch and the peak rate, with a table of its picks for every shape, is in
+# "The budget's pick" below (above decide_settings, which applies it).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -170,13 +127,20 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
-# The objective (model.mask_tokens). Every row has the same number of masked positions, k = mask_rate x seq_len
-# rounded, and at least one. As in BERT, a masked token becomes [MASK], a random token, or stays as it is, but here
-# by count rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest
-# stay. (A random token is drawn from the regular tokens, so by chance it can be the original.) In a row of 128 at 0.25 that is 26, 3 and 3 of 32. The loss covers every masked position.
+# The objective (model.mask_tokens). Every row has the same number of masked positions, k = mask_rate x seq_len rounded,
+# and at least one. As in BERT, a masked token becomes [MASK], a random token, or stays as it is, but here by count
+# rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest stay. (A
+# random token is drawn from the regular tokens, so by chance it can be the original.) In a row of 128 at 0.25 that is
+# 26, 3 and 3 of 32. The loss covers every masked position.
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
-# mask_rate (with one level, mask_rate_start throughout). In the same row, a lower rate masks a subset of the positions
-# a higher one does (what each becomes may differ). model.py's objective section lists what else reads the rate.
+# mask_rate (with one level, mask_rate_start throughout, and mask_rate unused). In the same row, a lower rate masks a
+# subset of the positions a higher one does (what each becomes may differ). model.py's objective section lists what
+# else reads the rate.
+# For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25, each for a quarter of the
+# budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
+# and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the
+# budget, not of the steps: with the A6000's day in tokens, 68% of the steps come at 0.40, while the batch is small.
+# The budget's pick counts the FLOPs at mask_rate, and the micro-batch is sized for the highest rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more shape to compile (1: mask_rate_start throughout)
@@ -197,12 +161,9 @@ warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_l
 # not a multiple of batch_ramp_start). With batch_ramp=0, or a batch_size no larger
 # than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
 # as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too).
-# A batch_size of 0 lets the budget pick it: 4096 x (the sequences the budget trains / 54M) ** 0.64, as a power of two
-# from 32 to 8192, so the paper's day gives 4096, the batch the paper found best. It is then rounded to a multiple of
-# the processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an
-# equal share.
-# Under a budget of tokens the data's size never moves the pick. For example, a budget of 2e9 tokens of 128 picks
-# 10 x 640, a batch of 2048 and lr 1.1e-3, about 19,000 steps in all (1e9: 8 x 512, 1024; 1e10: 16 x 768, 4096).
+# A batch_size of 0 lets the budget pick it ("The budget's pick" below). It is then rounded to a multiple of the
+# processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an equal
+# share.
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
@@ -221,6 +182,18 @@ peak_tflops = 0.0         # >= 0: the GPU's peak, for MFU; 0 looks the GPU up by
 # default): torch's generator, seeded once, the same on every process, and not restored by a resume. The end's fill-in
 # examples: the seed. Each step's batch, rate and masking rate are not random: they follow the clock under a budget of
 # hours, the tokens under a budget of tokens.
+# What a step's values depend on, and so what two runs with the same settings share:
+# - the n-th row the run reads, its masked positions and random tokens (at a given masking rate), and the initial
+#   weights: the seed alone, on any machine;
+# - dropout (0 by default): the seed, the micro-batch split and the device;
+# - each step's batch, rate and masking rate: the run's progress, so the tokens under a budget of tokens and the clock
+#   under a budget of hours;
+# - the shape, the final batch and the peak rate, where left at 0: the budget and the data's size, and under a budget
+#   of hours the machine's timed matmul;
+# - micro_batch and dtype, where left at 0 and auto: the machine (its free memory, a timing).
+# So under a budget of tokens, with micro_batch and dtype given, two machines with the same number of processes take
+# the same steps on the same data.
+# Their sums can still differ in the last bits, since each machine's kernels round differently.
 seed = 0                  # [0, 4294967295]: seeds the initial weights, dropout, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
@@ -763,6 +736,62 @@ def save_if_sound(saves, validation, state, at_end=False):
         raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {saves.advice()}")
     else:
         print(f"checkpoint at step {state['step']} not saved: {refused}; {saves.kept()}")
+
+
+# -----------------------------------------------------------------------------
+# The budget's pick. In a new run, the budget picks whichever of the shape, the final batch and the peak rate are left
+# at 0 (budget.decide and decide_settings below apply these rules).
+# How the budget picks the shape (cram/budget.py has the constants and their sources):
+# 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
+#    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
+#    a GPU 0.5 at width 768, less for narrower shapes and more for wider ones; less again uncompiled or in off-load
+#    mode. (A CPU that runs bfloat16 times its matmul in float32 and multiplies by bfloat16's measured gain.)
+#    A budget of tokens gives the FLOPs directly: the tokens x each shape's FLOPs per token at mask_rate.
+# 2. The best model size for those FLOPs, counted as the blocks' matmul weights. It grows as FLOPs ** 0.4 from the
+#    paper's point (16 x 768 for its 24 hours on an A6000), so 10 times the FLOPs give 2.5 times the weights.
+# 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
+#    Under a budget of hours, that shape may be too small for the data: in the time, it would read the data more than
+#    16 times. Then the budget moves up the ladder, since a larger shape reads fewer tokens in the same time. It stops
+#    at the first shape that reads the data at most 16 times, or at the ladder's top, and it never takes a shape with
+#    more than 4 times the weights of the best size from step 2.
+#    This rule is the only way the data's size moves the pick. For example, the A6000's day on a corpus of 200M
+#    tokens: 16 x 768 would read it 34 times, so the budget takes 24 x 1024, which trains 3.2e9 tokens (16 epochs) with
+#    a final batch of 2048 and lr 8.7e-4. From about 430M tokens up, the pick is 16 x 768, as with more data. Under a
+#    budget of tokens the data's size changes only the epochs. A run that will read its data more than once prints a
+#    warning: at start-up under a budget of tokens, and 2 minutes in (or 5% of the budget) under a budget of hours.
+#    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
+#    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
+#    give a batch of 4096 and about 38,000 steps. Each shape of the ladder is judged at its own width's share.
+# The ladder at the defaults (glu and smear on, a vocabulary of 32768, sequences of 128, mask_rate 0.25). By step 2's
+# rule, each shape is the best size for the FLOPs in its "best for" column. The budget takes the shape whose "best for"
+# is nearest, by ratio, to the FLOPs the run can spend with that shape's share (0.5 on a CPU, the column on a GPU: a law
+# fitted to one H200's runs; an H100 reached 0.38 at 8 x 512). That is the same as the nearest size, since the size
+# follows the FLOPs ** 0.4. Then the 16-epoch rule may take a larger one.
+# The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
+# final batch (by the batch rule, below), about how many steps it takes, and its peak rate (by the width).
+#    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
+#    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
+#    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
+#    4 x 256     2.62M        0.031       0.26          5.6e14        1.8e7           7         128       1,105  1.7e-3
+#    5 x 320     5.12M        0.050       0.30          3.0e15        5.9e7          12         256       2,882  1.5e-3
+#    6 x 384     8.85M        0.077       0.33          1.2e16        1.5e8          17         256       7,341  1.4e-3
+#    8 x 512    20.97M        0.160       0.39          1.0e17        6.3e8          30        1024      10,408  1.2e-3
+#   10 x 640    40.96M        0.292       0.45          5.4e17        1.8e9          45        2048      17,665  1.1e-3
+#   12 x 768    70.78M        0.484       0.50          2.1e18        4.3e9          61        4096      24,002  1.0e-3
+#   16 x 768    94.37M        0.630       0.50          4.3e18        6.9e9          73        4096      37,830  1.0e-3
+#  24 x 1024   251.66M        1.611       0.59          5.0e19       3.1e10         124        8192      97,415  8.7e-4
+#    For example, 4 minutes on an H200 (a matmul timed at 680 TFLOP/s) can spend 1.6e17 FLOPs x the share: 6.4e16 at
+#    8 x 512's 0.39, 1.6x under its "best for", and 5.4e16 at 6 x 384's 0.33, 4.6x over its, so the pick is 8 x 512.
+#    The matmul is timed at start-up on the run's own device: here an H100 timed 649 TFLOP/s and an H200 680-689.
+# In scaling-law terms: the size grows as compute ** 0.4, a line through two points (the paper's day and a 2-core CPU's
+# 3 x 192), where Chinchilla's rule grows it as compute ** 0.5 at about 20 tokens per parameter. So the tokens per weight
+# grow with the budget here, from about 1 to 124 along the ladder. The batch grows as about compute ** 0.4 too, and
+# the peak rate depends on the width alone, not on the batch or the depth.
+# The final batch: 4096 x (the sequences the budget trains / 54M) ** 0.64, rounded to the nearest power of two (in
+# log2) from 32 to 8192, so the paper's day gives 4096, the batch the paper found best.
+# The peak rate: 1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width), set in decide_settings.
+# Budgets of tokens, for example: 2e9 tokens of 128 pick 10 x 640, a batch of 2048 and lr 1.1e-3, about 19,000 steps
+# in all (1e9: 8 x 512, 1024; 1e10: 16 x 768, 4096).
 
 
 # -----------------------------------------------------------------------------
