@@ -417,6 +417,10 @@ class TrainingClock:
 # - the batch starts at 128 sequences and grows by 128 at a time until it is batch_size at 60% of the budget
 #   (batch_size_at; a batch_size of 128 or less is used from the start);
 # - the masking rate is 0.25 throughout (mask_rate_at).
+# What moves with them: weight decay is multiplied by the step's rate, so it follows the rate's schedule; a new masking
+# rate starts the spike check's history of losses again (SpikeWatch); the peak rate is not rescaled as the batch grows.
+# Since the batch grows, a share of the budget is not the same share of the steps: at the defaults two thirds of the
+# steps come in the first quarter of the budget (the table at the top of this file).
 # A step takes all three values at the point of the budget where it starts. That has three consequences.
 # - A step that uses more of the budget than a stretch of a schedule lasts skips that stretch. For example, the first
 #   step of a 5-minute run includes compilation, so it can use up the whole 1% warm-up of warmup_linear (3 seconds).
