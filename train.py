@@ -36,9 +36,10 @@ and a peak rate of 1e-3 at the defaults). The step that starts at each point of 
     75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
 Two thirds of the steps come in the first quarter of the budget, while the batch is small. Every step masks 32 tokens in
-each row. The last step starts just short of the end, so its rate is near 0 but not 0. Under a budget of hours, the
-batch and the rate are the same at the same share of the clock; the steps and tokens match only while the tokens per
-second stay the same (on a GPU a small batch often runs slower).
+each row. The last step starts just short of the end, so its rate is near 0 but not 0 (at most 4 x the peak x one
+batch's share of the budget). Under a budget of hours, the batch and the rate are the same at the same share of the
+clock; the steps and tokens match only while the tokens per second stay the same (on a GPU a small batch often runs
+slower).
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -59,11 +60,12 @@ and saves a checkpoint every ckpt_interval_minutes of training time, on a stop s
 when finished, with 128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM), and with 1
 and a one-line error when it fails. One line restarts it, with or without a checkpoint saved:
     python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
-To compare runs fairly: the seed fixes the initial weights, the data order, the masks and dropout; a budget of tokens
-fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype and --micro_batch
-fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A model switch
-can also change what the budget picks: glu changes each shape's weights, and glu and smear change the FLOPs per token.
-With glu=False, for example, the A6000's day picks 12 x 768. So an ablation should give the shape and the batch.
+To compare runs fairly: the seed fixes the initial weights, the data order, the masks (and dropout on one machine); a
+budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
+and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
+model switch can also change what the budget picks: glu changes each shape's weights, and glu and smear change the FLOPs
+per token. With glu=False, for example, the A6000's day picks 12 x 768. So an ablation should give the shape and the
+batch.
 docs/training.md has both in full."""
 import dataclasses
 import functools
@@ -455,7 +457,7 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
 def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
     it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
-    torch.compile compiles each rate's shape once (two rates that give a row the same count share one; Ankner et al.
+    torch.compile compiles each rate's shapes once (two rates that give a row the same count share one; Ankner et al.
     2023 lower the rate in stages). With one level the rate is `start` throughout."""
     if not start:
         return end
@@ -772,7 +774,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # fitted to one H200's runs; an H100 reached 0.38 at 8 x 512). That is the same as the nearest size, since the size
 # follows the FLOPs ** 0.4. Then the 16-epoch rule may take a larger one.
 # The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
-# final batch (by the batch rule, below), about how many steps it takes, and its peak rate (by the width).
+# final batch (by the batch rule, below), about how many steps it takes (an estimate that leaves out the ramp's rounding
+# down: 37,830 for 16 x 768, where the table at the top of this file counts 38,093), and its peak rate (by the width).
 #    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
 #    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
 #    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
