@@ -35,11 +35,11 @@ and a peak rate of 1e-3 at the defaults). The step that starts at each point of 
     50%                 31,368              3.5e9   3,328          7.5e-4              2.7e14
     75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
-Two thirds of the steps come in the first quarter of the budget, while the batch is small. Every step masks 32 tokens in
-each row. The last step starts just short of the end, so its rate is near 0 but not 0 (at most 4 x the peak x one
-batch's share of the budget). Under a budget of hours, the batch and the rate are the same at the same share of the
-clock; the steps and tokens match only while the tokens per second stay the same (on a GPU a small batch often runs
-slower).
+Two thirds of the steps come in the first quarter of the budget, while the batch is small (with a final batch of 4096;
+57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts just short of the end,
+so its rate is near 0 but not 0 (at most 4 x the peak x one batch's share of the budget). Under a budget of hours, the
+batch and the rate are the same at the same share of the clock; the steps and tokens match only while the tokens per
+second stay the same (on a GPU a small batch often runs slower).
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -104,9 +104,9 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the
 # budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
 # For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in bfloat16)
-# give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on) any timing from 70 to 173 TFLOP/s
-# gives the same (under 70 the shape is 12 x 768; over 173 the batch is 8192, and the shape holds to about 312). 24
-# hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on, one process) any timing from 70 to
+# 173 TFLOP/s gives the same (under 70 the shape is 12 x 768; over 173 the batch is 8192, and the shape holds to about
+# 312). 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
 # How the budget picks the shape, the final batch and the peak rate, with a table of its picks for every shape, is in
 # "The budget's pick" below (above decide_settings, which applies it).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
@@ -421,8 +421,10 @@ class TrainingClock:
 # - the masking rate is 0.25 throughout (mask_rate_at).
 # What moves with them: weight decay is multiplied by the step's rate, so it follows the rate's schedule; a new masking
 # rate starts the spike check's history of losses again (SpikeWatch); the peak rate is not rescaled as the batch grows.
-# Since the batch grows, a share of the budget is not the same share of the steps: at the defaults two thirds of the
-# steps come in the first quarter of the budget (the table at the top of this file).
+# Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
+# thirds of the steps come in the first quarter of the budget (the table at the top of this file). A budget of S
+# sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
+# L = final / start - 1 smaller sizes, then S x (1 - ramp) / final (budget.expected_steps).
 # A step takes all three values at the point of the budget where it starts. That has three consequences.
 # - A step that uses more of the budget than a stretch of a schedule lasts skips that stretch. For example, the first
 #   step of a 5-minute run includes compilation, so it can use up the whole 1% warm-up of warmup_linear (3 seconds).
@@ -772,7 +774,9 @@ def save_if_sound(saves, validation, state, at_end=False):
 # rule, each shape is the best size for the FLOPs in its "best for" column. The budget takes the shape whose "best for"
 # is nearest, by ratio, to the FLOPs the run can spend with that shape's share (0.5 on a CPU, the column on a GPU: a law
 # fitted to one H200's runs; an H100 reached 0.38 at 8 x 512). That is the same as the nearest size, since the size
-# follows the FLOPs ** 0.4. Then the 16-epoch rule may take a larger one.
+# follows the FLOPs ** 0.4. Then the 16-epoch rule may take a larger one. (The training line's MFU divides by the GPU's
+# datasheet peak instead: at a share of 0.5 and a matmul timed at 680 of an H200's 989 TFLOP/s, the plan expects an
+# MFU of about 34%.)
 # The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
 # final batch (by the batch rule, below), about how many steps it takes (an estimate that leaves out the ramp's rounding
 # down: 37,830 for 16 x 768, where the table at the top of this file counts 38,093), and its peak rate (by the width).
