@@ -40,6 +40,11 @@ Two thirds of the steps come in the first quarter of the budget, while the batch
 so its rate is near 0 but not 0 (at most 4 x the peak x one batch's share of the budget). Under a budget of hours, the
 batch and the rate are the same at the same share of the clock; the steps and tokens match only while the tokens per
 second stay the same (on a GPU a small batch often runs slower).
+The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
+budget picks nothing and prints no "budget:" line. Its steps take 32 rows until 60% of its 5 minutes of training time
+(3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row masks 32 of its 128 tokens.
+It takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: about 465 steps on a 2-core CPU, whose first step
+includes compilation.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -99,10 +104,10 @@ resume = False            # continue the run in out_dir/ckpt.pt with its own set
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 dry_run = False           # decide every setting, print the start-up lines and exit without training. It reads the data and refuses what the run would refuse
 # A setting left at 0 below is decided at start-up: by the budget in a new run, or from the checkpoint in a resume. main
-# writes the decided value here before training starts. In a new run the start-up line "budget:" prints the FLOPs, the
-# shape, the tokens and about how many steps the budget gives, and "lr:" the peak rate. The line "settled:" prints each
-# value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the
-# budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
+# writes the decided value here before training starts. In a new run whose budget picks something, the line "budget:"
+# prints the FLOPs, the shape, the tokens and about how many steps the budget gives, and "lr:" the peak rate. The line
+# "settled:" prints each value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and
+# the masking rate over the budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
 # For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in bfloat16)
 # give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on, one process) any timing from 70 to
 # 173 TFLOP/s gives the same (under 70 the shape is 12 x 768; over 173 the batch is 8192, and the shape holds to about
@@ -424,7 +429,7 @@ class TrainingClock:
 # Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
 # thirds of the steps come in the first quarter of the budget (the table at the top of this file). A budget of S
 # sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
-# L = final / start - 1 smaller sizes, then S x (1 - ramp) / final (budget.expected_steps).
+# L = final / start - 1 smaller sizes (rounded up), then S x (1 - ramp) / final (budget.expected_steps).
 # A step takes all three values at the point of the budget where it starts. That has three consequences.
 # - A step that uses more of the budget than a stretch of a schedule lasts skips that stretch. For example, the first
 #   step of a 5-minute run includes compilation, so it can use up the whole 1% warm-up of warmup_linear (3 seconds).
