@@ -425,7 +425,11 @@ class TrainingClock:
 #   (batch_size_at; a batch_size of 128 or less is used from the start);
 # - the masking rate is 0.25 throughout (mask_rate_at).
 # What moves with them: weight decay is multiplied by the step's rate, so it follows the rate's schedule; a new masking
-# rate starts the spike check's history of losses again (SpikeWatch); the peak rate is not rescaled as the batch grows.
+# rate starts the spike check's history of losses again (SpikeWatch).
+# The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
+# one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
+# (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. Along the default ramp the rate rises
+# about as the square root of the batch (from 10% to 60% of the budget: batch 768 to 4096, rate 3.5e-4 to 8.5e-4).
 # Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
 # thirds of the steps come in the first quarter of the budget (the table at the top of this file). A budget of S
 # sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
@@ -783,8 +787,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # datasheet peak instead: at a share of 0.5 and a matmul timed at 680 of an H200's 989 TFLOP/s, the plan expects an
 # MFU of about 34%.)
 # The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
-# final batch (by the batch rule, below), about how many steps it takes (an estimate that leaves out the ramp's rounding
-# down: 37,830 for 16 x 768, where the table at the top of this file counts 38,093), and its peak rate (by the width).
+# final batch (by the batch rule, below), about how many steps it takes (budget.expected_steps: 37,830 for 16 x 768's
+# 6.86e9 tokens; the table at the top of this file, for 6.9e9, counts 38,093), and its peak rate (by the width).
 #    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
 #    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
 #    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
@@ -800,11 +804,13 @@ def save_if_sound(saves, validation, state, at_end=False):
 #    8 x 512's 0.39, 1.6x under its "best for", and 5.4e16 at 6 x 384's 0.33, 4.6x over its, so the pick is 8 x 512.
 #    The matmul is timed at start-up on the run's own device: here an H100 timed 649 TFLOP/s and an H200 680-689.
 # In scaling-law terms: the size grows as compute ** 0.4, a line through two points (the paper's day and a 2-core CPU's
-# 3 x 192), where Chinchilla's rule grows it as compute ** 0.5 at about 20 tokens per parameter. So the tokens per weight
-# grow with the budget here, from about 1 to 124 along the ladder. The batch grows as about compute ** 0.4 too, and
-# the peak rate depends on the width alone, not on the batch or the depth.
+# 3 x 192), where Chinchilla's rule grows it as compute ** 0.5 at about 20 tokens per parameter. So the tokens per
+# weight grow with the budget here, from about 1 to 124 along the ladder. The batch grows as about compute ** 0.4 too, a
+# little faster than the critical batch's 0.28-0.34 (McCandlish et al. 2018), and the peak rate depends on the width
+# alone, not on the batch or the depth.
 # The final batch: 4096 x (the sequences the budget trains / 54M) ** 0.64, rounded to the nearest power of two (in
-# log2) from 32 to 8192, so the paper's day gives 4096, the batch the paper found best.
+# log2) from 32 to 8192. 54M is the sequences of 128 the paper's day trains, so that day gives 4096, the batch the
+# paper found best.
 # The peak rate: 1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width), set in decide_settings.
 # Budgets of tokens, for example: 2e9 tokens of 128 pick 10 x 640, a batch of 2048 and lr 1.1e-3, about 19,000 steps
 # in all (1e9: 8 x 512, 1024; 1e10: 16 x 768, 4096).
