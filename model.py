@@ -393,28 +393,12 @@ class TiedLookup(torch.autograd.Function):
 
 
 # -----------------------------------------------------------------------------
-# The objective: Masking (its settings) and mask_tokens (which masks a batch). First, what a fork's change to the step
-# touches besides the line it changes:
-# - A batch is (inputs, positions, labels) with the same count k of masked positions in every row. Batches,
-#   Validation, micro_batch_weights, step_bytes, flops_per_token, narrowed layers and off-load mode
-#   all rely on that fixed k.
-# - The forward and mlm_loss run compiled as one graph of fixed shapes, so a change there may not read a value on
-#   the host (.item()) or make a shape that depends on the data.
-# - Every check reads the same loss: the spike check, diverged (ln(vocab_size) + 1), the check before a save (an
-#   error at the end of a run), validation and the log line.
-# - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss; the
-#   weights are micro_batch_weights') and update. Its blocks' weights live in host memory, so a loss term that reads
-#   them does not work there.
-# - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
-#   whose draws a resume or another number of processes would not repeat. Noise that the loss needs travels with
-#   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
-# - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
-#   not hold it, runs with its current default.
-# - Outside the step, three places describe the objective: cram/data.py's fill_in masks one word of a validation row
-#   its own way for the end's examples, tools/export.py's model card states the masking rate and the 80/10/10 split,
-#   and tools/modeling_cram.py (the exported model for transformers) has its own MLM head and loss. An objective that
-#   changes them changes those too. Whatever ranks runs by the validation loss (tools/compare.py, the final line)
-#   then ranks them by the new one, and diverged's ceiling of ln(vocab_size) + 1 assumes a cross-entropy's scale.
+# The objective, in the order a step runs it: Masking (its settings), masked_count (how many positions a row masks),
+# mask_tokens (which, and what they become; row_noise and mix32 draw them), then at_positions and query_rows, which
+# the forward uses to read the masked positions. mlm_loss, in CrammedBert, is the cross-entropy at those positions,
+# and Trainer.backward (below) weights each micro-batch by its share of rows, so a step's loss is the mean over every
+# masked token of the step. What a fork's change to the step touches besides the line it changes is listed at the end
+# of this section.
 
 
 MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
@@ -512,6 +496,29 @@ def query_rows(mask, positions):
 def at_positions(hidden, positions):
     """The rows of hidden (B, T, d) at positions (B, k): (B, k, d)."""
     return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+
+# What a fork's change to the objective or the step touches besides the line it changes:
+# - A batch is (inputs, positions, labels) with the same count k of masked positions in every row. Batches,
+#   Validation, micro_batch_weights, step_bytes, flops_per_token, narrowed layers and off-load mode
+#   all rely on that fixed k.
+# - The forward and mlm_loss run compiled as one graph of fixed shapes, so a change there may not read a value on
+#   the host (.item()) or make a shape that depends on the data.
+# - Every check reads the same loss: the spike check, diverged (ln(vocab_size) + 1), the check before a save (an
+#   error at the end of a run), validation and the log line.
+# - Off-load mode runs its own copy of the step: cram/offload.py's OffloadTrainer.backward (its call of mlm_loss; the
+#   weights are micro_batch_weights') and update. Its blocks' weights live in host memory, so a loss term that reads
+#   them does not work there.
+# - A new random draw in the step comes from more row_noise columns (mask_tokens), never from torch's generator,
+#   whose draws a resume or another number of processes would not repeat. Noise that the loss needs travels with
+#   the batch: from Batches.micro_batch through Trainer.backward to forward, and in OffloadTrainer and Validation too.
+# - A new train.py setting that changes the step should default to off: a resume of an older checkpoint, which does
+#   not hold it, runs with its current default.
+# - Outside the step, three places describe the objective: cram/data.py's fill_in masks one word of a validation row
+#   its own way for the end's examples, tools/export.py's model card states the masking rate and the 80/10/10 split,
+#   and tools/modeling_cram.py (the exported model for transformers) has its own MLM head and loss. An objective that
+#   changes them changes those too. Whatever ranks runs by the validation loss (tools/compare.py, the final line)
+#   then ranks them by the new one, and diverged's ceiling of ln(vocab_size) + 1 assumes a cross-entropy's scale.
 
 
 # -----------------------------------------------------------------------------

@@ -43,8 +43,8 @@ second stay the same (on a GPU a small batch often runs slower).
 The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
 budget picks nothing and prints no "budget:" line. Its steps take 32 rows until 60% of its 5 minutes of training time
 (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row masks 32 of its 128 tokens.
-It takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: about 465 steps on a 2-core CPU, whose first step
-includes compilation.
+At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: about 465 steps on a 2-core CPU,
+whose first step includes compilation.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -68,9 +68,11 @@ and a one-line error when it fails. One line restarts it, with or without a chec
 To compare runs fairly: the seed fixes the initial weights, the data order, the masks (and dropout on one machine); a
 budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
 and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
-model switch can also change what the budget picks: glu changes each shape's weights, and glu and smear change the FLOPs
-per token. With glu=False, for example, the A6000's day picks 12 x 768. So an ablation should give the shape and the
-batch.
+model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False,
+0.743 with sparse_prediction=False, 0.623 with smear=False (bias and norm_first change nothing there). glu also changes
+each shape's weights, so with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves
+the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
+should give the shape, the batch and the rate.
 docs/training.md has both in full."""
 import dataclasses
 import functools
@@ -110,8 +112,11 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # the masking rate over the budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
 # For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in bfloat16)
 # give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on, one process) any timing from 70 to
-# 173 TFLOP/s gives the same (under 70 the shape is 12 x 768; over 173 the batch is 8192, and the shape holds to about
-# 312). 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr 8.7e-4 (docs/training.md has more).
+# 173 TFLOP/s gives the same (under 70 the shape is 12 x 768; from 174 to about 312 the batch is 8192; from about 313
+# the shape is 24 x 1024, at 4096 again until about 373). 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr
+# 8.7e-4 (docs/training.md has more). The paper's own recipe, config/recipe_reference.py config/shape_paper.py, pins 16
+# x 768, lr 1e-3 and the reference code's final batch of 8192 (its ramp's end; the paper found about 4k best for GLUE),
+# with smear off.
 # How the budget picks the shape, the final batch and the peak rate, with a table of its picks for every shape, is in
 # "The budget's pick" below (above decide_settings, which applies it).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
@@ -290,9 +295,14 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # The schedules at the run's progress give this step's batch size, learning rate and masking rate.
-        # step_masking is the objective's settings (model.Masking: only the masking rate, unless a fork adds a field)
-        # with this step's rate.
+        # This step's values, at the run's progress (the top of this file says why each is so):
+        # - batch: batch_ramp_start (128) sequences at first, growing by as many at a time to batch_size at batch_ramp
+        #   (60%) of the budget (batch_size_at);
+        # - learning rate, by the default triangle: lr x (0.25 + progress) up to 75% of the budget, then
+        #   lr x 4 x (1 - progress) (lr_at), where lr is the peak decide_settings set (by default 1e-3 x (d_model / 768)
+        #   ** -0.5);
+        # - masking rate: mask_rate (0.25) throughout, unless mask_rate_start makes a staircase (mask_rate_at). Each row
+        #   then masks k = round(rate x seq_len) tokens (model.masked_count). step_masking carries the rate to the batches.
         step_batch, step_lr, step_mask_rate = schedules_at(progress)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
@@ -428,8 +438,9 @@ class TrainingClock:
 # rate starts the spike check's history of losses again (SpikeWatch).
 # The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
 # one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
-# (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. Along the default ramp the rate rises
-# about as the square root of the batch (from 10% to 60% of the budget: batch 768 to 4096, rate 3.5e-4 to 8.5e-4).
+# (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. Over most of the default ramp the rate
+# rises about as the square root of the batch (from 10% to 60% of the budget: batch 768 to 4096, rate 3.5e-4 to
+# 8.5e-4).
 # Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
 # thirds of the steps come in the first quarter of the budget (the table at the top of this file). A budget of S
 # sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
