@@ -37,14 +37,18 @@ and a peak rate of 1e-3 at the defaults). The step that starts at each point of 
     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
 Two thirds of the steps come in the first quarter of the budget, while the batch is small (with a final batch of 4096;
 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts just short of the end,
-so its rate is near 0 but not 0 (at most 4 x the peak x one batch's share of the budget). Under a budget of hours, the
-batch and the rate are the same at the same share of the clock; the steps and tokens match only while the tokens per
+so its rate is near 0 but not 0 (at most 4 x the peak x the last step's share of the budget). Under a budget of hours,
+the batch and the rate are the same at the same share of the clock; the steps and tokens match only while the tokens per
 second stay the same (on a GPU a small batch often runs slower).
 The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
-budget picks nothing and prints no "budget:" line. Its steps take 32 rows until 60% of its 5 minutes of training time
-(3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row masks 32 of its 128 tokens.
-At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: about 465 steps on a 2-core CPU,
-whose first step includes compilation.
+budget picks nothing and prints no "budget:" line; its batch_ramp_start is 32. Its steps take 32 rows until 60% of its 5
+minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
+masks 32 of its 128 tokens. At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: about 465
+steps on a 2-core CPU, whose first step includes compilation.
+These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
+masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
+the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
+GFLOP, since attention grows with the row.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -107,9 +111,9 @@ resume_from = ""          # with --resume=True: an earlier checkpoint to continu
 dry_run = False           # decide every setting, print the start-up lines and exit without training. It reads the data and refuses what the run would refuse
 # A setting left at 0 below is decided at start-up: by the budget in a new run, or from the checkpoint in a resume. main
 # writes the decided value here before training starts. In a new run whose budget picks something, the line "budget:"
-# prints the FLOPs, the shape, the tokens and about how many steps the budget gives, and "lr:" the peak rate. The line
-# "settled:" prints each value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and
-# the masking rate over the budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
+# prints the FLOPs, the shape, the tokens and about how many steps the budget gives. The line "settled:" prints each
+# value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the
+# budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
 # For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in bfloat16)
 # give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on, one process) any timing from 70 to
 # 173 TFLOP/s gives the same (under 70 the shape is 12 x 768; from 174 to about 312 the batch is 8192; from about 313
@@ -131,6 +135,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.
 # - A gated GELU feed-forward (glu): more learned per FLOP (Shazeer 2020, "GLU variants improve Transformer").
 # - No dropout: a run that reads each token about once has little overfitting to prevent, and dropout costs time.
+# - No next-sentence prediction: the loss is the masked tokens' alone, and rows are cut from one stream of text (RoBERTa,
+#   Liu et al. 2019, found that dropping it did not hurt).
 # - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 and a vocabulary of
 #   32768 saves 15% of the FLOPs per token at mask_rate 0.25 (model.flops_per_token; more for a smaller model or a
 #   lower rate).
@@ -145,9 +151,9 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # random token is drawn from the regular tokens, so by chance it can be the original.) In a row of 128 at 0.25 that is
 # 26, 3 and 3 of 32. The loss covers every masked position.
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
-# mask_rate (with one level, mask_rate_start throughout, and mask_rate unused). In the same row, a lower rate masks a
-# subset of the positions a higher one does (what each becomes may differ). model.py's objective section lists what
-# else reads the rate.
+# mask_rate (with one level, mask_rate_start throughout, and mask_rate only what the budget plans for). In the same row,
+# a lower rate masks a subset of the positions a higher one does (what each becomes may differ). model.py's objective
+# section lists what else reads the rate.
 # For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25, each for a quarter of the
 # budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
 # and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the
@@ -438,9 +444,9 @@ class TrainingClock:
 # rate starts the spike check's history of losses again (SpikeWatch).
 # The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
 # one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
-# (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. Over most of the default ramp the rate
-# rises about as the square root of the batch (from 10% to 60% of the budget: batch 768 to 4096, rate 3.5e-4 to
-# 8.5e-4).
+# (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. With a final batch of 4096 the rate
+# happens to rise about as the square root of the batch from 10% to 60% of the budget (batch 768 to 4096, rate
+# 3.5e-4 to 8.5e-4); with another final batch it does not.
 # Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
 # thirds of the steps come in the first quarter of the budget (the table at the top of this file). A budget of S
 # sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
@@ -823,8 +829,18 @@ def save_if_sound(saves, validation, state, at_end=False):
 # log2) from 32 to 8192. 54M is the sequences of 128 the paper's day trains, so that day gives 4096, the batch the
 # paper found best.
 # The peak rate: 1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width), set in decide_settings.
-# Budgets of tokens, for example: 2e9 tokens of 128 pick 10 x 640, a batch of 2048 and lr 1.1e-3, about 19,000 steps
-# in all (1e9: 8 x 512, 1024; 1e10: 16 x 768, 4096).
+# The picks at the defaults, with enough data (a matmul timed at 100 TFLOP/s for an A6000, at 688 for an H100; the
+# steps under a budget of hours assume a steady speed):
+#    budget          shape      final batch   peak lr   steps, about
+#    1e9 tokens      8 x 512           1024    1.2e-3         16,600
+#    2e9 tokens      10 x 640          2048    1.1e-3         19,300
+#    6.9e9 tokens    16 x 768          4096    1.0e-3         38,100
+#    1e10 tokens     16 x 768          4096    1.0e-3         55,200
+#    12 h, A6000     12 x 768          4096    1.0e-3         24,700
+#    24 h, A6000     16 x 768          4096    1.0e-3         37,900
+#    12 h, H100      24 x 1024         4096    8.7e-4         60,500
+#    24 h, H100      24 x 1024         8192    8.7e-4         68,600
+# Half a budget of tokens takes more than half the steps, since its final batch halves too.
 
 
 # -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from . import runtime
 from .data import repeat_warning
-from model import LR_AT_768, LR_WIDTH_EXPONENT, SHAPE_FIELDS, ModelConfig, lr_for_width
+from model import SHAPE_FIELDS, ModelConfig
 
 # The shapes the rule picks from, smallest first, as (layers, width): each has heads of 64 and a feed-forward 4x the width;
 # ELECTRA-Small is about 6 x 384's size, BERT-Base 12 x 768, the paper's crammed BERT 16 x 768, BERT-Large 24 x 1024
@@ -125,7 +125,7 @@ def decide(config, checkpoint, *, model_args, data_tokens, rt, world, master):
         decided, picked = pick_for(compute, config, given, model_args, data_tokens, world, efficiency_of)
         pick = dict(timing, **picked)
     decided.update(given)
-    lines = [] if checkpoint else start_lines(pick, {**config, **decided}, model_args["seq_len"], config["lr"])
+    lines = [] if checkpoint else start_lines(pick, {**config, **decided}, model_args["seq_len"])
     return decided, pick, lines
 
 
@@ -164,13 +164,12 @@ def pick_for(matmul_compute, config, given, model_args, data_tokens, world, effi
                                                epochs=tokens / data_tokens, taken=list(taken), nearest=list(nearest), given=sorted(given))
 
 
-def start_lines(pick, config, seq_len, lr_given):
-    """A new run's start-up lines that say what the rule picked: the shape and batch (from `pick`), and the rate unless
-    it was given."""
-    lr = [] if lr_given else [f"lr: {lr_for_width(config['d_model']):.3g} by the width ({LR_AT_768:g} x "
-                              f"({config['d_model']} / 768) ** {LR_WIDTH_EXPONENT}, model.lr_for_width, tuned for AdamW; --lr sets it)"]
+def start_lines(pick, config, seq_len):
+    """A new run's start-up line "budget:", which says what the rule picked: the shape and the batch (from `pick`), or
+    nothing where the rule picked nothing. The peak rate is decided after it, in train.py, and the line "settled:"
+    says it."""
     if not pick:
-        return lr
+        return []
     hours, tokens = config["budget_hours"], config["budget_tokens"]  # the budget as given: '5 min', '24 h'
     budget = f"{tokens:,} tokens" if tokens else f"{hours:g} h" if hours >= 1 else f"{60 * hours:.3g} min"
     if pick["matmul_flops"]:
@@ -186,7 +185,7 @@ def start_lines(pick, config, seq_len, lr_given):
     given = f"; given: {', '.join(pick['given'])}" if pick["given"] else ""
     return [f"budget: {budget} -> {config['n_layers']} x {config['d_model']} ({why}{given}), about "
             f"{pick['tokens'] / 1e6:,.1f}M tokens ({pick['epochs']:.3g} epochs), a final batch of {config['batch_size']} "
-            f"sequences, about {steps:,.0f} optimizer steps"] + lr
+            f"sequences, about {steps:,.0f} optimizer steps"]
 
 
 def warn_repeats(total, seconds, tokens_per_s, data_tokens, budget_hours):

@@ -8,7 +8,7 @@ import math
 import os
 
 from configurator import disallowed, named
-from model import OFF, OPTIMIZERS, REPLACED_FIELDS, ModelConfig, saved_model_args
+from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, OPTIMIZERS, REPLACED_FIELDS, ModelConfig, saved_model_args
 from . import process, runtime
 from .budget import LADDER, SHAPE_FIELDS, shape_of
 from .files import check_own_files, claim_folder, load_checkpoint
@@ -171,7 +171,8 @@ def settled_line(given, config, resumed):
     why it has that value: it was given (on the command line or in a config file, as `given` records), it is the
     checkpoint's in a resume, or the rule named here set it."""
     rules = dict(n_layers="the budget's pick", d_model="the budget's pick", batch_size="the budget's pick",
-                 n_heads="the most heads at least 64 wide, or one", d_ffn="4 x d_model", lr="the width's rule",
+                 n_heads="the most heads at least 64 wide, or one", d_ffn="4 x d_model",
+                 lr=f"the width's rule, {LR_AT_768:g} x ({config['d_model']} / 768) ** {LR_WIDTH_EXPONENT}, tuned for AdamW",
                  micro_batch="the most that fits" if config["device"] == "cuda" and not config["offload"] else
                  "32, or a process's share if smaller")
     groups = {}  # why -> the settings it explains, as name=value

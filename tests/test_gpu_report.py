@@ -118,7 +118,7 @@ def test_the_one_call_cut_by_its_deadline_returns_what_finished_and_a_second_cal
     assert re.fullmatch(r"rte [\d.]+, sst2 [\d.]+ \(no pretraining [\d.]+\) after [\d.]+M tokens, [\d.]+e\+\d+ FLOPs",
                         found["transfer"]["headline"]), found["transfer"]["headline"]
     answer = (copies / "transfer.md").read_text()  # the whole table, beside the floor, and still the first run's lines
-    assert re.search(r"^    budget: 0.05 min x .*\n    lr: .*\n    model: ", answer, re.M) and "has spent this budget" in answer
+    assert re.search(r"^    budget: 0.05 min x .*\n    settled: .*lr=.*\n    model: ", answer, re.M) and "has spent this budget" in answer
     assert "| task | metric | ours | no pretraining | words alone | majority class | reference |" in answer
     assert re.search(r"^\| average \(2 of 9\) \| \| -?[\d.]+ \| ", answer, re.M)
     assert "--tasks=sst2 --epochs=1" in found["transfer"]["body"]

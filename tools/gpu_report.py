@@ -407,7 +407,7 @@ def failure_of(job, deadline, done):
 
 
 PIECES = []  # (what, minutes since the command began) of the transfer phase's pieces, as they finished
-TRAIN_LINES = re.compile(r"^(?:budget: |lr: |model: |micro_batch=0: |torch\.compile built |final: |stopped by "
+TRAIN_LINES = re.compile(r"^(?:budget: |settled: |model: |micro_batch=0: |torch\.compile built |final: |stopped by "
                          r"|.* has spent this budget).*$", re.M)  # train.py's start-up and final lines
 
 
