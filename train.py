@@ -37,9 +37,9 @@ and a peak rate of 1e-3 at the defaults). The step that starts at each point of 
     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
 Two thirds of the steps come in the first quarter of the budget, while the batch is small (with a final batch of 4096;
 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts just short of the end,
-so its rate is near 0 but not 0 (at most 4 x the peak x the last step's share of the budget). Under a budget of hours,
-the batch and the rate are the same at the same share of the clock; the steps and tokens match only while the tokens per
-second stay the same (on a GPU a small batch often runs slower).
+so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last step's share of the budget). Under a
+budget of hours, the batch and the rate are the same at the same share of the clock; the steps and tokens match only
+while the tokens per second stay the same (on a GPU a small batch often runs slower).
 The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
 budget picks nothing and prints no "budget:" line; its batch_ramp_start is 32. Its steps take 32 rows until 60% of its 5
 minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
@@ -474,7 +474,10 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
     at the end. With a warmup above 0, its first step, at progress 0, has a rate of 0: it leaves the weights as they
-    are, though the optimizer's state takes its gradient."""
+    are, though the optimizer's state takes its gradient.
+    Both are shares of the budget, not counts of steps: a warm-up of 1% is 3 seconds of a 5-minute run, which a first
+    step that compiles can use up whole. The last step runs at the rate where it starts: by the triangle at most
+    4 x peak x its share of the budget, by warmup_linear peak x its share / (1 - warmup)."""
     if schedule == "triangle":  # up from 0.25 x peak at 0 to the peak at 0.75, then down to 0 at 1
         return peak * (0.25 + progress) if progress < 0.75 else peak * max(0.0, 4 * (1.0 - progress))
     if schedule == "warmup_linear":  # up from 0 to the peak at warmup, then down to 0 at 1
