@@ -808,7 +808,7 @@ def save_if_sound(saves, validation, state, at_end=False):
 # MFU of about 34%.)
 # The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
 # final batch (by the batch rule, below), about how many steps it takes (budget.expected_steps: 37,830 for 16 x 768's
-# 6.86e9 tokens; the table at the top of this file, for 6.9e9, counts 38,093), and its peak rate (by the width).
+# 6.85e9 tokens; the table at the top of this file, for 6.9e9, counts 38,093), and its peak rate (by the width).
 #    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
 #    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
 #    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
