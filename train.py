@@ -186,6 +186,10 @@ micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on 
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
+# To compare the ramp with a fixed batch (batch_ramp=0) at equal tokens: the budget's pick ignores batch_ramp, so both
+# runs get the same shape, final batch and rate; at one seed both read the same rows with the same masks, grouped into
+# other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
+# decay, multiplied by each step's rate, adds up over the ramp's extra steps.
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -303,7 +307,7 @@ def main(config, given):
             break
         # This step's values, at the run's progress (the top of this file says why each is so):
         # - batch: batch_ramp_start (128) sequences at first, growing by as many at a time to batch_size at batch_ramp
-        #   (60%) of the budget (batch_size_at);
+        #   (60%) of the budget (batch_size_at), or batch_size throughout where that is no larger;
         # - learning rate, by the default triangle: lr x (0.25 + progress) up to 75% of the budget, then
         #   lr x 4 x (1 - progress) (lr_at), where lr is the peak decide_settings set (by default 1e-3 x (d_model / 768)
         #   ** -0.5);
