@@ -152,8 +152,8 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # 26, 3 and 3 of 32. The loss covers every masked position.
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
 # mask_rate (with one level, mask_rate_start throughout, and mask_rate only what the budget plans for). In the same row,
-# a lower rate masks a subset of the positions a higher one does (what each becomes may differ). model.py's objective
-# section lists what else reads the rate.
+# a lower rate masks a subset of the positions a higher one does (what each becomes may differ). mask_rate_at lists what
+# else reads the rate.
 # For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25, each for a quarter of the
 # budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
 # and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the
@@ -161,7 +161,7 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # The budget's pick counts the FLOPs at mask_rate, and the micro-batch is sized for the highest rate.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
-mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more shape to compile (1: mask_rate_start throughout)
+mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more graph to compile per micro-batch size (1: mask_rate_start throughout)
 eval_mask_rate = MASK_RATE  # (0, 1): the masking rate of validation, whatever mask_rate is, so that recipes compare
 # The optimizer and the schedules. The width's rule for the peak rate was tuned for AdamW, so an optimizer whose row in
 # model.OPTIMIZERS does not take it (width_lr) needs --lr.
@@ -493,7 +493,15 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
     it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
     torch.compile compiles each rate's shapes once (two rates that give a row the same count share one; Ankner et al.
-    2023 lower the rate in stages). With one level the rate is `start` throughout."""
+    2023 lower the rate in stages). With one level the rate is `start` throughout.
+    What a new masking schedule must keep, since these read the rate outside this function:
+    - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use, and compiling is on
+      the clock. A compiled function may build at most runtime.MAX_GRAPHS (32) graphs, so a smooth schedule must take
+      few distinct counts: 0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels take 8.
+    - SpikeWatch starts its history of losses again at each new rate, so a rate that changes every step turns the
+      spike check off.
+    - The micro-batch is sized for the highest of mask_rate and mask_rate_start, and the budget plans its FLOPs at
+      mask_rate."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
