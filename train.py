@@ -25,21 +25,21 @@ One training step (the loop in main) does five things:
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
 when the update was skipped. For example, at the defaults in a run whose final batch is 4096 and peak rate 1e-3, a step
 that starts 30% into the budget reads 2,048 rows of 128 tokens, masks 32 tokens in each (26 become [MASK], 3 a random
-token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens.
-
+token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens; at 16 x 768 it costs 1.65e14 FLOPs.
 The whole of such a run, with --budget_tokens=6900000000 (the A6000's day in tokens: 16 x 768, a final batch of 4096
-and a peak rate of 1e-3 at the defaults). The step that starts at each point of the budget:
+and a peak rate of 1e-3 at the defaults). The first step that starts at or after each point of the budget:
     progress   steps before it   tokens before it   batch   learning rate   FLOPs in the step
     0                        0                  0     128          2.5e-4              1.0e13
     25%                 25,871              1.7e9   1,664          5.0e-4              1.3e14
     50%                 31,368              3.5e9   3,328          7.5e-4              2.7e14
     75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
+    90%                 36,777              6.2e9   4,096          4.0e-4              3.3e14
     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
-Two thirds of the steps come in the first quarter of the budget, while the batch is small (with a final batch of 4096;
-57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts just short of the end,
-so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last step's share of the budget). Under a
-budget of hours, the batch and the rate are the same at the same share of the clock; the steps and tokens match only
-while the tokens per second stay the same (on a GPU a small batch often runs slower).
+The run takes 38,093 steps. Two thirds of them come in the first quarter of the budget, while the batch is small (with a
+final batch of 4096; 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts
+just short of the end, so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last step's share of
+the budget). Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
+tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
 The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
 budget picks nothing and prints no "budget:" line; its batch_ramp_start is 32. Its steps take 32 rows until 60% of its 5
 minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
