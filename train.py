@@ -26,6 +26,7 @@ Then the step count grows by 1, tokens by the batch's sequences x seq_len, and t
 when the update was skipped. For example, at the defaults in a run whose final batch is 4096 and peak rate 1e-3, a step
 that starts 30% into the budget reads 2,048 rows of 128 tokens, masks 32 tokens in each (26 become [MASK], 3 a random
 token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens; at 16 x 768 it costs 1.65e14 FLOPs.
+
 The whole of such a run, with --budget_tokens=6900000000 (the A6000's day in tokens: 16 x 768, a final batch of 4096
 and a peak rate of 1e-3 at the defaults). The first step that starts at or after each point of the budget:
     progress   steps before it   tokens before it   batch   learning rate   FLOPs in the step
