@@ -115,15 +115,9 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # prints the FLOPs, the shape, the tokens and about how many steps the budget gives. The line "settled:" prints each
 # value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the
 # budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
-# For example, with enough data, 24 hours on an A6000 (the paper's day; a matmul timed at about 100 TFLOP/s in bfloat16)
-# give 16 x 768, a batch of 4096 and lr 1e-3: at these defaults (compiled, smear on, one process) any timing from 70 to
-# 173 TFLOP/s gives the same (under 70 the shape is 12 x 768; from 174 to about 312 the batch is 8192; from about 313
-# the shape is 24 x 1024, at 4096 again until about 373). 24 hours on an H100 give 24 x 1024, a batch of 8192 and lr
-# 8.7e-4 (docs/training.md has more). The paper's own recipe, config/recipe_reference.py config/shape_paper.py, pins 16
-# x 768, lr 1e-3 and the reference code's final batch of 8192 (its ramp's end; the paper found about 4k best for GLUE),
-# with smear off.
-# How the budget picks the shape, the final batch and the peak rate, with a table of its picks for every shape, is in
-# "The budget's pick" below (above decide_settings, which applies it).
+# For example, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and on an H100
+# 24 x 1024, a batch of 8192 and lr 8.7e-4. How the budget picks them, with a table of its picks by budget, is in "The
+# budget's pick" below (above decide_settings, which applies it).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -857,6 +851,11 @@ def save_if_sound(saves, validation, state, at_end=False):
 #    12 h, H100      24 x 1024         4096    8.7e-4         60,500
 #    24 h, H100      24 x 1024         8192    8.7e-4         68,600
 # Half a budget of tokens takes more than half the steps, since its final batch halves too.
+# The A6000's day is 16 x 768 at 4096 for any timing of its matmul from 70 to 173 TFLOP/s (one process, compiled, smear
+# on): under 70 the shape is 12 x 768; from 174 to about 312 the batch is 8192; from about 313 the shape is 24 x 1024,
+# at 4096 again until about 373. The paper's own recipe, config/recipe_reference.py config/shape_paper.py, pins 16 x
+# 768, lr 1e-3 and the reference code's final batch of 8192 (its ramp's end; the paper found about 4k best for GLUE),
+# with smear off.
 
 
 # -----------------------------------------------------------------------------
