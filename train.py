@@ -7,9 +7,9 @@
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
 One training step (the loop in main) does five things:
-1. It reads the next rows of the token file, seq_len tokens each. The run numbers the rows it reads 0, 1, 2, ...
-   across epochs, so a step starts at number tokens / seq_len, where tokens counts the tokens trained on so far. By
-   default the rows come in a shuffled order, a new one each epoch.
+1. It reads the next rows of the token file, seq_len tokens each. The run numbers the rows it reads 0, 1, 2, ... across
+   epochs, so a step starts at number tokens / seq_len, where tokens counts the tokens read so far (a skipped update's
+   too). By default the rows come in a shuffled order, a new one each epoch.
 2. It masks the same number of tokens in every row: k = round(mask_rate x seq_len), and at least 1 (32 of 128 by
    default; Python's round takes a half to the even number). Masking 25% rather than BERT's 15% gives more
    predictions per step from the same rows. Of the k, about 80% become [MASK], 10% a random token and 10% stay as they
@@ -115,9 +115,11 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # prints the FLOPs, the shape, the tokens and about how many steps the budget gives. The line "settled:" prints each
 # value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the
 # budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
-# For example, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and on an H100
-# 24 x 1024, a batch of 8192 and lr 8.7e-4. How the budget picks them, with a table of its picks by budget, is in "The
-# budget's pick" below (above decide_settings, which applies it).
+# For example, with enough data, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and
+# on an H100 24 x 1024, a batch of 8192 and lr 8.7e-4. How the budget picks them, with a table of its picks by budget,
+# is in "The budget's pick" below (above decide_settings, which applies it). --dry_run=True prints the pick before a
+# run spends anything: under a budget of tokens it is the same on any machine, and under a budget of hours it times
+# this machine's matmul.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -307,7 +309,7 @@ def main(config, given):
         #   lr x 4 x (1 - progress) (lr_at), where lr is the peak decide_settings set (by default 1e-3 x (d_model / 768)
         #   ** -0.5);
         # - masking rate: mask_rate (0.25) throughout, unless mask_rate_start makes a staircase (mask_rate_at). Each row
-        #   then masks k = round(rate x seq_len) tokens (model.masked_count). step_masking carries the rate to the batches.
+        #   then masks k = max(1, round(rate x seq_len)) tokens (model.masked_count). step_masking carries the rate to the batches.
         step_batch, step_lr, step_mask_rate = schedules_at(progress)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
@@ -850,7 +852,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 #    24 h, A6000     16 x 768          4096    1.0e-3         37,900
 #    12 h, H100      24 x 1024         4096    8.7e-4         60,500
 #    24 h, H100      24 x 1024         8192    8.7e-4         68,600
-# Half a budget of tokens takes more than half the steps, since its final batch halves too.
+# Half a budget of tokens takes more than half the steps where its final batch halves too (2e9 to 1e9 tokens: 19,300
+# to 16,600), and half where the rounding keeps the batch (1e10 to 5e9: 4096 both).
 # The A6000's day is 16 x 768 at 4096 for any timing of its matmul from 70 to 173 TFLOP/s (one process, compiled, smear
 # on): under 70 the shape is 12 x 768; from 174 to about 312 the batch is 8192; from about 313 the shape is 24 x 1024,
 # at 4096 again until about 373. The paper's own recipe, config/recipe_reference.py config/shape_paper.py, pins 16 x
