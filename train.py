@@ -41,11 +41,13 @@ final batch of 4096; 57% with 1024, 72% with 8192). Every step masks 32 of each 
 just short of the end, so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last step's share of
 the budget). Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
 tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
+
 The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
 budget picks nothing and prints no "budget:" line; its batch_ramp_start is 32. Its steps take 32 rows until 60% of its 5
 minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
 masks 32 of its 128 tokens. At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to
 470 steps on the 2-core CPUs of BENCHMARKS.md, whose first step includes compilation.
+
 These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
 masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
 the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
