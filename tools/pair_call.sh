@@ -43,7 +43,8 @@ mark "pretraining rc=$?"
 [ -f "$W/pt/ckpt.pt" ] || { mark "no checkpoint"; exit 1; }
 
 # 3. fine-tuning, every run at once, stopped FT_LIMIT seconds on or 20 s before DEADLINE, whichever comes first
-FT_LIMIT=$(( FT_LIMIT < DEADLINE - 20 - ($(date +%s) - T0) ? FT_LIMIT : DEADLINE - 20 - ($(date +%s) - T0) ))
+left=$(( DEADLINE - 20 - ($(date +%s) - T0) ))
+FT_LIMIT=$(( left < FT_LIMIT ? left : FT_LIMIT )); (( FT_LIMIT > 0 )) || FT_LIMIT=1  # timeout 0 would mean no limit
 mark "fine-tuning for $FT_LIMIT s"
 G=$CARRY/glue
 run() {  # name, task, extra arguments
