@@ -308,8 +308,8 @@ def main(config, given):
         # - batch: batch_ramp_start (128) sequences at first, growing by as many at a time to batch_size at batch_ramp
         #   (60%) of the budget (batch_size_at), or batch_size throughout where that is no larger;
         # - learning rate, by the default triangle: lr x (0.25 + progress) up to 75% of the budget, then
-        #   lr x 4 x (1 - progress) (lr_at), where lr is the peak decide_settings set (by default 1e-3 x (d_model / 768)
-        #   ** -0.5);
+        #   lr x 4 x (1 - progress) (lr_at), where lr is the peak that decide_settings set (by default by the width,
+        #   1e-3 x (d_model / 768) ** -0.5);
         # - masking rate: mask_rate (0.25) throughout, unless mask_rate_start makes a staircase (mask_rate_at). Each row
         #   then masks k = max(1, round(rate x seq_len)) tokens (model.masked_count). step_masking carries the rate to the batches.
         step_batch, step_lr, step_mask_rate = schedules_at(progress)
