@@ -58,7 +58,8 @@ out_json = ""           # default: glue.json beside the checkpoint
 device = "auto"         # as train.py: 'auto', 'cpu', 'cuda', 'cuda:N'
 dtype = "auto"          # {auto, float32, bfloat16, float16}: as train.py (no compile here: padded lengths vary)
 seed = 0                # [0, 4294967295]: the first fine-tuning seed (seed + s for the others)
-protocol = "fixed"      # {fixed, grid, mnli_start}: fixed: each task's settings by the rule, given ones as given; grid: each task's best on dev over grid_lr x grid_batch (the miniatures' protocol), said so; mnli_start: as fixed, RTE, MRPC and STS-B from the same seed's MNLI fine-tune (RoBERTa's)
+protocol = "fixed"      # {fixed, grid, task_start}: fixed: each task's settings by the rule, given ones as given; grid: each task's best on dev over grid_lr x grid_batch (the miniatures' protocol), said so; task_start: as fixed, RTE, MRPC and STS-B from the same seed's fine-tune of start_task (from MNLI's: RoBERTa's)
+start_task = "mnli"     # {mnli, qnli, qqp, mrpc, stsb}: --protocol=task_start's first task, fine-tuned first and added to the tasks
 grid_lr = "3e-4,1e-4,5e-5,3e-5"  # --protocol=grid's learning rates (Turc et al. 2019's), in place of lr
 grid_batch = "8,16,32,64,128"    # --protocol=grid's batch sizes (Turc et al. 2019's), in place of batch_size
 predict = False         # also the test sets' predictions, as the GLUE server takes them: <glue>_test/, each task's median seed's
@@ -112,10 +113,10 @@ def settings_for(width, train_examples, given):
 
 
 PROTOCOLS = dict(fixed="settings fixed before any look at dev", grid="each the best of a grid on dev",
-                 mnli_start="fixed settings, started from MNLI's fine-tune")  # as a table says them
+                 task_start="fixed settings, started from another task's fine-tune")  # as a table says them
 HEADS = dict(first="the first token's state (the published head)", mean="the mean of the tokens' states",
              pair="each text's mean apart, [u, v, |u - v|, u * v]")  # --pooling's, as the table says them
-MNLI_STARTED = {"rte", "mrpc", "stsb"}  # --protocol=mnli_start's: started from MNLI's fine-tune (RoBERTa, MosaicBERT)
+STARTED = {"rte", "mrpc", "stsb"}  # --protocol=task_start's, but start_task: from its fine-tune (MNLI's: RoBERTa, MosaicBERT)
 METRIC_NAMES = {"mcc": "Matthews corr.", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
 
 
@@ -519,7 +520,7 @@ def how_made(entry):
         return f"every run diverged: {f'{points} settings x ' * bool(points)}{seeds} seed{'s' * (seeds > 1)}{epochs}"
     best = (f"best of {points} on dev" + f", {entry.get('grid_diverged')} diverged" * bool(entry.get("grid_diverged")) +
             f": lr {settings['lr']:g}, batch {settings['batch_size']}, ") * bool(points)
-    best += "from the seed's MNLI fine-tune, " * bool(settings.get("start_from"))
+    best += f"from the seed's {TASKS[settings['start_from'].split()[0]]['folder']} fine-tune, " if settings.get("start_from") else ""
     n = seeds - lost
     return f"{best}{'median of ' * (n > 1)}{n} seed{'s' * (n > 1)}{f' ({lost} of {seeds} diverged)' * bool(lost)}{epochs}"
 
@@ -675,7 +676,7 @@ def task_entry(runs):
                default=entries[0])  # a point that diverged is never the best (max keeps a NaN that comes first)
     best = dict(best, grid=last.get("grid"), grid_size=len(entries) if last.get("grid") else 0,
                 grid_diverged=sum(not e["median"] for e in entries) * bool(last.get("grid")),
-                protocol="grid" if last.get("grid") else "mnli_start" if best["settings"].get("start_from") else "fixed")
+                protocol="grid" if last.get("grid") else "task_start" if best["settings"].get("start_from") else "fixed")
     return dict(best, how=how_made(best))  # what tools/glue_plot.py shows
 
 
@@ -764,16 +765,16 @@ def plans_for(train_examples, width, settings, given):
                          f"batch sizes >= 1, each comma-separated (3e-4,1e-4 and 16,32)")
     plans = {name: [dict(settings, **settings_for(width, examples, {**given, **point})) for point in ([dict(lr=r, batch_size=b)
              for r, b in points] if protocol == "grid" else [{}])] for name, examples in train_examples.items()}
-    for name in MNLI_STARTED & plans.keys() if protocol == "mnli_start" else ():  # MNLI's settings name the start
-        plans[name] = [dict(plan, start_from=f"mnli {settings_digest(plans['mnli'][0])}") for plan in plans[name]]
+    for name in (STARTED - {start_task}) & plans.keys() if protocol == "task_start" else ():  # its start named
+        plans[name] = [dict(plan, start_from=f"{start_task} {settings_digest(plans[start_task][0])}") for plan in plans[name]]
     return plans
 
 
 def kept_files(file, name, group, lost=False):
     """What a run of `file` must leave beside it for this command: with --predict, its test-set predictions (the model's,
-    unless it diverged: `lost`); with --protocol=mnli_start, MNLI's encoder, which RTE, MRPC and STS-B start from."""
+    unless it diverged: `lost`); with --protocol=task_start, start_task's encoder, which RTE, MRPC and STS-B start from."""
     tests = list(prediction_files(file, name).values())  # each: a stop may come between
-    return tests * (predict and group == "tasks" and not lost) + [file[:-5] + ".encoder.pt"] * (protocol == "mnli_start" and name == "mnli")
+    return tests * (predict and group == "tasks" and not lost) + [file[:-5] + ".encoder.pt"] * (protocol == "task_start" and name == start_task)
 
 
 def whole(path):
@@ -869,7 +870,7 @@ def check_earlier(path, identity):
 
 def main(config):
     names = [t.strip().lower() for t in tasks.split(",") if t.strip()]
-    names = ["mnli", *(n for n in names if n != "mnli")] if protocol == "mnli_start" else names  # MNLI first
+    names = [start_task, *(n for n in names if n != start_task)] if protocol == "task_start" else names  # the start first
     unknown = [t for t in names if t not in TASKS]
     if unknown or not names:
         raise SystemExit(f"error: unknown task {', '.join(map(repr, unknown)) or '(none given)'} "
@@ -917,9 +918,9 @@ def main(config):
         for settings, run_seed in ((s, seed) for s, missing in work for seed in missing):  # each run in glue.json at once
             t0 = time.monotonic()
             start = None if from_scratch else ckpt["model"]
-            if settings.get("start_from"):  # this seed's MNLI fine-tune (of this group), whose settings it names
-                mnli = run_file(path, group, "mnli", run_seed, per_task["mnli"][0])
-                start = torch.load(f"{mnli[:-5]}.encoder.pt", map_location="cpu")
+            if settings.get("start_from"):  # this seed's fine-tune of start_task (of this group), whose settings it names
+                first = run_file(path, group, start_task, run_seed, per_task[start_task][0])
+                start = torch.load(f"{first[:-5]}.encoder.pt", map_location="cpu")
             out = finetune(name, encoded, ckpt, run_seed, rt, settings, start)
             run = dict(identity, seed=run_seed, settings=settings, device=rt.device.type, scores=out["scores"], fit=out["fit"],
                        diverged=out["diverged"], facts=task_facts, counts=dict(out["counts"], seconds=time.monotonic() - t0),
@@ -927,7 +928,7 @@ def main(config):
             file = run_file(path, group, name, run_seed, settings)
             if out["tests"]:
                 write_predictions(file, name, data, out["tests"])
-            if protocol == "mnli_start" and name == "mnli":
+            if protocol == "task_start" and name == start_task:
                 write_atomically(f"{file[:-5]}.encoder.pt", lambda tmp: torch.save(out["encoder"], tmp))
             write_json(file, run)  # last: a run's file says that what it keeps beside it is whole
             results = write_summary(path, identity, facts)

@@ -628,25 +628,28 @@ def test_the_grid_protocol_reports_each_task_s_best_on_dev_and_says_so(pretraine
     assert entry["grid_size"] == 4 and entry["settings"]["epochs"] == 3
 
 
-def test_mnli_start_begins_rte_from_the_same_seed_s_mnli_fine_tune(pretrained, tmp_path, monkeypatch, capsys):
-    """--protocol=mnli_start: MNLI is fine-tuned first (added to the tasks), its encoder kept beside its run, and RTE's
-    run of each seed starts from that seed's MNLI encoder (RoBERTa's protocol), its settings and row saying so."""
+@pytest.mark.parametrize("first", ["mnli", "stsb"])
+def test_task_start_begins_rte_from_the_same_seed_s_fine_tune_of_the_start_task(first, pretrained, tmp_path, monkeypatch,
+                                                                                capsys):
+    """--protocol=task_start: start_task (MNLI, or STS-B, itself started from nothing) is fine-tuned first (added to the tasks), its encoder kept
+    beside its run, and RTE's run of each seed starts from that seed's encoder of it, its settings and row saying so."""
     from configurator import config_keys
     starts = spy_on_start_weights(monkeypatch)
     for key, value in dict(checkpoint=str(pretrained), glue_dir=FIXTURES, tasks="rte", epochs=3, seeds=2, device="cpu",
-                           dtype="float32", out_json=str(tmp_path / "glue.json"), protocol="mnli_start").items():
+                           dtype="float32", out_json=str(tmp_path / "glue.json"), protocol="task_start",
+                           start_task=first).items():
         monkeypatch.setattr(glue, key, value)
     glue.main(config_keys(vars(glue)))
-    assert "on mnli, rte with 2 seed(s)" in capsys.readouterr().out
-    kept = sorted((tmp_path / "glue_runs" / "tasks" / "mnli").glob("seed*.encoder.pt"))
-    assert [p.name.split("-")[0] for p in kept] == ["seed0", "seed1"] and len(starts) == 4  # mnli 0, 1, then rte 0, 1
+    assert f"on {first}, rte with 2 seed(s)" in capsys.readouterr().out
+    kept = sorted((tmp_path / "glue_runs" / "tasks" / first).glob("seed*.encoder.pt"))
+    assert [p.name.split("-")[0] for p in kept] == ["seed0", "seed1"] and len(starts) == 4  # first 0, 1, then rte 0, 1
     for seed, file in enumerate(kept):
         tuned = torch.load(file)
-        assert all(torch.equal(starts[2 + seed][k], tuned[k]) for k in tuned)  # rte's start: that seed's MNLI encoder
-        assert not all(torch.equal(starts[seed][k], tuned[k]) for k in tuned)  # which MNLI's fine-tuning moved
+        assert all(torch.equal(starts[2 + seed][k], tuned[k]) for k in tuned)  # rte's start: that seed's first encoder
+        assert not all(torch.equal(starts[seed][k], tuned[k]) for k in tuned)  # which the first task's fine-tuning moved
     results = json.loads((tmp_path / "glue.json").read_text())
-    assert results["tasks"]["rte"]["settings"]["start_from"].startswith("mnli ")
-    assert "from the seed's MNLI fine-tune, median of 2 seeds, 3 epochs" in results["tasks"]["rte"]["how"]
+    assert results["tasks"]["rte"]["settings"]["start_from"].startswith(f"{first} ")
+    assert f"from the seed's {glue.TASKS[first]['folder']} fine-tune, median of 2 seeds, 3 epochs" in results["tasks"]["rte"]["how"]
 
 
 def test_the_settings_follow_the_width_and_the_task_s_size_and_a_given_one_wins():

@@ -505,11 +505,11 @@ def test_every_writer_failing_midway_keeps_the_old_file_and_its_advice_works(pre
                                       ("seed*.encoder.pt*", "full"), ("seed*.encoder.pt*", "stop")])
 def test_a_finetuning_write_failing_midway_keeps_the_runs_and_the_rerun_ends_them(name, how, pretrained, tmp_path):
     """glue.json, a run's file (the first rewritten: seed 0's, as a rerun marks it chosen), a prediction file and
-    --protocol=mnli_start's MNLI encoder, each cut midway by a full disk or a SIGTERM: one line, the files before as they
+    --protocol=task_start's MNLI encoder, each cut midway by a full disk or a SIGTERM: one line, the files before as they
     were, nothing that says a run is done without what it keeps; the same command then finishes the work."""
     run = copy_run(pretrained, tmp_path / "run")
     args = [f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte", "--epochs=1", "--device=cpu",
-            "--predict=True", "--protocol=mnli_start"]
+            "--predict=True", "--protocol=task_start"]
     run_script("finetune_glue.py", *args, "--seeds=1")
     before = {p: b for p, b in snapshot(tmp_path).items() if fnmatch.fnmatch(os.path.basename(p), name)}  # what fails
     proc = faulty(name, how, 0, "finetune_glue.py", *args, "--seeds=2")
@@ -527,7 +527,7 @@ def test_mnli_s_encoder_cut_by_a_file_size_limit_is_one_line_and_a_damaged_one_i
     finished run file (by an older cram's write in place) is said in a line, and MNLI fine-tuned again."""
     run = copy_run(pretrained, tmp_path / "run")
     args = ["finetune_glue.py", f"--checkpoint={run / 'ckpt.pt'}", f"--glue_dir={FIXTURES}", "--tasks=rte", "--epochs=1",
-            "--seeds=1", "--device=cpu", "--protocol=mnli_start"]
+            "--seeds=1", "--device=cpu", "--protocol=task_start"]
     proc = run_limited(200_000, *args)
     assert_failed_write(proc, {}, tmp_path, "encoder.pt", "run the same command")
     assert not (run / "glue_runs" / "tasks" / "mnli").exists() or not list((run / "glue_runs" / "tasks" / "mnli").glob("*"))

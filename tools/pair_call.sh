@@ -5,9 +5,9 @@
 #      vocabulary and sequences of 128, on the GPU machine's cores;
 #   2. pretrains for PT_MINUTES at the budget's pick of shape, batch and rate (and PT_ARGS);
 #   3. fine-tunes STS-B, MRPC, RTE and SST-2 with the pair head at the rule's settings, SEEDS seeds each, beside the
-#      same shape never pretrained (the floor), and RTE once more at lr 1e-4 for 3 epochs (the best of the last call's
-#      RTE probe), all at once. Each run's JSON carries words alone's scores. A process stopped at FT_LIMIT keeps the
-#      seeds it finished.
+#      same shape never pretrained (the floor; FLOORS=0 leaves it out), and RTE once more from each seed's fine-tune of
+#      each task in RTE_FROM (--protocol=task_start, PROBE_SEEDS seeds), all at once. Each run's JSON carries words
+#      alone's scores. A process stopped at FT_LIMIT keeps the seeds it finished.
 #
 # Every step has its own deadline, so the whole call ends within about 9.5 minutes (timeout_s=600). Files land in
 # $OUT: train.log, timeline.txt, env.txt, summary.txt (the table), ft.tar (every glue.json and log).
@@ -20,6 +20,7 @@ export PYTHONUNBUFFERED=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARA
 P=${P:-.}; OUT=${OUT:-/tmp/paircall}; W=${W:-/tmp/paircall_work}; DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}
 SEEDS=${SEEDS:-3}; PT_MINUTES=${PT_MINUTES:-4}; PREP_LIMIT=${PREP_LIMIT:-90}; FT_LIMIT=${FT_LIMIT:-230}
 PREP_ARGS=${PREP_ARGS:---vocab_size=32768 --tokenizer_train_chars=120000000}; EXTRA=${EXTRA:-}
+FLOORS=${FLOORS:-1}; RTE_FROM=${RTE_FROM:-mrpc stsb}; PROBE_SEEDS=${PROBE_SEEDS:-2}
 PT_ARGS=${PT_ARGS:-}  # more train.py settings, e.g. --batch_ramp=0: at 8 x 512 on an H200 the ramp's micro-batches of
                       # 128 ran at 0.56-0.60x the full batch's tokens/s (docs/runs/h200_more_text_2026-11-29)
 CARRY=${CARRY:-data/gpu_call}; DEADLINE=${DEADLINE:-570}  # seconds into the call by which the table is written
@@ -54,9 +55,9 @@ run() {  # name, task, extra arguments
 for t in stsb mrpc rte sst2; do
   ep=(); [ $t = sst2 ] && ep=(--epochs=1)  # SST-2's 67k examples: one epoch, as the grid
   run model "$t" --seeds="$SEEDS" "${ep[@]}"
-  run floor "$t" --seeds="$SEEDS" --from_scratch=True "${ep[@]}"
+  (( FLOORS )) && run floor "$t" --seeds="$SEEDS" --from_scratch=True "${ep[@]}"
 done
-run rteprobe rte --seeds="$SEEDS" --lr=1e-4 --epochs=3
+for first in $RTE_FROM; do run "rtefrom$first" rte --seeds="$PROBE_SEEDS" --protocol=task_start --start_task="$first"; done
 wait
 mark "fine-tuning ended"
 tar -C "$W" -cf "$OUT/ft.tar" ft logs
