@@ -27,32 +27,6 @@ when the update was skipped. For example, at the defaults in a run whose final b
 that starts 30% into the budget reads 2,048 rows of 128 tokens, masks 32 tokens in each (26 become [MASK], 3 a random
 token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens; at 16 x 768 it costs 1.65e14 FLOPs.
 
-The whole of such a run, with --budget_tokens=6900000000 (the A6000's day in tokens: 16 x 768, a final batch of 4096
-and a peak rate of 1e-3 at the defaults). The first step that starts at or after each point of the budget:
-    progress   steps before it   tokens before it   batch   learning rate   FLOPs in the step
-    0                        0                  0     128          2.5e-4              1.0e13
-    25%                 25,871              1.7e9   1,664          5.0e-4              1.3e14
-    50%                 31,368              3.5e9   3,328          7.5e-4              2.7e14
-    75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
-    90%                 36,777              6.2e9   4,096          4.0e-4              3.3e14
-    the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
-The run takes 38,093 steps. Two thirds of them come in the first quarter of the budget, while the batch is small (with a
-final batch of 4096; 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts
-just short of the end, so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last step's share of
-the budget). Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
-tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
-
-The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
-budget picks nothing and prints no "budget:" line; its batch_ramp_start is 32. Its steps take 32 rows until 60% of its 5
-minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
-masks 32 of its 128 tokens. At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to
-470 steps on the 2-core CPUs of BENCHMARKS.md, whose first step includes compilation.
-
-These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
-masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
-the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
-GFLOP, since attention grows with the row.
-
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
 budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at the step's
@@ -67,20 +41,9 @@ masking rates stay as they are.
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
 
-On a shared or pre-emptible machine: a run writes everything to out_dir (checkpoints, metrics.jsonl, a lock file),
-and saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal and at the end. It exits with 0
-when finished, with 128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM), and with 1
-and a one-line error when it fails. One line restarts it, with or without a checkpoint saved:
-    python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
-To compare runs fairly: the seed fixes the initial weights, the data order, the masks (and dropout on one machine); a
-budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
-and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
-model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False,
-0.743 with sparse_prediction=False, 0.623 with smear=False (bias and norm_first change nothing there). glu also changes
-each shape's weights, so with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves
-the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
-should give the shape, the batch and the rate.
-docs/training.md has both in full."""
+Below main, "A run in numbers" works through whole runs (the A6000's day step by step, the quickstart, rows of 512)
+and says how to restart a run on a shared machine and how to compare runs fairly. "The budget's pick" follows it.
+docs/training.md says all of this in full."""
 import dataclasses
 import functools
 import math
@@ -104,8 +67,8 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, SHAPE_FIELDS, CrammedBert
 # The settings. Each comment opens with the values the setting allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # the checkpoints (ckpt.pt is the newest), metrics.jsonl and the run's lock file go here
-# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see the top of
-# this file in short, or docs/training.md's "Comparing runs" in full.
+# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see "A run in
+# numbers" below main, or docs/training.md's "Comparing runs" in full.
 budget_hours = 24.0       # > 0: hours of training time; the schedules follow the run's progress
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, counting a resume's earlier steps (0: no limit). The schedules do not shorten to fit it, and a resume does not keep it
@@ -144,11 +107,9 @@ d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
-# The objective (model.mask_tokens). Every row has the same number of masked positions, k = mask_rate x seq_len rounded,
-# and at least one. As in BERT, a masked token becomes [MASK], a random token, or stays as it is, but here by count
-# rather than by chance: round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token, and the rest stay. (A
-# random token is drawn from the regular tokens, so by chance it can be the original.) In a row of 128 at 0.25 that is
-# 26, 3 and 3 of 32. The loss covers every masked position.
+# The objective is step 2 at the top of this file. model.mask_tokens splits each row's k masked positions exactly:
+# round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token (drawn from the regular tokens, so by chance
+# the original), and the rest stay as they are.
 # mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
 # mask_rate (with one level, mask_rate_start throughout, and mask_rate only what the budget plans for). In the same row,
 # a lower rate masks a subset of the positions a higher one does (what each becomes may differ). mask_rate_at lists what
@@ -451,7 +412,7 @@ class TrainingClock:
 # happens to rise about as the square root of the batch from 10% to 60% of the budget (batch 768 to 4096, rate
 # 3.5e-4 to 8.5e-4); with another final batch it does not.
 # Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
-# thirds of the steps come in the first quarter of the budget (the table at the top of this file). A budget of S
+# thirds of the steps come in the first quarter of the budget (the table in "A run in numbers"). A budget of S
 # sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
 # L = final / start - 1 smaller sizes (rounded up), then S x (1 - ramp) / final (budget.expected_steps).
 # A step takes all three values at the point of the budget where it starts. That has three consequences.
@@ -787,6 +748,49 @@ def save_if_sound(saves, validation, state, at_end=False):
 
 
 # -----------------------------------------------------------------------------
+# A run in numbers.
+# A whole run, with --budget_tokens=6900000000 (the A6000's day in tokens: 16 x 768, a final batch of 4096 and a peak
+# rate of 1e-3 at the defaults). The first step that starts at or after each point of the budget:
+#     progress   steps before it   tokens before it   batch   learning rate   FLOPs in the step
+#     0                        0                  0     128          2.5e-4              1.0e13
+#     25%                 25,871              1.7e9   1,664          5.0e-4              1.3e14
+#     50%                 31,368              3.5e9   3,328          7.5e-4              2.7e14
+#     75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
+#     90%                 36,777              6.2e9   4,096          4.0e-4              3.3e14
+#     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
+# The run takes 38,093 steps. Two thirds of them come in the first quarter of the budget, while the batch is small (with a
+# final batch of 4096; 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts
+# just short of the end, so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last step's share of
+# the budget). Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
+# tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
+#
+# The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
+# budget picks nothing and prints no "budget:" line; its batch_ramp_start is 32. Its steps take 32 rows until 60% of its 5
+# minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
+# masks 32 of its 128 tokens. At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to
+# 470 steps on the 2-core CPUs of BENCHMARKS.md, whose first step includes compilation.
+#
+# These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
+# masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
+# the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
+# GFLOP, since attention grows with the row.
+#
+# On a shared or pre-emptible machine: a run writes everything to out_dir (checkpoints, metrics.jsonl, a lock file),
+# and saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal and at the end. It exits with 0
+# when finished, with 128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM), and with 1
+# and a one-line error when it fails. One line restarts it, with or without a checkpoint saved:
+#     python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
+# To compare runs fairly: the seed fixes the initial weights, the data order, the masks (and dropout on one machine); a
+# budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
+# and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
+# model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False,
+# 0.743 with sparse_prediction=False, 0.623 with smear=False (bias and norm_first change nothing there). glu also changes
+# each shape's weights, so with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves
+# the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
+# should give the shape, the batch and the rate.
+
+
+# -----------------------------------------------------------------------------
 # The budget's pick. In a new run, the budget picks whichever of the shape, the final batch and the peak rate are left
 # at 0 (budget.decide and decide_settings below apply these rules).
 # How the budget picks the shape (cram/budget.py has the constants and their sources):
@@ -819,7 +823,7 @@ def save_if_sound(saves, validation, state, at_end=False):
 # MFU of about 34%.)
 # The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
 # final batch (by the batch rule, below), about how many steps it takes (budget.expected_steps: 37,830 for 16 x 768's
-# 6.85e9 tokens; the table at the top of this file, for 6.9e9, counts 38,093), and its peak rate (by the width).
+# 6.85e9 tokens; the table in "A run in numbers", for 6.9e9, counts 38,093), and its peak rate (by the width).
 #    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
 #    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
 #    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
