@@ -138,10 +138,11 @@ warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_l
 # at a time until it reaches batch_size at 60% of the budget (batch_ramp; the last jump is smaller where batch_size is
 # not a multiple of batch_ramp_start). With batch_ramp=0, or a batch_size no larger
 # than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
-# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too). On a GPU that
-# picks a micro_batch above batch_ramp_start, the ramp's batches run as micro-batches of batch_ramp_start, which may
-# not fill it; under a budget of hours the run then reads fewer tokens, and on an H200 at 8 x 512 it ended at a higher
-# loss than batch_ramp=0 (BENCHMARKS.md, "The pair head on the GPU model").
+# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too). But on a GPU
+# that picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
+# batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
+# the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0 (BENCHMARKS.md,
+# "The pair head on the GPU model").
 # A batch_size of 0 lets the budget pick it ("The budget's pick" below). It is then rounded to a multiple of the
 # processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an equal
 # share.
