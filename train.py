@@ -14,18 +14,24 @@ One training step (the loop in main) does five things:
    default; Python's round takes a half to the even number). Masking 25% rather than BERT's 15% gives more
    predictions per step from the same rows. Of the k, about 80% become [MASK], 10% a random token and 10% stay as they
    are, as in BERT: fine-tuning never shows the model [MASK], so it must also learn to predict tokens it can see. The
-   split is by count, so a small k splits coarsely (5 gives 4, 0 and 1). Which tokens are masked is drawn from a key
-   made of the seed and the row's number in the run, so a row read again in a later epoch gets a new mask.
+   split is by count, so a small k splits coarsely (5 gives 4, 0 and 1). Any position may be masked, [SEP] included,
+   and a random token is always a regular one (BERT never masked [CLS] or [SEP], and drew from the whole vocabulary).
+   Which tokens are masked is drawn from a key made of the seed and the row's number in the run, so a row read again
+   in a later epoch gets a new mask.
 3. The model predicts the original token at each masked position. The loss is the cross-entropy, averaged over all
    the masked positions of the step.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
-   loss spikes or a gradient is not finite (see "Bad steps"). By default the rate rises to its peak at 75% of the budget
-   and then falls to 0, because ending at 0 trains best when the length of training is fixed in advance.
+   loss spikes or a gradient is not finite (see "Bad steps"). By default the rate starts at 0.25 x the peak, rises to
+   the peak at 75% of the budget and then falls to 0, because ending at 0 trains best when the length of training is
+   fixed in advance. The batch starts at 128 sequences and grows by 128 at a time to its final size at 60%.
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
-when the update was skipped. For example, at the defaults in a run whose final batch is 4096 and peak rate 1e-3, a step
-that starts 30% into the budget reads 2,048 rows of 128 tokens, masks 32 tokens in each (26 become [MASK], 3 a random
-token, 3 stay), updates at a learning rate of 5.5e-4, and adds 262,144 to tokens; at 16 x 768 it costs 1.65e14 FLOPs.
+when the update was skipped. For example, take the A6000's day in tokens (--budget_tokens=6900000000 at the defaults:
+16 layers of width 768, a final batch of 4096, a peak rate of 1e-3). After 27,304 steps, a step starts 30% into the
+budget. Its batch is on the way from 128 to 4096, so it reads 2,048 rows of 128 tokens. It masks 32 tokens in each (26
+become [MASK], 3 a random token, 3 stay), updates at a rate of 1e-3 x (0.25 + 0.3) = 5.5e-4, adds 262,144 to tokens,
+and costs 1.65e14 FLOPs. lr and batch_size are 0 among the settings below: start-up decides them, and the start-up line
+"settled:" prints their values.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -153,7 +159,8 @@ batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the 
 # To compare the ramp with a fixed batch (batch_ramp=0) at equal tokens: the budget's pick ignores batch_ramp, so both
 # runs get the same shape, final batch and rate; at one seed both read the same rows with the same masks, grouped into
 # other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
-# decay, multiplied by each step's rate, adds up over the ramp's extra steps.
+# decay, multiplied by each step's rate, adds up over the ramp's extra steps (there, the sum of rate x weight_decay over
+# the run is 0.163 against 0.078: decay alone would shrink the weights to 0.85 of their size against 0.925).
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
