@@ -47,8 +47,10 @@ masking rates stay as they are.
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
 
-Below main, "A run in numbers" works through whole runs (the A6000's day step by step, the quickstart, rows of 512)
-and says how to restart a run on a shared machine and how to compare runs fairly. "The budget's pick" follows it.
+Below main, "The settings' reasons" says why the defaults are what they are (the recipe against BERT's, the masking
+staircase, the batch ramp, what is random). "A run in numbers" works through whole runs (the A6000's day step by step,
+the quickstart, rows of 512) and says how to restart a run on a shared machine and how to compare runs fairly. "The
+budget's pick" follows it.
 docs/training.md says all of this in full."""
 import dataclasses
 import functools
@@ -96,35 +98,7 @@ d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes 
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig is a setting too (--help lists them last). The defaults are the crammed
-# recipe (Geiping & Goldstein 2022). Where it differs from the original BERT's (config/bert_original.py sets BERT's),
-# and why it suits a budget:
-# - Pre-LayerNorm (norm_first) trains stably at a high rate without a long warm-up (Xiong et al. 2020): a peak of
-#   1e-3, where post-norm BERT used 1e-4.
-# - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.
-# - A gated GELU feed-forward (glu): more learned per FLOP (Shazeer 2020, "GLU variants improve Transformer").
-# - No dropout: a run that reads each token about once has little overfitting to prevent, and dropout costs time.
-# - No next-sentence prediction: the loss is the masked tokens' alone, and rows are cut from one stream of text (RoBERTa,
-#   Liu et al. 2019, found that dropping it did not hurt).
-# - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 and a vocabulary of
-#   32768 saves 15% of the FLOPs per token at mask_rate 0.25 (model.flops_per_token; more for a smaller model or a
-#   lower rate).
-# - 25% of the tokens are masked, not 15% (mask_rate): more predictions per step from the same rows.
-# - The learning rate decays to 0 as the budget ends, and the batch grows over the run (the schedules, below).
-# At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
-# addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
-# from the data (prepare.py's vocab_size and seq_len settings).
-# The objective is step 2 at the top of this file. model.mask_tokens splits each row's k masked positions exactly:
-# round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token (drawn from the regular tokens, so by chance
-# the original), and the rest stay as they are.
-# mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
-# mask_rate (with one level, mask_rate_start throughout, and mask_rate only what the budget plans for). In the same row,
-# a lower rate masks a subset of the positions a higher one does (what each becomes may differ). mask_rate_at lists what
-# else reads the rate.
-# For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25, each for a quarter of the
-# budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
-# and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the
-# budget, not of the steps: with the A6000's day in tokens, 68% of the steps come at 0.40, while the batch is small.
-# The budget's pick counts the FLOPs at mask_rate, and the micro-batch is sized for the highest rate.
+# recipe (Geiping & Goldstein 2022); "The settings' reasons", below main, says where it differs from BERT's and why.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more graph to compile per micro-batch size (1: mask_rate_start throughout)
@@ -141,26 +115,12 @@ grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
 # The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by batch_ramp_start
-# at a time until it reaches batch_size at 60% of the budget (batch_ramp; the last jump is smaller where batch_size is
-# not a multiple of batch_ramp_start). With batch_ramp=0, or a batch_size no larger
-# than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
-# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too). But on a GPU
-# that picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
-# batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
-# the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0 (BENCHMARKS.md,
-# "The pair head on the GPU model").
-# A batch_size of 0 lets the budget pick it ("The budget's pick" below). It is then rounded to a multiple of the
-# processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an equal
-# share.
+# at a time until it reaches batch_size at 60% of the budget (batch_ramp). Why, and what it costs on a GPU: "The
+# settings' reasons", below main.
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
 batch_ramp_start = 128    # >= 1: sequences per step at the start, and what the batch grows by at a time (the reference's micro-batch)
-# To compare the ramp with a fixed batch (batch_ramp=0) at equal tokens: the budget's pick ignores batch_ramp, so both
-# runs get the same shape, final batch and rate; at one seed both read the same rows with the same masks, grouped into
-# other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
-# decay, multiplied by each step's rate, adds up over the ramp's extra steps (there, the sum of rate x weight_decay over
-# the run is 0.163 against 0.078: decay alone would shrink the weights to 0.85 of their size against 0.925).
 # system
 device = "auto"           # 'auto', 'cpu', 'cuda', 'cuda:1', ...
 dtype = "auto"            # {auto, float32, bfloat16, float16}: autocast's precision; auto: bfloat16 where it is faster
@@ -169,24 +129,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: the GPU's peak, for MFU; 0 looks the GPU up by name
-# Randomness, by source. The initial weights: the seed and each weight's name (model.keyed_generator). The data order:
-# the seed and the epoch (epoch_order; data_order=file keeps the file's order in the first epoch). Each row's masked
-# positions and random tokens: the seed and the row's sequence number (mask_keys, model.row_noise). Dropout (0 by
-# default): torch's generator, seeded once, the same on every process, and not restored by a resume. The end's fill-in
-# examples: the seed. Each step's batch, rate and masking rate are not random: they follow the clock under a budget of
-# hours, the tokens under a budget of tokens.
-# What a step's values depend on, and so what two runs with the same settings share:
-# - the n-th row the run reads, its masked positions and random tokens (at a given masking rate), and the initial
-#   weights: the seed alone, on any machine;
-# - dropout (0 by default): the seed, the micro-batch split and the device;
-# - each step's batch, rate and masking rate: the run's progress, so the tokens under a budget of tokens and the clock
-#   under a budget of hours;
-# - the shape, the final batch and the peak rate, where left at 0: the budget and the data's size, and under a budget
-#   of hours the machine's timed matmul;
-# - micro_batch and dtype, where left at 0 and auto: the machine (its free memory, a timing).
-# So under a budget of tokens, with micro_batch and dtype given, two machines with the same number of processes take
-# the same steps on the same data.
-# Their sums can still differ in the last bits, since each machine's kernels round differently.
+# What is random, and what two runs with the same settings share: "The settings' reasons", below main.
 seed = 0                  # [0, 4294967295]: seeds the initial weights, dropout, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
@@ -202,8 +145,8 @@ wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 # main comes first: the whole run, with its loop. After it come the step's pieces in the loop's order (the clock, the
-# schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then set-up and the
-# end. Set-up decides the settings' values, so it reads them from `config`. Then main writes them over the settings
+# schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then three sections
+# of prose (the settings' reasons, a run in numbers, the budget's pick), then set-up and the end. Set-up decides the settings' values, so it reads them from `config`. Then main writes them over the settings
 # above, and from there on everything reads the settings.
 
 
@@ -276,12 +219,13 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # This step's values, at the run's progress (the top of this file says why each is so):
+        # This step's values, at the run's progress (the top of this file says why each is so; "A run in numbers",
+        # below main, has them at 0, 25, 50, 75 and 90% of the A6000's day):
         # - batch: batch_ramp_start (128) sequences at first, growing by as many at a time to batch_size at batch_ramp
         #   (60%) of the budget (batch_size_at), or batch_size throughout where that is no larger;
-        # - learning rate, by the default triangle: lr x (0.25 + progress) up to 75% of the budget, then
-        #   lr x 4 x (1 - progress) (lr_at), where lr is the peak that decide_settings set (by default by the width,
-        #   1e-3 x (d_model / 768) ** -0.5);
+        # - learning rate, by the default triangle: peak x (0.25 + progress) up to 75% of the budget, then
+        #   peak x 4 x (1 - progress) (lr_at). The peak is the setting lr, which decide_settings set at start-up (by
+        #   default by the width, 1e-3 x (d_model / 768) ** -0.5);
         # - masking rate: mask_rate (0.25) throughout, unless mask_rate_start makes a staircase (mask_rate_at). Each row
         #   then masks k = max(1, round(rate x seq_len)) tokens (model.masked_count). step_masking carries the rate to the batches.
         step_batch, step_lr, step_mask_rate = schedules_at(progress)
@@ -292,12 +236,17 @@ def main(config, given):
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # tokens // seq_len: sequences read so far
         # Forward and backward over the micro-batches, whose gradients add up. The loss is the mean over every masked
-        # token of the step. Then one clipped update, skipped on a loss spike or where a gradient is not finite.
+        # token of the step. Then one clipped update, skipped on a loss spike or where a gradient is not finite. The
+        # update first sets every parameter group's rate to step_lr (model.set_rate), and weight decay multiplies the
+        # decayed weights by 1 - step_lr x weight_decay.
         loss = trainer.backward(micro_batches)
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # `tokens` counts the input tokens trained on, masked or not, in whole rows. A skipped update still spends its
-        # rows and its time.
+        # rows and its time. The step's units: step_batch rows, step_batch x seq_len tokens, step_batch x k predictions
+        # (the loss is their mean), and flops_per_token x the tokens in FLOPs. 30% into the A6000's day that is 2,048
+        # rows, 262,144 tokens, 65,536 predictions and 1.65e14 FLOPs; at 90%, 4,096 rows, 524,288 tokens, 131,072
+        # predictions and 3.3e14 FLOPs, at a rate of 4e-4 (0.4 x the peak).
         step, tokens = step + 1, tokens + step_batch * seq_len
         seconds = clock.end_step()  # the step's time added, less a pause
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run
@@ -756,6 +705,76 @@ def save_if_sound(saves, validation, state, at_end=False):
         raise SystemExit(f"error: the weights at step {state['step']} were not saved: {refused}; {saves.advice()}")
     else:
         print(f"checkpoint at step {state['step']} not saved: {refused}; {saves.kept()}")
+
+
+# -----------------------------------------------------------------------------
+# The settings' reasons. What the settings above do, and why they have their defaults, where a line beside each
+# is too short.
+# Every other field of model.py's ModelConfig is a setting too (--help lists them last). The defaults are the crammed
+# recipe (Geiping & Goldstein 2022). Where it differs from the original BERT's (config/bert_original.py sets BERT's),
+# and why it suits a budget:
+# - Pre-LayerNorm (norm_first) trains stably at a high rate without a long warm-up (Xiong et al. 2020): a peak of
+#   1e-3, where post-norm BERT used 1e-4.
+# - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.
+# - A gated GELU feed-forward (glu): more learned per FLOP (Shazeer 2020, "GLU variants improve Transformer").
+# - No dropout: a run that reads each token about once has little overfitting to prevent, and dropout costs time.
+# - No next-sentence prediction: the loss is the masked tokens' alone, and rows are cut from one stream of text (RoBERTa,
+#   Liu et al. 2019, found that dropping it did not hurt).
+# - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 and a vocabulary of
+#   32768 saves 15% of the FLOPs per token at mask_rate 0.25 (model.flops_per_token; more for a smaller model or a
+#   lower rate).
+# - 25% of the tokens are masked, not 15% (mask_rate): more predictions per step from the same rows.
+# - The learning rate decays to 0 as the budget ends, and the batch grows over the run (the schedules, below).
+# At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
+# addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
+# from the data (prepare.py's vocab_size and seq_len settings).
+# The objective is step 2 at the top of this file. model.mask_tokens splits each row's k masked positions exactly:
+# round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token (drawn from the regular tokens, so by chance
+# the original), and the rest stay as they are.
+# mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
+# mask_rate (with one level, mask_rate_start throughout, and mask_rate only what the budget plans for). In the same row,
+# a lower rate masks a subset of the positions a higher one does (what each becomes may differ). mask_rate_at lists what
+# else reads the rate.
+# For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25, each for a quarter of the
+# budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
+# and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the
+# budget, not of the steps: with the A6000's day in tokens, 68% of the steps come at 0.40, while the batch is small.
+# The budget's pick counts the FLOPs at mask_rate, and the micro-batch is sized for the highest rate.
+# The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by batch_ramp_start
+# at a time until it reaches batch_size at 60% of the budget (batch_ramp; the last jump is smaller where batch_size is
+# not a multiple of batch_ramp_start). With batch_ramp=0, or a batch_size no larger
+# than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
+# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too). But on a GPU
+# that picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
+# batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
+# the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0 (BENCHMARKS.md,
+# "The pair head on the GPU model").
+# A batch_size of 0 lets the budget pick it ("The budget's pick" below). It is then rounded to a multiple of the
+# processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an equal
+# share.
+# To compare the ramp with a fixed batch (batch_ramp=0) at equal tokens: the budget's pick ignores batch_ramp, so both
+# runs get the same shape, final batch and rate; at one seed both read the same rows with the same masks, grouped into
+# other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
+# decay, multiplied by each step's rate, adds up over the ramp's extra steps (there, the sum of rate x weight_decay over
+# the run is 0.163 against 0.078: decay alone would shrink the weights to 0.85 of their size against 0.925).
+# Randomness, by source. The initial weights: the seed and each weight's name (model.keyed_generator). The data order:
+# the seed and the epoch (epoch_order; data_order=file keeps the file's order in the first epoch). Each row's masked
+# positions and random tokens: the seed and the row's sequence number (mask_keys, model.row_noise). Dropout (0 by
+# default): torch's generator, seeded once, the same on every process, and not restored by a resume. The end's fill-in
+# examples: the seed. Each step's batch, rate and masking rate are not random: they follow the clock under a budget of
+# hours, the tokens under a budget of tokens.
+# What a step's values depend on, and so what two runs with the same settings share:
+# - the n-th row the run reads, its masked positions and random tokens (at a given masking rate), and the initial
+#   weights: the seed alone, on any machine;
+# - dropout (0 by default): the seed, the micro-batch split and the device;
+# - each step's batch, rate and masking rate: the run's progress, so the tokens under a budget of tokens and the clock
+#   under a budget of hours;
+# - the shape, the final batch and the peak rate, where left at 0: the budget and the data's size, and under a budget
+#   of hours the machine's timed matmul;
+# - micro_batch and dtype, where left at 0 and auto: the machine (its free memory, a timing).
+# So under a budget of tokens, with micro_batch and dtype given, two machines with the same number of processes take
+# the same steps on the same data.
+# Their sums can still differ in the last bits, since each machine's kernels round differently.
 
 
 # -----------------------------------------------------------------------------
