@@ -436,6 +436,14 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     tokens are the ids below n_regular, and the special ones come after them (the reference draws from the whole
     vocabulary).
 
+    For example, a row of 30 words, each one token, with the key 0 at the rate 0.25 (tests/test_model.py checks it):
+        row:     the old man saw a red house by the river in the morning and then he walked home before the storm ...
+        inputs:  the old man saw [MASK] red house [MASK] the river in [MASK] morning storm then [MASK] [MASK] [MASK]
+                 before the storm ...
+        positions (in the order drawn): 15, 4, 11, 17, 16, 7, 13, 14; labels: he a the home walked by and then
+    k = round(0.25 x 30) = round(7.5) = 8. The first 6 become [MASK], the 7th ("and") a random word ("storm"), and the
+    8th ("then") stays as it is. The loss asks for the 8 labels at the 8 positions.
+
     Training and validation pass `keys`, one int64 key per row (B,). A row's random values then come from its key alone
     (row_noise), so the row is masked the same way in any batch and on any device. Without keys, the values are drawn
     batch by batch from `generator`, or from torch's own if it is None. `masking` is a Masking or just its rate."""

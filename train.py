@@ -246,7 +246,8 @@ def main(config, given):
         # rows and its time. The step's units: step_batch rows, step_batch x seq_len tokens, step_batch x k predictions
         # (the loss is their mean), and flops_per_token x the tokens in FLOPs. 30% into the A6000's day that is 2,048
         # rows, 262,144 tokens, 65,536 predictions and 1.65e14 FLOPs; at 90%, 4,096 rows, 524,288 tokens, 131,072
-        # predictions and 3.3e14 FLOPs, at a rate of 4e-4 (0.4 x the peak).
+        # predictions and 3.3e14 FLOPs, at a rate of 4e-4 (0.4 x the peak). The day's plan assumes 0.5 x the A6000's
+        # 100 TFLOP/s matmul ("The budget's pick"): about 79,000 tokens/s, so the 30% step takes about 3.3 s.
         step, tokens = step + 1, tokens + step_batch * seq_len
         seconds = clock.end_step()  # the step's time added, less a pause
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run

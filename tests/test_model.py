@@ -408,3 +408,20 @@ def test_the_declared_cost_is_the_counted_cost(switch):
         model(*batch)
     per_sequence, estimate = sum(kept.values()) / len(batch[0]), model.config.step_bytes(0.25, 4)
     assert estimate <= per_sequence <= 1.6 * estimate, per_sequence / estimate
+
+
+def test_mask_tokens_docstring_example_holds():
+    """mask_tokens' docstring shows a row of 30 words masked with the key 0 at the rate 0.25: k = round(7.5) = 8, six
+    [MASK], one random word and one kept, at the positions and with the labels it lists."""
+    words = ("the old man saw a red house by the river in the morning and then he walked home before the storm came over "
+             "the green hill to the sea [SEP]").split()
+    vocab = sorted(set(words) - {"[SEP]"})
+    sep, mask = len(vocab), len(vocab) + 1  # the special ids come after the regular ones
+    idx = torch.tensor([[vocab.index(w) if w in vocab else sep for w in words]])
+    inputs, positions, labels = mask_tokens(idx, 0.25, mask, len(vocab), keys=torch.tensor([0]))
+    name = {**dict(enumerate(vocab)), sep: "[SEP]", mask: "[MASK]"}
+    assert positions[0].tolist() == [15, 4, 11, 17, 16, 7, 13, 14]
+    assert [name[i] for i in labels[0].tolist()] == "he a the home walked by and then".split()
+    assert " ".join(name[i] for i in inputs[0, :19].tolist()) == ("the old man saw [MASK] red house [MASK] the river in "
+                                                                "[MASK] morning storm then [MASK] [MASK] [MASK] before")
+    assert torch.equal(inputs[0, 19:], idx[0, 19:])  # "the storm ..." past the masked positions: unchanged
