@@ -47,10 +47,10 @@ masking rates stay as they are.
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
 
-Below main, "The settings' reasons" says why the defaults are what they are (the recipe against BERT's, the masking
-staircase, the batch ramp, what is random). "A run in numbers" works through whole runs (the A6000's day step by step,
-the quickstart, rows of 512) and says how to restart a run on a shared machine and how to compare runs fairly. "The
-budget's pick" follows it.
+Below main, "The settings' reasons" says why the defaults are what they are (the recipe against BERT's, how to compare runs
+and ablate a switch fairly, the masking staircase, the batch ramp, what is random). "A run in numbers" works through
+whole runs (the A6000's day step by step, the quickstart, rows of 512) and says how to restart a run on a shared
+machine. "The budget's pick" follows it.
 docs/training.md says all of this in full."""
 import dataclasses
 import functools
@@ -75,8 +75,8 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, SHAPE_FIELDS, CrammedBert
 # The settings. Each comment opens with the values the setting allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # the checkpoints (ckpt.pt is the newest), metrics.jsonl and the run's lock file go here
-# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see "A run in
-# numbers" below main, or docs/training.md's "Comparing runs" in full.
+# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see "The
+# settings' reasons" below main, or docs/training.md's "Comparing runs" in full.
 budget_hours = 24.0       # > 0: hours of training time; the schedules follow the run's progress
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, counting a resume's earlier steps (0: no limit). The schedules do not shorten to fit it, and a resume does not keep it
@@ -98,7 +98,8 @@ d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes 
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig is a setting too (--help lists them last). The defaults are the crammed
-# recipe (Geiping & Goldstein 2022); "The settings' reasons", below main, says where it differs from BERT's and why.
+# recipe (Geiping & Goldstein 2022); "The settings' reasons", below main, says where it differs from BERT's and why,
+# and what to pin to compare runs or ablate a switch fairly.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more graph to compile per micro-batch size (1: mask_rate_start throughout)
@@ -247,7 +248,8 @@ def main(config, given):
         # (the loss is their mean), and flops_per_token x the tokens in FLOPs. 30% into the A6000's day that is 2,048
         # rows, 262,144 tokens, 65,536 predictions and 1.65e14 FLOPs; at 90%, 4,096 rows, 524,288 tokens, 131,072
         # predictions and 3.3e14 FLOPs, at a rate of 4e-4 (0.4 x the peak). The day's plan assumes 0.5 x the A6000's
-        # 100 TFLOP/s matmul ("The budget's pick"): about 79,000 tokens/s, so the 30% step takes about 3.3 s.
+        # 100 TFLOP/s matmul ("The budget's pick"): about 79,000 tokens/s, so the 30% step takes about 3.3 s. "A run in
+        # numbers" gives the same for the quickstart's steps and for rows of 512.
         step, tokens = step + 1, tokens + step_batch * seq_len
         seconds = clock.end_step()  # the step's time added, less a pause
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run
@@ -729,6 +731,17 @@ def save_if_sound(saves, validation, state, at_end=False):
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
+# To compare runs fairly: the seed fixes the initial weights, the data order, the masks (and dropout on one machine); a
+# budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
+# and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
+# model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False,
+# 0.743 with sparse_prediction=False, 0.623 with smear=False (bias and norm_first change nothing there). glu also changes
+# each shape's weights, so with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves
+# the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
+# should give the shape, the batch and the rate.
+# Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
+# position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
+# 4/3 of the gated feed-forward's weights; at d_model 768 the plain one matches them at d_ffn=2304.
 # The objective is step 2 at the top of this file. model.mask_tokens splits each row's k masked positions exactly:
 # round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token (drawn from the regular tokens, so by chance
 # the original), and the rest stay as they are.
@@ -800,25 +813,20 @@ def save_if_sound(saves, validation, state, at_end=False):
 # minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
 # masks 32 of its 128 tokens. At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to
 # 470 steps on the 2-core CPUs of BENCHMARKS.md, whose first step includes compilation.
+# A quickstart step takes 32 rows, 4,096 tokens and 1,024 predictions (from 3:00, 64 rows, 8,192 and 2,048), and a token
+# costs 0.0212 GFLOP at 4 x 256, so 8.7e10 FLOPs (1.7e11).
 #
 # These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
 # masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
 # the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
-# GFLOP, since attention grows with the row.
+# GFLOP, since attention grows with the row. The step 30% into that day takes 1,024 rows, 524,288 tokens and 131,072
+# predictions, at the same rate (5.5e-4), for 3.6e14 FLOPs.
 #
 # On a shared or pre-emptible machine: a run writes everything to out_dir (checkpoints, metrics.jsonl, a lock file),
 # and saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal and at the end. It exits with 0
 # when finished, with 128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM), and with 1
 # and a one-line error when it fails. One line restarts it, with or without a checkpoint saved:
 #     python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
-# To compare runs fairly: the seed fixes the initial weights, the data order, the masks (and dropout on one machine); a
-# budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
-# and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
-# model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False,
-# 0.743 with sparse_prediction=False, 0.623 with smear=False (bias and norm_first change nothing there). glu also changes
-# each shape's weights, so with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves
-# the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
-# should give the shape, the batch and the rate.
 
 
 # -----------------------------------------------------------------------------
