@@ -19,7 +19,8 @@ One training step (the loop in main) does five things:
    Which tokens are masked is drawn from a key made of the seed and the row's number in the run, so a row read again
    in a later epoch gets a new mask.
 3. The model predicts the original token at each masked position. The loss is the cross-entropy, averaged over all
-   the masked positions of the step.
+   the masked positions of the step. An untrained model's loss is near ln(vocab_size): 9.0 for the quickstart's
+   vocabulary of 8,192, 10.4 for 32,768.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
    loss spikes or a gradient is not finite (see "Bad steps"). By default the rate starts at 0.25 x the peak, rises to
@@ -735,13 +736,15 @@ def save_if_sound(saves, validation, state, at_end=False):
 # budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
 # and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
 # model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False,
-# 0.743 with sparse_prediction=False, 0.623 with smear=False (bias and norm_first change nothing there). glu also changes
+# 0.743 with sparse_prediction=False (the same by coincidence: each adds 37.7M forward FLOPs), 0.623 with smear=False
+# (bias and norm_first change nothing there). glu also changes
 # each shape's weights, so with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves
 # the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
 # should give the shape, the batch and the rate.
 # Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
 # position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
-# 4/3 of the gated feed-forward's weights; at d_model 768 the plain one matches them at d_ffn=2304.
+# 4/3 of the gated feed-forward's weights (d_ffn=0 means 4 x d_model either way); at d_model 768 the plain one matches
+# them at d_ffn=2304.
 # The objective is step 2 at the top of this file. model.mask_tokens splits each row's k masked positions exactly:
 # round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token (drawn from the regular tokens, so by chance
 # the original), and the rest stay as they are.
@@ -808,19 +811,21 @@ def save_if_sound(saves, validation, state, at_end=False):
 # the budget). Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
 # tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
 #
-# The quickstart (config/train_quickstart.py) gives its shape (4 x 256), final batch (64) and peak rate (2e-3), so the
-# budget picks nothing and prints no "budget:" line; its batch_ramp_start is 32. Its steps take 32 rows until 60% of its 5
-# minutes of training time (3:00), then 64. The rate rises from 5e-4 to 2e-3 at 3:45 and falls to 0 at 5:00. Each row
-# masks 32 of its 128 tokens. At a steady speed it takes 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to
-# 470 steps on the 2-core CPUs of BENCHMARKS.md, whose first step includes compilation.
-# A quickstart step takes 32 rows, 4,096 tokens and 1,024 predictions (from 3:00, 64 rows, 8,192 and 2,048), and a token
-# costs 0.0212 GFLOP at 4 x 256, so 8.7e10 FLOPs (1.7e11).
+# The quickstart (config/train_quickstart.py, on data/pydocs: a vocabulary of 8,192) gives its shape (4 x 256), final
+# batch (64) and peak rate (2e-3), so the budget picks nothing and prints no "budget:" line; its batch_ramp_start is
+# 32. Its steps take 32 rows until 60% of its 5 minutes of training time (3:00), then 64. The rate rises from 5e-4 to
+# 2e-3 at 3:45 and falls to 0 at 5:00. Each row masks 32 of its 128 tokens. At a steady speed it takes
+# 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to 470 steps on the 2-core CPUs of BENCHMARKS.md, whose
+# first step includes compilation.
+# A quickstart step takes 32 rows, 4,096 tokens and 1,024 predictions (from 3:00, 64 rows, 8,192 and 2,048), and a
+# token costs 0.0212 GFLOP at 4 x 256, so 8.7e10 FLOPs (1.7e11).
 #
 # These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
 # masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
 # the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
 # GFLOP, since attention grows with the row. The step 30% into that day takes 1,024 rows, 524,288 tokens and 131,072
-# predictions, at the same rate (5.5e-4), for 3.6e14 FLOPs.
+# predictions, at the same rate (5.5e-4), for 3.6e14 FLOPs. Its final step holds 1,048,576 tokens, twice the 128-token
+# run's. The batch law and the peak rate were fitted on rows of 128, and cram has not measured them at 512.
 #
 # On a shared or pre-emptible machine: a run writes everything to out_dir (checkpoints, metrics.jsonl, a lock file),
 # and saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal and at the end. It exits with 0
