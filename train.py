@@ -43,7 +43,10 @@ under the new budget, and its batch ramp still ends where it did.) The run stops
 max_steps. Unless you give them, the budget also picks the model's shape and the final batch size ("The budget's pick",
 below), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
 shrinks every schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The
-masking rates stay as they are.
+masking rates stay as they are. For example, halving the A6000's day to 12 hours picks 12 x 768 with the same final
+batch (4096) and peak rate (1e-3), and about 24,700 steps rather than 37,900 (two thirds of the steps come early, while
+the batch is small); on an H100, 12 hours keep 24 x 1024 and halve the final batch to 4096 ("The budget's pick" has the
+table). --dry_run=True prints the pick on your own machine.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
@@ -230,7 +233,7 @@ def main(config, given):
         #   default by the width, 1e-3 x (d_model / 768) ** -0.5);
         # - masking rate: mask_rate (0.25) throughout, unless mask_rate_start makes a staircase (mask_rate_at). Each row
         #   then masks k = max(1, round(rate x seq_len)) tokens (model.masked_count). step_masking carries the rate to the batches.
-        step_batch, step_lr, step_mask_rate = schedules_at(progress)
+        step_batch, step_lr, step_mask_rate = schedules_at(progress, config)  # config: the values decided at start-up
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
         # one after the other (a batch of 384 on 2 processes with micro_batch=128 and remainder_micro=64: 128 and then
@@ -238,9 +241,11 @@ def main(config, given):
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # tokens // seq_len: sequences read so far
         # Forward and backward over the micro-batches, whose gradients add up. The loss is the mean over every masked
-        # token of the step. Then one clipped update, skipped on a loss spike or where a gradient is not finite. The
-        # update first sets every parameter group's rate to step_lr (model.set_rate), and weight decay multiplies the
-        # decayed weights by 1 - step_lr x weight_decay.
+        # token of the step: (1 / (rows x k)) x the sum of their cross-entropies, each weighted the same (the kept and
+        # the random ones too), where each row's k positions are a pseudo-random draw without replacement, keyed by the
+        # seed and the row's number. Then one clipped update, skipped on a loss spike or where a gradient is not finite.
+        # The update first sets every parameter group's rate to step_lr (model.set_rate), and weight decay multiplies
+        # the decayed weights by 1 - step_lr x weight_decay.
         loss = trainer.backward(micro_batches)
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
@@ -262,7 +267,7 @@ def main(config, given):
             total = budget_tokens or tokens + tokens_per_s * max(0.0, 1 - progress_after) * 3600 * budget_hours
             log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
                                        lr=step_lr, batch=step_batch, mask_rate=step_mask_rate, tokens_per_s=round(tokens_per_s),
-                                       mfu=mfu, skipped=bad_steps.skipped), n_rows, seq_len, progress_after, total)
+                                       mfu=mfu, skipped=bad_steps.skipped), n_rows, seq_len, progress_after, total, config)
             repeats_warned = repeats_warned or budget.warn_repeats(total, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
             at_last_line = (seconds, tokens)
         # After a stop signal, an evaluation or a save that is due is skipped, and the end saves at once. So a
@@ -385,14 +390,15 @@ class TrainingClock:
 #   Under a budget of tokens, a batch that is a large share of the budget skips stretches the same way.
 # - The last step runs at the rate of the point where it starts, not at 0.
 # - max_steps stops a run without shortening the schedules, so such a run ends at the rate of the point it reached.
-def schedules_at(progress):
+def schedules_at(progress, run):
     """A step's batch size, learning rate and masking rate at the run's progress: the three schedules below with the
-    run's settings, the values main wrote over the globals at start-up (so lr here is the decided peak rate, not the
-    0 at the top of the file). The loop and the start-up line "schedule:" both read them here, so a new schedule, or a
-    new setting of one, is written in this one place."""
-    return (batch_size_at(progress, batch_ramp_start, batch_size, batch_ramp),
-            lr_at(progress, peak=lr, schedule=lr_schedule, warmup=warmup),
-            mask_rate_at(progress, mask_rate, mask_rate_start, mask_levels))
+    run's settings. `run` holds the values decided at start-up (main's `config`), so run["lr"] is the decided peak rate
+    and run["batch_size"] the final batch, not the 0s at the top of the file. The loop, the training line's estimate of
+    the steps and the start-up line "schedule:" all read them here, so a new schedule, or a new setting of one, is
+    written in this one place."""
+    return (batch_size_at(progress, run["batch_ramp_start"], run["batch_size"], run["batch_ramp"]),
+            lr_at(progress, peak=run["lr"], schedule=run["lr_schedule"], warmup=run["warmup"]),
+            mask_rate_at(progress, run["mask_rate"], run["mask_rate_start"], run["mask_levels"]))
 
 
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
@@ -596,19 +602,20 @@ class BadSteps:
 # mean over the log_interval steps), measured before the update. Its level rises with the masking rate (less context
 # to predict from), so a staircase moves it at each new rate: compare runs at different rates by the eval lines, which
 # score at eval_mask_rate. Its scatter shrinks as the batch grows, since each step averages over more rows.
-def log_step(metrics, rt, record, n_rows, seq_len, progress, total):
+def log_step(metrics, rt, record, n_rows, seq_len, progress, total, run):
     """Prints a training line and records it. Beside the record's figures, the line gives a GPU's peak memory, the epoch
     (how many times the run has read its n_rows training rows), the share of the budget left (`progress` is the run's
     after this step), and about how many steps the whole run takes. That estimate is the steps taken, plus the
     sequences left until the run has trained `total` tokens, spread evenly over the rest of the budget at each point's
-    batch size, and at most max_steps. Under a budget of hours, `total` assumes the speed since the line before. On the
-    first line that speed includes compilation, so its estimate is low."""
+    batch size (schedules_at with the run's settings `run`), and at most max_steps. Under a budget of hours, `total`
+    assumes the speed since the line before. On the first line that speed includes compilation, so its estimate is
+    low."""
     peak_memory = f" | {rt.peak_memory() / 2 ** 30:.1f} GiB" if rt.device.type == "cuda" else ""
     rt.reset_peak_memory()
     mfu, skipped, tokens = record["mfu"], record["skipped"], record["tokens"]
     rest = max(0.0, total - tokens) / seq_len / 1000  # the sequences left, in a thousandth of the budget left each
     grid = [progress + (1 - progress) * (i + 0.5) / 1000 for i in range(1000)]  # the middles of those thousandths
-    steps = min(record["step"] + sum(rest / schedules_at(p)[0] for p in grid), max_steps or math.inf)
+    steps = min(record["step"] + sum(rest / schedules_at(p, run)[0] for p in grid), run["max_steps"] or math.inf)
     print(f"step {record['step']} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | batch {record['batch']} | "
           f"{record['tokens_per_s']:,} tok/s{f' | mfu {100 * mfu:.1f}%' if mfu else ''}{peak_memory} | epoch {tokens / (n_rows * seq_len):.2f} | "
           f"{record['elapsed'] / 60:.1f} min | {100 * max(0.0, 1 - progress):.0f}% of the budget left, about {steps:,.0f} "

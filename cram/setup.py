@@ -188,15 +188,15 @@ def settled_line(given, config, resumed):
 def schedule_line(config, schedules_at):
     """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
     rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does.
-    `schedules_at` is train.py's (the batch, the rate and the masking rate at a progress), so a fork's new schedule
+    `schedules_at` is train.py's (the batch, the rate and the masking rate at a progress and settings), so a fork's new schedule
     shows here as it will run (a masking rate that takes more than 8 values is given by its first and last values)."""
     # The masking rate at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
-    rates = [schedules_at(i / 840)[2] for i in range(840)]
+    rates = [schedules_at(i / 840, config)[2] for i in range(840)]
     changes = [(i / 840, rate) for i, rate in enumerate(rates) if i == 0 or rate != rates[i - 1]]
     masking = (f"{rates[0]:.3g} throughout" if len(changes) == 1 else f"{rates[0]:.3g} at the start to {rates[-1]:.3g} at the end"
                if len(changes) > 8 else ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes))
     every = [f"every {m:g} min" if m else "every step" for m in (config["eval_interval_minutes"], config["ckpt_interval_minutes"])]
-    return (f"schedule: lr {', '.join(f'{schedules_at(p)[1]:.3g}' for p in (0, 0.25, 0.5, 0.75, 1))} at 0, 25, 50, 75 "
+    return (f"schedule: lr {', '.join(f'{schedules_at(p, config)[1]:.3g}' for p in (0, 0.25, 0.5, 0.75, 1))} at 0, 25, 50, 75 "
             f"and 100% of the budget ({config['lr_schedule']}); masking rate {masking}; an evaluation {every[0]} and a "
             f"checkpoint {every[1]} of training time, to {os.path.join(config['out_dir'], 'ckpt.pt')} (the last "
             f"{config['keep_checkpoints']} kept); Ctrl-C or SIGTERM ends the step, saves and exits (--resume=True continues)")
