@@ -151,8 +151,9 @@ wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 # main comes first: the whole run, with its loop. After it come the step's pieces in the loop's order (the clock, the
 # schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then three sections
-# of prose (the settings' reasons, a run in numbers, the budget's pick), then set-up and the end. Set-up decides the settings' values, so it reads them from `config`. Then main writes them over the settings
-# above, and from there on everything reads the settings.
+# of prose (the settings' reasons, a run in numbers, the budget's pick), then set-up and the end. Set-up decides the
+# settings' values in `config`. Then main writes them over the settings above too, and the schedules read them from
+# `config`.
 
 
 def main(config, given):

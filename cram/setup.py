@@ -188,8 +188,9 @@ def settled_line(given, config, resumed):
 def schedule_line(config, schedules_at):
     """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
     rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does.
-    `schedules_at` is train.py's (the batch, the rate and the masking rate at a progress and settings), so a fork's new schedule
-    shows here as it will run (a masking rate that takes more than 8 values is given by its first and last values)."""
+    `schedules_at` is train.py's (the batch, the rate and the masking rate at a progress, with the run's settings), so
+    a fork's new schedule shows here as it will run (a masking rate that takes more than 8 values is given by its first
+    and last values)."""
     # The masking rate at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
     rates = [schedules_at(i / 840, config)[2] for i in range(840)]
     changes = [(i / 840, rate) for i, rate in enumerate(rates) if i == 0 or rate != rates[i - 1]]
