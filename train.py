@@ -46,10 +46,11 @@ under the new budget, and its batch ramp still ends where it did.) The run stops
 max_steps. Unless you give them, the budget also picks the model's shape and the final batch size ("The budget's pick",
 below), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
 shrinks every schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The
-masking rates stay as they are. For example, halving the A6000's day to 12 hours picks 12 x 768 with the same final
-batch (4096) and peak rate (1e-3), and about 24,700 steps rather than 37,900 (two thirds of the steps come early, while
-the batch is small); on an H100, 12 hours keep 24 x 1024 and halve the final batch to 4096 ("The budget's pick" has the
-table). --dry_run=True prints the pick on your own machine.
+masking rates stay as they are. For example, halving the A6000's day (its matmul timed at 100 TFLOP/s) to 12 hours
+picks 12 x 768 with the same final batch (4096) and peak rate (1e-3). Its tokens are cheaper (0.484 GFLOP against
+0.630), so 12 hours train 4.5e9 tokens, 65% of the day's 6.9e9, in about 24,700 steps rather than 37,900. On an H100,
+12 hours keep 24 x 1024 and halve the final batch to 4096 ("The budget's pick" has the table). The pick depends on the
+machine's timing, and --dry_run=True prints it on your own machine.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
