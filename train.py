@@ -55,11 +55,10 @@ machine's timing, and --dry_run=True prints it on your own machine.
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
 
-Below main, "The settings' reasons" says why the defaults are what they are (the recipe against BERT's, how to compare runs
-and ablate a switch fairly, the masking staircase, the batch ramp, what is random). "A run in numbers" works through
-whole runs (the A6000's day step by step, the quickstart, rows of 512) and says how to restart a run on a shared
-machine. "The budget's pick" follows it.
-docs/training.md says all of this in full."""
+Below main, "The settings' reasons" says why the defaults are what they are (the recipe against BERT's, how to compare
+runs and ablate a switch fairly, the masking staircase, the batch ramp, what is random). "A run in numbers" works
+through whole runs (the A6000's day step by step, the quickstart, rows of 512) and says how to restart a run on a
+shared machine. "The budget's pick" follows it. docs/training.md says all of this in full."""
 import dataclasses
 import functools
 import math
