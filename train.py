@@ -27,15 +27,16 @@ One training step (the loop in main) does five things:
    the peak at 75% of the budget and then falls to 0, because ending at 0 trains best when the length of training is
    fixed in advance. The batch starts at 128 sequences and grows by 128 at a time to its final size at 60%.
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
-when the update was skipped. For example, take the A6000's day in tokens (--budget_tokens=6900000000 at the defaults:
-16 layers of width 768, a final batch of 4096, a peak rate of 1e-3). After 27,304 steps, a step starts 30% into the
-budget. Its batch is on the way from 128 to 4096, so it reads 2,048 rows of 128 tokens. It masks 32 tokens in each (26
-become [MASK], 3 a random token, 3 stay), updates at a rate of 1e-3 x (0.25 + 0.3) = 5.5e-4, adds 262,144 to tokens,
-and costs 1.65e14 FLOPs. In the README's quickstart (config/train_quickstart.py: 4 x 256, a batch of 32 rows growing to
-64 at 3:00 of its 5 minutes, a peak of 2e-3) a step masks 26/3/3 of each row's 128 tokens just the same, makes 1,024
-predictions (2,048 from 3:00), updates at 5e-4 rising to 2e-3 at 3:45, and costs 8.7e10 FLOPs (1.7e11 from 3:00);
-the run takes 250 to 470 steps on a 2-core CPU. lr and batch_size are 0 among the settings below: start-up decides
-them, and the start-up line "settled:" prints their values.
+when the update was skipped. For example, take the A6000's day in tokens (--budget_tokens=6900000000 at the defaults: 16
+layers of width 768, a final batch of 4096, which the paper found best for GLUE, and a peak rate of 1e-3; the paper's
+own recipe, config/shape_paper.py, pins the reference code's final batch of 8192 instead). After 27,304 steps, a step
+starts 30% into the budget. Its batch is on the way from 128 to 4096, so it reads 2,048 rows of 128 tokens. It masks 32
+tokens in each (26 become [MASK], 3 a random token, 3 stay), updates at a rate of 1e-3 x (0.25 + 0.3) = 5.5e-4, adds
+262,144 to tokens, and costs 1.65e14 FLOPs. In the README's quickstart (config/train_quickstart.py: 4 x 256, a batch of
+32 rows growing to 64 at 3:00 of its 5 minutes, a peak of 2e-3) a step masks 26/3/3 of each row's 128 tokens just the
+same, makes 1,024 predictions (2,048 from 3:00), updates at 5e-4 rising to 2e-3 at 3:45, and costs 8.7e10 FLOPs (1.7e11
+from 3:00); the run takes 250 to 470 steps on a 2-core CPU. lr and batch_size are 0 among the settings below: start-up
+decides them, and the start-up line "settled:" prints their values.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -196,7 +197,7 @@ def main(config, given):
     log(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M in matmuls), "
         f"{model.config.flops_per_token(mask_rate) / 1e9:.3f} GFLOP/token | data: {n_rows:,} train sequences of {seq_len} "
         f"from {meta['source']} | device: {rt.describe()}{f' x{world}' if ddp else ''}")
-    trainer = make_trainer(model, rt, ddp, log, lr, checkpoint)
+    trainer = make_trainer(model, rt, ddp, log, config["lr"], checkpoint)
     masking = Masking.from_settings(config)  # the objective's settings; the loop sets each step's masking rate
     watch = SpikeWatch(spike_threshold, **(checkpoint or {}).get("spike_watch", {}))  # the loss's recent history
     bad_steps = BadSteps(max_skipped_steps, saves, meta["vocab_size"], spike_threshold)
@@ -408,8 +409,9 @@ def schedules_at(progress, run):
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule (its "budget-triangle2"): from 25% of the peak at the start up to
-    the peak at 75% of the budget, then down to 0 at the end. Decaying to 0 as the budget ends is what trains best
-    under a fixed budget (Li et al. 2020, budgeted training).
+    the peak at 75% of the budget, then down to 0 at the end. It can start at a quarter of the peak, with no warm-up
+    from 0, because pre-LayerNorm blocks train stably at a high rate from the first step (Xiong et al. 2020). Decaying
+    to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
     at the end. With a warmup above 0, its first step, at progress 0, has a rate of 0: it leaves the weights as they
     are, though the optimizer's state takes its gradient.
