@@ -229,15 +229,18 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # This step's values, at the run's progress (the top of this file says why each is so; "A run in numbers",
-        # below main, has them at 0, 25, 50, 75 and 90% of the A6000's day):
+        # This step's values, at the run's progress ("A run in numbers", below main, has them at 0, 25, 50, 75 and 90%
+        # of the A6000's day):
         # - batch: batch_ramp_start (128) sequences at first, growing by as many at a time to batch_size at batch_ramp
-        #   (60%) of the budget (batch_size_at), or batch_size throughout where that is no larger;
+        #   (60%) of the budget (batch_size_at), or batch_size throughout where that is no larger. Early on, a small
+        #   batch learns about as much per token as a large one, so it gives more updates for the same data;
         # - learning rate, by the default triangle: peak x (0.25 + progress) up to 75% of the budget, then
-        #   peak x 4 x (1 - progress) (lr_at). The peak is the setting lr, which decide_settings set at start-up (by
-        #   default by the width, 1e-3 x (d_model / 768) ** -0.5);
-        # - masking rate: mask_rate (0.25) throughout, unless mask_rate_start makes a staircase (mask_rate_at). Each row
-        #   then masks k = max(1, round(rate x seq_len)) tokens (model.masked_count). step_masking carries the rate to the batches.
+        #   peak x 4 x (1 - progress) (lr_at). It starts at a quarter of the peak because pre-LayerNorm needs no warm-up
+        #   from 0, and ends at 0 because that trains best under a fixed budget. The peak is the setting lr, which
+        #   decide_settings set at start-up (by default by the width, 1e-3 x (d_model / 768) ** -0.5);
+        # - masking rate: mask_rate (0.25, for more predictions per row than BERT's 15%) throughout, unless
+        #   mask_rate_start makes a staircase (mask_rate_at). Each row then masks k = max(1, round(rate x seq_len))
+        #   tokens (model.masked_count). step_masking carries the rate to the batches.
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)  # config: the values decided at start-up
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
