@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARA
 P=${P:-.}; OUT=${OUT:-/tmp/paircall}; W=${W:-/tmp/paircall_work}; DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}
 SEEDS=${SEEDS:-3}; PT_MINUTES=${PT_MINUTES:-4}; PREP_LIMIT=${PREP_LIMIT:-90}; FT_LIMIT=${FT_LIMIT:-230}
 PREP_ARGS=${PREP_ARGS:---vocab_size=32768 --tokenizer_train_chars=120000000}; EXTRA=${EXTRA:-}
-FLOORS=${FLOORS:-1}; RTE_FROM=${RTE_FROM:-mrpc stsb}; PROBE_SEEDS=${PROBE_SEEDS:-2}
+FLOORS=${FLOORS:-1}; RTE_FROM=${RTE_FROM-mrpc stsb}; PROBE_SEEDS=${PROBE_SEEDS:-2}  # RTE_FROM= (empty): no probes
 PT_ARGS=${PT_ARGS:-}  # more train.py settings, e.g. --batch_ramp=0: at 8 x 512 on an H200 the ramp's micro-batches of
                       # 128 ran at 0.56-0.60x the full batch's tokens/s (docs/runs/h200_more_text_2026-11-29)
 CARRY=${CARRY:-data/gpu_call}; DEADLINE=${DEADLINE:-570}  # seconds into the call by which the table is written
@@ -37,7 +37,7 @@ timeout -s TERM -k 10 "$PREP_LIMIT" $PY prepare.py --dataset="$CARRY/corpus.txt.
 mark "prepared rc=$?"
 
 # 2. pretraining at the budget's pick; the budget counts compilation, so the call's clock is kept
-timeout -s TERM -k 20 $(( ${PT_MINUTES%.*} * 60 + 60 )) $PY train.py --data_dir="$W/corpus" --out_dir="$W/pt" \
+timeout -s TERM -k 20 "$($PY -c "print(int($PT_MINUTES * 60) + 60)")" $PY train.py --data_dir="$W/corpus" --out_dir="$W/pt" \
   --budget_hours="$($PY -c "print($PT_MINUTES / 60)")" --eval_interval_minutes=1 --ckpt_interval_minutes=2 \
   --device="$DEVICE" $PT_ARGS > "$OUT/train.log" 2>&1
 mark "pretraining rc=$?"
