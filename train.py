@@ -25,7 +25,8 @@ One training step (the loop in main) does five things:
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
    loss spikes or a gradient is not finite (see "Bad steps"). By default the rate starts at 0.25 x the peak, rises to
    the peak at 75% of the budget and then falls to 0, because ending at 0 trains best when the length of training is
-   fixed in advance. The batch starts at 128 sequences and grows by 128 at a time to its final size at 60%.
+   fixed in advance. By default the batch starts at 128 sequences (the quickstart: 32) and grows by as many at a time
+   to its final size at 60%.
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
 when the update was skipped. For example, take the A6000's day in tokens (--budget_tokens=6900000000 at the defaults: 16
 layers of width 768, a final batch of 4096, which the paper found best for GLUE, and a peak rate of 1e-3; the paper's
@@ -47,11 +48,11 @@ under the new budget, and its batch ramp still ends where it did.) The run stops
 max_steps. Unless you give them, the budget also picks the model's shape and the final batch size ("The budget's pick",
 below), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
 shrinks every schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The
-masking rates stay as they are. For example, halving the A6000's day (its matmul timed at 100 TFLOP/s) to 12 hours
-picks 12 x 768 with the same final batch (4096) and peak rate (1e-3). Its tokens are cheaper (0.484 GFLOP against
-0.630), so 12 hours train 4.5e9 tokens, 65% of the day's 6.9e9, in about 24,700 steps rather than 37,900. On an H100,
-12 hours keep 24 x 1024 and halve the final batch to 4096 ("The budget's pick" has the table). The pick depends on the
-machine's timing, and --dry_run=True prints it on your own machine.
+masking rates stay as they are. For example, halving the A6000's day (its matmul timed at 100 TFLOP/s) to 12 hours picks
+12 x 768 with the same final batch (4096) and peak rate (1e-3). Its tokens are cheaper (0.484 GFLOP against 0.630), so
+12 hours train 4.5e9 tokens, 65% of the 24 hours' 6.86e9, in about 24,700 steps rather than 37,900. On an H100, 12 hours
+keep 24 x 1024 and halve the final batch to 4096 ("The budget's pick" has the table). The pick depends on the machine's
+timing, and --dry_run=True prints it on your own machine.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
