@@ -60,7 +60,7 @@ done
 for first in $RTE_FROM; do run "rtefrom$first" rte --seeds="$PROBE_SEEDS" --protocol=task_start --start_task="$first"; done
 wait
 mark "fine-tuning ended"
-tar -C "$W" -cf "$OUT/ft.tar" ft logs
+tar -C "$W" --exclude="*.pt" -cf "$OUT/ft.tar" ft logs  # not task_start's encoders: over 64 MiB, the tar would not come back
 
 # the table: each variant's median [range] (seeds) per dev score, words alone beside
 $PY - "$W/ft" > "$OUT/summary.txt" 2>&1 <<'EOF'
