@@ -23,17 +23,19 @@ One training step (the loop in main) does five things:
    vocabulary of 8,192, 10.4 for 32,768.
 4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
 5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
-   loss spikes or a gradient is not finite (see "Bad steps"). By default the rate starts at 0.25 x the peak, rises to
-   the peak at 75% of the budget and then falls to 0, because ending at 0 trains best when the length of training is
-   fixed in advance. By default the batch starts at 128 sequences (the quickstart: 32) and grows by as many at a time
-   to its final size at 60%.
+   loss spikes or a gradient is not finite (see "Bad steps"). By default the rate starts at 0.25 x the peak, since
+   pre-LayerNorm blocks need no warm-up from 0; it rises to the peak at 75% of the budget and then falls to 0, because
+   ending at 0 trains best when the length of training is fixed in advance. By default the batch starts at 128
+   sequences (the quickstart: 32) and grows by as many at a time to its final size at 60%: early on, a small batch
+   learns about as much per token as a large one, so it gives more updates for the same data.
 Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
 when the update was skipped. For example, take the A6000's day in tokens (--budget_tokens=6900000000 at the defaults: 16
 layers of width 768, a final batch of 4096, which the paper found best for GLUE, and a peak rate of 1e-3; the paper's
 own recipe, config/shape_paper.py, pins the reference code's final batch of 8192 instead). After 27,304 steps, a step
 starts 30% into the budget. Its batch is on the way from 128 to 4096, so it reads 2,048 rows of 128 tokens. It masks 32
 tokens in each (26 become [MASK], 3 a random token, 3 stay), updates at a rate of 1e-3 x (0.25 + 0.3) = 5.5e-4, adds
-262,144 to tokens, and costs 1.65e14 FLOPs. In the README's quickstart (config/train_quickstart.py: 4 x 256, a batch of
+262,144 to tokens, and costs 1.65e14 FLOPs: about 3.3 s at the speed the budget plans for (half the A6000's 100 TFLOP/s
+matmul, about 79,000 tokens/s). In the README's quickstart (config/train_quickstart.py: 4 x 256, a batch of
 32 rows growing to 64 at 3:00 of its 5 minutes, a peak of 2e-3) a step masks 26/3/3 of each row's 128 tokens just the
 same, makes 1,024 predictions (2,048 from 3:00), updates at 5e-4 rising to 2e-3 at 3:45, and costs 8.7e10 FLOPs (1.7e11
 from 3:00); the run takes 250 to 470 steps on a 2-core CPU. lr and batch_size are 0 among the settings below: start-up
@@ -56,11 +58,7 @@ timing, and --dry_run=True prints it on your own machine.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
-
-Below main, "The settings' reasons" says why the defaults are what they are (the recipe against BERT's, how to compare
-runs and ablate a switch fairly, the masking staircase, the batch ramp, what is random). "A run in numbers" works
-through whole runs (the A6000's day step by step, the quickstart, rows of 512) and says how to restart a run on a
-shared machine. "The budget's pick" follows it. docs/training.md says all of this in full."""
+The comment above main says where the rest is, and docs/training.md says all of this in full."""
 import dataclasses
 import functools
 import math
@@ -93,15 +91,12 @@ resume = False            # continue the run in out_dir/ckpt.pt with its own set
 resume_from = ""          # with --resume=True: an earlier checkpoint to continue instead (ckpt_<step>.pt, or a path)
 dry_run = False           # decide every setting, print the start-up lines and exit without training. It reads the data and refuses what the run would refuse
 # A setting left at 0 below is decided at start-up: by the budget in a new run, or from the checkpoint in a resume. main
-# writes the decided value here before training starts. In a new run whose budget picks something, the line "budget:"
-# prints the FLOPs, the shape, the tokens and about how many steps the budget gives. The line "settled:" prints each
-# value and why, and the lines "batch:" and "schedule:" print the batch, the learning rate and the masking rate over the
-# budget, and when the run evaluates and saves. --dry_run=True prints these lines and stops.
-# For example, with enough data, 24 hours on an A6000 (the paper's day) give 16 x 768, a batch of 4096 and lr 1e-3, and
-# on an H100 24 x 1024, a batch of 8192 and lr 8.7e-4. How the budget picks them, with a table of its picks by budget,
-# is in "The budget's pick" below (above decide_settings, which applies it). --dry_run=True prints the pick before a
-# run spends anything: under a budget of tokens it is the same on any machine, and under a budget of hours it times
-# this machine's matmul.
+# writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
+# "budget:" what the budget picked (its FLOPs, shape and tokens, and about how many steps), and "batch:" and "schedule:"
+# the batch, the learning rate and the masking rate over the budget, with when the run evaluates and saves.
+# --dry_run=True prints these lines and stops. For example, with enough data, 24 hours on an A6000 (the paper's day)
+# give 16 x 768, a batch of 4096 and lr 1e-3, and on an H100 24 x 1024, a batch of 8192 and lr 8.7e-4. "The budget's
+# pick", below main, says how, with a table of its picks by budget.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -124,9 +119,7 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars. It is multip
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
-# The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by batch_ramp_start
-# at a time until it reaches batch_size at 60% of the budget (batch_ramp). Why, and what it costs on a GPU: "The
-# settings' reasons", below main.
+# The batch (step 5 at the top of this file). What the ramp costs on a GPU: "The settings' reasons", below main.
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
@@ -154,11 +147,13 @@ wandb_log = False         # also log to Weights & Biases (pip install wandb; imp
 wandb_project = "cram"
 wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
-# main comes first: the whole run, with its loop. After it come the step's pieces in the loop's order (the clock, the
-# schedules, the micro-batches, the data, bad steps, the training line, validation and saving), then three sections
-# of prose (the settings' reasons, a run in numbers, the budget's pick), then set-up and the end. Set-up decides the
-# settings' values in `config`. Then main writes them over the settings above too, and the schedules read them from
-# `config`.
+# The rest of this file. main comes first: the whole run, with its loop. After it come the step's pieces in the loop's
+# order (the clock, the schedules, the micro-batches, the data, bad steps, the training line, validation and saving).
+# Then three sections of prose: "The settings' reasons" (the recipe against BERT's, comparing runs and ablating a
+# switch fairly, the masking staircase, the batch ramp, what is random), "A run in numbers" (whole runs: the A6000's
+# day step by step, the quickstart, rows of 512, and restarting on a shared machine) and "The budget's pick". Then
+# set-up, which decides the settings' values in `config`, and the end.
+
 
 
 def main(config, given):
@@ -230,19 +225,11 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # This step's values, at the run's progress ("A run in numbers", below main, has them at 0, 25, 50, 75 and 90%
-        # of the A6000's day):
-        # - batch: batch_ramp_start (128) sequences at first, growing by as many at a time to batch_size at batch_ramp
-        #   (60%) of the budget (batch_size_at), or batch_size throughout where that is no larger. Early on, a small
-        #   batch learns about as much per token as a large one, so it gives more updates for the same data;
-        # - learning rate, by the default triangle: peak x (0.25 + progress) up to 75% of the budget, then
-        #   peak x 4 x (1 - progress) (lr_at). It starts at a quarter of the peak because pre-LayerNorm needs no warm-up
-        #   from 0, and ends at 0 because that trains best under a fixed budget. The peak is the setting lr, which
-        #   decide_settings set at start-up (by default by the width, 1e-3 x (d_model / 768) ** -0.5);
-        # - masking rate: mask_rate (0.25, for more predictions per row than BERT's 15%) throughout, unless
-        #   mask_rate_start makes a staircase (mask_rate_at). Each row then masks k = max(1, round(rate x seq_len))
-        #   tokens (model.masked_count). step_masking carries the rate to the batches.
-        step_batch, step_lr, step_mask_rate = schedules_at(progress, config)  # config: the values decided at start-up
+        # This step's batch size, learning rate and masking rate: the schedules at the run's progress, with the values
+        # that start-up decided in `config` (lr there is the peak, by default 1e-3 x (d_model / 768) ** -0.5). Steps 1,
+        # 2 and 5 at the top of this file give them at the defaults with their reasons; "A run in numbers", below main,
+        # at 0, 25, 50, 75 and 90% of the A6000's day. step_masking carries the rate to the batches.
+        step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
         # one after the other (a batch of 384 on 2 processes with micro_batch=128 and remainder_micro=64: 128 and then
@@ -259,12 +246,9 @@ def main(config, given):
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # `tokens` counts the input tokens trained on, masked or not, in whole rows. A skipped update still spends its
-        # rows and its time. The step's units: step_batch rows, step_batch x seq_len tokens, step_batch x k predictions
-        # (the loss is their mean), and flops_per_token x the tokens in FLOPs. 30% into the A6000's day that is 2,048
-        # rows, 262,144 tokens, 65,536 predictions and 1.65e14 FLOPs; at 90%, 4,096 rows, 524,288 tokens, 131,072
-        # predictions and 3.3e14 FLOPs, at a rate of 4e-4 (0.4 x the peak). The day's plan assumes 0.5 x the A6000's
-        # 100 TFLOP/s matmul ("The budget's pick"): about 79,000 tokens/s, so the 30% step takes about 3.3 s. "A run in
-        # numbers" gives the same for the quickstart's steps and for rows of 512.
+        # rows and its time. So a step is step_batch rows, step_batch x seq_len tokens, step_batch x k predictions (the
+        # loss is their mean) and flops_per_token x its tokens in FLOPs. The top of this file works one step through.
+
         step, tokens = step + 1, tokens + step_batch * seq_len
         seconds = clock.end_step()  # the step's time added, less a pause
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run
@@ -376,13 +360,8 @@ class TrainingClock:
 
 
 # -----------------------------------------------------------------------------
-# The schedules: each is a pure function of the run's progress, the fraction of the budget used. At the defaults:
-# - the learning rate starts at a quarter of its peak, rises in a straight line to the peak at 75% of the budget, and
-#   falls in a straight line to 0 at the end (lr_at);
-# - the batch starts at 128 sequences and grows by 128 at a time until it is batch_size at 60% of the budget
-#   (batch_size_at; a batch_size of 128 or less is used from the start);
-# - the masking rate is 0.25 throughout (mask_rate_at).
-# What moves with them: weight decay is multiplied by the step's rate, so it follows the rate's schedule; a new masking
+# The schedules: each is a pure function of the run's progress, the fraction of the budget used (lr_at, mask_rate_at
+# and batch_size_at, read together by schedules_at). What moves with them: weight decay is multiplied by the step's rate, so it follows the rate's schedule; a new masking
 # rate starts the spike check's history of losses again (SpikeWatch).
 # The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
 # one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
@@ -418,10 +397,8 @@ def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
     at the end. With a warmup above 0, its first step, at progress 0, has a rate of 0: it leaves the weights as they
-    are, though the optimizer's state takes its gradient.
-    Both are shares of the budget, not counts of steps: a warm-up of 1% is 3 seconds of a 5-minute run, which a first
-    step that compiles can use up whole. The last step runs at the rate where it starts: by the triangle at most
-    4 x peak x its share of the budget, by warmup_linear peak x its share / (1 - warmup)."""
+    are, though the optimizer's state takes its gradient. Both are shares of the budget, not counts of steps (see the
+    consequences above)."""
     if schedule == "triangle":  # up from 0.25 x peak at 0 to the peak at 0.75, then down to 0 at 1
         return peak * (0.25 + progress) if progress < 0.75 else peak * max(0.0, 4 * (1.0 - progress))
     if schedule == "warmup_linear":  # up from 0 to the peak at warmup, then down to 0 at 1
@@ -731,9 +708,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # -----------------------------------------------------------------------------
 # The settings' reasons. What the settings above do, and why they have their defaults, where a line beside each
 # is too short.
-# Every other field of model.py's ModelConfig is a setting too (--help lists them last). The defaults are the crammed
-# recipe (Geiping & Goldstein 2022). Where it differs from the original BERT's (config/bert_original.py sets BERT's),
-# and why it suits a budget:
+# The model's settings default to the crammed recipe (Geiping & Goldstein 2022). Where it differs from the original
+# BERT's (config/bert_original.py sets BERT's), and why it suits a budget:
 # - Pre-LayerNorm (norm_first) trains stably at a high rate without a long warm-up (Xiong et al. 2020): a peak of
 #   1e-3, where post-norm BERT used 1e-4.
 # - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.
@@ -749,37 +725,28 @@ def save_if_sound(saves, validation, state, at_end=False):
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
-# To compare runs fairly: the seed fixes the initial weights, the data order, the masks (and dropout on one machine); a
-# budget of tokens fixes each step's batch, rate and masking rate; and giving n_layers, d_model, batch_size, lr, --dtype
-# and --micro_batch fixes what the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A
-# model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False,
-# 0.743 with sparse_prediction=False (the same by coincidence: each adds 37.7M forward FLOPs), 0.623 with smear=False
-# (bias and norm_first change nothing there). glu also changes
-# each shape's weights, so with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves
-# the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
+# To compare runs fairly, keep the seed (the list at the end of this section says what it fixes), give a budget of
+# tokens, which fixes each step's batch, rate and masking rate, and give n_layers, d_model, batch_size, lr, --dtype and
+# --micro_batch, which the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A model
+# switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False, 0.743
+# with sparse_prediction=False (the same by coincidence: each adds 37.7M forward FLOPs), 0.623 with smear=False (bias
+# and norm_first change nothing there). glu also changes each shape's weights, so with glu=False the A6000's day picks
+# 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
 # should give the shape, the batch and the rate.
 # Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
 # position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
 # 4/3 of the gated feed-forward's weights (d_ffn=0 means 4 x d_model either way); at d_model 768 the plain one matches
 # them at d_ffn=2304.
-# The objective is step 2 at the top of this file. model.mask_tokens splits each row's k masked positions exactly:
-# round(0.8 k) become [MASK], round(0.9 k) - round(0.8 k) a random token (drawn from the regular tokens, so by chance
-# the original), and the rest stay as they are.
-# mask_rate_start makes the rate move over the budget, as a staircase of mask_levels rates from mask_rate_start to
-# mask_rate (with one level, mask_rate_start throughout, and mask_rate only what the budget plans for). In the same row,
-# a lower rate masks a subset of the positions a higher one does (what each becomes may differ). mask_rate_at lists what
-# else reads the rate.
-# For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25, each for a quarter of the
-# budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
+# The masking staircase (mask_rate_at). In the same row, a lower rate masks a subset of the positions a higher one does
+# (what each becomes may differ). For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25,
+# each for a quarter of the budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
 # and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the
 # budget, not of the steps: with the A6000's day in tokens, 68% of the steps come at 0.40, while the batch is small.
 # The budget's pick counts the FLOPs at mask_rate, and the micro-batch is sized for the highest rate.
-# The batch. A run's first steps take batch_ramp_start sequences each (128). The batch then grows by batch_ramp_start
-# at a time until it reaches batch_size at 60% of the budget (batch_ramp; the last jump is smaller where batch_size is
-# not a multiple of batch_ramp_start). With batch_ramp=0, or a batch_size no larger
-# than batch_ramp_start, it is batch_size throughout. Early in training a small batch learns about as much per token
-# as a large one, so it gives more updates for the same data (the cramming recipe ramps the batch too). But on a GPU
-# that picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
+# The batch ramp (step 5 at the top of this file; batch_size_at). With batch_ramp=0, or a batch_size no larger than
+# batch_ramp_start, the batch is batch_size throughout. The cramming recipe ramps the batch too. But on a GPU that
+# picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
+
 # batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
 # the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0 (BENCHMARKS.md,
 # "The pair head on the GPU model").
@@ -791,24 +758,24 @@ def save_if_sound(saves, validation, state, at_end=False):
 # other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
 # decay, multiplied by each step's rate, adds up over the ramp's extra steps (there, the sum of rate x weight_decay over
 # the run is 0.163 against 0.078: decay alone would shrink the weights to 0.85 of their size against 0.925).
-# Randomness, by source. The initial weights: the seed and each weight's name (model.keyed_generator). The data order:
-# the seed and the epoch (epoch_order; data_order=file keeps the file's order in the first epoch). Each row's masked
-# positions and random tokens: the seed and the row's sequence number (mask_keys, model.row_noise). Dropout (0 by
-# default): torch's generator, seeded once, the same on every process, and not restored by a resume. The end's fill-in
-# examples: the seed. Each step's batch, rate and masking rate are not random: they follow the clock under a budget of
-# hours, the tokens under a budget of tokens.
-# What a step's values depend on, and so what two runs with the same settings share:
-# - the n-th row the run reads, its masked positions and random tokens (at a given masking rate), and the initial
-#   weights: the seed alone, on any machine;
-# - dropout (0 by default): the seed, the micro-batch split and the device;
+# What is random, and so what two runs with the same settings share:
+# - the initial weights: the seed and each weight's name (model.keyed_generator), on any machine;
+# - the n-th row the run reads: the seed and the epoch (epoch_order; data_order=file keeps the file's order in the
+#   first epoch), on any machine;
+# - each row's masked positions and random tokens, at a given masking rate: the seed and the row's sequence number
+#   (mask_keys, model.row_noise), on any machine;
+# - dropout (0 by default): torch's generator, seeded once and not restored by a resume, so also the micro-batch split
+#   and the device;
+# - the end's fill-in examples: the seed.
+# What is not random but may still differ between two runs:
 # - each step's batch, rate and masking rate: the run's progress, so the tokens under a budget of tokens and the clock
 #   under a budget of hours;
 # - the shape, the final batch and the peak rate, where left at 0: the budget and the data's size, and under a budget
 #   of hours the machine's timed matmul;
 # - micro_batch and dtype, where left at 0 and auto: the machine (its free memory, a timing).
 # So under a budget of tokens, with micro_batch and dtype given, two machines with the same number of processes take
-# the same steps on the same data.
-# Their sums can still differ in the last bits, since each machine's kernels round differently.
+# the same steps on the same data. Their sums can still differ in the last bits, since each machine's kernels round
+# differently.
 
 
 # -----------------------------------------------------------------------------
