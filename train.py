@@ -6,40 +6,44 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-One training step (the loop in main) does five things:
-1. It reads the next rows of the token file, seq_len tokens each. The run numbers the rows it reads 0, 1, 2, ... across
-   epochs, so a step starts at number tokens / seq_len, where tokens counts the tokens read so far (a skipped update's
-   too). By default the rows come in a shuffled order, a new one each epoch.
-2. It masks the same number of tokens in every row: k = round(mask_rate x seq_len), and at least 1 (32 of 128 by
-   default; Python's round takes a half to the even number). Masking 25% rather than BERT's 15% gives more
-   predictions per step from the same rows. Of the k, about 80% become [MASK], 10% a random token and 10% stay as they
-   are, as in BERT: fine-tuning never shows the model [MASK], so it must also learn to predict tokens it can see. The
-   split is by count, so a small k splits coarsely (5 gives 4, 0 and 1). Any position may be masked, [SEP] included,
-   and a random token is always a regular one (BERT never masked [CLS] or [SEP], and drew from the whole vocabulary).
-   Which tokens are masked is drawn from a key made of the seed and the row's number in the run, so a row read again
-   in a later epoch gets a new mask.
-3. The model predicts the original token at each masked position. The loss is the cross-entropy, averaged over all
-   the masked positions of the step. An untrained model's loss is near ln(vocab_size): 9.0 for the quickstart's
-   vocabulary of 8,192, 10.4 for 32,768.
-4. The backward pass computes the gradients, and their norm is clipped to grad_clip.
-5. The optimizer (AdamW by default) updates the weights at this step's learning rate. The update is skipped when the
-   loss spikes or a gradient is not finite (see "Bad steps"). By default the rate starts at 0.25 x the peak, since
-   pre-LayerNorm blocks need no warm-up from 0; it rises to the peak at 75% of the budget and then falls to 0, because
-   ending at 0 trains best when the length of training is fixed in advance. By default the batch starts at 128
-   sequences (the quickstart: 32) and grows by as many at a time to its final size at 60%: early on, a small batch
-   learns about as much per token as a large one, so it gives more updates for the same data.
-Then the step count grows by 1, tokens by the batch's sequences x seq_len, and training time by the step's time, even
-when the update was skipped. For example, take the A6000's day in tokens (--budget_tokens=6900000000 at the defaults: 16
-layers of width 768, a final batch of 4096, which the paper found best for GLUE, and a peak rate of 1e-3; the paper's
-own recipe, config/shape_paper.py, pins the reference code's final batch of 8192 instead). After 27,304 steps, a step
-starts 30% into the budget. Its batch is on the way from 128 to 4096, so it reads 2,048 rows of 128 tokens. It masks 32
-tokens in each (26 become [MASK], 3 a random token, 3 stay), updates at a rate of 1e-3 x (0.25 + 0.3) = 5.5e-4, adds
-262,144 to tokens, and costs 1.65e14 FLOPs: about 3.3 s at the speed the budget plans for (half the A6000's 100 TFLOP/s
-matmul, about 79,000 tokens/s). In the README's quickstart (config/train_quickstart.py: 4 x 256, a batch of
-32 rows growing to 64 at 3:00 of its 5 minutes, a peak of 2e-3) a step masks 26/3/3 of each row's 128 tokens just the
-same, makes 1,024 predictions (2,048 from 3:00), updates at 5e-4 rising to 2e-3 at 3:45, and costs 8.7e10 FLOPs (1.7e11
-from 3:00); the run takes 250 to 470 steps on a 2-core CPU. lr and batch_size are 0 among the settings below: start-up
-decides them, and the start-up line "settled:" prints their values.
+One training step (the loop in main) does five things. The table works one step through twice. The first is 30% into
+the A6000's day in tokens (--budget_tokens=6900000000), the step after 27,304 others: at the defaults that day trains
+16 x 768 with a final batch of 4096 and a peak rate of 1e-3. The second is a quarter into the README's quickstart
+(config/train_quickstart.py: 4 x 256, a final batch of 64 and a peak rate of 2e-3), 1:15 into its 5 minutes.
+    what the step does                      decided by                  the A6000's day, 30%      quickstart, 25%
+    1. reads the next rows of train.bin     batch_size_at, rows_at      2,048 rows of 128 tokens  32 rows of 128
+    2. masks k tokens in each row           masked_count, mask_tokens   k = 0.25 x 128 = 32: 26 become [MASK],
+                                                                        3 a random token, 3 stay (both)
+    3. the loss: the cross-entropy at the   CrammedBert.forward         the mean over 65,536      over 1,024
+       masked positions, averaged
+    4. the backward pass                    Trainer.backward            the micro-batches' gradients add up (both)
+    5. clips the gradients' norm, then the  Trainer.update, lr_at       norm <= 0.5, rate 5.5e-4  norm <= 0.5, rate
+       optimizer (AdamW) updates                                        = 1e-3 x (0.25 + 0.30)    1e-3 = 2e-3 x 0.5
+    then the count of tokens read grows     the loop                    + 262,144                 + 4,096
+    what the step costs                     flops_per_token             1.65e14 FLOPs, about 3.3 s  8.7e10 FLOPs
+Why each stage is so:
+1. The run numbers the rows it reads 0, 1, 2, ... across epochs, so a step starts at number tokens / seq_len (tokens
+   counts the tokens read so far, a skipped update's too). The rows come in a shuffled order, a new one each epoch. The
+   batch starts at 128 rows (the quickstart's at 32) and grows by as many at a time to its final size at 60% of the
+   budget: early on, a small batch learns about as much per token as a large one, so it gives more updates for the
+   same data. The final batch of 4096 is the one the paper found best for GLUE (the paper's own recipe,
+   config/shape_paper.py, pins the reference code's 8192).
+2. Every row masks the same number of tokens, k = max(1, round(mask_rate x seq_len)) (Python's round takes a half to the
+   even number). Masking 25% rather than BERT's 15% gives more predictions per step from the same rows. Of the k, about
+   80% become [MASK], 10% a random token and 10% stay, as in BERT: fine-tuning never shows the model [MASK], so it must
+   also learn to predict tokens it can see. The split is by count, so a small k splits coarsely (5 gives 4, 0 and 1).
+   Any position may be masked, [SEP] included, and a random
+   token is always a regular one (BERT never masked [CLS] or [SEP], and drew from the whole vocabulary). The mask is
+   drawn from a key made of the seed and the row's number in the run, so a row read again in a later epoch gets a new
+   mask.
+3. An untrained model's loss is near ln(vocab_size): 10.4 for a vocabulary of 32,768, 9.0 for the quickstart's 8,192.
+5. The update is skipped when the loss spikes or a gradient is not finite (see "Bad steps"). The rate follows the
+   triangle: 0.25 x the peak at the start, since pre-LayerNorm blocks need no warm-up from 0, up to the peak at 75% of
+   the budget, then down to 0, because ending at 0 trains best when the length of training is fixed in advance.
+Then the step count grows by 1 and training time by the step's time, even when the update was skipped. The 3.3 s is at
+the speed the budget plans for: half the A6000's 100 TFLOP/s matmul, about 79,000 tokens/s. The quickstart takes 250
+to 470 steps on a 2-core CPU. Among the settings below lr and batch_size are 0: start-up decides them unless a config
+file or the command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -183,7 +187,7 @@ def main(config, given):
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
     # torch's generator, seeded here, draws dropout, and one number that keys each initial weight's own draw by the
     # weight's name (model.keyed_generator). So at one seed, two variants start from the same weights wherever they
-    # share them. A resume does not restore the generator. The data order and the masks are drawn from the seed itself
+    # share a weight of the same name and shape. A resume does not restore the generator. The data order and the masks are drawn from the seed itself
     # (epoch_order, mask_keys).
 
     torch.manual_seed(seed)
@@ -226,16 +230,20 @@ def main(config, given):
         if no_step_left(progress, step, max_steps) or stop:
             break
         # This step's batch size, learning rate and masking rate: the schedules at the run's progress, with the values
-        # that start-up decided in `config` (lr there is the peak, by default 1e-3 x (d_model / 768) ** -0.5). Steps 1,
-        # 2 and 5 at the top of this file give them at the defaults with their reasons; "A run in numbers", below main,
-        # at 0, 25, 50, 75 and 90% of the A6000's day. step_masking carries the rate to the batches.
+        # that start-up decided in `config` (lr there is the peak, by default 1e-3 x (d_model / 768) ** -0.5). The table
+        # at the top of this file gives them with their reasons; "A run in numbers", below main, at 0, 25, 50, 75 and 90%
+        # of the A6000's day. Progress is the share of the budget used: of its tokens, or of its hours on the clock. So
+        # under a budget of hours, step n of two runs has the same values only if both ran at the same speed. Under a
+        # budget of tokens with the shape, batch_size and lr given, step n is the same in both, and it reads the same
+        # rows with the same masks, which follow the seed and the rows' numbers alone. step_masking carries the rate.
+
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
         # one after the other (a batch of 384 on 2 processes with micro_batch=128 and remainder_micro=64: 128 and then
         # 64 on each).
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
-        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # tokens // seq_len: sequences read so far
+        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence's number
         # Forward and backward over the micro-batches, whose gradients add up. The loss is the mean over every masked
         # token of the step: (1 / (rows x k)) x the sum of their cross-entropies, each weighted the same (the kept and
         # the random ones too), where each row's k positions are a pseudo-random draw without replacement, keyed by the
@@ -500,12 +508,12 @@ class Batches:
         self.tokens, self.rank, self.world, self.device, self.seed, self.order = tokens, rank, world, device, seed, order
         self.mask_id, self.n_regular = meta["special_ids"]["[MASK]"], meta["n_regular"]
 
-    def for_step(self, consumed, sizes, masking):
-        """This process's masked micro-batches for one step, as a list of (inputs, positions, labels). `consumed` is
-        how many sequences the run trained on before this step. `sizes` are the sizes of this process's micro-batches
+    def for_step(self, first, sizes, masking):
+        """This process's masked micro-batches for one step, as a list of (inputs, positions, labels). `first` is the
+        number of the step's first sequence in the run, which is how many the run read before it. `sizes` are the sizes of this process's micro-batches
         (micro_batch_sizes), and every process cuts the step the same way. The step reads the next sequences of the
         data order. Each micro-batch is split over the processes, and rank r reads the r-th slice of it."""
-        starts = consumed + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
+        starts = first + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
         return [self.micro_batch(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 
     def micro_batch(self, start, size, masking):
@@ -801,8 +809,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # 2e-3 at 3:45 and falls to 0 at 5:00. Each row masks 32 of its 128 tokens. At a steady speed it takes
 # 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to 470 steps on the 2-core CPUs of BENCHMARKS.md, whose
 # first step includes compilation.
-# A quickstart step takes 32 rows, 4,096 tokens and 1,024 predictions (from 3:00, 64 rows, 8,192 and 2,048), and a
-# token costs 0.0212 GFLOP at 4 x 256, so 8.7e10 FLOPs (1.7e11).
+# From 3:00 a quickstart step takes 64 rows, 8,192 tokens and 2,048 predictions. A token costs 0.0212 GFLOP at 4 x 256,
+# so such a step costs 1.7e11 FLOPs (the table at the top of this file has a step before 3:00).
 #
 # These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
 # masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
