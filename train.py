@@ -8,7 +8,8 @@
 
 One training step (the loop in main) does five things. The table works one step through twice. The first is 30% into
 the A6000's day in tokens (--budget_tokens=6900000000), the step after 27,304 others: at the defaults that day trains
-16 x 768 with a final batch of 4096 and a peak rate of 1e-3. The second is a quarter into the README's quickstart
+16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine (the default budget, 24 hours, picks the
+same on an A6000, but its pick depends on the machine's speed). The second is a quarter into the README's quickstart
 (config/train_quickstart.py: 4 x 256, a final batch of 64 and a peak rate of 2e-3), 1:15 into its 5 minutes.
     what the step does                      decided by                  the A6000's day, 30%      quickstart, 25%
     1. reads the next rows of train.bin     batch_size_at, rows_at      2,048 rows of 128 tokens  32 rows of 128
@@ -24,8 +25,8 @@ the A6000's day in tokens (--budget_tokens=6900000000), the step after 27,304 ot
 Why each stage is so:
 1. The run numbers the rows it reads 0, 1, 2, ... across epochs, so a step starts at number tokens / seq_len (tokens
    counts the tokens read so far, a skipped update's too). The rows come in a shuffled order, a new one each epoch. The
-   batch starts at 128 rows (the quickstart's at 32) and grows by as many at a time to its final size at 60% of the
-   budget: early on, a small batch learns about as much per token as a large one, so it gives more updates for the
+   batch starts at 128 rows and grows by as many at a time to its final size at 60% of the budget (the quickstart's
+   starts at 32 and makes its one jump, to 64, at 3:00): early on, a small batch learns about as much per token as a large one, so it gives more updates for the
    same data. The final batch of 4096 is the one the paper found best for GLUE (the paper's own recipe,
    config/shape_paper.py, pins the reference code's 8192).
 2. Every row masks the same number of tokens, k = max(1, round(mask_rate x seq_len)) (Python's round takes a half to the
