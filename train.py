@@ -27,8 +27,8 @@ Why each stage is so:
    counts the tokens read so far, a skipped update's too). The rows come in a shuffled order, a new one each epoch. The
    batch starts at 128 rows and grows by as many at a time to its final size at 60% of the budget (the quickstart's
    starts at 32 and makes its one jump, to 64, at 3:00): early on, a small batch learns about as much per token as a
-   large one, so it gives more updates for the same data. The final batch of 4096 is the one the paper found best for GLUE (the paper's own recipe,
-   config/shape_paper.py, pins the reference code's 8192).
+   large one, so it gives more updates for the same data. The final batch of 4096 is the one the paper found best for
+   GLUE (the paper's own recipe, config/shape_paper.py, pins the reference code's 8192).
 2. Every row masks the same number of tokens, k = max(1, round(mask_rate x seq_len)) (Python's round takes a half to the
    even number). Masking 25% rather than BERT's 15% gives more predictions per step from the same rows. Of the k, about
    80% become [MASK], 10% a random token and 10% stay, as in BERT: fine-tuning never shows the model [MASK], so it must
