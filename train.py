@@ -22,29 +22,11 @@ same on an A6000, but its pick depends on the machine's speed). The second is a 
        optimizer (AdamW) updates                                        = 1e-3 x (0.25 + 0.30)    1e-3 = 2e-3 x 0.5
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
     what the step costs                     flops_per_token             1.65e14 FLOPs, about 3.3 s  8.7e10 FLOPs
-Why each stage is so:
-1. The run numbers the rows it reads 0, 1, 2, ... across epochs, so a step starts at number tokens / seq_len (tokens
-   counts the tokens read so far, a skipped update's too). The rows come in a shuffled order, a new one each epoch. The
-   batch starts at 128 rows and grows by as many at a time to its final size at 60% of the budget (the quickstart's
-   starts at 32 and makes its one jump, to 64, at 3:00): early on, a small batch learns about as much per token as a
-   large one, so it gives more updates for the same data. The final batch of 4096 is the one the paper found best for
-   GLUE (the paper's own recipe, config/shape_paper.py, pins the reference code's 8192).
-2. Every row masks the same number of tokens, k = max(1, round(mask_rate x seq_len)) (Python's round takes a half to the
-   even number). Masking 25% rather than BERT's 15% gives more predictions per step from the same rows. Of the k, about
-   80% become [MASK], 10% a random token and 10% stay, as in BERT: fine-tuning never shows the model [MASK], so it must
-   also learn to predict tokens it can see. The split is by count, so a small k splits coarsely (5 gives 4, 0 and 1).
-   Any position may be masked, [SEP] included, and a random
-   token is always a regular one (BERT never masked [CLS] or [SEP], and drew from the whole vocabulary). The mask is
-   drawn from a key made of the seed and the row's number in the run, so a row read again in a later epoch gets a new
-   mask.
-3. An untrained model's loss is near ln(vocab_size): 10.4 for a vocabulary of 32,768, 9.0 for the quickstart's 8,192.
-5. The update is skipped when the loss spikes or a gradient is not finite (see "Bad steps"). The rate follows the
-   triangle: 0.25 x the peak at the start, since pre-LayerNorm blocks need no warm-up from 0, up to the peak at 75% of
-   the budget, then down to 0, because ending at 0 trains best when the length of training is fixed in advance.
-Then the step count grows by 1 and training time by the step's time, even when the update was skipped. The 3.3 s is at
-the speed the budget plans for: half the A6000's 100 TFLOP/s matmul, about 79,000 tokens/s. The quickstart takes 250
-to 470 steps on a 2-core CPU. Among the settings below lr and batch_size are 0: start-up decides them unless a config
-file or the command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
+The loop in main says why each stage is so, under the same numbers. Then the step count grows by 1 and training time
+by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's
+100 TFLOP/s matmul, about 79,000 tokens/s. The quickstart takes 250 to 470 steps on a 2-core CPU. Among the settings
+below lr and batch_size are 0: start-up decides them unless a config file or the command line gives them (the
+quickstart's does), and the start-up line "settled:" prints the values used.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -124,7 +106,7 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars. It is multip
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
-# The batch (step 5 at the top of this file). What the ramp costs on a GPU: "The settings' reasons", below main.
+# The batch (stage 1 of the loop in main). What the ramp costs on a GPU: "The settings' reasons", below main.
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
@@ -188,8 +170,8 @@ def main(config, given):
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
     # torch's generator, seeded here, draws dropout, and one number that keys each initial weight's own draw by the
     # weight's name (model.keyed_generator). So at one seed, two variants start from the same weights wherever they
-    # share a weight of the same name and shape. A resume does not restore the generator. The data order and the masks are drawn from the seed itself
-    # (epoch_order, mask_keys).
+    # share a weight of the same name and shape. A resume does not restore the generator. The data order and the masks
+    # are drawn from the seed itself (epoch_order, mask_keys).
 
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
@@ -230,34 +212,45 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # This step's batch size, learning rate and masking rate: the schedules at the run's progress, with the values
-        # that start-up decided in `config` (lr there is the peak, by default 1e-3 x (d_model / 768) ** -0.5). The table
-        # at the top of this file gives them with their reasons; "A run in numbers", below main, at 0, 25, 50, 75 and 90%
-        # of the A6000's day. Progress is the share of the budget used: of its tokens, or of its hours on the clock. So
-        # under a budget of hours, step n of two runs has the same values only if both ran at the same speed. Under a
-        # budget of tokens with the shape, batch_size and lr given, step n is the same in both, and it reads the same
-        # rows with the same masks, which follow the seed and the rows' numbers alone. step_masking carries the rate.
-
+        # The step's batch size, learning rate and masking rate: the schedules at the run's progress, with the settings
+        # start-up decided in `config` (lr there is the peak: given, or by the width, model.lr_for_width). Progress is
+        # the share of the budget used: of its tokens, or of its hours on the clock. So under a budget of hours, step n
+        # of two runs has the same values only if both ran at the same speed. Under a budget of tokens, with the shape,
+        # batch_size and lr given, step n has the same values in both, and reads the same rows with the same masks,
+        # which follow the seed and the rows' numbers alone. The stages below are numbered as in the table at the top
+        # of this file, which gives their values in two runs; "A run in numbers", below main, gives them over a run.
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
-        # The batch is the next step_batch sequences of the data order. Each process runs its share as micro-batches,
-        # one after the other (a batch of 384 on 2 processes with micro_batch=128 and remainder_micro=64: 128 and then
-        # 64 on each).
+        # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs, so this step
+        #    starts at number tokens // seq_len, and each epoch reads the rows in a new shuffled order. The batch starts
+        #    at batch_ramp_start rows and grows by as many at a time to batch_size at batch_ramp (60%) of the budget:
+        #    early on, a small batch learns about as much per token as a large one, so it gives more updates for the
+        #    same data. Each process runs its share as micro-batches, one after the other (a batch of 384 on 2
+        #    processes with micro_batch=128 and remainder_micro=64: 128 and then 64 on each).
+        # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (Python's round takes a half to the
+        #    even number). 25% rather than BERT's 15% gives more predictions from the same rows. Of the k, about 80%
+        #    become [MASK], 10% a random regular token and 10% stay, as in BERT: fine-tuning never shows the model
+        #    [MASK], so it must also learn to predict tokens it can see. The split is by count, so a small k splits
+        #    coarsely (5 gives 4, 0 and 1). Any position may be masked, [SEP] included (BERT never masked [CLS] or
+        #    [SEP], and drew random tokens from the whole vocabulary). A row's mask is drawn from a key made of the seed
+        #    and the row's number, so a row read again in a later epoch gets a new mask.
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
-        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence's number
-        # Forward and backward over the micro-batches, whose gradients add up. The loss is the mean over every masked
-        # token of the step: (1 / (rows x k)) x the sum of their cross-entropies, each weighted the same (the kept and
-        # the random ones too), where each row's k positions are a pseudo-random draw without replacement, keyed by the
-        # seed and the row's number. Then one clipped update, skipped on a loss spike or where a gradient is not finite.
-        # The update first sets every parameter group's rate to step_lr (model.set_rate), and weight decay multiplies
-        # the decayed weights by 1 - step_lr x weight_decay.
+        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first row's number
+        # 3. The loss: (1 / (rows x k)) x the sum of the cross-entropies at the step's masked positions, each weighted
+        #    the same (the kept and the random ones too). An untrained model's loss is near ln(vocab_size): 10.4 for a
+        #    vocabulary of 32,768, 9.0 for 8,192.
+        # 4. The backward pass, over the micro-batches, whose gradients add up.
         loss = trainer.backward(micro_batches)
+        # 5. Clip the gradients' norm to grad_clip, set every parameter group's rate to step_lr and update (AdamW by
+        #    default). Weight decay multiplies the decayed weights by 1 - step_lr x weight_decay. The update is skipped
+        #    on a loss spike or where a gradient is not finite ("Bad steps"). The rate follows the triangle: 0.25 x the
+        #    peak at the start, since pre-LayerNorm blocks need no warm-up from 0, up to the peak at 75% of the budget,
+        #    then down to 0, because ending at 0 trains best when the length of training is fixed in advance.
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
-        # `tokens` counts the input tokens trained on, masked or not, in whole rows. A skipped update still spends its
-        # rows and its time. So a step is step_batch rows, step_batch x seq_len tokens, step_batch x k predictions (the
-        # loss is their mean) and flops_per_token x its tokens in FLOPs. The top of this file works one step through.
-
+        # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not. So a
+        # step is step_batch rows, step_batch x seq_len tokens, step_batch x k predictions (the loss is their mean) and
+        # flops_per_token x its tokens in FLOPs.
         step, tokens = step + 1, tokens + step_batch * seq_len
         seconds = clock.end_step()  # the step's time added, less a pause
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run
@@ -293,7 +286,8 @@ def main(config, given):
     #   checkpoint saved is the one to resume from.
     # For a finished run, a stop signal from here on ends the process at once, as one before the loop does. It saves
     # first, so a signal after the save loses nothing, and a signal during it leaves the last checkpoint as it was. A
-    # stopped run keeps its handler: a repeated signal does not interrupt its final save, but a second Ctrl-C kills at once.
+    # stopped run keeps its handler: a repeated signal does not interrupt its final save, but a second Ctrl-C kills at
+    # once.
     if not stop:
         process.take_signals(process.interrupt)
     if master:
@@ -370,8 +364,9 @@ class TrainingClock:
 
 # -----------------------------------------------------------------------------
 # The schedules: each is a pure function of the run's progress, the fraction of the budget used (lr_at, mask_rate_at
-# and batch_size_at, read together by schedules_at). What moves with them: weight decay is multiplied by the step's rate, so it follows the rate's schedule; a new masking
-# rate starts the spike check's history of losses again (SpikeWatch).
+# and batch_size_at, read together by schedules_at). What moves with them: weight decay is multiplied by the step's
+# rate, so it follows the rate's schedule; a new masking rate starts the spike check's history of losses again
+# (SpikeWatch).
 # The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
 # one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
 # (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. With a final batch of 4096 the rate
@@ -724,8 +719,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.
 # - A gated GELU feed-forward (glu): more learned per FLOP (Shazeer 2020, "GLU variants improve Transformer").
 # - No dropout: a run that reads each token about once has little overfitting to prevent, and dropout costs time.
-# - No next-sentence prediction: the loss is the masked tokens' alone, and rows are cut from one stream of text (RoBERTa,
-#   Liu et al. 2019, found that dropping it did not hurt).
+# - No next-sentence prediction: the loss is the masked tokens' alone, and rows are cut from one stream of text
+#   (RoBERTa, Liu et al. 2019, found that dropping it did not hurt).
 # - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 and a vocabulary of
 #   32768 saves 15% of the FLOPs per token at mask_rate 0.25 (model.flops_per_token; more for a smaller model or a
 #   lower rate).
@@ -740,25 +735,26 @@ def save_if_sound(saves, validation, state, at_end=False):
 # switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False, 0.743
 # with sparse_prediction=False (the same by coincidence: each adds 37.7M forward FLOPs), 0.623 with smear=False (bias
 # and norm_first change nothing there). glu also changes each shape's weights, so with glu=False the A6000's day picks
-# 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation
-# should give the shape, the batch and the rate.
+# 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the
+# width's rate, where post-norm BERT used 1e-4. So an ablation should give the shape, the batch and the rate.
 # Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
 # position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
 # 4/3 of the gated feed-forward's weights (d_ffn=0 means 4 x d_model either way); at d_model 768 the plain one matches
 # them at d_ffn=2304.
 # The masking staircase (mask_rate_at). In the same row, a lower rate masks a subset of the positions a higher one does
 # (what each becomes may differ). For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25,
-# each for a quarter of the budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random
-# and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the
-# budget, not of the steps: with the A6000's day in tokens, 68% of the steps come at 0.40, while the batch is small.
+# each for a quarter of the budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and
+# 26/3/3 as [MASK], random and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The
+# quarters are shares of the budget, not of the steps: with the A6000's day in tokens, 68% of the steps come at 0.40,
+# while the batch is small.
 # The budget's pick counts the FLOPs at mask_rate, and the micro-batch is sized for the highest rate.
-# The batch ramp (step 5 at the top of this file; batch_size_at). With batch_ramp=0, or a batch_size no larger than
+# The batch ramp (stage 1 of the loop in main; batch_size_at). With batch_ramp=0, or a batch_size no larger than
 # batch_ramp_start, the batch is batch_size throughout. The cramming recipe ramps the batch too. But on a GPU that
 # picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
 
 # batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
-# the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0 (BENCHMARKS.md,
-# "The pair head on the GPU model").
+# the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0
+# (BENCHMARKS.md, "The pair head on the GPU model").
 # A batch_size of 0 lets the budget pick it ("The budget's pick" below). It is then rounded to a multiple of the
 # processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an equal
 # share.
@@ -798,11 +794,12 @@ def save_if_sound(saves, validation, state, at_end=False):
 #     75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
 #     90%                 36,777              6.2e9   4,096          4.0e-4              3.3e14
 #     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
-# The run takes 38,093 steps. Two thirds of them come in the first quarter of the budget, while the batch is small (with a
-# final batch of 4096; 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step starts
-# just short of the end, so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last step's share of
-# the budget). Under a budget of hours, the batch and the rate are the same at the same share of the clock; the steps and
-# tokens match only while the tokens per second stay the same (on a GPU a small batch often runs slower).
+# The run takes 38,093 steps. Two thirds of them come in the first quarter of the budget, while the batch is small (with
+# a final batch of 4096; 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step
+# starts just short of the end, so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last
+# step's share of the budget). Under a budget of hours, the batch and the rate are the same at the same share of the
+# clock; the steps and tokens match only while the tokens per second stay the same (on a GPU a small batch often runs
+# slower).
 #
 # The quickstart (config/train_quickstart.py, on data/pydocs: a vocabulary of 8,192) gives its shape (4 x 256), final
 # batch (64) and peak rate (2e-3), so the budget picks nothing and prints no "budget:" line; its batch_ramp_start is
@@ -814,8 +811,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # so such a step costs 1.7e11 FLOPs (the table at the top of this file has a step before 3:00).
 #
 # These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
-# masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len, so
-# the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
+# masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len,
+# so the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
 # GFLOP, since attention grows with the row. The step 30% into that day takes 1,024 rows, 524,288 tokens and 131,072
 # predictions, at the same rate (5.5e-4), for 3.6e14 FLOPs. Its final step holds 1,048,576 tokens, twice the 128-token
 # run's. The batch law and the peak rate were fitted on rows of 128, and cram has not measured them at 512.
