@@ -10,23 +10,24 @@ One training step (the loop in main) does five things. The table works one step 
 the A6000's day in tokens (--budget_tokens=6900000000), the step after 27,304 others: at the defaults that day trains
 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine (the default budget, 24 hours, picks the
 same on an A6000, but its pick depends on the machine's speed). The second is a quarter into the README's quickstart
-(config/train_quickstart.py: 4 x 256, a final batch of 64 and a peak rate of 2e-3), 1:15 into its 5 minutes.
+(config/train_quickstart.py: 4 x 256, a final batch of 64 and a peak rate of 2e-3), 1:15 into its 5 minutes of training
+time.
     what the step does                      decided by                  the A6000's day, 30%      quickstart, 25%
     1. reads the next rows of train.bin     batch_size_at, rows_at      2,048 rows of 128 tokens  32 rows of 128
-    2. masks k tokens in each row           masked_count, mask_tokens   k = 0.25 x 128 = 32: 26 become [MASK],
-                                                                        3 a random token, 3 stay (both)
+    2. masks k tokens in each row           masked_count, mask_tokens   k = 0.25 x 128 = 32 in both: 26 become
+                                                                        [MASK], 3 a random token, 3 stay
     3. the loss: the cross-entropy at the   CrammedBert.forward         the mean over 65,536      over 1,024
        masked positions, averaged
-    4. the backward pass                    Trainer.backward            the micro-batches' gradients add up (both)
-    5. clips the gradients' norm, then the  Trainer.update, lr_at       norm <= 0.5, rate 5.5e-4  norm <= 0.5, rate
-       optimizer (AdamW) updates                                        = 1e-3 x (0.25 + 0.30)    1e-3 = 2e-3 x 0.5
+    4. the backward pass                    Trainer.backward            in both, the micro-batches' gradients add up
+    5. clips the gradients' norm, then the  Trainer.update, lr_at       norm <= 0.5, rate 5.5e-4  norm <= 0.5, rate 1e-3
+       optimizer (AdamW) updates                                        = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
-    what the step costs                     flops_per_token             1.65e14 FLOPs, about 3.3 s  8.7e10 FLOPs
+    what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, about 1 s
 The loop in main says why each stage is so, under the same numbers. Then the step count grows by 1 and training time
 by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's
-100 TFLOP/s matmul, about 79,000 tokens/s. The quickstart takes 250 to 470 steps on a 2-core CPU. Among the settings
-below lr and batch_size are 0: start-up decides them unless a config file or the command line gives them (the
-quickstart's does), and the start-up line "settled:" prints the values used.
+100 TFLOP/s matmul, about 79,000 tokens/s. The quickstart takes 250 to 470 steps on a 2-core CPU, 0.6 to 1.2 s each.
+Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the command line gives
+them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -212,45 +213,39 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # The step's batch size, learning rate and masking rate: the schedules at the run's progress, with the settings
-        # start-up decided in `config` (lr there is the peak: given, or by the width, model.lr_for_width). Progress is
-        # the share of the budget used: of its tokens, or of its hours on the clock. So under a budget of hours, step n
-        # of two runs has the same values only if both ran at the same speed. Under a budget of tokens, with the shape,
-        # batch_size and lr given, step n has the same values in both, and reads the same rows with the same masks,
-        # which follow the seed and the rows' numbers alone. The stages below are numbered as in the table at the top
-        # of this file, which gives their values in two runs; "A run in numbers", below main, gives them over a run.
+        # The step's batch size, learning rate and masking rate: the schedules at the run's progress, the share of the
+        # budget used (of its tokens, or of its hours on the clock), with the settings start-up decided in `config`.
+        # The stages below are numbered as in the table at the top of this file, which gives their values.
+        # When step n is the same in two runs: the rows and their masks follow the seed and the rows' numbers alone, so
+        # two runs at one seed read the same rows in the same order, masked the same way at the same masking rate. The
+        # values above follow the progress. So under a budget of hours they match at step n only if both runs went at
+        # the same speed, and otherwise the same rows fall into other steps. Under a budget of tokens, with n_layers,
+        # d_model, batch_size and lr given, step n is the same in both runs (give micro_batch and dtype too, and only
+        # the last bits of the sums may differ).
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
-        # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs, so this step
-        #    starts at number tokens // seq_len, and each epoch reads the rows in a new shuffled order. The batch starts
-        #    at batch_ramp_start rows and grows by as many at a time to batch_size at batch_ramp (60%) of the budget:
-        #    early on, a small batch learns about as much per token as a large one, so it gives more updates for the
-        #    same data. Each process runs its share as micro-batches, one after the other (a batch of 384 on 2
-        #    processes with micro_batch=128 and remainder_micro=64: 128 and then 64 on each).
-        # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (Python's round takes a half to the
-        #    even number). 25% rather than BERT's 15% gives more predictions from the same rows. Of the k, about 80%
-        #    become [MASK], 10% a random regular token and 10% stay, as in BERT: fine-tuning never shows the model
-        #    [MASK], so it must also learn to predict tokens it can see. The split is by count, so a small k splits
-        #    coarsely (5 gives 4, 0 and 1). Any position may be masked, [SEP] included (BERT never masked [CLS] or
-        #    [SEP], and drew random tokens from the whole vocabulary). A row's mask is drawn from a key made of the seed
-        #    and the row's number, so a row read again in a later epoch gets a new mask.
+        # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs, and this step
+        #    starts at number tokens // seq_len. The batch grows over the first 60% of the budget, because early on a
+        #    small batch learns about as much per token as a large one, and so gives more updates for the same data.
+        #    Each process runs its share as micro-batches, one after the other (micro_batch_sizes).
+        # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (model.mask_tokens shows a row).
+        #    Masking 25% rather than BERT's 15% gives more predictions from the same rows. As in BERT, about 80% of the
+        #    k become [MASK], 10% a random token and 10% stay: fine-tuning never shows the model [MASK], so it must also
+        #    learn to predict tokens it can see. A row's mask is drawn from the seed and the row's number, so a row read
+        #    again in a later epoch gets a new mask.
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first row's number
-        # 3. The loss: (1 / (rows x k)) x the sum of the cross-entropies at the step's masked positions, each weighted
-        #    the same (the kept and the random ones too). An untrained model's loss is near ln(vocab_size): 10.4 for a
-        #    vocabulary of 32,768, 9.0 for 8,192.
-        # 4. The backward pass, over the micro-batches, whose gradients add up.
+        # 3. The loss: the mean of the cross-entropies at all the step's masked positions, each weighted the same. An
+        #    untrained model's loss is near ln(vocab_size).
+        # 4. The backward pass: the micro-batches' gradients add up.
         loss = trainer.backward(micro_batches)
-        # 5. Clip the gradients' norm to grad_clip, set every parameter group's rate to step_lr and update (AdamW by
-        #    default). Weight decay multiplies the decayed weights by 1 - step_lr x weight_decay. The update is skipped
-        #    on a loss spike or where a gradient is not finite ("Bad steps"). The rate follows the triangle: 0.25 x the
-        #    peak at the start, since pre-LayerNorm blocks need no warm-up from 0, up to the peak at 75% of the budget,
-        #    then down to 0, because ending at 0 trains best when the length of training is fixed in advance.
+        # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
+        #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). The rate starts at a
+        #    quarter of the peak, because pre-LayerNorm blocks need no warm-up from 0, and ends at 0, because that
+        #    trains best when the length of training is fixed in advance.
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
-        # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not. So a
-        # step is step_batch rows, step_batch x seq_len tokens, step_batch x k predictions (the loss is their mean) and
-        # flops_per_token x its tokens in FLOPs.
+        # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not.
         step, tokens = step + 1, tokens + step_batch * seq_len
         seconds = clock.end_step()  # the step's time added, less a pause
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run
@@ -729,13 +724,11 @@ def save_if_sound(saves, validation, state, at_end=False):
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
-# To compare runs fairly, keep the seed (the list at the end of this section says what it fixes), give a budget of
-# tokens, which fixes each step's batch, rate and masking rate, and give n_layers, d_model, batch_size, lr, --dtype and
-# --micro_batch, which the budget and the machine would otherwise pick (tools/compare.py runs such comparisons). A model
-# switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False, 0.743
-# with sparse_prediction=False (the same by coincidence: each adds 37.7M forward FLOPs), 0.623 with smear=False (bias
-# and norm_first change nothing there). glu also changes each shape's weights, so with glu=False the A6000's day picks
-# 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the
+# To compare runs fairly, pin what the loop's comment on step n lists, at the schedules' call in main (tools/compare.py
+# runs such comparisons). A model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP,
+# and 0.743 with glu=False, 0.743 with sparse_prediction=False (the same by coincidence: each adds 37.7M forward
+# FLOPs), 0.623 with smear=False (bias and norm_first change nothing there). glu also changes each shape's weights, so
+# with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the
 # width's rate, where post-norm BERT used 1e-4. So an ablation should give the shape, the batch and the rate.
 # Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
 # position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
