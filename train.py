@@ -728,8 +728,9 @@ def save_if_sound(saves, validation, state, at_end=False):
 # runs such comparisons). A model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP,
 # and 0.743 with glu=False, 0.743 with sparse_prediction=False (the same by coincidence: each adds 37.7M forward
 # FLOPs), 0.623 with smear=False (bias and norm_first change nothing there). glu also changes each shape's weights, so
-# with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the
-# width's rate, where post-norm BERT used 1e-4. So an ablation should give the shape, the batch and the rate.
+# with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the
+# pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation should give the shape,
+# the batch and the rate.
 # Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
 # position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
 # 4/3 of the gated feed-forward's weights (d_ffn=0 means 4 x d_model either way); at d_model 768 the plain one matches
