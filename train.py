@@ -841,7 +841,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 #    warning: at start-up under a budget of tokens, and 2 minutes in (or 5% of the budget) under a budget of hours.
 #    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
 #    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
-#    give a batch of 4096 and about 37,900 steps (the picks below). Each shape of the ladder is judged at its own width's share.
+#    give a batch of 4096 and about 37,900 steps (the picks below). Each shape of the ladder is judged at its own
+#    width's share.
 # The ladder at the defaults (glu and smear on, a vocabulary of 32768, sequences of 128, mask_rate 0.25). By step 2's
 # rule, each shape is the best size for the FLOPs in its "best for" column. The budget takes the shape whose "best for"
 # is nearest, by ratio, to the FLOPs the run can spend with that shape's share (0.5 on a CPU, the column on a GPU: a law
