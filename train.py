@@ -35,13 +35,13 @@ budget used so far. A step's batch size, learning rate and masking rate are func
 start (schedules_at), not of the step count. So on any hardware the schedules are at the same point when the same share
 of the budget is used. (A resume given a larger budget is the exception: its schedules go on from its progress so far
 under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is used, or earlier at
-max_steps. Unless you give them, the budget also picks the model's shape and the final batch size ("The budget's pick",
-below), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
+max_steps. Unless you give them, the budget also picks the model's shape and the final batch size (docs/training.md,
+"The budget's pick in short"), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
 shrinks every schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The
 masking rates stay as they are. For example, halving the A6000's day (its matmul timed at 100 TFLOP/s) to 12 hours picks
 12 x 768 with the same final batch (4096) and peak rate (1e-3). Its tokens are cheaper (0.484 GFLOP against 0.630), so
 12 hours train 4.5e9 tokens, 65% of the 24 hours' 6.86e9, in about 24,700 steps rather than 37,900. On an H100, 12 hours
-keep 24 x 1024 and halve the final batch to 4096 ("The budget's pick" has the table). The pick depends on the machine's
+keep 24 x 1024 and halve the final batch to 4096 (the same section has the table). The pick depends on the machine's
 timing, and --dry_run=True prints it on your own machine.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
@@ -83,8 +83,8 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # "budget:" what the budget picked (its FLOPs, shape and tokens, and about how many steps), and "batch:" and "schedule:"
 # the batch, the learning rate and the masking rate over the budget, with when the run evaluates and saves.
 # --dry_run=True prints these lines and stops. For example, with enough data, 24 hours on an A6000 (the paper's day)
-# give 16 x 768, a batch of 4096 and lr 1e-3, and on an H100 24 x 1024, a batch of 8192 and lr 8.7e-4. "The budget's
-# pick", below main, says how, with a table of its picks by budget.
+# give 16 x 768, a batch of 4096 and lr 1e-3, and on an H100 24 x 1024, a batch of 8192 and lr 8.7e-4.
+# docs/training.md, "The budget's pick in short", says how, with a table of its picks by budget.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -137,10 +137,9 @@ wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 # The rest of this file. main comes first: the whole run, with its loop. After it come the step's pieces in the loop's
 # order (the clock, the schedules, the micro-batches, the data, bad steps, the training line, validation and saving).
-# Then three sections of prose: "The settings' reasons" (the recipe against BERT's, comparing runs and ablating a
-# switch fairly, the masking staircase, the batch ramp, what is random), "A run in numbers" (whole runs: the A6000's
-# day step by step, the quickstart, rows of 512, and restarting on a shared machine) and "The budget's pick". Then
-# set-up, which decides the settings' values in `config`, and the end.
+# Then a section of prose, "The settings' reasons" (the recipe against BERT's, comparing runs and ablating a switch
+# fairly, the masking staircase, the batch ramp, what is random). Then set-up, which decides the settings' values in
+# `config`, and the end. Whole runs in numbers and the budget's pick in full are in docs/training.md.
 
 
 
@@ -368,7 +367,7 @@ class TrainingClock:
 # happens to rise about as the square root of the batch from 10% to 60% of the budget (batch 768 to 4096, rate
 # 3.5e-4 to 8.5e-4); with another final batch it does not.
 # Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
-# thirds of the steps come in the first quarter of the budget (the table in "A run in numbers"). A budget of S
+# thirds of the steps come in the first quarter of the budget (docs/training.md, "A run in numbers"). A budget of S
 # sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
 # L = final / start - 1 smaller sizes (rounded up), then S x (1 - ramp) / final (budget.expected_steps).
 # A step takes all three values at the point of the budget where it starts. That has three consequences.
@@ -749,9 +748,9 @@ def save_if_sound(saves, validation, state, at_end=False):
 # batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
 # the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0
 # (BENCHMARKS.md, "The pair head on the GPU model").
-# A batch_size of 0 lets the budget pick it ("The budget's pick" below). It is then rounded to a multiple of the
-# processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process takes an equal
-# share.
+# A batch_size of 0 lets the budget pick it (docs/training.md, "The budget's pick in short"). It is then rounded to a
+# multiple of the processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process
+# takes an equal share.
 # To compare the ramp with a fixed batch (batch_ramp=0) at equal tokens: the budget's pick ignores batch_ramp, so both
 # runs get the same shape, final batch and rate; at one seed both read the same rows with the same masks, grouped into
 # other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
@@ -778,122 +777,10 @@ def save_if_sound(saves, validation, state, at_end=False):
 
 
 # -----------------------------------------------------------------------------
-# A run in numbers.
-# A whole run, with --budget_tokens=6900000000 (the A6000's day in tokens: 16 x 768, a final batch of 4096 and a peak
-# rate of 1e-3 at the defaults). The first step that starts at or after each point of the budget:
-#     progress   steps before it   tokens before it   batch   learning rate   FLOPs in the step
-#     0                        0                  0     128          2.5e-4              1.0e13
-#     25%                 25,871              1.7e9   1,664          5.0e-4              1.3e14
-#     50%                 31,368              3.5e9   3,328          7.5e-4              2.7e14
-#     75%                 34,803              5.2e9   4,096          1.0e-3              3.3e14
-#     90%                 36,777              6.2e9   4,096          4.0e-4              3.3e14
-#     the last            38,092              6.9e9   4,096          1.9e-7              3.3e14
-# The run takes 38,093 steps. Two thirds of them come in the first quarter of the budget, while the batch is small (with
-# a final batch of 4096; 57% with 1024, 72% with 8192). Every step masks 32 of each row's 128 tokens. The last step
-# starts just short of the end, so its rate is near 0 but not 0 (by the triangle, at most 4 x the peak x the last
-# step's share of the budget). Under a budget of hours, the batch and the rate are the same at the same share of the
-# clock; the steps and tokens match only while the tokens per second stay the same (on a GPU a small batch often runs
-# slower).
-#
-# The quickstart (config/train_quickstart.py, on data/pydocs: a vocabulary of 8,192) gives its shape (4 x 256), final
-# batch (64) and peak rate (2e-3), so the budget picks nothing and prints no "budget:" line; its batch_ramp_start is
-# 32. Its steps take 32 rows until 60% of its 5 minutes of training time (3:00), then 64. The rate rises from 5e-4 to
-# 2e-3 at 3:45 and falls to 0 at 5:00. Each row masks 32 of its 128 tokens. At a steady speed it takes
-# 0.6 / 32 + 0.4 / 64 = 0.025 steps per sequence trained: 250 to 470 steps on the 2-core CPUs of BENCHMARKS.md, whose
-# first step includes compilation.
-# From 3:00 a quickstart step takes 64 rows, 8,192 tokens and 2,048 predictions. A token costs 0.0212 GFLOP at 4 x 256,
-# so such a step costs 1.7e11 FLOPs (the table at the top of this file has a step before 3:00).
-#
-# These numbers are for rows of 128 tokens, prepare.py's default: seq_len comes from the data. With rows of 512, a row
-# masks 128 tokens (102/13/13); the batch still counts rows, and the budget's batch law divides the tokens by seq_len,
-# so the A6000's day in tokens takes a final batch of 2048 and about 16,600 steps; and at 16 x 768 a token costs 0.687
-# GFLOP, since attention grows with the row. The step 30% into that day takes 1,024 rows, 524,288 tokens and 131,072
-# predictions, at the same rate (5.5e-4), for 3.6e14 FLOPs. Its final step holds 1,048,576 tokens, twice the 128-token
-# run's. The batch law and the peak rate were fitted on rows of 128, and cram has not measured them at 512.
-#
-# On a shared or pre-emptible machine: a run writes everything to out_dir (checkpoints, metrics.jsonl, a lock file),
-# and saves a checkpoint every ckpt_interval_minutes of training time, on a stop signal and at the end. It exits with 0
-# when finished, with 128 + the signal's number when a signal stopped it (130 for Ctrl-C, 143 for SIGTERM), and with 1
-# and a one-line error when it fails. One line restarts it, with or without a checkpoint saved:
-#     python train.py ... $([ -f <out_dir>/ckpt.pt ] && echo --resume=True)
-
-
-# -----------------------------------------------------------------------------
-# The budget's pick. In a new run, the budget picks whichever of the shape, the final batch and the peak rate are left
-# at 0 (budget.decide and decide_settings below apply these rules).
-# How the budget picks the shape (cram/budget.py has the constants and their sources):
-# 1. The FLOPs the run can spend: the budget's hours x the speed of a timed 2048^3 matmul x the processes x the
-#    share of the matmul's speed that a training step reaches. That share is 0.5 for a compiled step on a CPU, and on
-#    a GPU 0.5 at width 768, less for narrower shapes and more for wider ones; less again uncompiled or in off-load
-#    mode. (A CPU that runs bfloat16 times its matmul in float32 and multiplies by bfloat16's measured gain.)
-#    A budget of tokens gives the FLOPs directly: the tokens x each shape's FLOPs per token at mask_rate.
-# 2. The best model size for those FLOPs, counted as the blocks' matmul weights. It grows as FLOPs ** 0.4 from the
-#    paper's point (16 x 768 for its 24 hours on an A6000), so 10 times the FLOPs give 2.5 times the weights.
-# 3. The shape: from a ladder of shapes from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest that size.
-#    Under a budget of hours, that shape may be too small for the data: in the time, it would read the data more than
-#    16 times. Then the budget moves up the ladder, since a larger shape reads fewer tokens in the same time. It stops
-#    at the first shape that reads the data at most 16 times, or at the ladder's top, and it never takes a shape with
-#    more than 4 times the weights of the best size from step 2.
-#    This rule is the only way the data's size moves the pick. For example, the A6000's day on a corpus of 200M
-#    tokens: 16 x 768 would read it 34 times, so the budget takes 24 x 1024, which trains 3.2e9 tokens (16 epochs) with
-#    a final batch of 2048 and lr 8.7e-4. From about 430M tokens up, the pick is 16 x 768, as with more data. Under a
-#    budget of tokens the data's size changes only the epochs. A run that will read its data more than once prints a
-#    warning: at start-up under a budget of tokens, and 2 minutes in (or 5% of the budget) under a budget of hours.
-#    Worked through for the A6000's day: 24 h x 100 TFLOP/s x 0.5 = 4.3e18 FLOPs. At 16 x 768's 0.63 GFLOP per token
-#    that is 6.9e9 tokens, and the best size is the paper's 94.4M weights, which 16 x 768's blocks have. Those tokens
-#    give a batch of 4096 and about 37,900 steps (the picks below). Each shape of the ladder is judged at its own
-#    width's share.
-# The ladder at the defaults (glu and smear on, a vocabulary of 32768, sequences of 128, mask_rate 0.25). By step 2's
-# rule, each shape is the best size for the FLOPs in its "best for" column. The budget takes the shape whose "best for"
-# is nearest, by ratio, to the FLOPs the run can spend with that shape's share (0.5 on a CPU, the column on a GPU: a law
-# fitted to one H200's runs; an H100 reached 0.38 at 8 x 512). That is the same as the nearest size, since the size
-# follows the FLOPs ** 0.4. Then the 16-epoch rule may take a larger one. (The training line's MFU divides by the GPU's
-# datasheet peak instead: at a share of 0.5 and a matmul timed at 680 of an H200's 989 TFLOP/s, the plan expects an
-# MFU of about 34%.)
-# The columns after "best for" describe a run of exactly those FLOPs: its tokens, the tokens per block weight, its
-# final batch (by the batch rule, below), about how many steps it takes (budget.expected_steps: 37,830 for 16 x 768's
-# 6.85e9 tokens; the table in "A run in numbers", for 6.9e9, counts 38,093), and its peak rate (by the width).
-#    shape    weights  GFLOP/token  GPU share  best for FLOPs  tokens then  per weight  batch then  steps then  peak lr
-#    2 x 128     0.33M        0.009       0.17          3.1e12        3.5e5           1          32          85  2.4e-3
-#    3 x 192     1.11M        0.017       0.22          6.4e13        3.7e6           3          32         900  2.0e-3
-#    4 x 256     2.62M        0.031       0.26          5.6e14        1.8e7           7         128       1,105  1.7e-3
-#    5 x 320     5.12M        0.050       0.30          3.0e15        5.9e7          12         256       2,882  1.5e-3
-#    6 x 384     8.85M        0.077       0.33          1.2e16        1.5e8          17         256       7,341  1.4e-3
-#    8 x 512    20.97M        0.160       0.39          1.0e17        6.3e8          30        1024      10,408  1.2e-3
-#   10 x 640    40.96M        0.292       0.45          5.4e17        1.8e9          45        2048      17,665  1.1e-3
-#   12 x 768    70.78M        0.484       0.50          2.1e18        4.3e9          61        4096      24,002  1.0e-3
-#   16 x 768    94.37M        0.630       0.50          4.3e18        6.9e9          73        4096      37,830  1.0e-3
-#  24 x 1024   251.66M        1.611       0.59          5.0e19       3.1e10         124        8192      97,415  8.7e-4
-#    For example, 4 minutes on an H200 (a matmul timed at 680 TFLOP/s) can spend 1.6e17 FLOPs x the share: 6.4e16 at
-#    8 x 512's 0.39, 1.6x under its "best for", and 5.4e16 at 6 x 384's 0.33, 4.6x over its, so the pick is 8 x 512.
-#    The matmul is timed at start-up on the run's own device: here an H100 timed 649 TFLOP/s and an H200 680-689.
-# In scaling-law terms: the size grows as compute ** 0.4, a line through two points (the paper's day and a 2-core CPU's
-# 3 x 192), where Chinchilla's rule grows it as compute ** 0.5 at about 20 tokens per parameter. So the tokens per
-# weight grow with the budget here, from about 1 to 124 along the ladder. The batch grows as about compute ** 0.4 too, a
-# little faster than the critical batch's 0.28-0.34 (McCandlish et al. 2018), and the peak rate depends on the width
-# alone, not on the batch or the depth.
-# The final batch: 4096 x (the sequences the budget trains / 54M) ** 0.64, rounded to the nearest power of two (in
-# log2) from 32 to 8192. 54M is the sequences of 128 the paper's day trains, so that day gives 4096, the batch the
-# paper found best.
-# The peak rate: 1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width), set in decide_settings.
-# The picks at the defaults, with enough data (a matmul timed at 100 TFLOP/s for an A6000, at 688 for an H100; the
-# steps under a budget of hours assume a steady speed):
-#    budget          shape      final batch   peak lr   steps, about
-#    1e9 tokens      8 x 512           1024    1.2e-3         16,600
-#    2e9 tokens      10 x 640          2048    1.1e-3         19,300
-#    6.9e9 tokens    16 x 768          4096    1.0e-3         38,100
-#    1e10 tokens     16 x 768          4096    1.0e-3         55,200
-#    12 h, A6000     12 x 768          4096    1.0e-3         24,700
-#    24 h, A6000     16 x 768          4096    1.0e-3         37,900
-#    12 h, H100      24 x 1024         4096    8.7e-4         60,500
-#    24 h, H100      24 x 1024         8192    8.7e-4         68,600
-# Half a budget of tokens takes more than half the steps where its final batch halves too (2e9 to 1e9 tokens: 19,300
-# to 16,600), and half where the rounding keeps the batch (1e10 to 5e9: 4096 both).
-# The A6000's day is 16 x 768 at 4096 for any timing of its matmul from 70 to 173 TFLOP/s (one process, compiled, smear
-# on): under 70 the shape is 12 x 768; from 174 to about 312 the batch is 8192; from about 313 the shape is 24 x 1024,
-# at 4096 again until about 373. The paper's own recipe, config/recipe_reference.py config/shape_paper.py, pins 16 x
-# 768, lr 1e-3 and the reference code's final batch of 8192 (its ramp's end; the paper found about 4k best for GLUE),
-# with smear off.
+# A run in numbers: docs/training.md, "A run in numbers", works through whole runs (the A6000's day at 0 to 100% of its
+# budget, the quickstart, rows of 512) and says how to restart a run on a shared machine. "The budget's pick in short",
+# there too, gives the pick's rules, the ladder of shapes and the picks by budget (decide_settings, below, applies
+# them through budget.decide).
 
 
 # -----------------------------------------------------------------------------
