@@ -120,7 +120,7 @@ compile_mode = "default"  # torch.compile's mode (max-autotune and reduce-overhe
 join_minutes = 10.0       # > 0: under torchrun, how long a process waits for the others to start
 offload = False           # the blocks' weights and AdamW state in host memory, streamed through the GPU (cram/offload.py)
 peak_tflops = 0.0         # >= 0: the GPU's peak, for MFU; 0 looks the GPU up by name
-# What is random, and what two runs with the same settings share: "The settings' reasons", below main.
+# What is random, and what two runs with the same settings share: the table in main's loop.
 seed = 0                  # [0, 4294967295]: seeds the initial weights, dropout, the data order, the training masks and the fill-in picks
 data_order = "shuffled"   # {shuffled, file}: file reads the first epoch in train.bin's order (tools/curriculum.py)
 log_interval = 10         # >= 1: print and record a training line every this many steps
@@ -138,7 +138,7 @@ wandb_run_name = ""       # default: the name of out_dir
 # The rest of this file. main comes first: the whole run, with its loop. After it come the step's pieces in the loop's
 # order (the clock, the schedules, the micro-batches, the data, bad steps, the training line, validation and saving).
 # Then a section of prose, "The settings' reasons" (the recipe against BERT's, comparing runs and ablating a switch
-# fairly, the masking staircase, the batch ramp, what is random). Then set-up, which decides the settings' values in
+# fairly, the masking staircase, the batch ramp). Then set-up, which decides the settings' values in
 # `config`, and the end. Whole runs in numbers and the budget's pick in full are in docs/training.md.
 
 
@@ -169,9 +169,8 @@ def main(config, given):
 
     # -------------------------------------------------------------------- the model, the output folder, the optimizer
     # torch's generator, seeded here, draws dropout, and one number that keys each initial weight's own draw by the
-    # weight's name (model.keyed_generator). So at one seed, two variants start from the same weights wherever they
-    # share a weight of the same name and shape. A resume does not restore the generator. The data order and the masks
-    # are drawn from the seed itself (epoch_order, mask_keys).
+    # weight's name (model.keyed_generator). A resume does not restore it. The table in the loop says what else the seed
+    # fixes.
 
     torch.manual_seed(seed)
     model = CrammedBert(**model_args)  # built on the CPU, so normal and off-load mode start from the same weights
@@ -215,12 +214,23 @@ def main(config, given):
         # The step's batch size, learning rate and masking rate: the schedules at the run's progress, the share of the
         # budget used (of its tokens, or of its hours on the clock), with the settings start-up decided in `config`.
         # The stages below are numbered as in the table at the top of this file, which gives their values.
-        # When step n is the same in two runs: the rows and their masks follow the seed and the rows' numbers alone, so
-        # two runs at one seed read the same rows in the same order, masked the same way at the same masking rate. The
-        # values above follow the progress. So under a budget of hours they match at step n only if both runs went at
-        # the same speed, and otherwise the same rows fall into other steps. Under a budget of tokens, with n_layers,
-        # d_model, batch_size and lr given, step n is the same in both runs (give micro_batch and dtype too, and only
-        # the last bits of the sums may differ).
+        # What step n uses, what each follows, and when two runs at one seed use the same at step n:
+        #   what step n uses          follows                                  the same in two runs at step n
+        #   its rows, in order        the seed and the rows' numbers in the    when the tokens read before it match
+        #                             run (epoch_order, rows_at)
+        #   each row's mask           the seed, the row's number and the       when the row and the masking rate match
+        #                             masking rate (mask_keys)
+        #   batch, lr, masking rate   the progress: the tokens read, or the    under a budget of tokens; under hours,
+        #                             hours on the clock                       only if both went at the same speed
+        #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
+        #   lr                        hours, with the timed matmul)            batch_size, lr
+        #   initial weights           the seed and each weight's name          for weights of one name and shape
+        #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
+        #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with one micro-batch
+        #                             split and the device
+        # So under a budget of tokens, with the shape, batch_size, lr, micro_batch and dtype given, step n is the same
+        # in both runs on any machine, up to the last bits of the sums (each machine's kernels round differently).
+        # Under a budget of hours the same rows come in the same order, but they may fall into other steps.
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs, and this step
@@ -723,13 +733,12 @@ def save_if_sound(saves, validation, state, at_end=False):
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
-# To compare runs fairly, pin what the loop's comment on step n lists, at the schedules' call in main (tools/compare.py
-# runs such comparisons). A model switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP,
-# and 0.743 with glu=False, 0.743 with sparse_prediction=False (the same by coincidence: each adds 37.7M forward
-# FLOPs), 0.623 with smear=False (bias and norm_first change nothing there). glu also changes each shape's weights, so
-# with glu=False the A6000's day picks 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the
-# pick. norm_first=False keeps the width's rate, where post-norm BERT used 1e-4. So an ablation should give the shape,
-# the batch and the rate.
+# To compare runs fairly, pin what the table in main's loop lists (tools/compare.py runs such comparisons). A model
+# switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False, 0.743
+# with sparse_prediction=False (the same by coincidence: each adds 37.7M forward FLOPs), 0.623 with smear=False (bias
+# and norm_first change nothing there). glu also changes each shape's weights, so with glu=False the A6000's day picks
+# 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the
+# width's rate, where post-norm BERT used 1e-4. So an ablation should give the shape, the batch and the rate.
 # Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
 # position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
 # 4/3 of the gated feed-forward's weights (d_ffn=0 means 4 x d_model either way); at d_model 768 the plain one matches
@@ -756,24 +765,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
 # decay, multiplied by each step's rate, adds up over the ramp's extra steps (there, the sum of rate x weight_decay over
 # the run is 0.163 against 0.078: decay alone would shrink the weights to 0.85 of their size against 0.925).
-# What is random, and so what two runs with the same settings share:
-# - the initial weights: the seed and each weight's name (model.keyed_generator), on any machine;
-# - the n-th row the run reads: the seed and the epoch (epoch_order; data_order=file keeps the file's order in the
-#   first epoch), on any machine;
-# - each row's masked positions and random tokens, at a given masking rate: the seed and the row's sequence number
-#   (mask_keys, model.row_noise), on any machine;
-# - dropout (0 by default): torch's generator, seeded once and not restored by a resume, so also the micro-batch split
-#   and the device;
-# - the end's fill-in examples: the seed.
-# What is not random but may still differ between two runs:
-# - each step's batch, rate and masking rate: the run's progress, so the tokens under a budget of tokens and the clock
-#   under a budget of hours;
-# - the shape, the final batch and the peak rate, where left at 0: the budget and the data's size, and under a budget
-#   of hours the machine's timed matmul;
-# - micro_batch and dtype, where left at 0 and auto: the machine (its free memory, a timing).
-# So under a budget of tokens, with micro_batch and dtype given, two machines with the same number of processes take
-# the same steps on the same data. Their sums can still differ in the last bits, since each machine's kernels round
-# differently.
+# What two runs at one seed share, step by step: the table in main's loop. The end's fill-in examples follow the
+# seed.
 
 
 # -----------------------------------------------------------------------------
