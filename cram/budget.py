@@ -29,7 +29,7 @@ EAGER_SHARE, OFFLOAD_SHARE = dict(cpu=0.88, gpu=0.68), dict(cpu=0.85, gpu=0.6)
 # STEP_EFFICIENCY, 4.3e18 FLOPs.
 PAPER_COMPUTE = 24 * 3600 * 100e12 * STEP_EFFICIENCY
 PAPER_WEIGHTS = 94.4e6
-SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40: through the paper's point and the CPU's (3 x 192 at 1.5e14)
+SIZE_EXPONENT = 0.40     # the best size grows as compute ** 0.40 from the paper's point; at the CPU's 1.5e14 its nearest rung is 3 x 192
 MAX_EPOCHS = 16          # repeated tokens keep little value past about 16 epochs (Muennighoff et al. 2023)
 # The final batch grows as a power of the sequences the budget trains: a line through the CPU's measured point (a
 # batch of 32 at 29k sequences) and the published batch of about 4k at the paper's day, whose budget trains 54M
