@@ -22,10 +22,11 @@ time.
     5. clips the gradients' norm, then the  Trainer.update, lr_at       norm <= 0.5, rate 5.5e-4  norm <= 0.5, rate 1e-3
        optimizer (AdamW) updates                                        = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
-    what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, about 1 s
+    what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1 s
 The loop in main says why each stage is so, under the same numbers. Then the step count grows by 1 and training time
 by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's
-100 TFLOP/s matmul, about 79,000 tokens/s. The quickstart takes 250 to 470 steps on a 2-core CPU, 0.6 to 1.2 s each.
+100 TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250 to 470 steps on a 2-core
+CPU: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps, about step 145).
 Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the command line gives
 them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
@@ -35,14 +36,26 @@ budget used so far. A step's batch size, learning rate and masking rate are func
 start (schedules_at), not of the step count. So on any hardware the schedules are at the same point when the same share
 of the budget is used. (A resume given a larger budget is the exception: its schedules go on from its progress so far
 under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is used, or earlier at
-max_steps. Unless you give them, the budget also picks the model's shape and the final batch size (docs/training.md,
-"The budget's pick in short"), and the shape's width gives the peak learning rate. So in a new run, a larger or smaller budget stretches or
-shrinks every schedule, and picks again whichever of the shape, the final batch and the peak rate you left at 0. The
-masking rates stay as they are. For example, halving the A6000's day (its matmul timed at 100 TFLOP/s) to 12 hours picks
-12 x 768 with the same final batch (4096) and peak rate (1e-3). Its tokens are cheaper (0.484 GFLOP against 0.630), so
-12 hours train 4.5e9 tokens, 65% of the 24 hours' 6.86e9, in about 24,700 steps rather than 37,900. On an H100, 12 hours
-keep 24 x 1024 and halve the final batch to 4096 (the same section has the table). The pick depends on the machine's
-timing, and --dry_run=True prints it on your own machine.
+max_steps. Unless you give them, the budget also picks the model's shape and the final batch size, and the shape's width
+gives the peak learning rate, by these rules (cram/budget.py applies them; docs/training.md, "The budget's pick in
+short", has the ladder of shapes and the picks by budget):
+    FLOPs        hours x 3600 x the FLOP/s of a 2048^3 matmul timed at start-up x the processes x a step's share of
+                 that speed: 0.5 on a CPU, 0.5 x (d_model / 768) ** 0.6 on a GPU (budget.step_efficiency). A budget of
+                 tokens gives the FLOPs directly, and nothing is timed.
+    shape        of the ladder's shapes, 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest, by ratio,
+                 94.4M x (FLOPs / 4.32e18) ** 0.4, each shape's FLOPs taken at its own share; a larger one where that
+                 would read the data more than 16 times
+    final batch  4096 x (the sequences the budget trains / 54M) ** 0.64, to the nearest power of two from 32 to 8192
+    peak lr      1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width)
+    a step's time, as planned: its FLOPs / (the timed matmul's FLOP/s x the share)
+So in a new run, a larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape,
+the final batch and the peak rate you left at 0. The masking rates stay as they are. For example, halving the A6000's
+day (its matmul timed at 100 TFLOP/s) to 12 hours picks 12 x 768 with the same final batch (4096) and peak rate (1e-3).
+Its tokens are cheaper (0.484 GFLOP against 0.630), so 12 hours train 4.5e9 tokens, 65% of the 24 hours' 6.86e9
+(which the day in tokens rounds to 6.9e9), in about 24,700 steps rather than 37,900. On an H100, 12 hours keep
+24 x 1024 and halve the final batch to 4096. The pick depends on the machine's timing, and --dry_run=True prints it on
+your own machine. Evaluation and saving are off the clock: a run takes longer on the wall clock than its budget of
+hours.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
@@ -238,20 +251,22 @@ def main(config, given):
         #    small batch learns about as much per token as a large one, and so gives more updates for the same data.
         #    Each process runs its share as micro-batches, one after the other (micro_batch_sizes).
         # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (model.mask_tokens shows a row).
-        #    Masking 25% rather than BERT's 15% gives more predictions from the same rows. As in BERT, about 80% of the
-        #    k become [MASK], 10% a random token and 10% stay: fine-tuning never shows the model [MASK], so it must also
-        #    learn to predict tokens it can see. A row's mask is drawn from the seed and the row's number, so a row read
-        #    again in a later epoch gets a new mask.
+        #    Masking 25% rather than BERT's 15% gives more predictions from the same rows. The k positions are drawn
+        #    without replacement; the first round(0.8 k) drawn become [MASK], those up to round(0.9 k) a random regular
+        #    token (which may be the original) and the rest stay, as in BERT's 80/10/10: fine-tuning never shows the
+        #    model [MASK], so it must also learn to predict tokens it can see. A row's mask is drawn from the seed and
+        #    the row's number, so a row read again in a later epoch gets a new mask.
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first row's number
-        # 3. The loss: the mean of the cross-entropies at all the step's masked positions, each weighted the same. An
-        #    untrained model's loss is near ln(vocab_size).
+        # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
+        #    positions, each weighted the same, whatever it became. An untrained model's loss is near ln(vocab_size).
         # 4. The backward pass: the micro-batches' gradients add up.
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
-        #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). The rate starts at a
-        #    quarter of the peak, because pre-LayerNorm blocks need no warm-up from 0, and ends at 0, because that
-        #    trains best when the length of training is fixed in advance.
+        #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). By the default
+        #    schedule (lr_schedule=triangle) the rate starts at a quarter of the peak, because pre-LayerNorm blocks need
+        #    no warm-up from 0, and falls to 0 at the end, because that trains best when the length of training is fixed
+        #    in advance.
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not.
@@ -716,6 +731,16 @@ def save_if_sound(saves, validation, state, at_end=False):
 # -----------------------------------------------------------------------------
 # The settings' reasons. What the settings above do, and why they have their defaults, where a line beside each
 # is too short.
+# Where the default run departs from the paper's reference code, and what reverts each (config/recipe_reference.py and
+# config/shape_paper.py together give the paper's recipe, shape and batch):
+#     the default run                                  the reference                       to revert
+#     smear on (cram's one change to the recipe)       no smear                            smear=False
+#     the final batch the budget picks (4096 on an     8192                                config/shape_paper.py
+#     A6000's day, which the paper found best)
+#     FineWeb-Edu (data_dir)                           the paper's corpus                  prepare.py's settings
+#     random replacement tokens: regular ones only     any id of the vocabulary            (none)
+#     the clock counts the training steps only         all the time since the start        (none)
+#     a loss spike skips its update                    no check                            spike_threshold=0
 # The model's settings default to the crammed recipe (Geiping & Goldstein 2022). Where it differs from the original
 # BERT's (config/bert_original.py sets BERT's), and why it suits a budget:
 # - Pre-LayerNorm (norm_first) trains stably at a high rate without a long warm-up (Xiong et al. 2020): a peak of
