@@ -6,19 +6,22 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-One training step (the loop in main) does five things. The table works one step through twice. The first is 30% into
-the A6000's day in tokens (--budget_tokens=6900000000), the step after 27,304 others: at the defaults that day trains
-16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine (the default budget, 24 hours, picks the
-same on an A6000, but its pick depends on the machine's speed). The second is a quarter into the README's quickstart
-(config/train_quickstart.py: 4 x 256, a final batch of 64 and a peak rate of 2e-3), 1:15 into its 5 minutes of training
-time.
+One training step (the loop in main) does five things. The table below works one step through in two runs.
+- The A6000's day in tokens: --budget_tokens=6900000000, about the tokens that the paper's 24 hours on an RTX A6000 buy. At
+  the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
+  starts 30% into the budget, after 27,304 steps. (The default budget of 24 hours picks the same on an A6000, but what
+  it picks depends on the machine's speed.)
+- The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a final
+  batch of 64 and a peak rate of 2e-3. The step shown starts 1:15 into its 5 minutes of training time, a quarter of
+  the budget.
     what the step does                      decided by                  the A6000's day, 30%      quickstart, 25%
     1. reads the next rows of train.bin     batch_size_at, rows_at      2,048 rows of 128 tokens  32 rows of 128
     2. masks k tokens in each row           masked_count, mask_tokens   k = 0.25 x 128 = 32 in both: 26 become
                                                                         [MASK], 3 a random token, 3 stay
     3. the loss: the cross-entropy at the   CrammedBert.forward         the mean over 65,536      over 1,024
        masked positions, averaged
-    4. the backward pass                    Trainer.backward            in both, the micro-batches' gradients add up
+    4. the backward pass                    Trainer.backward            in both, the micro-batches' gradients, each
+                                                                        weighted by its share of the rows, add up
     5. clips the gradients' norm, then the  Trainer.update, lr_at       norm <= 0.5, rate 5.5e-4  norm <= 0.5, rate 1e-3
        optimizer (AdamW) updates                                        = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
@@ -260,7 +263,8 @@ def main(config, given):
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first row's number
         # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
         #    positions, each weighted the same, whatever it became. An untrained model's loss is near ln(vocab_size).
-        # 4. The backward pass: the micro-batches' gradients add up.
+        # 4. The backward pass: each micro-batch's loss is weighted by its share of the step's rows, so the gradients
+        #    add up to the gradient of the step's mean.
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
         #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). By the default
@@ -778,7 +782,6 @@ def save_if_sound(saves, validation, state, at_end=False):
 # The batch ramp (stage 1 of the loop in main; batch_size_at). With batch_ramp=0, or a batch_size no larger than
 # batch_ramp_start, the batch is batch_size throughout. The cramming recipe ramps the batch too. But on a GPU that
 # picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
-
 # batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
 # the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0
 # (BENCHMARKS.md, "The pair head on the GPU model").
