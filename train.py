@@ -745,6 +745,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 #     random replacement tokens: regular ones only     any id of the vocabulary            (none)
 #     the clock counts the training steps only         all the time since the start        (none)
 #     a loss spike skips its update                    no check                            spike_threshold=0
+#     the batch ramp: cram's line rounded down to a    one micro-batch of 128 ahead        (none)
+#     multiple of 128                                  (its backend/torch_default.py)
 # The model's settings default to the crammed recipe (Geiping & Goldstein 2022). Where it differs from the original
 # BERT's (config/bert_original.py sets BERT's), and why it suits a budget:
 # - Pre-LayerNorm (norm_first) trains stably at a high rate without a long warm-up (Xiong et al. 2020): a peak of
