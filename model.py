@@ -396,8 +396,7 @@ class TiedLookup(torch.autograd.Function):
 # The objective, in the order a step runs it: Masking (its settings), masked_count (how many positions a row masks),
 # mask_tokens (which, and what they become; row_noise and mix32 draw them), then at_positions and query_rows, which
 # the forward uses to read the masked positions. mlm_loss, in CrammedBert, is the cross-entropy at those positions,
-# and Trainer.backward (below) weights each micro-batch by its share of rows, so a step's loss is the mean over every
-# masked token of the step. What a fork's change to the step touches besides the line it changes is listed at the end
+# and Trainer.backward (below) weights the micro-batches into the step's loss. What a fork's change to the step touches besides the line it changes is listed at the end
 # of this section.
 
 
@@ -462,7 +461,7 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     positions = scores.topk(k, dim=1).indices  # (B, k): the k highest scores, highest first (the draw's order)
     labels = idx.gather(1, positions)
     # In the draw's order, the first round(0.8 k) masked positions get [MASK], those up to round(0.9 k) a random
-    # token, and the rest keep their own token (26, 3 and 3 of 32). The order is random, so which get which is too.
+    # token, and the rest keep their own token. The order is random, so which get which is too.
     slot = torch.arange(k, device=idx.device)  # (k,): each masked position's place in the draw's order
     replacement = torch.where(slot < round(0.8 * k), mask_id,
                               torch.where(slot < round(0.9 * k), random_ids, labels))  # (B, k)
