@@ -219,6 +219,23 @@ def main(config, given):
     # -------------------------------------------------------------------- the loop
     # The budget is checked at the top of each step, so the last step may end past it by up to one step's time, or one
     # batch's tokens.
+    # What step n uses, what each follows, and when two runs at one seed use the same at step n:
+    #   what step n uses          follows                                  the same in two runs at step n
+    #   its rows, in order        the seed and the rows' sequence numbers  when the tokens read before it match
+    #                             in the run (epoch_order, rows_at)
+    #   each row's mask           the seed, the row's sequence number and  when the row and the masking rate match
+    #                             the masking rate (mask_keys)
+    #   batch, lr, masking rate   the progress: the tokens read, or the    under a budget of tokens; under hours,
+    #                             hours on the clock                       only if both went at the same speed
+    #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
+    #   lr                        hours, with the timed matmul)            batch_size, lr
+    #   initial weights           the seed and each weight's name          for weights of one name and shape
+    #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
+    #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with one micro-batch
+    #                             split and the device
+    # So under a budget of tokens, with the shape, batch_size, lr, micro_batch and dtype given, step n is the same
+    # in both runs on any machine, up to the last bits of the sums (each machine's kernels round differently).
+    # Under a budget of hours the same rows come in the same order, but they may fall into other steps.
     last_eval = last_ckpt = seconds
     at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
     repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
@@ -229,28 +246,12 @@ def main(config, given):
             break
         # The step's batch size, learning rate and masking rate: the schedules at the run's progress, the share of the
         # budget used (of its tokens, or of its hours on the clock), with the settings start-up decided in `config`.
-        # The stages below are numbered as in the table at the top of this file, which gives their values.
-        # What step n uses, what each follows, and when two runs at one seed use the same at step n:
-        #   what step n uses          follows                                  the same in two runs at step n
-        #   its rows, in order        the seed and the rows' numbers in the    when the tokens read before it match
-        #                             run (epoch_order, rows_at)
-        #   each row's mask           the seed, the row's number and the       when the row and the masking rate match
-        #                             masking rate (mask_keys)
-        #   batch, lr, masking rate   the progress: the tokens read, or the    under a budget of tokens; under hours,
-        #                             hours on the clock                       only if both went at the same speed
-        #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
-        #   lr                        hours, with the timed matmul)            batch_size, lr
-        #   initial weights           the seed and each weight's name          for weights of one name and shape
-        #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
-        #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with one micro-batch
-        #                             split and the device
-        # So under a budget of tokens, with the shape, batch_size, lr, micro_batch and dtype given, step n is the same
-        # in both runs on any machine, up to the last bits of the sums (each machine's kernels round differently).
-        # Under a budget of hours the same rows come in the same order, but they may fall into other steps.
+        # The stages below are numbered as in the table at the top of this file, which gives their values; the table
+        # above the loop says when step n of two runs is the same.
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
-        # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs, and this step
-        #    starts at number tokens // seq_len. The batch grows over the first 60% of the budget, because early on a
+        # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs (a row's
+        #    sequence number), and this step starts at sequence number tokens // seq_len. The batch grows over the first 60% of the budget, because early on a
         #    small batch learns about as much per token as a large one, and so gives more updates for the same data.
         #    Each process runs its share as micro-batches, one after the other (micro_batch_sizes).
         # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (model.mask_tokens shows a row).
@@ -258,9 +259,9 @@ def main(config, given):
         #    without replacement; the first round(0.8 k) drawn become [MASK], those up to round(0.9 k) a random regular
         #    token (which may be the original) and the rest stay, as in BERT's 80/10/10: fine-tuning never shows the
         #    model [MASK], so it must also learn to predict tokens it can see. A row's mask is drawn from the seed and
-        #    the row's number, so a row read again in a later epoch gets a new mask.
+        #    its sequence number, so a row read again in a later epoch, under a new number, gets a new mask.
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
-        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first row's number
+        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence number
         # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
         #    positions, each weighted the same, whatever it became. An untrained model's loss is near ln(vocab_size).
         # 4. The backward pass: each micro-batch's loss is weighted by its share of the step's rows, so the gradients
