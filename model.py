@@ -351,7 +351,8 @@ class CrammedBert(nn.Module):
         mlm_loss, which off-load mode calls too; a change to which tokens are predicted belongs in mask_tokens."""
         tokens = weight = None
         # On a CPU under autocast, one autograd function (TiedLookup) serves both uses of the tied weight, the lookup
-        # and the output layer. That only makes the step faster: the result is the same.
+        # and the output layer. That only makes the step faster: the result is the same up to rounding (its backward
+        # adds the two gradients in another order).
         if inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             tokens, weight = TiedLookup.apply(self.tok_emb.weight, inputs, torch.get_autocast_dtype("cpu"))
         hidden = self.encode(inputs, positions=positions if self.sparse_prediction else None, tokens=tokens)
@@ -394,10 +395,10 @@ class TiedLookup(torch.autograd.Function):
 
 # -----------------------------------------------------------------------------
 # The objective, in the order a step runs it: Masking (its settings), masked_count (how many positions a row masks),
-# mask_tokens (which, and what they become; row_noise and mix32 draw them), then at_positions and query_rows, which
-# the forward uses to read the masked positions. mlm_loss, in CrammedBert, is the cross-entropy at those positions,
-# and Trainer.backward (below) weights the micro-batches into the step's loss. What a fork's change to the step touches besides the line it changes is listed at the end
-# of this section.
+# mask_tokens (which, and what they become; row_noise and mix32 draw them), then at_positions and query_rows, which the
+# forward uses to read the masked positions. mlm_loss, in CrammedBert, is the cross-entropy at those positions, and
+# Trainer.backward (below) weights the micro-batches into the step's loss. What a fork's change to the step touches
+# besides the line it changes is listed at the end of this section.
 
 
 MASK_RATE = 0.25  # the crammed recipe's share of each row's tokens to predict: train.py's default, what benchmarks time
@@ -555,8 +556,12 @@ def param_groups(module, weight_decay, optim="adamw"):
 # An optimizer that takes settings beyond lr, betas and eps also needs them passed in make_trainer. One that updates
 # some parameters apart from the rest, as Muon does, needs its group in param_groups. Where a row is built: train.py's
 # make_trainer and the memory probe (cram/memory.py, through Runtime.optimizer, with its own rate, betas and eps) build
-# --optim's row; bench.py and finetune_glue.py always build "adamw"'s, so a change to that row changes them too;
-# off-load mode runs an AdamW of its own.
+# --optim's row (the probe takes one real step at a rate of 0, which the optimizer must survive); bench.py and
+# finetune_glue.py build "adamw"'s (Runtime's default, which only training's set-up changes), so a change to that row
+# changes them too; off-load mode runs an AdamW of its own and refuses another.
+# What the update costs: it is on the training clock, but neither flops_per_token nor the budget's share of the matmul
+# (budget.STEP_EFFICIENCY, measured on steps with AdamW) counts it. So under a budget of hours a cheaper update trains
+# more tokens, and under a budget of tokens it changes nothing but the time.
 def factored(state, param):
     return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
 

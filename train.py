@@ -37,7 +37,8 @@ The budget is a number of hours of training time, or a number of tokens. Trainin
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
 budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at the step's
 start (schedules_at), not of the step count. So on any hardware the schedules are at the same point when the same share
-of the budget is used. (A resume given a larger budget is the exception: its schedules go on from its progress so far
+of the budget is used (the same point of the budget, not the same step: under a budget of hours, the step a point
+falls on depends on the machine's speed). (A resume given a larger budget is the exception: its schedules go on from its progress so far
 under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is used, or earlier at
 max_steps. Unless you give them, the budget also picks the model's shape and the final batch size, and the shape's width
 gives the peak learning rate, by these rules (cram/budget.py applies them; docs/training.md, "The budget's pick in
@@ -46,8 +47,8 @@ short", has the ladder of shapes and the picks by budget):
                  that speed: 0.5 on a CPU, 0.5 x (d_model / 768) ** 0.6 on a GPU (budget.step_efficiency). A budget of
                  tokens gives the FLOPs directly, and nothing is timed.
     shape        of the ladder's shapes, 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest, by ratio,
-                 94.4M x (FLOPs / 4.32e18) ** 0.4, each shape's FLOPs taken at its own share; a larger one where that
-                 would read the data more than 16 times
+                 94.4M x (FLOPs / 4.32e18) ** 0.4, each shape's FLOPs taken at its own share; under a budget of
+                 hours, a larger one where that would read the data more than 16 times
     final batch  4096 x (the sequences the budget trains / 54M) ** 0.64, to the nearest power of two from 32 to 8192
     peak lr      1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width)
     a step's time, as planned: its FLOPs / (the timed matmul's FLOP/s x the share)
@@ -233,6 +234,8 @@ def main(config, given):
     #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
     #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with one micro-batch
     #                             split and the device
+    #   the sums' last bits       the kernels (TF32 on a GPU; cram does    not promised, even on one machine
+    #                             not force deterministic algorithms)
     # So under a budget of tokens, with the shape, batch_size, lr, micro_batch and dtype given, step n is the same
     # in both runs on any machine, up to the last bits of the sums (each machine's kernels round differently).
     # Under a budget of hours the same rows come in the same order, but they may fall into other steps.
@@ -251,9 +254,10 @@ def main(config, given):
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
         # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs (a row's
-        #    sequence number), and this step starts at sequence number tokens // seq_len. The batch grows over the first 60% of the budget, because early on a
-        #    small batch learns about as much per token as a large one, and so gives more updates for the same data.
-        #    Each process runs its share as micro-batches, one after the other (micro_batch_sizes).
+        #    sequence number), and this step starts at sequence number tokens // seq_len. The batch grows over the
+        #    first 60% of the budget, because early on a small batch learns about as much per token as a large one, and
+        #    so gives more updates for the same data. Each process runs its share as micro-batches, one after the other
+        #    (micro_batch_sizes).
         # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (model.mask_tokens shows a row).
         #    Masking 25% rather than BERT's 15% gives more predictions from the same rows. The k positions are drawn
         #    without replacement; the first round(0.8 k) drawn become [MASK], those up to round(0.9 k) a random regular
@@ -265,7 +269,8 @@ def main(config, given):
         # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
         #    positions, each weighted the same, whatever it became. An untrained model's loss is near ln(vocab_size).
         # 4. The backward pass: each micro-batch's loss is weighted by its share of the step's rows, so the gradients
-        #    add up to the gradient of the step's mean.
+        #    add up to the gradient of the step's mean. The host waits for the device twice a step: for this loss and
+        #    for the gradients' norm in the update; nothing else in the step synchronises.
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
         #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). By the default
@@ -440,9 +445,10 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     torch.compile compiles each rate's shapes once (two rates that give a row the same count share one; Ankner et al.
     2023 lower the rate in stages). With one level the rate is `start` throughout.
     What a new masking schedule must keep, since these read the rate outside this function:
-    - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use, and compiling is on
-      the clock. A compiled function may build at most runtime.MAX_GRAPHS (32) graphs, so a smooth schedule must take
-      few distinct counts: 0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels take 8.
+    - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (up to 3), and
+      compiling is on the clock. A compiled function may build at most runtime.MAX_GRAPHS (32) graphs in all, counts x
+      sizes, and past that the run fails mid-way. So a smooth schedule must take at most about 10 distinct counts:
+      0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels take 8.
     - SpikeWatch starts its history of losses again at each new rate, so a rate that changes every step turns the
       spike check off.
     - The micro-batch is sized for the highest of mask_rate and mask_rate_start, and the budget plans its FLOPs at
@@ -538,7 +544,10 @@ class Batches:
 
     def micro_batch(self, start, size, masking):
         """The `size` sequences from sequence number `start` on, read from the token file, copied to the device and
-        masked there. Nothing is read ahead, so this is part of the step's time."""
+        masked there. Nothing is read ahead, so this is part of the step's time. From disk to the model: `size` rows of
+        seq_len uint16 ids (uint32 past 65,536 ids) read from the memory-mapped train.bin, size x seq_len x 2 bytes;
+        an int64 (size, seq_len) tensor, pinned and copied to a GPU without waiting; then mask_tokens' (inputs
+        (size, seq_len), positions (size, k), labels (size, k)), all int64 on the device."""
         rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
         keys = to_device(mask_keys(self.seed, start + np.arange(size)), self.device)  # the rows' sequence numbers
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)

@@ -68,7 +68,7 @@ def load_tokens(data_dir, split, meta=None):
 
 def get_batch(tokens, rows, device):
     """The sequences of the given rows, in the order given, as an int64 tensor (len(rows), seq_len) on device. The file
-    is read in row order, a sequential read, and the rows are put back in the order asked."""
+    is read in ascending row order (scattered rows, but never backwards), and the rows are put back in the order asked."""
     rows = np.asarray(rows)
     order = np.argsort(rows, kind="stable")
     batch = np.empty((len(rows), tokens.shape[1]), dtype=np.int64)
