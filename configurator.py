@@ -107,9 +107,8 @@ def unusable(value, default, comment):
         return "not a finite number"
     if isinstance(value, str) and "\0" in value:
         return "it holds a NUL character"
-    if isinstance(value, str) and not value.strip() and default.strip() and not re.search(r'empty|""', comment or ""):
-        return f"empty (the default: {default})"
-    return None
+    empty = isinstance(value, str) and not value.strip() and default.strip() and not re.search(r'empty|""', comment or "")
+    return f"empty (the default: {default})" if empty else None
 
 
 def number(text):

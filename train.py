@@ -174,9 +174,10 @@ def main(config, given):
     # From here on, every setting at the top of this file holds the value the run uses: each 0 decided, and in a resume
     # the run's own settings from its checkpoint.
     globals().update({k: config[k] for k in config_keys(globals()) if k in config})
+    sizes_at = functools.partial(micro_batch_sizes, world=world, micro=micro_batch, remainder=remainder_micro)
     start_lines += [setup.settled_line(given, config, resumed.checkpoint is not None),
                     setup.ramp_line(batch_ramp_start, batch_size, batch_ramp, micro_batch, remainder_micro),
-                    setup.schedule_line(config, schedules_at)]
+                    setup.schedule_line(config, schedules_at, sizes_at, model_args["seq_len"])]
     if dry_run:  # the values this command would train with, and why, and the schedules
         log("\n".join(start_lines))
         runtime.leave_process_group()  # under torchrun
@@ -447,11 +448,11 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     What a new masking schedule must keep, since these read the rate outside this function:
     - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (up to 3), and
       compiling is on the clock. A compiled function may build at most runtime.MAX_GRAPHS (32) graphs in all, counts x
-      sizes, and past that the run fails mid-way. So a smooth schedule must take at most about 10 distinct counts:
-      0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels take 8.
+      sizes, and start-up refuses a schedule that needs more (setup.schedule_line). So a smooth schedule must take at
+      most about 10 distinct counts: 0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels take 8.
     - SpikeWatch starts its history of losses again at each new rate, so a rate that changes every step turns the
       spike check off.
-    - The micro-batch is sized for the highest of mask_rate and mask_rate_start, and the budget plans its FLOPs at
+    - The micro-batch is sized for the highest rate the schedule reaches, and the budget plans its FLOPs at
       mask_rate."""
     if not start:
         return end
@@ -684,8 +685,7 @@ class Validation:
                 with self.rt.autocast():
                     loss, hits = self.model(inputs, positions, labels)
                 loss_sum += loss.item() * labels.numel()  # the batch's mean loss, weighted by its masked tokens
-                correct += hits.item()
-                predicted += labels.numel()
+                correct, predicted = correct + hits.item(), predicted + labels.numel()
         finally:
             self.model.train()
         return loss_sum / predicted, correct / predicted
@@ -839,7 +839,7 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
     setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
-                                    mask_rate=max(config["mask_rate"], config["mask_rate_start"]),  # the most memory
+                                    mask_rate=max(schedules_at(i / 840, config)[2] for i in range(840)),  # the most memory
                                     offload=config["offload"], log=log)  # (more masked tokens, more logits kept)
     config["micro_batch"], remainder_micro = setup.split_micro_batches(world, cap, config["batch_size"],
                                                                        config["batch_ramp_start"], config["batch_ramp"])

@@ -441,10 +441,8 @@ def checkpoint_problem(checkpoint, path):
     if not isinstance(checkpoint["tokenizer"], str):
         return "its tokenizer is not text"
     n = len(parse_ranks(checkpoint["tokenizer"], f"{path}'s tokenizer"))
-    if n != meta["n_regular"]:
-        return (f"its tokenizer has {n} tokens but its model {meta['n_regular']} besides the specials: it mixes two "
-                f"vocabularies")
-    return None
+    return (f"its tokenizer has {n} tokens but its model {meta['n_regular']} besides the specials: it mixes two "
+            f"vocabularies") if n != meta["n_regular"] else None
 
 
 def model_args_problem(args):

@@ -384,7 +384,5 @@ def compiled_graphs():
 def cpu_warning(flops_per_step, threads=None, cpu_flops_per_thread=75e9):
     """A one-line warning where a step at the full batch takes over 10 minutes on this CPU (about 75 GFLOP/s a thread)."""
     minutes = flops_per_step / (cpu_flops_per_thread * (threads or torch.get_num_threads())) / 60
-    if minutes > 10:
-        return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this "
-                f"shape needs a GPU. For a run of a few minutes: python train.py config/train_quickstart.py")
-    return None
+    return (f"warning: on this CPU one optimizer step at the full batch takes about {minutes:.0f} minutes: this shape needs"
+            f" a GPU. For a run of a few minutes: python train.py config/train_quickstart.py") if minutes > 10 else None

@@ -8,7 +8,7 @@ import math
 import os
 
 from configurator import disallowed, named
-from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, OPTIMIZERS, REPLACED_FIELDS, ModelConfig, saved_model_args
+from model import LR_AT_768, LR_WIDTH_EXPONENT, OFF, OPTIMIZERS, REPLACED_FIELDS, ModelConfig, masked_count, saved_model_args
 from . import process, runtime
 from .budget import LADDER, SHAPE_FIELDS, shape_of
 from .files import check_own_files, claim_folder, load_checkpoint
@@ -185,16 +185,24 @@ def settled_line(given, config, resumed):
     return "settled: " + "; ".join(f"{', '.join(values)} ({why})" for why, values in groups.items())
 
 
-def schedule_line(config, schedules_at):
+def schedule_line(config, schedules_at, sizes_at, seq_len):
     """The start-up line "schedule:". It gives the learning rate at 0, 25, 50, 75 and 100% of the budget, the masking
     rate and where it changes, how often the run evaluates and saves, where, and what a stop signal does.
     `schedules_at` is train.py's (the batch, the rate and the masking rate at a progress, with the run's settings), so
     a fork's new schedule shows here as it will run (a masking rate that takes more than 8 values is given by its first
-    and last values)."""
-    # The masking rate at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
-    rates = [schedules_at(i / 840, config)[2] for i in range(840)]
-    changes = [(i / 840, rate) for i, rate in enumerate(rates) if i == 0 or rate != rates[i - 1]]
-    masking = (f"{rates[0]:.3g} throughout" if len(changes) == 1 else f"{rates[0]:.3g} at the start to {rates[-1]:.3g} at the end"
+    and last values). `sizes_at(batch)` is a process's micro-batch sizes for a batch (train.micro_batch_sizes).
+    Each count of masked tokens per row that the schedules reach, with each micro-batch size it meets, is a graph
+    torch.compile builds. A schedule that needs more than runtime.MAX_GRAPHS of them is refused here, in one line,
+    where it would otherwise fail mid-run (a smooth masking schedule, say)."""
+    # The schedules at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
+    steps = [schedules_at(i / 840, config) for i in range(840)]  # (batch, lr, masking rate) at each
+    shapes = {(masked_count(rate, seq_len), size) for batch, _, rate in steps for size in sizes_at(batch)}
+    if config["compile"] and not config["offload"] and len(shapes) > runtime.MAX_GRAPHS:
+        raise SystemExit(f"error: the schedules need {len(shapes)} compiled shapes (masked tokens per row x micro-batch "
+                         f"sizes), more than torch.compile's {runtime.MAX_GRAPHS}: give the masking rate fewer values")
+    changes = [(i / 840, s[2]) for i, s in enumerate(steps) if i == 0 or s[2] != steps[i - 1][2]]
+    first, last = steps[0][2], steps[-1][2]
+    masking = (f"{first:.3g} throughout" if len(changes) == 1 else f"{first:.3g} at the start to {last:.3g} at the end"
                if len(changes) > 8 else ", ".join(f"{rate:.3g} from {share:.0%}" for share, rate in changes))
     every = [f"every {m:g} min" if m else "every step" for m in (config["eval_interval_minutes"], config["ckpt_interval_minutes"])]
     return (f"schedule: lr {', '.join(f'{schedules_at(p, config)[1]:.3g}' for p in (0, 0.25, 0.5, 0.75, 1))} at 0, 25, 50, 75 "

@@ -81,8 +81,9 @@ def test_the_schedule_line_says_the_rates_the_loop_will_use():
                                     ("triangle", 0.3, 8), ("warmup_linear", 0.1, 7)):
         config = dict(lr=1e-3, lr_schedule=schedule, warmup=0.05, mask_rate=0.25, mask_rate_start=start,
                       mask_levels=levels, eval_interval_minutes=30.0, ckpt_interval_minutes=0.0, out_dir="runs/a",
-                      keep_checkpoints=2, batch_ramp_start=128, batch_size=4096, batch_ramp=0.6)  # as main decided them
-        line = schedule_line(config, train.schedules_at)
+                      keep_checkpoints=2, batch_ramp_start=128, batch_size=4096, batch_ramp=0.6, compile=True,
+                      offload=False)  # as main decided them
+        line = schedule_line(config, train.schedules_at, lambda batch: micro_batch_sizes(batch, 1, 1024, 128), 128)
         said = [float(v) for v in re.search(r"^schedule: lr (.*) at 0, 25, 50, 75 and 100% of the budget", line).group(1).split(", ")]
         assert said == pytest.approx([lr_at(p, 1e-3, schedule, 0.05) for p in (0, 0.25, 0.5, 0.75, 1)], rel=5e-3), line
         steps = re.search(r"masking rate (.*?);", line).group(1)
@@ -93,6 +94,28 @@ def test_the_schedule_line_says_the_rates_the_loop_will_use():
             assert steps == ", ".join(f"{r:.3g} from {k / levels:.0%}" for k, r in enumerate(rates)), line
         assert ("an evaluation every 30 min and a checkpoint every step of training time, to "
                 f"{os.path.join('runs', 'a', 'ckpt.pt')} (the last 2 kept); Ctrl-C or SIGTERM ends the step, saves and exits") in line
+
+
+def test_a_schedule_that_needs_more_compiled_shapes_than_torch_allows_is_refused_at_start_up():
+    """Each count of masked tokens per row, with each micro-batch size it meets, is a graph torch.compile builds, and a
+    compiled function may build runtime.MAX_GRAPHS. A fork's smooth masking schedule (0.40 to 0.15 in a straight line:
+    33 counts in rows of 128) is refused by the start-up line in one line, before any step, where it would fail
+    mid-run. The built-in staircase at its most (8 levels) beside the ramp's two micro-batch sizes fits, and an
+    uncompiled run is not refused."""
+    import train
+    from cram import runtime
+    config = dict(lr=1e-3, lr_schedule="triangle", warmup=0.0, mask_rate=0.15, mask_rate_start=0.4, mask_levels=8,
+                  eval_interval_minutes=30.0, ckpt_interval_minutes=60.0, out_dir="out", keep_checkpoints=3,
+                  batch_ramp_start=128, batch_size=4096, batch_ramp=0.6, compile=True, offload=False)
+    sizes = lambda batch: micro_batch_sizes(batch, 1, 1024, 128)  # noqa: E731 (the ramp's sizes: 1024 and 128)
+    assert "masking rate 0.4 from 0%" in schedule_line(config, train.schedules_at, sizes, 128)  # 8 x 2 shapes fit
+    smooth = lambda progress, run: (*train.schedules_at(progress, run)[:2], 0.4 - 0.25 * progress)  # noqa: E731
+    with pytest.raises(SystemExit) as refused:
+        schedule_line(config, smooth, sizes, 128)
+    message = str(refused.value)
+    assert message.startswith("error: the schedules need ") and "\n" not in message
+    assert int(message.split()[4]) > runtime.MAX_GRAPHS and f"more than torch.compile's {runtime.MAX_GRAPHS}" in message
+    assert "masking rate 0.4 at the start to" in schedule_line(dict(config, compile=False), smooth, sizes, 128)
 
 
 def test_a_run_with_a_schedule_compiles_a_graph_per_level(prepared, tmp_path):
