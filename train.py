@@ -41,25 +41,10 @@ of the budget is used (the same point of the budget, not the same step: under a 
 falls on depends on the machine's speed). (A resume given a larger budget is the exception: its schedules go on from its progress so far
 under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is used, or earlier at
 max_steps. Unless you give them, the budget also picks the model's shape and the final batch size, and the shape's width
-gives the peak learning rate, by these rules (cram/budget.py applies them; docs/training.md, "The budget's pick in
-short", has the ladder of shapes and the picks by budget):
-    FLOPs        hours x 3600 x the FLOP/s of a 2048^3 matmul timed at start-up x the processes x a step's share of
-                 that speed: 0.5 on a CPU, 0.5 x (d_model / 768) ** 0.6 on a GPU (budget.step_efficiency). A budget of
-                 tokens gives the FLOPs directly, and nothing is timed.
-    shape        of the ladder's shapes, 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest, by ratio,
-                 94.4M x (FLOPs / 4.32e18) ** 0.4, each shape's FLOPs taken at its own share; under a budget of
-                 hours, a larger one where that would read the data more than 16 times
-    final batch  4096 x (the sequences the budget trains / 54M) ** 0.64, to the nearest power of two from 32 to 8192
-    peak lr      1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width)
-    a step's time, as planned: its FLOPs / (the timed matmul's FLOP/s x the share)
-So in a new run, a larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape,
-the final batch and the peak rate you left at 0. The masking rates stay as they are. For example, halving the A6000's
-day (its matmul timed at 100 TFLOP/s) to 12 hours picks 12 x 768 with the same final batch (4096) and peak rate (1e-3).
-Its tokens are cheaper (0.484 GFLOP against 0.630), so 12 hours train 4.5e9 tokens, 65% of the 24 hours' 6.86e9
-(which the day in tokens rounds to 6.9e9), in about 24,700 steps rather than 37,900. On an H100, 12 hours keep
-24 x 1024 and halve the final batch to 4096. The pick depends on the machine's timing, and --dry_run=True prints it on
-your own machine. Evaluation and saving are off the clock: a run takes longer on the wall clock than its budget of
-hours.
+gives the peak learning rate: the comment above n_layers, below, gives the rules and the picks. So in a new run, a
+larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape, the final batch
+and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving are off the clock: a run
+takes longer on the wall clock than its budget of hours.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
@@ -99,9 +84,27 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
 # "budget:" what the budget picked (its FLOPs, shape and tokens, and about how many steps), and "batch:" and "schedule:"
 # the batch, the learning rate and the masking rate over the budget, with when the run evaluates and saves.
-# --dry_run=True prints these lines and stops. For example, with enough data, 24 hours on an A6000 (the paper's day)
-# give 16 x 768, a batch of 4096 and lr 1e-3, and on an H100 24 x 1024, a batch of 8192 and lr 8.7e-4.
-# docs/training.md, "The budget's pick in short", says how, with a table of its picks by budget.
+# --dry_run=True prints these lines and stops, on your own machine. The budget's rules (cram/budget.py applies them;
+# docs/training.md, "The budget's pick in short", has the ladder of shapes and the sources of the constants):
+#     FLOPs        hours x 3600 x the FLOP/s of a 2048^3 matmul timed at start-up x the processes x a step's share of
+#                  that speed: 0.5 on a CPU, 0.5 x (d_model / 768) ** 0.6 on a GPU (budget.step_efficiency; x 0.68
+#                  more uncompiled, x 0.6 more in off-load mode). A budget of tokens gives the FLOPs directly.
+#     shape        of the ladder's shapes, 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest, by ratio,
+#                  94.4M x (its FLOPs / 4.32e18) ** 0.4, each shape's FLOPs taken at its own share; under a budget
+#                  of hours, a larger one where that would read the data more than 16 times
+#     final batch  4096 x (the sequences the budget trains / 54M) ** 0.64, to the nearest power of two from 32 to 8192
+#     peak lr      1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width)
+#     a step's time, as planned: its FLOPs / (the timed matmul's FLOP/s x the share)
+# The picks at the defaults, with enough data, on an A6000 (a matmul timed at 100 TFLOP/s) and an H100 (688):
+#     budget         shape       final batch   peak lr   GFLOP/token   planned tokens/s   steps, about
+#     24 h, A6000    16 x 768           4096    1.0e-3         0.630            79,000         37,900
+#     12 h, A6000    12 x 768           4096    1.0e-3         0.484            103,000        24,700
+#     24 h, H100     24 x 1024          8192    8.7e-4         1.611            254,000        68,600
+#     12 h, H100     24 x 1024          4096    8.7e-4         1.611            254,000        60,500
+# Halving the A6000's day keeps the final batch and the rate but takes a smaller shape, whose tokens are cheaper, so
+# 12 hours train 4.5e9 tokens, 65% of the day's 6.86e9 (the day in tokens rounds it to 6.9e9). The training line's MFU
+# divides by the GPU's datasheet peak, not by the timed matmul: at 0.5 of an A6000's 100 TFLOP/s it shows about 32% of
+# its 154.8.
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
@@ -228,17 +231,21 @@ def main(config, given):
     #   each row's mask           the seed, the row's sequence number and  when the row and the masking rate match
     #                             the masking rate (mask_keys)
     #   batch, lr, masking rate   the progress: the tokens read, or the    under a budget of tokens; under hours,
-    #                             hours on the clock                       only if both went at the same speed
+    #                             hours on the clock                       only if both went at the same speed,
+    #                                                                      compiling included
     #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
-    #   lr                        hours, with the timed matmul)            batch_size, lr
+    #   lr                        hours, with the timed matmul)            batch_size, lr (else a recipe that
+    #                                                                      changes the FLOPs per token may move it)
     #   initial weights           the seed and each weight's name          for weights of one name and shape
     #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
-    #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with one micro-batch
-    #                             split and the device
-    #   the sums' last bits       the kernels (TF32 on a GPU; cram does    not promised, even on one machine
-    #                             not force deterministic algorithms)
-    # So under a budget of tokens, with the shape, batch_size, lr, micro_batch and dtype given, step n is the same
-    # in both runs on any machine, up to the last bits of the sums (each machine's kernels round differently).
+    #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with the same
+    #                             split and the device                     micro-batch split
+    #   the sums' last bits       the kernels (TF32 on a GPU, set in       not promised, even on one machine
+    #                             runtime.setup; no deterministic
+    #                             algorithms forced)
+    # So under a budget of tokens, with the shape, batch_size, lr, micro_batch and dtype given, step n reads the same
+    # rows and masks with the same batch and rates in both runs on any machine. Its sums may differ in the last bits
+    # (each machine's kernels round differently), so the weights drift apart a little as the steps go on.
     # Under a budget of hours the same rows come in the same order, but they may fall into other steps.
     last_eval = last_ckpt = seconds
     at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
@@ -492,11 +499,8 @@ def micro_batch_sizes(batch, world, micro, remainder):
 # cut into rows of seq_len tokens, so a document may run on into the next row. There is no [CLS] and no padding. The
 # special tokens' ids come after the regular ones. The run reads the rows epoch after epoch, each epoch in its own
 # shuffled order, and the run's sequence number i is always the same row. So the number of sequences consumed says
-# which rows come next, and a resumed run reads on exactly where it stopped. Each row's mask is drawn from a key made
-# of the seed and the row's sequence number. At a given masking rate, a row is then masked the same way however the
-# step is cut, on any device.
-# A row read again in a later epoch has a new sequence number, so it gets a new mask, as RoBERTa's dynamic masking
-# does, though drawn from the sequence number rather than at random.
+# which rows come next, and a resumed run reads on exactly where it stopped. Each row's mask comes from its sequence
+# number (mask_keys), so a row read again in a later epoch gets a new mask, as in RoBERTa's dynamic masking.
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
     """The rows that epoch `epoch` visits, in an order shuffled by (seed, epoch). With order="file" the first epoch
