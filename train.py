@@ -16,18 +16,16 @@ One training step (the loop in main) does five things. The table below works one
   the budget.
     what the step does                      decided by                  the A6000's day, 30%      quickstart, 25%
     1. reads the next rows of train.bin     batch_size_at, rows_at      2,048 rows of 128 tokens  32 rows of 128
-    2. masks k tokens in each row           masked_count, mask_tokens   k = 0.25 x 128 = 32 in both: 26 become
-                                                                        [MASK], 3 a random token, 3 stay
-    3. the loss: the cross-entropy at the   CrammedBert.forward         the mean over 65,536      over 1,024
-       masked positions, averaged
-    4. the backward pass                    Trainer.backward            in both, the micro-batches' gradients, each
-                                                                        weighted by its share of the rows, add up
-    5. clips the gradients' norm, then the  Trainer.update, lr_at       norm <= 0.5, rate 5.5e-4  norm <= 0.5, rate 1e-3
-       optimizer (AdamW) updates                                        = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
+    2. masks k tokens in each row           masked_count, mask_tokens   k = 32: 26/3/3            k = 32: 26/3/3
+    3. the loss: the mean cross-entropy     CrammedBert.forward         over 65,536 masked        over 1,024 masked
+    4. the backward pass                    Trainer.backward            gradients summed          gradients summed
+    5. clips the gradients' norm to 0.5,    Trainer.update, lr_at       rate 5.5e-4               rate 1e-3
+       then AdamW updates the weights                                   = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
     what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1 s
-The loop in main says why each stage is so, under the same numbers. Then the step count grows by 1 and training time
-by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's
+k = 32 is 0.25 x 128; 26/3/3 is 26 masked tokens shown as [MASK], 3 as a random token and 3 as themselves. The loop
+in main says why each stage is so, under the same numbers, and how the micro-batches are weighted. Then the step count
+grows by 1 and training time by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's
 100 TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250 to 470 steps on a 2-core
 CPU: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps, about step 145).
 Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the command line gives
@@ -275,7 +273,8 @@ def main(config, given):
         sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence number
         # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
-        #    positions, each weighted the same, whatever it became. An untrained model's loss is near ln(vocab_size).
+        #    positions, each weighted the same, whatever it became. An untrained model's loss is a little under
+        #    ln(vocab_size) (8.8 against ln 8,192 = 9.0 in the README's quickstart).
         # 4. The backward pass: each micro-batch's loss is weighted by its share of the step's rows, so the gradients
         #    add up to the gradient of the step's mean. The host waits for the device twice a step: for this loss and
         #    for the gradients' norm in the update; nothing else in the step synchronises.
