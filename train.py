@@ -7,8 +7,8 @@
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
 One training step (the loop in main) does five things. The table below works one step through in two runs.
-- The A6000's day in tokens: --budget_tokens=6900000000, about the tokens that the paper's 24 hours on an RTX A6000 buy. At
-  the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
+- The A6000's day in tokens: --budget_tokens=6900000000, about the tokens that the paper's 24 hours on an RTX A6000 buy.
+  At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
   starts 30% into the budget, after 27,304 steps. (The default budget of 24 hours picks the same on an A6000, but what
   it picks depends on the machine's speed.)
 - The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a final
@@ -23,26 +23,26 @@ One training step (the loop in main) does five things. The table below works one
        then AdamW updates the weights                                   = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
     what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1 s
-k = 32 is 0.25 x 128; 26/3/3 is 26 masked tokens shown as [MASK], 3 as a random token and 3 as themselves. The loop
-in main says why each stage is so, under the same numbers, and how the micro-batches are weighted. Then the step count
-grows by 1 and training time by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's
-100 TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250 to 470 steps on a 2-core
-CPU: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps, about step 145).
-Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the command line gives
-them (the quickstart's does), and the start-up line "settled:" prints the values used.
+k = 32 is 0.25 x 128; 26/3/3 is 26 masked tokens shown as [MASK], 3 as a random token and 3 as themselves. The loop in
+main says why each stage is so, under the same numbers, and how the micro-batches are weighted. Then the step count
+grows by 1 and training time by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget
+plans for: half the A6000's 100 TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250
+to 470 steps on a 2-core CPU: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465
+steps, about step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or
+the command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
 budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at the step's
 start (schedules_at), not of the step count. So on any hardware the schedules are at the same point when the same share
-of the budget is used (the same point of the budget, not the same step: under a budget of hours, the step a point
-falls on depends on the machine's speed). (A resume given a larger budget is the exception: its schedules go on from its progress so far
-under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is used, or earlier at
-max_steps. Unless you give them, the budget also picks the model's shape and the final batch size, and the shape's width
-gives the peak learning rate: the comment above n_layers, below, gives the rules and the picks. So in a new run, a
-larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape, the final batch
-and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving are off the clock: a run
-takes longer on the wall clock than its budget of hours.
+of the budget is used (the same point of the budget, not the same step: under a budget of hours, the step a point falls
+on depends on the machine's speed). (A resume given a larger budget is the exception: its schedules go on from its
+progress so far under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is
+used, or earlier at max_steps. Unless you give them, the budget also picks the model's shape and the final batch size,
+and the shape's width gives the peak learning rate: the comment above n_layers, below, gives the rules and the picks. So
+in a new run, a larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape,
+the final batch and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving are off the
+clock: a run takes longer on the wall clock than its budget of hours.
 
 Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
 and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
