@@ -831,6 +831,9 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
     sizes. Returns model_args, remainder_micro, the budget's pick, and the start-up lines that say what a resume changed
     or what the budget picked."""
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
+    # The micro-batch is sized for the highest masking rate the schedule reaches (the most memory). The masking
+    # schedule does not depend on what the budget picks, so it can be read before the pick.
+    most_masked = max(schedules_at(i / 840, config)[2] for i in range(840))
     model_config = dataclasses.replace(model_config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
     # A resume's shape is its checkpoint's already, so another run's checkpoint is refused before any work
     check_resumable(checkpoint, source, dataclasses.asdict(model_config), tokenizer_text, meta, config, log)
@@ -842,8 +845,7 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
     setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
-                                    mask_rate=max(schedules_at(i / 840, config)[2] for i in range(840)),  # the most memory
-                                    offload=config["offload"], log=log)  # (more masked tokens, more logits kept)
+                                    mask_rate=most_masked, offload=config["offload"], log=log)
     config["micro_batch"], remainder_micro = setup.split_micro_batches(world, cap, config["batch_size"],
                                                                        config["batch_ramp_start"], config["batch_ramp"])
     return model_args, remainder_micro, budget_pick, changes + picked_lines
