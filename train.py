@@ -11,13 +11,13 @@ One training step (the loop in main) does five things. The table below works one
   At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
   starts 30% into the budget, after 27,304 steps. (The default budget of 24 hours picks the same on an A6000, but what
   it picks depends on the machine's speed.)
-- The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a final
-  batch of 64 and a peak rate of 2e-3. The step shown starts 1:15 into its 5 minutes of training time, a quarter of
-  the budget.
+- The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a batch
+  that starts at 32 rows (its batch_ramp_start) and ends at 64, and a peak rate of 2e-3. The step shown starts 1:15
+  into its 5 minutes of training time, a quarter of the budget.
     what the step does                      decided by                  the A6000's day, 30%      quickstart, 25%
     1. reads the next rows of train.bin     batch_size_at, rows_at      2,048 rows of 128 tokens  32 rows of 128
     2. masks k tokens in each row           masked_count, mask_tokens   k = 32: 26/3/3            k = 32: 26/3/3
-    3. the loss: the mean cross-entropy     CrammedBert.forward         over 65,536 masked        over 1,024 masked
+    3. the loss: the mean cross-entropy     CrammedBert.mlm_loss        over 65,536 masked        over 1,024 masked
     4. the backward pass                    Trainer.backward            gradients summed          gradients summed
     5. clips the gradients' norm to 0.5,    Trainer.update, lr_at       rate 5.5e-4               rate 1e-3
        then AdamW updates the weights                                   = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
@@ -119,8 +119,8 @@ eval_mask_rate = MASK_RATE  # (0, 1): the masking rate of validation, whatever m
 optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the blocks' matrices, AdamW on the rest
 lr = 0.0                  # [0, inf): the peak learning rate. 0: 1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width), or a resume's own (main writes the value here)
 beta1 = 0.9               # [0, 1)
-beta2 = 0.98              # [0, 1)
-eps = 1e-12               # >= 0
+beta2 = 0.98              # [0, 1): the cramming reference's and RoBERTa's, which found it steadier than BERT's 0.999 with large batches
+eps = 1e-12               # >= 0: the cramming reference's (BERT used 1e-6, which damps the updates of weights whose gradients are small)
 weight_decay = 0.01       # >= 0: not on biases, norms and scalars. It is multiplied by the step's rate (decoupled decay, as in AdamW and Muon), so it follows the schedule
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
@@ -277,7 +277,8 @@ def main(config, given):
         #    ln(vocab_size) (8.8 against ln 8,192 = 9.0 in the README's quickstart).
         # 4. The backward pass: each micro-batch's loss is weighted by its share of the step's rows, so the gradients
         #    add up to the gradient of the step's mean. The host waits for the device twice a step: for this loss and
-        #    for the gradients' norm in the update; nothing else in the step synchronises.
+        #    for the gradients' norm in the update. Under DDP the processes also wait for each other: for the clock at
+        #    the step's start, the gradients after the last micro-batch and this loss's mean.
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
         #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). By the default
@@ -503,7 +504,8 @@ def micro_batch_sizes(batch, world, micro, remainder):
 @functools.lru_cache(maxsize=2)
 def epoch_order(n_rows, seed, epoch, order="shuffled"):
     """The rows that epoch `epoch` visits, in an order shuffled by (seed, epoch). With order="file" the first epoch
-    keeps the file's order (tools/curriculum.py writes files meant to be read that way)."""
+    keeps the file's order (tools/curriculum.py writes files meant to be read that way). An order holds n_rows int64
+    indices in host memory, and two are cached: at FineWeb-Edu's 78M rows of 128, 625 MB each."""
     return np.arange(n_rows) if order == "file" and epoch == 0 else np.random.default_rng((seed, epoch)).permutation(n_rows)
 
 
