@@ -282,9 +282,9 @@ def main(config, given):
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
         #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). By the default
-        #    schedule (lr_schedule=triangle) the rate starts at a quarter of the peak, because pre-LayerNorm blocks need
-        #    no warm-up from 0, and falls to 0 at the end, because that trains best when the length of training is fixed
-        #    in advance.
+        #    schedule (lr_schedule=triangle) the rate starts at a quarter of the peak, because pre-LayerNorm blocks
+        #    train stably at a high rate from the first step (Xiong et al. 2020), and falls to 0 at the end, because
+        #    that trains best when the length of training is fixed in advance (Li et al. 2020, budgeted training).
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not.
@@ -401,9 +401,8 @@ class TrainingClock:
 
 # -----------------------------------------------------------------------------
 # The schedules: each is a pure function of the run's progress, the fraction of the budget used (lr_at, mask_rate_at
-# and batch_size_at, read together by schedules_at). What moves with them: weight decay is multiplied by the step's
-# rate, so it follows the rate's schedule; a new masking rate starts the spike check's history of losses again
-# (SpikeWatch).
+# and batch_size_at, read together by schedules_at). A new masking rate also starts the spike check's history of
+# losses again (SpikeWatch).
 # The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
 # one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
 # (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. With a final batch of 4096 the rate
@@ -433,9 +432,7 @@ def schedules_at(progress, run):
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule (its "budget-triangle2"): from 25% of the peak at the start up to
-    the peak at 75% of the budget, then down to 0 at the end. It can start at a quarter of the peak, with no warm-up
-    from 0, because pre-LayerNorm blocks train stably at a high rate from the first step (Xiong et al. 2020). Decaying
-    to 0 as the budget ends is what trains best under a fixed budget (Li et al. 2020, budgeted training).
+    the peak at 75% of the budget, then down to 0 at the end (the loop's stage 5 says why).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
     at the end. With a warmup above 0, its first step, at progress 0, has a rate of 0: it leaves the weights as they
     are, though the optimizer's state takes its gradient. Both are shares of the budget, not counts of steps (see the
