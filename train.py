@@ -771,7 +771,7 @@ def save_if_sound(saves, validation, state, at_end=False):
 # - Only the masked positions go through the output layer (sparse_prediction), which at 16 x 768 and a vocabulary of
 #   32768 saves 15% of the FLOPs per token at mask_rate 0.25 (model.flops_per_token; more for a smaller model or a
 #   lower rate).
-# - 25% of the tokens are masked, not 15% (mask_rate): more predictions per step from the same rows.
+# - 25% of the tokens are masked, not 15% (mask_rate; the loop's stage 2 says why).
 # - The learning rate decays to 0 as the budget ends, and the batch grows over the run (the schedules, below).
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
