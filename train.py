@@ -27,9 +27,10 @@ k = 32 is 0.25 x 128; 26/3/3 is 26 masked tokens shown as [MASK], 3 as a random 
 main says why each stage is so, under the same numbers, and how the micro-batches are weighted. Then the step count
 grows by 1 and training time by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget
 plans for: half the A6000's 100 TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250
-to 470 steps on a 2-core CPU: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465
-steps, about step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or
-the command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
+to 510 steps on the 2-core CPUs measured so far: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the
+README's run of 465 steps, about step 145). Among the settings below lr and batch_size are 0: start-up decides them
+unless a config file or the command line gives them (the quickstart's does), and the start-up line "settled:" prints the
+values used.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
