@@ -432,9 +432,11 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
     given size has the same shape and torch.compile builds one graph for it. The positions are a random subset of the
     row, in random order, and any position may be masked, a [SEP] included. As in the reference code (Geiping and
     Goldstein's), the first 80% of them become [MASK], the next 10% a random regular token (which may be the original),
-    and the rest keep their token. Of 32 that is 26, 3 and 3; a small k splits coarsely (5 gives 4, 0 and 1). Regular
-    tokens are the ids below n_regular, and the special ones come after them (the reference draws from the whole
-    vocabulary).
+    and the rest keep their token: by count, where BERT and RoBERTa draw each position's fate at random. Of 32 that is
+    26, 3 and 3; a small k splits coarsely (5 gives 4, 0 and 1, since Python's round takes 4.5 to 4). Regular tokens are
+    the ids below n_regular, and the special ones come after them (the reference draws from the whole vocabulary); a
+    random id is the row's noise modulo n_regular, uniform but for a bias of n_regular / 2**32. The k predictions of a
+    row share its context, so a step's rows x k predictions come from `rows` independent rows.
 
     For example, a row of 30 words, each one token, with the key 0 at the rate 0.25 (tests/test_model.py checks it):
         row:     the old man saw a red house by the river in the morning and then he walked home before the storm ...

@@ -522,8 +522,8 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 def mask_keys(seed, numbers):
     """One key for each row's mask, as an int64 tensor: model.mask_tokens draws a row's mask from its key alone. The
-    key is the row's number mixed with the seed (xor with a number the seed draws), so every number has its own key
-    and another seed gives other keys. A training row's number is its sequence number in the run (0, 1, 2, ...). A
+    key is the row's number mixed with the seed (xor with numpy's default_rng(seed).integers(2 ** 62), PCG64), so
+    every number has its own key and another seed gives other keys. A training row's number is its sequence number in the run (0, 1, 2, ...). A
     validation row's is negative (-1 - its index), so no validation row shares a training row's key. (row_noise hashes
     a key to 32 bits first, so two rows' masks may still coincide, as two random draws may.)"""
     return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
@@ -761,7 +761,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 #     the batch ramp: cram's line rounded down to a    one micro-batch of 128 ahead        (none)
 #     multiple of 128                                  (its backend/torch_default.py)
 # The model's settings default to the crammed recipe (Geiping & Goldstein 2022). Where it differs from the original
-# BERT's (config/bert_original.py sets BERT's), and why it suits a budget:
+# BERT's (config/bert_original.py sets BERT's switches, schedule, rate and Adam settings, though not its batch of 256,
+# its rows of 512 or next-sentence prediction), and why it suits a budget:
 # - Pre-LayerNorm (norm_first) trains stably at a high rate without a long warm-up (Xiong et al. 2020): a peak of
 #   1e-3, where post-norm BERT used 1e-4.
 # - No biases in the linear layers (bias): fewer kernels per step, for almost the same weights.

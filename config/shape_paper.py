@@ -1,5 +1,5 @@
-# The paper's shape, batch and rate, pinned: 16 layers of width 768, 12 heads, feed-forward 3072, the final
-# batch of the reference's recipe, 8,192 sequences (its ramp's end; the paper's batch ablation found about 4k best
+# The paper's shape and rate and its reference code's final batch, pinned: 16 layers of width 768, 12 heads,
+# feed-forward 3072, 8,192 sequences (its ramp's end; the paper's batch ablation found about 4k best
 # for GLUE), a peak learning rate of 1e-3. The budget (cram/budget.py) picks this shape and rate at 24 hours on the
 # paper's GPU (an RTX A6000), but the batch law's 4,096 there, and other shapes at other budgets; with
 # config/recipe_reference.py this is the paper's recipe at any budget, but for the departures the README names:
