@@ -521,11 +521,11 @@ def rows_at(start, count, n_rows, seed, order="shuffled"):
 
 
 def mask_keys(seed, numbers):
-    """One key for each row's mask, as an int64 tensor: model.mask_tokens draws a row's mask from its key alone. The
-    key is the row's number mixed with the seed (xor with numpy's default_rng(seed).integers(2 ** 62), PCG64), so
-    every number has its own key and another seed gives other keys. A training row's number is its sequence number in the run (0, 1, 2, ...). A
-    validation row's is negative (-1 - its index), so no validation row shares a training row's key. (row_noise hashes
-    a key to 32 bits first, so two rows' masks may still coincide, as two random draws may.)"""
+    """One key for each row's mask, as an int64 tensor: model.mask_tokens draws a row's mask from its key alone. The key
+    is the row's number mixed with the seed (xor with numpy's default_rng(seed).integers(2 ** 62), PCG64), so every
+    number has its own key and another seed gives other keys. A training row's number is its sequence number in the run
+    (0, 1, 2, ...). A validation row's is negative (-1 - its index), so no validation row shares a training row's key.
+    (row_noise hashes a key to 32 bits first, so two rows' masks may still coincide, as two random draws may.)"""
     return torch.from_numpy(np.asarray(numbers, dtype=np.int64) ^ int(np.random.default_rng(seed).integers(2 ** 62)))
 
 
