@@ -5,7 +5,7 @@
     python prepare.py --dataset=HuggingFaceFW/fineweb-edu --hf_config=sample-10BT --vocab_size=32768
 
 Writes to out_dir: tokenizer.tiktoken (tiktoken's BPE ranks), train.bin and val.bin (seq_len-token sequences of the
-documents joined by [SEP]) and, last, meta.json, which marks the work done. Documents stream: memory does not grow."""
+documents, each followed by [SEP]) and, last, meta.json, which marks the work done. Documents stream: memory does not grow."""
 import ast
 import functools
 import hashlib

@@ -271,7 +271,7 @@ def main(config, given):
         #    token (which may be the original) and the rest stay, as in BERT's 80/10/10: fine-tuning never shows the
         #    model [MASK], so it must also learn to predict tokens it can see. A row's mask is drawn from the seed and
         #    its sequence number, so a row read again in a later epoch, under a new number, gets a new mask.
-        sizes = micro_batch_sizes(step_batch, world, micro_batch, remainder_micro)
+        sizes = sizes_at(step_batch)  # this process's micro-batch sizes (micro_batch_sizes)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence number
         # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
         #    positions, each weighted the same, whatever it became. An untrained model's loss is a little under
@@ -549,9 +549,9 @@ class Batches:
     def micro_batch(self, start, size, masking):
         """The `size` sequences from sequence number `start` on, read from the token file, copied to the device and
         masked there. Nothing is read ahead, so this is part of the step's time. From disk to the model: `size` rows of
-        seq_len uint16 ids (uint32 past 65,536 ids) read from the memory-mapped train.bin, size x seq_len x 2 bytes;
-        an int64 (size, seq_len) tensor, pinned and copied to a GPU without waiting; then mask_tokens' (inputs
-        (size, seq_len), positions (size, k), labels (size, k)), all int64 on the device."""
+        seq_len uint16 ids (uint32 past 65,536 ids) read from the memory-mapped train.bin, size x seq_len x 2 bytes (4
+        past 65,536 ids); an int64 (size, seq_len) tensor, pinned and copied to a GPU without waiting; then mask_tokens'
+        (inputs (size, seq_len), positions (size, k), labels (size, k)), all int64 on the device."""
         rows = rows_at(start, size, len(self.tokens), self.seed, self.order)
         keys = to_device(mask_keys(self.seed, start + np.arange(size)), self.device)  # the rows' sequence numbers
         return mask_tokens(get_batch(self.tokens, rows, self.device), masking, self.mask_id, self.n_regular, keys=keys)
@@ -758,8 +758,9 @@ def save_if_sound(saves, validation, state, at_end=False):
 #     random replacement tokens: regular ones only     any id of the vocabulary            (none)
 #     the clock counts the training steps only         all the time since the start        (none)
 #     a loss spike skips its update                    no check                            spike_threshold=0
-#     the batch ramp: cram's line rounded down to a    one micro-batch of 128 ahead        (none)
-#     multiple of 128                                  (its backend/torch_default.py)
+#     the batch ramp: cram's line rounded down to a    its line rounded up to the next     (none)
+#     multiple of 128                                  multiple of 128, one micro-batch
+#                                                      ahead (its backend/torch_default.py)
 # The model's settings default to the crammed recipe (Geiping & Goldstein 2022). Where it differs from the original
 # BERT's (config/bert_original.py sets BERT's switches, schedule, rate and Adam settings, though not its batch of 256,
 # its rows of 512 or next-sentence prediction), and why it suits a budget:
