@@ -561,9 +561,9 @@ def param_groups(module, weight_decay, optim="adamw"):
 # --optim's row (the probe takes one real step at a rate of 0, which the optimizer must survive); bench.py and
 # finetune_glue.py build "adamw"'s (Runtime's default, which only training's set-up changes), so a change to that row
 # changes them too; off-load mode runs an AdamW of its own and refuses another.
-# What the update costs: it is on the training clock, but neither flops_per_token nor the budget's share of the matmul
-# (budget.STEP_EFFICIENCY, measured on steps with AdamW) counts it. So under a budget of hours a cheaper update trains
-# more tokens, and under a budget of tokens it changes nothing but the time.
+# What the update costs: it is on the training clock. flops_per_token does not count it, and the budget's share of the
+# matmul (budget.STEP_EFFICIENCY) includes it only as AdamW's, in the whole steps it was measured on. So under a budget
+# of hours a cheaper update trains more tokens, and under a budget of tokens it changes nothing but the time.
 def factored(state, param):
     return state.dim() == 0 or state.dim() == param.dim() and all(n in (1, m) for n, m in zip(state.shape, param.shape))
 

@@ -86,8 +86,9 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # --dry_run=True prints these lines and stops, on your own machine. The budget's rules (cram/budget.py applies them;
 # docs/training.md, "The budget's pick in short", has the ladder of shapes and the sources of the constants):
 #     FLOPs        hours x 3600 x the FLOP/s of a 2048^3 matmul timed at start-up x the processes x a step's share of
-#                  that speed: 0.5 on a CPU, 0.5 x (d_model / 768) ** 0.6 on a GPU (budget.step_efficiency; x 0.68
-#                  more uncompiled, x 0.6 more in off-load mode). A budget of tokens gives the FLOPs directly.
+#                  that speed: 0.5 on a CPU, 0.5 x (d_model / 768) ** 0.6 on a GPU (budget.step_efficiency; uncompiled
+#                  x 0.88 on a CPU and x 0.68 on a GPU, off-load x 0.85 and x 0.6 more). A budget of tokens gives the
+#                  FLOPs directly.
 #     shape        of the ladder's shapes, 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest, by ratio,
 #                  94.4M x (its FLOPs / 4.32e18) ** 0.4, each shape's FLOPs taken at its own share; under a budget
 #                  of hours, a larger one where that would read the data more than 16 times
@@ -453,8 +454,10 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     What a new masking schedule must keep, since these read the rate outside this function:
     - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (up to 3), and
       compiling is on the clock. A compiled function may build at most runtime.MAX_GRAPHS (32) graphs in all, counts x
-      sizes, and start-up refuses a schedule that needs more (setup.schedule_line). So a smooth schedule must take at
-      most about 10 distinct counts: 0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels take 8.
+      sizes, and a compiled run's start-up refuses a schedule that needs more at the 840 points of the budget it
+      samples (setup.schedule_line; a schedule that changes between them may still pass). So a smooth schedule must
+      take at most about 10 distinct counts: 0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels
+      take 8.
     - SpikeWatch starts its history of losses again at each new rate, so a rate that changes every step turns the
       spike check off.
     - The micro-batch is sized for the highest rate the schedule reaches, and the budget plans its FLOPs at
@@ -540,9 +543,10 @@ class Batches:
 
     def for_step(self, first, sizes, masking):
         """This process's masked micro-batches for one step, as a list of (inputs, positions, labels). `first` is the
-        number of the step's first sequence in the run, which is how many the run read before it. `sizes` are the sizes of this process's micro-batches
-        (micro_batch_sizes), and every process cuts the step the same way. The step reads the next sequences of the
-        data order. Each micro-batch is split over the processes, and rank r reads the r-th slice of it."""
+        number of the step's first sequence in the run, which is how many the run read before it. `sizes` are the sizes
+        of this process's micro-batches (micro_batch_sizes), and every process cuts the step the same way. The step
+        reads the next sequences of the data order. Each micro-batch is split over the processes, and rank r reads the
+        r-th slice of it."""
         starts = first + self.world * np.cumsum([0, *sizes[:-1]])  # each micro-batch's first sequence on rank 0
         return [self.micro_batch(int(start) + self.rank * size, size, masking) for start, size in zip(starts, sizes)]
 

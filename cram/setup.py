@@ -192,8 +192,9 @@ def schedule_line(config, schedules_at, sizes_at, seq_len):
     a fork's new schedule shows here as it will run (a masking rate that takes more than 8 values is given by its first
     and last values). `sizes_at(batch)` is a process's micro-batch sizes for a batch (train.micro_batch_sizes).
     Each count of masked tokens per row that the schedules reach, with each micro-batch size it meets, is a graph
-    torch.compile builds. A schedule that needs more than runtime.MAX_GRAPHS of them is refused here, in one line,
-    where it would otherwise fail mid-run (a smooth masking schedule, say)."""
+    torch.compile builds. A schedule that needs more than runtime.MAX_GRAPHS of them at the grid's points is refused
+    here, in one line, where it would otherwise fail mid-run (a smooth masking schedule, say). A schedule that changes
+    between the points may still pass."""
     # The schedules at every 840th of the budget: the steps of a staircase of up to 8 levels fall on that grid
     steps = [schedules_at(i / 840, config) for i in range(840)]  # (batch, lr, masking rate) at each
     shapes = {(masked_count(rate, seq_len), size) for batch, _, rate in steps for size in sizes_at(batch)}
