@@ -235,7 +235,9 @@ def main(config, given):
     #                                                                      compiling included
     #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
     #   lr                        hours, with the timed matmul)            batch_size, lr (else a recipe that
-    #                                                                      changes the FLOPs per token may move it)
+    #                                                                      changes the FLOPs per token may move it;
+    #                                                                      "settled:" rounds lr to 3 figures, the
+    #                                                                      checkpoint's config keeps it whole)
     #   initial weights           the seed and each weight's name          for weights of one name and shape
     #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
     #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with the same
@@ -279,8 +281,9 @@ def main(config, given):
         #    ln(vocab_size) (8.8 against ln 8,192 = 9.0 in the README's quickstart).
         # 4. The backward pass: each micro-batch's loss is weighted by its share of the step's rows, so the gradients
         #    add up to the gradient of the step's mean. The host waits for the device twice a step: for this loss and
-        #    for the gradients' norm in the update. Under DDP the processes also wait for each other: for the clock at
-        #    the step's start, the gradients after the last micro-batch and this loss's mean.
+        #    for the gradients' norm in the update (under float16 the loss scaler also reads its overflow check).
+        #    Under DDP the processes also wait for each other: for the clock at the step's start, the gradients after
+        #    the last micro-batch and this loss's mean.
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
         #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). By the default
@@ -458,10 +461,10 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
       samples (setup.schedule_line; a schedule that changes between them may still pass). So a smooth schedule must
       take at most about 10 distinct counts: 0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels
       take 8.
-    - SpikeWatch starts its history of losses again at each new rate, so a rate that changes every step turns the
-      spike check off.
+    - SpikeWatch starts its history of losses again at each new rate value (even one that keeps a row's count), so a
+      rate that changes every step turns the spike check off: a smooth schedule should take few distinct values.
     - The micro-batch is sized for the highest rate the schedule reaches, and the budget plans its FLOPs at
-      mask_rate."""
+      mask_rate, even where the schedule never reaches it (one level: mask_rate_start throughout)."""
     if not start:
         return end
     level = min(levels - 1, int(progress * levels))
