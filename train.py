@@ -45,9 +45,10 @@ in a new run, a larger or smaller budget stretches or shrinks every schedule, an
 the final batch and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving are off the
 clock: a run takes longer on the wall clock than its budget of hours.
 
-Ctrl-C or SIGTERM during training finishes the current step, saves a checkpoint (unless the weights have diverged)
-and exits, and --resume=True continues from there. Before training starts, it exits at once and saves nothing.
-The comment above main says where the rest is, and docs/training.md says all of this in full."""
+Ctrl-C, SIGTERM or another stop signal (process.STOP_SIGNALS: SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU too) during training
+finishes the current step, saves a checkpoint (unless the weights have diverged) and exits, and --resume=True continues
+from there. Before training starts, it exits at once and saves nothing. The comment above main says where the rest is,
+and docs/training.md says all of this in full."""
 import dataclasses
 import functools
 import math
