@@ -148,7 +148,7 @@ def declared(lines, pattern, known):
         if match and match.group(1) in known:
             yield "setting", match.group(1), match.group(2)
         elif line.startswith("#"):
-            yield "section", line.lstrip("# ")
+            yield "section", line[2:] if line.startswith("# ") else line[1:]  # "# " off, a table row's indent kept
         elif line.strip().startswith("#"):
             yield "more", line.strip().lstrip("# ")
 
