@@ -272,9 +272,10 @@ def main(config, given):
         # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (model.mask_tokens shows a row).
         #    Masking 25% rather than BERT's 15% gives more predictions from the same rows. The k positions are drawn
         #    without replacement; the first round(0.8 k) drawn become [MASK], those up to round(0.9 k) a random regular
-        #    token (which may be the original) and the rest stay, as in BERT's 80/10/10: fine-tuning never shows the
-        #    model [MASK], so it must also learn to predict tokens it can see. A row's mask is drawn from the seed and
-        #    its sequence number, so a row read again in a later epoch, under a new number, gets a new mask.
+        #    token (which may be the original) and the rest stay: BERT's 80/10/10, by count where BERT draws each
+        #    position's fate at random. Fine-tuning never shows the model [MASK], so it must also learn to predict
+        #    tokens it can see. A row's mask is drawn from the seed and its sequence number, so a row read again in a
+        #    later epoch, under a new number, gets a new mask.
         sizes = sizes_at(step_batch)  # this process's micro-batch sizes (micro_batch_sizes)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence number
         # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
