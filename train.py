@@ -24,13 +24,12 @@ One training step (the loop in main) does five things. The table below works one
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
     what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1 s
 k = 32 is 0.25 x 128; 26/3/3 is 26 masked tokens shown as [MASK], 3 as a random token and 3 as themselves. The loop in
-main says why each stage is so, under the same numbers, and how the micro-batches are weighted. Then the step count
-grows by 1 and training time by the step's time, even when the update was skipped. The 3.3 s is at the speed the budget
-plans for: half the A6000's 100 TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250
-to 510 steps on the 2-core CPUs measured so far: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the
-README's run of 465 steps, about step 145). Among the settings below lr and batch_size are 0: start-up decides them
-unless a config file or the command line gives them (the quickstart's does), and the start-up line "settled:" prints the
-values used.
+main says why each stage is so and names the function that does it. Then the step count grows by 1 and training time by
+the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's 100
+TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250 to 510 steps on the 2-core CPUs
+measured so far: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps, about
+step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the command
+line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
@@ -258,40 +257,26 @@ def main(config, given):
         progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
-        # The step's batch size, learning rate and masking rate: the schedules at the run's progress, the share of the
-        # budget used (of its tokens, or of its hours on the clock), with the settings start-up decided in `config`.
-        # The stages below are numbered as in the table at the top of this file, which gives their values; the table
-        # above the loop says when step n of two runs is the same.
+        # The step's batch size, learning rate and masking rate at the run's progress, the share of the budget used,
+        # with the settings start-up decided in `config`. The table at the top of this file gives their values in two
+        # runs; the table above the loop says when step n of two runs is the same.
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
-        # 1. Read the next step_batch rows. The run numbers the rows it reads 0, 1, 2, ... across epochs (a row's
-        #    sequence number), and this step starts at sequence number tokens // seq_len. The batch grows over the
-        #    first 60% of the budget, because early on a small batch learns about as much per token as a large one, and
-        #    so gives more updates for the same data. Each process runs its share as micro-batches, one after the other
-        #    (micro_batch_sizes).
-        # 2. Mask k = max(1, round(step_mask_rate x seq_len)) tokens in every row (model.mask_tokens shows a row).
-        #    Masking 25% rather than BERT's 15% gives more predictions from the same rows. The k positions are drawn
-        #    without replacement; the first round(0.8 k) drawn become [MASK], those up to round(0.9 k) a random regular
-        #    token (which may be the original) and the rest stay: BERT's 80/10/10, by count where BERT draws each
-        #    position's fate at random. Fine-tuning never shows the model [MASK], so it must also learn to predict
-        #    tokens it can see. A row's mask is drawn from the seed and its sequence number, so a row read again in a
-        #    later epoch, under a new number, gets a new mask.
+        # 1. Read the next step_batch rows of the run's order (Batches.for_step). The batch grows over the first 60% of
+        #    the budget, because early on a small batch learns about as much per token as a large one, and so gives
+        #    more updates for the same data.
+        # 2. Mask k tokens in every row (model.mask_tokens says which and what each becomes, with an example). Masking
+        #    25% rather than BERT's 15% gives more predictions from the same rows. Some masked tokens are shown as a
+        #    random token or as themselves because fine-tuning never shows the model [MASK].
         sizes = sizes_at(step_batch)  # this process's micro-batch sizes (micro_batch_sizes)
         micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence number
-        # 3. The loss: (1 / (rows x k)) x the sum of -log p(the original token) over the step's rows x k masked
-        #    positions, each weighted the same, whatever it became. An untrained model's loss is a little under
-        #    ln(vocab_size) (8.8 against ln 8,192 = 9.0 in the README's quickstart).
-        # 4. The backward pass: each micro-batch's loss is weighted by its share of the step's rows, so the gradients
-        #    add up to the gradient of the step's mean. The host waits for the device twice a step: for this loss and
-        #    for the gradients' norm in the update (under float16 the loss scaler also reads its overflow check).
-        #    Under DDP the processes also wait for each other: for the clock at the step's start, the gradients after
-        #    the last micro-batch and this loss's mean.
+        # 3-4. The loss, the mean cross-entropy over the step's masked tokens (model.CrammedBert.mlm_loss), and its
+        #    gradients, summed over the micro-batches (model.Trainer.backward says how they are weighted).
         loss = trainer.backward(micro_batches)
-        # 5. Clip the gradients' norm to grad_clip, then update at step_lr (AdamW by default; weight decay is multiplied
-        #    by step_lr too). A loss spike or a non-finite gradient skips the update ("Bad steps"). By the default
-        #    schedule (lr_schedule=triangle) the rate starts at a quarter of the peak, because pre-LayerNorm blocks
-        #    train stably at a high rate from the first step (Xiong et al. 2020), and falls to 0 at the end, because
-        #    that trains best when the length of training is fixed in advance (Li et al. 2020, budgeted training).
+        # 5. Clip the gradients and update (model.Trainer.update), unless the loss spiked ("Bad steps"). By default the
+        #    rate starts at a quarter of the peak because pre-LayerNorm blocks train stably at a high rate from the
+        #    first step (Xiong et al. 2020), and falls to 0 because that trains best when the length of training is
+        #    fixed in advance (Li et al. 2020, budgeted training).
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not.
