@@ -18,18 +18,18 @@ One training step (the loop in main) does five things. The table below works one
     1. reads the next rows of train.bin     batch_size_at, rows_at      2,048 rows of 128 tokens  32 rows of 128
     2. masks k tokens in each row           masked_count, mask_tokens   k = 32: 26/3/3            k = 32: 26/3/3
     3. the loss: the mean cross-entropy     CrammedBert.mlm_loss        over 65,536 masked        over 1,024 masked
-    4. the backward pass                    Trainer.backward            gradients summed          gradients summed
+    4. the backward pass                    Trainer.backward            the mean's gradients      the mean's gradients
     5. clips the gradients' norm to 0.5,    Trainer.update, lr_at       rate 5.5e-4               rate 1e-3
        then AdamW updates the weights                                   = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
-    what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1 s
+    what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1.0 s
 k = 32 is 0.25 x 128; 26/3/3 is 26 masked tokens shown as [MASK], 3 as a random token and 3 as themselves. The loop in
 main says why each stage is so and names the function that does it. Then the step count grows by 1 and training time by
 the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's 100
 TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250 to 510 steps on the 2-core CPUs
-measured so far: 0.5 to 1 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps, about
-step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the command
-line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
+measured so far: 0.47 to 0.96 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps,
+about step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the
+command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
 The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
 set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
