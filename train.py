@@ -10,7 +10,9 @@ One training step (the loop in main) does five things. The table below works one
 - The A6000's day in tokens: --budget_tokens=6900000000, about the tokens that the paper's 24 hours on an RTX A6000 buy.
   At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
   starts 30% into the budget, after 27,304 steps. (The default budget of 24 hours picks the same on an A6000, but what
-  it picks depends on the machine's speed.)
+  it picks depends on the machine's speed.) The paper's own recipe and batch (config/recipe_reference.py and
+  config/shape_paper.py) would read 4,096 rows at this point (its final batch is 8192), at the same rate, without smear
+  (0.623 GFLOP a token).
 - The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a batch
   that starts at 32 rows (its batch_ramp_start) and ends at 64, and a peak rate of 2e-3. The step shown starts 1:15
   into its 5 minutes of training time, a quarter of the budget.
@@ -262,9 +264,9 @@ def main(config, given):
         # runs; the table above the loop says when step n of two runs is the same.
         step_batch, step_lr, step_mask_rate = schedules_at(progress, config)
         step_masking = dataclasses.replace(masking, mask_rate=step_mask_rate)
-        # 1. Read the next step_batch rows of the run's order (Batches.for_step). The batch grows over the first 60% of
-        #    the budget, because early on a small batch learns about as much per token as a large one, and so gives
-        #    more updates for the same data.
+        # 1. Read the next step_batch rows of the run's order (Batches.for_step). The batch grows over the first
+        #    batch_ramp (60%) of the budget, because early on a small batch learns about as much per token as a large
+        #    one, and so gives more updates for the same data.
         # 2. Mask k tokens in every row (model.mask_tokens says which and what each becomes, with an example). Masking
         #    25% rather than BERT's 15% gives more predictions from the same rows. Some masked tokens are shown as a
         #    random token or as themselves because fine-tuning never shows the model [MASK].
@@ -274,9 +276,10 @@ def main(config, given):
         #    gradients, summed over the micro-batches (model.Trainer.backward says how they are weighted).
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients and update (model.Trainer.update), unless the loss spiked ("Bad steps"). By default the
-        #    rate starts at a quarter of the peak because pre-LayerNorm blocks train stably at a high rate from the
-        #    first step (Xiong et al. 2020), and falls to 0 because that trains best when the length of training is
-        #    fixed in advance (Li et al. 2020, budgeted training).
+        #    learning rate starts at a quarter of the peak, reaches the peak at 75% of the budget and falls to 0 at its
+        #    end (lr_at). It starts that high because pre-LayerNorm blocks train stably at a high rate from the first
+        #    step (Xiong et al. 2020), and falls to 0 because that trains best when the length of training is fixed in
+        #    advance (Li et al. 2020, budgeted training).
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not.
@@ -397,9 +400,7 @@ class TrainingClock:
 # losses again (SpikeWatch).
 # The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
 # one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
-# (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted. With a final batch of 4096 the rate
-# happens to rise about as the square root of the batch from 10% to 60% of the budget (batch 768 to 4096, rate
-# 3.5e-4 to 8.5e-4); with another final batch it does not.
+# (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted.
 # Since the batch grows, a share of the budget is not the same share of the steps: with a final batch of 4096, two
 # thirds of the steps come in the first quarter of the budget (docs/training.md, "A run in numbers"). A budget of S
 # sequences takes about S x (ramp / L) / start x (1 + 1/2 + ... + 1/L) steps while the batch ramps through its
@@ -573,19 +574,20 @@ class SpikeWatch:
     """Tracks the recent training loss: a running mean over about the last SPIKE_WINDOW steps, and a running variance
     taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict)."""
 
-    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, rate=0.0):
-        self.threshold, self.mean, self.var, self.count, self.last, self.rate = threshold, mean, var, count, last, rate
+    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, mask_rate=0.0, rate=0.0):  # rate: the old key
+        self.threshold, self.mean, self.var, self.count, self.last, self.mask_rate = threshold, mean, var, count, last, mask_rate or rate
 
-    def is_spike(self, loss, rate=0.0):
+    def is_spike(self, loss, mask_rate=0.0):
         """Whether `loss` is a spike: more than `threshold` standard deviations (the square root of the variance)
         and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
         losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history.
-        `rate` is the step's masking rate. Losses at two rates do not compare (a higher rate gives a higher loss), so at
-        a new rate (even one that gives a row the same count) the history starts again, and no loss is judged for the
-        next SPIKE_HISTORY steps. A rate of 0 is unknown (a checkpoint from before it was kept)."""
-        if rate != self.rate and self.rate:
+        `mask_rate` is the step's masking rate. Losses at two masking rates do not compare (a higher one gives a higher
+        loss), so at a new masking rate (even one that gives a row the same count) the history starts again, and no
+        loss is judged for the next SPIKE_HISTORY steps. A masking rate of 0 is unknown (a checkpoint from before it was
+        kept; one from before its rename keeps it as `rate`)."""
+        if mask_rate != self.mask_rate and self.mask_rate:
             self.mean, self.var, self.count, self.last = 0.0, 0.0, 0, 0.0
-        self.rate = rate
+        self.mask_rate = mask_rate
         rise = loss - self.mean
         spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
                      rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
@@ -597,7 +599,7 @@ class SpikeWatch:
         return spike
 
     def state_dict(self):
-        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last, rate=self.rate)
+        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last, mask_rate=self.mask_rate)
 
 
 class BadSteps:
@@ -752,9 +754,9 @@ def save_if_sound(saves, validation, state, at_end=False):
 #     random replacement tokens: regular ones only     any id of the vocabulary            (none)
 #     the clock counts the training steps only         all the time since the start        (none)
 #     a loss spike skips its update                    no check                            spike_threshold=0
-#     the batch ramp: cram's line rounded down to a    its line rounded up to the next     (none)
-#     multiple of 128                                  multiple of 128, one micro-batch
-#                                                      ahead (its backend/torch_default.py)
+#     the batch ramp: cram's line rounded down to a    the same line rounded up, so one    (none)
+#     multiple of 128                                  micro-batch of 128 more at most
+#                                                      points (backend/torch_default.py)
 # The model's settings default to the crammed recipe (Geiping & Goldstein 2022). Where it differs from the original
 # BERT's (config/bert_original.py sets BERT's switches, schedule, rate and Adam settings, though not its batch of 256,
 # its rows of 512 or next-sentence prediction), and why it suits a budget:

@@ -327,11 +327,13 @@ def test_a_new_masking_rate_starts_the_spike_history_again():
     from train import SPIKE_HISTORY, SpikeWatch
     watch = SpikeWatch(6.0)
     for i in range(SPIKE_HISTORY + 10):
-        assert not watch.is_spike(2.0 + 0.01 * (i % 2), rate=0.15)
-    assert watch.is_spike(2.6, rate=0.15)  # at the same rate: a spike
-    assert not any(watch.is_spike(2.6 + 0.01 * (i % 2), rate=0.25) for i in range(SPIKE_HISTORY + 10))  # a new level
+        assert not watch.is_spike(2.0 + 0.01 * (i % 2), mask_rate=0.15)
+    assert watch.is_spike(2.6, mask_rate=0.15)  # at the same rate: a spike
+    assert not any(watch.is_spike(2.6 + 0.01 * (i % 2), mask_rate=0.25) for i in range(SPIKE_HISTORY + 10))  # a new level
     resumed = SpikeWatch(6.0, **watch.state_dict())
-    assert resumed.rate == 0.25 and resumed.is_spike(3.2, rate=0.25)
+    assert resumed.mask_rate == 0.25 and resumed.is_spike(3.2, mask_rate=0.25)
+    older = {k: v for k, v in watch.state_dict().items() if k != "mask_rate"} | {"rate": 0.25}  # its key before the rename
+    assert SpikeWatch(6.0, **older).mask_rate == 0.25
 
 
 def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last_good_checkpoint(prepared, tmp_path):
