@@ -211,15 +211,15 @@ def main(config, given):
     batches = Batches(train_tokens, meta, rank, world, rt.device, seed, data_order)
     # evaluation runs the plain model: the compiled (and DDP-wrapped) copy would compile again for evaluation's shapes
     validation = Validation(trainer.model, val_tokens, meta, micro_batch, rt)
-    # How far the run has got: steps taken (a step whose update was skipped counts), input tokens trained on, and
-    # `seconds` of training time.
-    step, tokens, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
+    # How far the run has got: steps taken (a step whose update was skipped counts), `tokens_read`, the input tokens
+    # read (every token of a row, masked or not; the loss counts only the masked ones), and `seconds` of training time.
+    step, tokens_read, seconds = (checkpoint["step"], checkpoint["tokens"], checkpoint["elapsed"]) if checkpoint else (0, 0, 0.)
     run_info = dict(model_args=model_args, config=config, data_dir=os.path.realpath(data_dir), meta=meta,
                     tokenizer=tokenizer_text, budget=budget_pick, run=saves.run)  # run: the id on its metrics.jsonl lines
     # The score at init: a new run's, before its first step, or its checkpoint's (None where it has none)
     scores = {}  # step -> (val loss, masked-token accuracy) of each evaluation this command runs
     if master and not checkpoint:
-        scores[step] = run_eval(validation, metrics, step, tokens, seconds)
+        scores[step] = run_eval(validation, metrics, step, tokens_read, seconds)
     init_loss = checkpoint.get("init_val_loss") if checkpoint else scores.get(0, (None,))[0]
     clock = TrainingClock(seconds)  # training time, and a stop signal from here on (TrainingClock has the rules)
 
@@ -252,11 +252,11 @@ def main(config, given):
     # (each machine's kernels round differently), so the weights drift apart a little as the steps go on.
     # Under a budget of hours the same rows come in the same order, but they may fall into other steps.
     last_eval = last_ckpt = seconds
-    at_last_line = (seconds, tokens)  # the clock and the tokens at the last training line, for its tokens/s
+    at_last_line = (seconds, tokens_read)  # the clock and the tokens at the last training line, for its tokens/s
     repeats_warned = budget_tokens > 0  # a budget of tokens warned of repeated data at start-up
     while True:
         seconds, stop = clock.start_step()  # under DDP, every process takes rank 0's seconds, and stops if any was asked to
-        progress = budget_progress(tokens, seconds, budget_tokens, budget_hours)
+        progress = budget_progress(tokens_read, seconds, budget_tokens, budget_hours)
         if no_step_left(progress, step, max_steps) or stop:
             break
         # The step's batch size, learning rate and masking rate at the run's progress, the share of the budget used,
@@ -271,7 +271,7 @@ def main(config, given):
         #    25% rather than BERT's 15% gives more predictions from the same rows. Some masked tokens are shown as a
         #    random token or as themselves because fine-tuning never shows the model [MASK].
         sizes = sizes_at(step_batch)  # this process's micro-batch sizes (micro_batch_sizes)
-        micro_batches = batches.for_step(tokens // seq_len, sizes, step_masking)  # the first sequence number
+        micro_batches = batches.for_step(tokens_read // seq_len, sizes, step_masking)  # the first sequence number
         # 3-4. The loss, the mean cross-entropy over the step's masked tokens (model.CrammedBert.mlm_loss), and its
         #    gradients, summed over the micro-batches (model.Trainer.backward says how they are weighted).
         loss = trainer.backward(micro_batches)
@@ -282,32 +282,32 @@ def main(config, given):
         #    advance (Li et al. 2020, budgeted training).
         spike = watch.is_spike(loss, step_masking.mask_rate)
         applied = trainer.update(step_lr, grad_clip, skip=spike)
-        # Then the counts, a skipped update's too: the step, and `tokens`, the input tokens read, masked or not.
-        step, tokens = step + 1, tokens + step_batch * seq_len
+        # Then the counts, a skipped update's too: the step, and the input tokens read, masked or not.
+        step, tokens_read = step + 1, tokens_read + step_batch * seq_len
         seconds = clock.end_step()  # the step's time added, less a pause
         bad_steps.count(step, loss, spike, applied, trainer.scaler)  # max_skipped_steps bad steps in a row end the run
         if master and step % log_interval == 0:  # rank 0 alone logs, evaluates and saves
-            tokens_per_s = (tokens - at_last_line[1]) / (seconds - at_last_line[0])
+            tokens_per_s = (tokens_read - at_last_line[1]) / (seconds - at_last_line[0])
             mfu = model.config.flops_per_token(step_masking.mask_rate) * tokens_per_s / world / rt.peak_flops if rt.peak_flops else None
-            progress_after = budget_progress(tokens, seconds, budget_tokens, budget_hours)  # `progress` is before the step
+            progress_after = budget_progress(tokens_read, seconds, budget_tokens, budget_hours)  # `progress` is before the step
             # The tokens the run will have trained at its end: at the speed since the last line, under a budget of hours
-            total = budget_tokens or tokens + tokens_per_s * max(0.0, 1 - progress_after) * 3600 * budget_hours
-            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens, loss=loss,
+            total = budget_tokens or tokens_read + tokens_per_s * max(0.0, 1 - progress_after) * 3600 * budget_hours
+            log_step(metrics, rt, dict(kind="train", step=step, elapsed=round(seconds, 2), tokens=tokens_read, loss=loss,
                                        lr=step_lr, batch=step_batch, mask_rate=step_mask_rate, tokens_per_s=round(tokens_per_s),
                                        mfu=mfu, skipped=bad_steps.skipped), n_rows, seq_len, progress_after, total, config)
             repeats_warned = repeats_warned or budget.warn_repeats(total, seconds, tokens_per_s, n_rows * seq_len, budget_hours)
-            at_last_line = (seconds, tokens)
+            at_last_line = (seconds, tokens_read)
         # After a stop signal, an evaluation or a save that is due is skipped, and the end saves at once. So a
         # scheduler's grace period must cover what was under way when the signal came (the step, an evaluation or a
         # save) and one save.
         if master and seconds - last_eval >= eval_interval_minutes * 60 and clock.signum is None:
-            last_eval, scores[step] = seconds, run_eval(validation, metrics, step, tokens, seconds)
+            last_eval, scores[step] = seconds, run_eval(validation, metrics, step, tokens_read, seconds)
         # No checkpoint is saved during a streak of bad steps. save_if_sound refuses weights that have diverged, and the
         # next try comes an interval later.
         if (master and seconds - last_ckpt >= ckpt_interval_minutes * 60 and not bad_steps.in_a_row
                 and clock.signum is None):  # asked again here: a stop may come during the evaluation
             last_ckpt = seconds
-            save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, False, watch))
+            save_if_sound(saves, validation, checkpoint_state(trainer, run_info, step, seconds, tokens_read, init_loss, False, watch))
 
     # -------------------------------------------------------------------- the end; the clock has stopped
     # A run ends in one of three ways.
@@ -323,7 +323,7 @@ def main(config, given):
     if not stop:
         process.take_signals(process.interrupt)
     if master:
-        state = checkpoint_state(trainer, run_info, step, seconds, tokens, init_loss, not stop, watch)  # final: not stopped
+        state = checkpoint_state(trainer, run_info, step, seconds, tokens_read, init_loss, not stop, watch)  # final: not stopped
         finish(validation, metrics, state, clock.signum, saves, scores)
     del trainer  # under torchrun, DDP's model is freed before its process group ends
     runtime.leave_process_group()  # under torchrun, the processes wait for rank 0 to save, then the group ends
