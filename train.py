@@ -67,7 +67,7 @@ from cram.data import fill_in, get_batch, load_run_data, make_encoding, repeat_w
 from cram.files import MetricsLog, Saves, all_finite, check_resume, claim_folder, parse_ranks
 from cram.offload import OffloadTrainer
 from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, SHAPE_FIELDS, CrammedBert, Masking, ModelConfig, Trainer,
-                   lr_for_width, mask_tokens, param_groups)
+                   lr_for_width, mask_tokens, masked_count, param_groups)
 
 # -----------------------------------------------------------------------------
 # The settings. Each comment opens with the values the setting allows, which the configurator checks.
@@ -277,10 +277,11 @@ def main(config, given):
         loss = trainer.backward(micro_batches)
         # 5. Clip the gradients and update (model.Trainer.update), unless the loss spiked ("Bad steps"). By default the
         #    learning rate starts at a quarter of the peak, reaches the peak at 75% of the budget and falls to 0 at its
-        #    end (lr_at). It starts that high because pre-LayerNorm blocks train stably at a high rate from the first
-        #    step (Xiong et al. 2020), and falls to 0 because that trains best when the length of training is fixed in
-        #    advance (Li et al. 2020, budgeted training).
-        spike = watch.is_spike(loss, step_masking.mask_rate)
+        #    end (lr_at), whatever the batch (the schedules' comment says why). It starts that high because
+        #    pre-LayerNorm blocks train stably at a high rate from the first step (Xiong et al. 2020), and falls to 0
+        #    because that trains best when the length of training is fixed in advance (Li et al. 2020, budgeted
+        #    training).
+        spike = watch.is_spike(loss, masked_count(step_mask_rate, seq_len))  # a new count starts its history again
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # Then the counts, a skipped update's too: the step, and the input tokens read, masked or not.
         step, tokens_read = step + 1, tokens_read + step_batch * seq_len
@@ -396,8 +397,8 @@ class TrainingClock:
 
 # -----------------------------------------------------------------------------
 # The schedules: each is a pure function of the run's progress, the fraction of the budget used (lr_at, mask_rate_at
-# and batch_size_at, read together by schedules_at). A new masking rate also starts the spike check's history of
-# losses again (SpikeWatch).
+# and batch_size_at, read together by schedules_at). A masking rate that changes a row's count of masked tokens also
+# starts the spike check's history of losses again (SpikeWatch).
 # The peak rate is not scaled with the batch, neither along the ramp nor by the final batch: the cramming recipe keeps
 # one peak over its ramp, and at equal tokens the CPU sweeps found the loss flat from the width's rate to twice it
 # (BENCHMARKS.md, "The budget's learning rate"), so no batch rule was fitted.
@@ -443,14 +444,13 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     torch.compile compiles each rate's shapes once (two rates that give a row the same count share one; Ankner et al.
     2023 lower the rate in stages). With one level the rate is `start` throughout.
     What a new masking schedule must keep, since these read the rate outside this function:
-    - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (up to 3), and
-      compiling is on the clock. A compiled function may build at most runtime.MAX_GRAPHS (32) graphs in all, counts x
-      sizes, and a compiled run's start-up refuses a schedule that needs more at the 840 points of the budget it
-      samples (setup.schedule_line; a schedule that changes between them may still pass). So a smooth schedule must
-      take at most about 10 distinct counts: 0.40 to 0.15 in a straight line passes 33 counts in rows of 128; 8 levels
-      take 8.
-    - SpikeWatch starts its history of losses again at each new rate value (even one that keeps a row's count), so a
-      rate that changes every step turns the spike check off: a smooth schedule should take few distinct values.
+    - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (two, or three where a
+      batch falls outside set-up's two sizes: micro_batch_sizes), and compiling is on the clock. A compiled function may
+      build at most runtime.MAX_GRAPHS (32) graphs in all, counts x sizes, and a compiled run's start-up refuses a
+      schedule that needs more at the 840 points of the budget it samples (setup.schedule_line; a schedule that changes
+      between them may still pass). So a smooth schedule must take at most about 10 distinct counts: 0.40 to 0.15 in a
+      straight line passes 33 counts in rows of 128; 8 levels take 8.
+    - SpikeWatch starts its history of losses again at each new count, and judges no loss for SPIKE_HISTORY steps.
     - The micro-batch is sized for the highest rate the schedule reaches, and the budget plans its FLOPs at
       mask_rate, even where the schedule never reaches it (one level: mask_rate_start throughout)."""
     if not start:
@@ -574,20 +574,21 @@ class SpikeWatch:
     """Tracks the recent training loss: a running mean over about the last SPIKE_WINDOW steps, and a running variance
     taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict)."""
 
-    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, mask_rate=0.0, rate=0.0):  # rate: the old key
-        self.threshold, self.mean, self.var, self.count, self.last, self.mask_rate = threshold, mean, var, count, last, mask_rate or rate
+    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, masked=0, rate=0.0):  # rate: an older key, unused
+        self.threshold, self.mean, self.var, self.count, self.last, self.masked = threshold, mean, var, count, last, masked
 
-    def is_spike(self, loss, mask_rate=0.0):
+    def is_spike(self, loss, masked=0):
         """Whether `loss` is a spike: more than `threshold` standard deviations (the square root of the variance)
         and more than SPIKE_MARGIN x the mean above the recent mean. Nothing counts as a spike until SPIKE_HISTORY
         losses are in, or with a threshold of 0. A finite loss that is not a spike joins the history.
-        `mask_rate` is the step's masking rate. Losses at two masking rates do not compare (a higher one gives a higher
-        loss), so at a new masking rate (even one that gives a row the same count) the history starts again, and no
-        loss is judged for the next SPIKE_HISTORY steps. A masking rate of 0 is unknown (a checkpoint from before it was
-        kept; one from before its rename keeps it as `rate`)."""
-        if mask_rate != self.mask_rate and self.mask_rate:
+        `masked` is the step's count of masked tokens per row (model.masked_count). Losses at two counts do not compare
+        (more masked tokens leave less context, so the loss is higher), so at a new count the history starts again, and
+        no loss is judged for the next SPIKE_HISTORY steps. Two masking rates that give a row the same count mask the
+        same tokens, so their losses share one history. A count of 0 is unknown (a checkpoint from before it was
+        kept)."""
+        if masked != self.masked and self.masked:
             self.mean, self.var, self.count, self.last = 0.0, 0.0, 0, 0.0
-        self.mask_rate = mask_rate
+        self.masked = masked
         rise = loss - self.mean
         spike = bool(self.threshold and self.count >= SPIKE_HISTORY and
                      rise > max(self.threshold * self.var ** 0.5, SPIKE_MARGIN * self.mean))
@@ -599,7 +600,7 @@ class SpikeWatch:
         return spike
 
     def state_dict(self):
-        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last, mask_rate=self.mask_rate)
+        return dict(mean=self.mean, var=self.var, count=self.count, last=self.last, masked=self.masked)
 
 
 class BadSteps:

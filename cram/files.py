@@ -419,8 +419,8 @@ def checkpoint_problem(checkpoint, path):
         if key in checkpoint and type(checkpoint[key]) not in kinds:
             return f"its {key} is {type(checkpoint[key]).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
     watch = checkpoint.get("spike_watch", {})  # train.py's SpikeWatch state, which a resume unpacks
-    if set(watch) - {"mean", "var", "count", "last", "mask_rate", "rate"} or not all(type(v) in (float, int) and v >= 0 for v in watch.values()):
-        return "its spike_watch is not the mean, var, count, last and masking rate of a run's losses (numbers, none negative)"
+    if set(watch) - {"mean", "var", "count", "last", "masked", "rate"} or not all(type(v) in (float, int) and v >= 0 for v in watch.values()):
+        return "its spike_watch is not the mean, var, count, last and masked count of a run's losses (numbers, none negative)"
     problem = model_args_problem(args) or meta_problem(checkpoint["meta"])
     if problem:
         return problem

@@ -320,20 +320,25 @@ def with_junk(prepared, folder, steps, batch=16):
     return folder
 
 
-def test_a_new_masking_rate_starts_the_spike_history_again():
-    """A rising masking rate lifts the loss at each new level. Judged against the old rate's history, every step after
-    the rise would be a spike (a spike never joins the history), and max_skipped_steps would end a sound run. The watch
-    starts its history again at a new rate, and still catches a spike at the same rate. Its state keeps the rate."""
+def test_a_new_masked_count_starts_the_spike_history_again_and_a_rate_that_keeps_the_count_does_not():
+    """A rising masking rate lifts the loss at each new count of masked tokens per row. Judged against the old count's
+    history, every step after the rise would be a spike (a spike never joins the history), and max_skipped_steps would
+    end a sound run. The watch starts its history again at a new count, and still catches a spike at the same count.
+    Rates that give a row the same count mask the same tokens, so a schedule that moves the rate a little every step
+    keeps one history, and a spike among them is caught. Its state keeps the count; an older checkpoint's rate loads."""
+    from model import masked_count
     from train import SPIKE_HISTORY, SpikeWatch
     watch = SpikeWatch(6.0)
     for i in range(SPIKE_HISTORY + 10):
-        assert not watch.is_spike(2.0 + 0.01 * (i % 2), mask_rate=0.15)
-    assert watch.is_spike(2.6, mask_rate=0.15)  # at the same rate: a spike
-    assert not any(watch.is_spike(2.6 + 0.01 * (i % 2), mask_rate=0.25) for i in range(SPIKE_HISTORY + 10))  # a new level
+        assert not watch.is_spike(2.0 + 0.01 * (i % 2), masked=19)
+    assert watch.is_spike(2.6, masked=19)  # at the same count: a spike
+    assert not any(watch.is_spike(2.6 + 0.01 * (i % 2), masked=32) for i in range(SPIKE_HISTORY + 10))  # a new count
+    smooth = [masked_count(0.25 + 0.0001 * i, 128) for i in range(3)]  # a rate that moves every step, 32 of 128 each
+    assert smooth == [32] * 3 and not watch.is_spike(2.61, masked=smooth[1]) and watch.is_spike(3.4, masked=smooth[2])
     resumed = SpikeWatch(6.0, **watch.state_dict())
-    assert resumed.mask_rate == 0.25 and resumed.is_spike(3.2, mask_rate=0.25)
-    older = {k: v for k, v in watch.state_dict().items() if k != "mask_rate"} | {"rate": 0.25}  # its key before the rename
-    assert SpikeWatch(6.0, **older).mask_rate == 0.25
+    assert resumed.masked == 32 and resumed.is_spike(3.4, masked=32)
+    older = {k: v for k, v in watch.state_dict().items() if k != "masked"} | {"rate": 0.25}  # a checkpoint from before
+    assert SpikeWatch(6.0, **older).masked == 0
 
 
 def test_a_loss_spike_is_skipped_never_saved_and_a_run_of_them_stops_at_the_last_good_checkpoint(prepared, tmp_path):
