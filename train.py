@@ -41,10 +41,10 @@ of the budget is used (the same point of the budget, not the same step: under a 
 on depends on the machine's speed). (A resume given a larger budget is the exception: its schedules go on from its
 progress so far under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is
 used, or earlier at max_steps. Unless you give them, the budget also picks the model's shape and the final batch size,
-and the shape's width gives the peak learning rate: the comment above n_layers, below, gives the rules and the picks. So
-in a new run, a larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape,
-the final batch and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving are off the
-clock: a run takes longer on the wall clock than its budget of hours.
+and the shape's width gives the peak learning rate: the comment above n_layers, below, says how in short. So in a new
+run, a larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape, the final
+batch and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving are off the clock: a
+run takes longer on the wall clock than its budget of hours.
 
 Ctrl-C, SIGTERM or another stop signal (process.STOP_SIGNALS: SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU too) during training
 finishes the current step, saves a checkpoint (unless the weights have diverged) and exits, and --resume=True continues
@@ -73,8 +73,8 @@ from model import (DATA_FIELDS, MASK_RATE, OPTIMIZERS, SHAPE_FIELDS, CrammedBert
 # The settings. Each comment opens with the values the setting allows, which the configurator checks.
 data_dir = "data/fineweb-edu"  # written by prepare.py (this one by `python prepare.py config/prepare_fineweb.py`)
 out_dir = "out"           # the checkpoints (ckpt.pt is the newest), metrics.jsonl and the run's lock file go here
-# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly, see "The
-# settings' reasons" below main, or docs/training.md's "Comparing runs" in full.
+# The budget (see the top of this file). To repeat a run exactly, or to compare two variants fairly: the table in
+# main's loop, and docs/training.md's "Comparing runs".
 budget_hours = 24.0       # > 0: hours of training time; the schedules follow the run's progress
 budget_tokens = 0         # >= 0: if above 0, the budget is this many tokens instead of hours
 max_steps = 0             # >= 0: also stop after this many steps in all, counting a resume's earlier steps (0: no limit). The schedules do not shorten to fit it, and a resume does not keep it
@@ -85,35 +85,16 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
 # "budget:" what the budget picked (its FLOPs, shape and tokens, and about how many steps), and "batch:" and "schedule:"
 # the batch, the learning rate and the masking rate over the budget, with when the run evaluates and saves.
-# --dry_run=True prints these lines and stops, on your own machine. The budget's rules (cram/budget.py applies them;
-# docs/training.md, "The budget's pick in short", has the ladder of shapes and the sources of the constants):
-#     FLOPs        hours x 3600 x the FLOP/s of a 2048^3 matmul timed at start-up x the processes x a step's share of
-#                  that speed: 0.5 on a CPU, 0.5 x (d_model / 768) ** 0.6 on a GPU (budget.step_efficiency; uncompiled
-#                  x 0.88 on a CPU and x 0.68 on a GPU, off-load x 0.85 and x 0.6 more). A budget of tokens gives the
-#                  FLOPs directly.
-#     shape        of the ladder's shapes, 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest, by ratio,
-#                  94.4M x (its FLOPs / 4.32e18) ** 0.4, each shape's FLOPs taken at its own share; under a budget
-#                  of hours, a larger one where that would read the data more than 16 times
-#     final batch  4096 x (the sequences the budget trains / 54M) ** 0.64, to the nearest power of two from 32 to 8192
-#     peak lr      1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width)
-#     a step's time, as planned: its FLOPs / (the timed matmul's FLOP/s x the share)
-# The picks at the defaults, with enough data, on an A6000 (a matmul timed at 100 TFLOP/s) and an H100 (688):
-#     budget         shape       final batch   peak lr   GFLOP/token   planned tokens/s   steps, about
-#     24 h, A6000    16 x 768           4096    1.0e-3         0.630            79,000         37,900
-#     12 h, A6000    12 x 768           4096    1.0e-3         0.484            103,000        24,700
-#     24 h, H100     24 x 1024          8192    8.7e-4         1.611            254,000        68,600
-#     12 h, H100     24 x 1024          4096    8.7e-4         1.611            254,000        60,500
-# Halving the A6000's day keeps the final batch and the rate but takes a smaller shape, whose tokens are cheaper, so
-# 12 hours train 4.5e9 tokens, 65% of the day's 6.86e9 (the day in tokens rounds it to 6.9e9). The training line's MFU
-# divides by the GPU's datasheet peak, not by the timed matmul: at 0.5 of an A6000's 100 TFLOP/s it shows about 32% of
-# its 154.8.
+# --dry_run=True prints these lines and stops, on your own machine. In short, the budget's FLOPs pick the shape from a
+# ladder of 2 x 128 to 24 x 1024 (16 x 768 for the A6000's day), the sequences they train pick the final batch (4096
+# there), and the width gives the peak rate, 1e-3 x (d_model / 768) ** -0.5. docs/training.md, "The budget's pick in
+# short", has the rules in full and the picks by budget and GPU (cram/budget.py applies them).
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
 d_ffn = 0                 # >= 0: 0 means 4 x d_model
 # Every other field of model.py's ModelConfig is a setting too (--help lists them last). The defaults are the crammed
-# recipe (Geiping & Goldstein 2022); "The settings' reasons", below main, says where it differs from BERT's and why,
-# and what to pin to compare runs or ablate a switch fairly.
+# recipe (Geiping & Goldstein 2022); "The settings' reasons", below main, says where it differs from BERT's and why.
 mask_rate = MASK_RATE     # (0, 1): share of each row's tokens to predict, rounded to whole tokens (MASK_RATE is 0.25, the crammed recipe's)
 mask_rate_start = 0.0     # [0, 1): if above 0, the rate starts here and, with mask_levels above 1, moves to mask_rate as a staircase (mask_rate_at)
 mask_levels = 4           # [1, 8]: how many rates the staircase has. Each that changes a row's count of masked tokens is one more graph to compile per micro-batch size (1: mask_rate_start throughout)
@@ -129,7 +110,7 @@ weight_decay = 0.01       # >= 0: not on biases, norms and scalars. It is multip
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
 warmup = 0.01             # [0, 1): warm-up fraction of the budget for 'warmup_linear' (see lr_at)
-# The batch (stage 1 of the loop in main). What the ramp costs on a GPU: "The settings' reasons", below main.
+# The batch (stage 1 of the loop in main). What the ramp costs on a GPU: docs/training.md, "The batch ramp".
 micro_batch = 0           # >= 0: the most sequences in one forward pass. 0: on a GPU, the largest power of two that fits in 90% of the free memory; otherwise 32, or a process's share of the batch if smaller (main writes the value here)
 batch_size = 0            # >= 0: sequences per optimizer step, all processes together, once the ramp is over; 0 lets the budget pick it (main writes the value here)
 batch_ramp = 0.6          # [0, 1]: fraction of the budget over which the batch grows from batch_ramp_start to batch_size (at 1 its last jump never comes)
@@ -159,9 +140,9 @@ wandb_run_name = ""       # default: the name of out_dir
 # -----------------------------------------------------------------------------
 # The rest of this file. main comes first: the whole run, with its loop. After it come the step's pieces in the loop's
 # order (the clock, the schedules, the micro-batches, the data, bad steps, the training line, validation and saving).
-# Then a section of prose, "The settings' reasons" (the recipe against BERT's, comparing runs and ablating a switch
-# fairly, the masking staircase, the batch ramp). Then set-up, which decides the settings' values in
-# `config`, and the end. Whole runs in numbers and the budget's pick in full are in docs/training.md.
+# Then a section of prose, "The settings' reasons" (the recipe against the paper's code and BERT's). Then set-up, which
+# decides the settings' values in `config`, and the end. Whole runs in numbers and the budget's pick in full are in
+# docs/training.md.
 
 
 
@@ -442,7 +423,12 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     """The masking rate at a fraction `progress` of the budget. With no `start` it is `end` throughout. With a `start`
     it moves from `start` to `end` as a staircase of `levels` rates, each held for 1 / levels of the budget, so that
     torch.compile compiles each rate's shapes once (two rates that give a row the same count share one; Ankner et al.
-    2023 lower the rate in stages). With one level the rate is `start` throughout.
+    2023 lower the rate in stages). With one level the rate is `start` throughout. In the same row, a lower rate masks a
+    subset of the positions a higher one does (what each becomes may differ). For example, mask_rate_start=0.4 with
+    the defaults gives 0.40, 0.35, 0.30 and 0.25, each for a quarter of the budget. In a row of 128 that masks 51, 45,
+    38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and 26/3/3 as [MASK], random and unchanged), and at 16 x 768 a token costs
+    0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the budget, not of the steps: with the A6000's day
+    in tokens, 68% of the steps come at 0.40, while the batch is small.
     What a new masking schedule must keep, since these read the rate outside this function:
     - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (two, or three where a
       batch falls outside set-up's two sizes: micro_batch_sizes), and compiling is on the clock. A compiled function may
@@ -776,37 +762,8 @@ def save_if_sound(saves, validation, state, at_end=False):
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
-# To compare runs fairly, pin what the table in main's loop lists (tools/compare.py runs such comparisons). A model
-# switch can also change what the budget picks. At 16 x 768 a token costs 0.630 GFLOP, and 0.743 with glu=False, 0.743
-# with sparse_prediction=False (the same by coincidence: each adds 37.7M forward FLOPs), 0.623 with smear=False (bias
-# and norm_first change nothing there). glu also changes each shape's weights, so with glu=False the A6000's day picks
-# 12 x 768; under a budget of tokens any switch that moves the FLOPs can move the pick. norm_first=False keeps the
-# width's rate, where post-norm BERT used 1e-4. So an ablation should give the shape, the batch and the rate.
-# Two switches need care. sparse_prediction changes a step's cost, not its loss (up to rounding): without it every
-# position goes through the output layer, but only the masked ones have targets. And glu=False at the same d_ffn has
-# 4/3 of the gated feed-forward's weights (d_ffn=0 means 4 x d_model either way); at d_model 768 the plain one matches
-# them at d_ffn=2304.
-# The masking staircase (mask_rate_at). In the same row, a lower rate masks a subset of the positions a higher one does
-# (what each becomes may differ). For example, mask_rate_start=0.4 with the defaults gives 0.40, 0.35, 0.30 and 0.25,
-# each for a quarter of the budget. In a row of 128 that masks 51, 45, 38 and 32 tokens (41/5/5, 36/4/5, 30/4/4 and
-# 26/3/3 as [MASK], random and unchanged), and at 16 x 768 a token costs 0.652, 0.645, 0.637 and 0.630 GFLOP. The
-# quarters are shares of the budget, not of the steps: with the A6000's day in tokens, 68% of the steps come at 0.40,
-# while the batch is small.
-# The budget's pick counts the FLOPs at mask_rate, and the micro-batch is sized for the highest rate.
-# The batch ramp (stage 1 of the loop in main; batch_size_at). With batch_ramp=0, or a batch_size no larger than
-# batch_ramp_start, the batch is batch_size throughout. The cramming recipe ramps the batch too. But on a GPU that
-# picks a micro_batch above batch_ramp_start, the ramp's batches run partly as smaller micro-batches (of
-# batch_ramp_start, or a divisor of it: setup.split_micro_batches), which may not fill the GPU. Under a budget of hours
-# the run then reads fewer tokens: on an H200 at 8 x 512 it ended at a higher loss than with batch_ramp=0
-# (BENCHMARKS.md, "The pair head on the GPU model").
-# A batch_size of 0 lets the budget pick it (docs/training.md, "The budget's pick in short"). It is then rounded to a
-# multiple of the processes (or of micro_batch x the processes, if micro_batch is given and fits), so that each process
-# takes an equal share.
-# To compare the ramp with a fixed batch (batch_ramp=0) at equal tokens: the budget's pick ignores batch_ramp, so both
-# runs get the same shape, final batch and rate; at one seed both read the same rows with the same masks, grouped into
-# other steps (with --budget_tokens=6900000000, about 38,100 steps against 13,161); the rate is not rescaled, and weight
-# decay, multiplied by each step's rate, adds up over the ramp's extra steps (there, the sum of rate x weight_decay over
-# the run is 0.163 against 0.078: decay alone would shrink the weights to 0.85 of their size against 0.925).
+# Comparing runs and ablating a switch fairly, and what the batch ramp costs on a GPU: docs/training.md, "Comparing
+# runs" and "The batch ramp".
 # What two runs at one seed share, step by step: the table in main's loop. The end's fill-in examples follow the
 # seed.
 
