@@ -10,9 +10,9 @@ One training step (the loop in main) does five things. The table below works one
 - The A6000's day in tokens: --budget_tokens=6900000000, about the tokens that the paper's 24 hours on an RTX A6000 buy.
   At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
   starts 30% into the budget, after 27,304 steps. (The default budget of 24 hours picks the same on an A6000, but what
-  it picks depends on the machine's speed.) The paper's own recipe and batch (config/recipe_reference.py and
-  config/shape_paper.py) would read 4,096 rows at this point (its final batch is 8192), at the same rate, without smear
-  (0.623 GFLOP a token).
+  it picks depends on the machine's speed.) With the paper's recipe and batch (config/recipe_reference.py and
+  config/shape_paper.py) this step reads 4,096 rows (its final batch is 8192; the reference code, which rounds its ramp
+  up, reads 4,224), at the same rate, without smear (0.623 GFLOP a token).
 - The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a batch
   that starts at 32 rows (its batch_ramp_start) and ends at 64, and a peak rate of 2e-3. The step shown starts 1:15
   into its 5 minutes of training time, a quarter of the budget.
@@ -430,12 +430,12 @@ def mask_rate_at(progress, end, start=0.0, levels=4):
     0.652, 0.645, 0.637 and 0.630 GFLOP. The quarters are shares of the budget, not of the steps: with the A6000's day
     in tokens, 68% of the steps come at 0.40, while the batch is small.
     What a new masking schedule must keep, since these read the rate outside this function:
-    - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (two, or three where a
-      batch falls outside set-up's two sizes: micro_batch_sizes), and compiling is on the clock. A compiled function may
-      build at most runtime.MAX_GRAPHS (32) graphs in all, counts x sizes, and a compiled run's start-up refuses a
-      schedule that needs more at the 840 points of the budget it samples (setup.schedule_line; a schedule that changes
-      between them may still pass). So a smooth schedule must take at most about 10 distinct counts: 0.40 to 0.15 in a
-      straight line passes 33 counts in rows of 128; 8 levels take 8.
+    - Each count of masked tokens per row is a graph to compile, once per micro-batch size in use (two at most with the
+      built-in batch schedule), and compiling is on the clock. A compiled function may build at most runtime.MAX_GRAPHS
+      (32) graphs in all, counts x sizes, and a compiled run's start-up refuses a schedule that needs more at the 840
+      points of the budget it samples (setup.schedule_line; a schedule that changes between them may still pass). So a
+      smooth schedule may take at most 32 / (the micro-batch sizes in use) distinct counts, 16 with two sizes: 0.40 to
+      0.15 in a straight line passes 33 counts in rows of 128; 8 levels take 8.
     - SpikeWatch starts its history of losses again at each new count, and judges no loss for SPIKE_HISTORY steps.
     - The micro-batch is sized for the highest rate the schedule reaches, and the budget plans its FLOPs at
       mask_rate, even where the schedule never reaches it (one level: mask_rate_start throughout)."""
@@ -789,7 +789,7 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
     (checkpoint, source, changes), (meta, train_tokens, _, tokenizer_text) = resumed, run_data
     # The micro-batch is sized for the highest masking rate the schedule reaches (the most memory). The masking
     # schedule does not depend on what the budget picks, so it can be read before the pick.
-    most_masked = max(schedules_at(i / 840, config)[2] for i in range(840))
+    highest_mask_rate = max(schedules_at(i / 840, config)[2] for i in range(840))
     model_config = dataclasses.replace(model_config, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])  # the data's
     # A resume's shape is its checkpoint's already, so another run's checkpoint is refused before any work
     check_resumable(checkpoint, source, dataclasses.asdict(model_config), tokenizer_text, meta, config, log)
@@ -801,7 +801,7 @@ def decide_settings(config, model_config, resumed, run_data, rt, world, master, 
     setup.check_settings(world, config, rt, model_config=model_config)  # with the shape and batch decided
     model_args = dataclasses.asdict(model_config)
     cap = memory.choose_micro_batch(config["micro_batch"], config["batch_size"], model_args, rt, world=world,
-                                    mask_rate=most_masked, offload=config["offload"], log=log)
+                                    mask_rate=highest_mask_rate, offload=config["offload"], log=log)
     config["micro_batch"], remainder_micro = setup.split_micro_batches(world, cap, config["batch_size"],
                                                                        config["batch_ramp_start"], config["batch_ramp"])
     return model_args, remainder_micro, budget_pick, changes + picked_lines
