@@ -85,10 +85,12 @@ dry_run = False           # decide every setting, print the start-up lines and e
 # writes the decided value here before training starts. The start-up line "settled:" prints each value and why,
 # "budget:" what the budget picked (its FLOPs, shape and tokens, and about how many steps), and "batch:" and "schedule:"
 # the batch, the learning rate and the masking rate over the budget, with when the run evaluates and saves.
-# --dry_run=True prints these lines and stops, on your own machine. In short, the budget's FLOPs pick the shape from a
-# ladder of 2 x 128 to 24 x 1024 (16 x 768 for the A6000's day), the sequences they train pick the final batch (4096
-# there), and the width gives the peak rate, 1e-3 x (d_model / 768) ** -0.5. docs/training.md, "The budget's pick in
-# short", has the rules in full and the picks by budget and GPU (cram/budget.py applies them).
+# --dry_run=True prints these lines and stops, on your own machine. In short (docs/training.md, "The budget's pick in
+# short", has the rules in full and the picks by budget and GPU; cram/budget.py applies them):
+#     shape        of a ladder from 2 x 128 to 24 x 1024, the one whose blocks' weights are nearest
+#                  94.4M x (the budget's FLOPs / 4.32e18) ** 0.4: 16 x 768 for the A6000's day
+#     final batch  4096 x (the sequences the budget trains / 54M) ** 0.64, as a power of two from 32 to 8192: 4096 there
+#     peak lr      1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width): 1e-3 there
 n_layers = 0              # >= 0: 0 lets the budget pick the shape (main writes the value here)
 d_model = 0               # >= 0: 0 lets the budget pick the shape (main writes the value here)
 n_heads = 0               # >= 0: 0 means heads of 64 (or the most heads up to d_model / 64 that divide d_model)
