@@ -345,8 +345,9 @@ class TrainingClock:
     - A pause (Ctrl-Z then fg, or a batch system's suspend) is mostly left out where the system sends SIGCONT (not on
       Windows): a step that a pause fell in counts as no longer than the step before it. The first step of a run or of
       a resume has no step before it, so a pause in it counts in full.
-    - On a GPU the update may still be running when the clock stops. Its time then falls into the next step, or off
-      the clock if an evaluation or a save comes first.
+    - On a GPU the update may still be running when the clock stops: the host waits for the gradients' norm, then queues
+      the optimizer's step without waiting for it. Its time then falls into the next step, or off the clock if an
+      evaluation or a save comes first.
     - A resume starts from its checkpoint's clock. Steps after the last save that a kill lost are not on it.
     A stop signal (Ctrl-C, SIGTERM and the others in process.STOP_SIGNALS) is recorded in `signum`, so that the loop
     can finish its step, save and exit. A repeated signal does not interrupt the save, but a person's second Ctrl-C kills
