@@ -9,10 +9,10 @@
 One training step (the loop in main) does five things. The table below works one step through in two runs.
 - The A6000's day in tokens: --budget_tokens=6900000000, about the tokens that the paper's 24 hours on an RTX A6000 buy.
   At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
-  starts 30% into the budget, after 27,304 steps. (The default budget of 24 hours picks the same on an A6000, but what
-  it picks depends on the machine's speed.) With the paper's recipe and batch (config/recipe_reference.py and
-  config/shape_paper.py) this step reads 4,096 rows (its final batch is 8192; the reference code, which rounds its ramp
-  up, reads 4,224), at the same rate, without smear (0.623 GFLOP a token).
+  starts 30% into the budget, after 27,304 steps (counted step by step with batch_size_at). (The default budget of 24
+  hours picks the same on an A6000, but what it picks depends on the machine's speed.) With the paper's recipe and batch
+  (config/recipe_reference.py and config/shape_paper.py) this step reads 4,096 rows (its final batch is 8192; the
+  reference code, which rounds its ramp up, reads 4,224), at the same rate, without smear (0.623 GFLOP a token).
 - The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a batch
   that starts at 32 rows (its batch_ramp_start) and ends at 64, and a peak rate of 2e-3. The step shown starts 1:15
   into its 5 minutes of training time, a quarter of the budget.
@@ -25,11 +25,18 @@ One training step (the loop in main) does five things. The table below works one
        then AdamW updates the weights                                   = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
     what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1.0 s
-k = 32 is 0.25 x 128; 26/3/3 is 26 masked tokens shown as [MASK], 3 as a random token and 3 as themselves. The loop in
-main says why each stage is so and names the function that does it. Then the step count grows by 1 and training time by
-the step's time, even when the update was skipped. The 3.3 s is at the speed the budget plans for: half the A6000's 100
-TFLOP/s matmul (the share at width 768), about 79,000 tokens/s. The quickstart takes 250 to 510 steps on the 2-core CPUs
-measured so far: 0.47 to 0.96 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps,
+Where the A6000's values come from (the quickstart's follow the same way):
+    rows    the batch's line, 128 + (4096 - 128) x 0.30 / 0.60 = 2,112, rounded down to a multiple of 128
+            (batch_size_at)
+    k       round(0.25 x 128) = 32 masked tokens a row: round(0.8 x 32) = 26 shown as [MASK], up to round(0.9 x 32) = 29
+            a random token (3), the rest as themselves (3)
+    rate    peak x (0.25 + progress) before 75% of the budget, then peak x 4 x (1 - progress) (lr_at)
+    FLOPs   0.630e9 a token (flops_per_token) x 262,144 tokens = 1.65e14
+    3.3 s   1.65e14 / 5e13 FLOP/s, planned, not measured: the budget expects a step at width 768 to run at half an
+            A6000's 100 TFLOP/s matmul (budget.step_efficiency), about 79,000 tokens/s
+The loop in main says why each stage is so and names the function that does it. Then the step count grows by 1 and
+training time by the step's time, even when the update was skipped. The quickstart takes 250 to 510 steps on the 2-core
+CPUs measured so far: 0.47 to 0.96 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps,
 about step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the
 command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
@@ -563,7 +570,7 @@ class SpikeWatch:
     """Tracks the recent training loss: a running mean over about the last SPIKE_WINDOW steps, and a running variance
     taken as half the mean square of the step-to-step changes. A checkpoint saves this state (state_dict)."""
 
-    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, masked=0, rate=0.0):  # rate: an older key, unused
+    def __init__(self, threshold, mean=0.0, var=0.0, count=0, last=0.0, masked=0, **older):  # older: a checkpoint's rate
         self.threshold, self.mean, self.var, self.count, self.last, self.masked = threshold, mean, var, count, last, masked
 
     def is_spike(self, loss, masked=0):

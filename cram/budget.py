@@ -93,14 +93,14 @@ def batch_for_budget(tokens, seq_len):
 
 def expected_steps(sequences, start, final, ramp):
     """About how many optimizer steps a run of `sequences` takes with train.batch_size_at's batches. While the batch
-    grows, each of its sizes (k times `start`) lasts ramp * start / (final - start) of the budget, the last one up to
+    grows, each of its sizes (i times `start`) lasts ramp * start / (final - start) of the budget, the last one up to
     `ramp`, and the final batch takes the rest. It counts a fraction of the budget as the same fraction of the sequences.
     That is close under a budget of tokens (each share ends on a whole step) and an estimate under one of hours (small
     batches may run slower)."""
     if ramp <= 0 or (levels := -(-final // start) - 1) < 1:  # the ramp's batches below the final one
         return sequences / final
     share = ramp * start / (final - start)
-    growing = sum(min(share, ramp - (k - 1) * share) * sequences / (k * start) for k in range(1, levels + 1))
+    growing = sum(min(share, ramp - (i - 1) * share) * sequences / (i * start) for i in range(1, levels + 1))
     return growing + (1 - ramp) * sequences / final
 
 

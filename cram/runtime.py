@@ -36,7 +36,7 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "H100 PCIe": 756e12, "H100 NVL
 # reference trains with max-autotune; cram keeps inductor's until a GPU report shows one faster (bench.py times them).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
-MAX_GRAPHS = 32  # the graphs one compiled function may build: 8 masking levels x up to 3 micro-batch sizes, and room
+MAX_GRAPHS = 32  # the graphs one compiled function may build: 8 masking levels x 2 micro-batch sizes (3 for a fork's batch schedule), and room
 
 # dtype=auto on a CPU: bfloat16 where its matmuls run at least this many times float32's; below it the step's other
 # work, at float32's pace, eats the gain (BENCHMARKS.md, "The CPU's precision", has the hosts measured)
