@@ -466,8 +466,7 @@ def mask_tokens(idx, masking, mask_id, n_regular, generator=None, keys=None):
         random_ids = noise[:, T:] % n_regular  # (B, k)
     positions = scores.topk(k, dim=1).indices  # (B, k): the k highest scores, highest first (the draw's order)
     labels = idx.gather(1, positions)
-    # In the draw's order, the first round(0.8 k) masked positions get [MASK], those up to round(0.9 k) a random
-    # token, and the rest keep their own token. The order is random, so which get which is too.
+    # The draw's order is random, so which masked positions get [MASK], a random token or their own is random too.
     slot = torch.arange(k, device=idx.device)  # (k,): each masked position's place in the draw's order
     replacement = torch.where(slot < round(0.8 * k), mask_id,
                               torch.where(slot < round(0.9 * k), random_ids, labels))  # (B, k)

@@ -265,12 +265,9 @@ def main(config, given):
         # 3-4. The loss, the mean cross-entropy over the step's masked tokens (model.CrammedBert.mlm_loss), and its
         #    gradients, summed over the micro-batches (model.Trainer.backward says how they are weighted).
         loss = trainer.backward(micro_batches)
-        # 5. Clip the gradients and update (model.Trainer.update), unless the loss spiked ("Bad steps"). By default the
-        #    learning rate starts at a quarter of the peak, reaches the peak at 75% of the budget and falls to 0 at its
-        #    end (lr_at), whatever the batch (the schedules' comment says why). It starts that high because
-        #    pre-LayerNorm blocks train stably at a high rate from the first step (Xiong et al. 2020), and falls to 0
-        #    because that trains best when the length of training is fixed in advance (Li et al. 2020, budgeted
-        #    training).
+        # 5. Clip the gradients and update (model.Trainer.update), unless the loss spiked ("Bad steps"). The learning
+        #    rate follows lr_at, which says its shape and why; it is the same whatever the batch (the schedules' comment
+        #    says why).
         spike = watch.is_spike(loss, masked_count(step_mask_rate, seq_len))  # a new count starts its history again
         applied = trainer.update(step_lr, grad_clip, skip=spike)
         # Then the counts, a skipped update's too: the step, and the input tokens read, masked or not.
@@ -417,14 +414,16 @@ def schedules_at(progress, run):
 def lr_at(progress, peak, schedule="triangle", warmup=0.01):
     """The learning rate at a fraction `progress` of the budget, for a peak rate `peak` (the run's lr).
     "triangle" is the cramming reference's schedule (its "budget-triangle2"): from 25% of the peak at the start up to
-    the peak at 75% of the budget, then down to 0 at the end (the loop's stage 5 says why).
+    the peak at 75% of the budget, then down to 0 at the end. It can start that high because pre-LayerNorm blocks train
+    stably at a high rate from the first step (Xiong et al. 2020), and it falls to 0 because that trains best when the
+    length of training is fixed in advance (Li et al. 2020, budgeted training).
     "warmup_linear" is original BERT's: from 0 up to the peak over a fraction `warmup` of the budget, then down to 0
     at the end. With a warmup above 0, its first step, at progress 0, has a rate of 0: it leaves the weights as they
     are, though the optimizer's state takes its gradient. Both are shares of the budget, not counts of steps (see the
     consequences above)."""
-    if schedule == "triangle":  # up from 0.25 x peak at 0 to the peak at 0.75, then down to 0 at 1
+    if schedule == "triangle":
         return peak * (0.25 + progress) if progress < 0.75 else peak * max(0.0, 4 * (1.0 - progress))
-    if schedule == "warmup_linear":  # up from 0 to the peak at warmup, then down to 0 at 1
+    if schedule == "warmup_linear":
         return peak * progress / warmup if progress < warmup else peak * max(0.0, (1.0 - progress) / (1.0 - warmup))
     raise ValueError(f"unknown lr_schedule '{schedule}'")
 
