@@ -2,7 +2,7 @@
 training step, and the classification head that GLUE fine-tuning adds.
 
 Every architectural choice is a field of ModelConfig. Its defaults are the crammed recipe; config/bert_original.py
-sets the original BERT's. cram's one addition to the recipe is `smear`: each position's embedding also sees its two
+sets the original BERT's. cram's one addition to the recipe's model is `smear`: each position's embedding also sees its two
 neighbours' (config/recipe_reference.py turns it off)."""
 import collections
 import dataclasses

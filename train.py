@@ -7,12 +7,13 @@
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
 One training step (the loop in main) does five things. The table below works one step through in two runs.
-- The A6000's day in tokens: --budget_tokens=6900000000, about the tokens that the paper's 24 hours on an RTX A6000 buy.
-  At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any machine. The step shown
-  starts 30% into the budget, after 27,304 steps (counted step by step with batch_size_at). (The default budget of 24
-  hours picks the same on an A6000, but what it picks depends on the machine's speed.) With the paper's recipe and batch
-  (config/recipe_reference.py and config/shape_paper.py) this step reads 4,096 rows (its final batch is 8192; the
-  reference code, which rounds its ramp up, reads 4,224), at the same rate, without smear (0.623 GFLOP a token).
+- The A6000's day in tokens, `python train.py --budget_tokens=6900000000`: about the tokens that the paper's 24 hours on
+  an RTX A6000 buy. At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any
+  machine. The step shown starts 30% into the budget, after 27,304 steps (counted step by step with batch_size_at). (The
+  default budget of 24 hours picks the same on an A6000, but what it picks depends on the machine's speed.) With the
+  paper's recipe and batch (config/recipe_reference.py and config/shape_paper.py) this step reads 4,096 rows (its final
+  batch is 8192; the reference code, which rounds its ramp up, reads 4,224), at the same rate, without smear (0.623
+  GFLOP a token).
 - The README's quickstart: config/train_quickstart.py on data/pydocs, with 4 x 256, a vocabulary of 8,192, a batch
   that starts at 32 rows (its batch_ramp_start) and ends at 64, and a peak rate of 2e-3. The step shown starts 1:15
   into its 5 minutes of training time, a quarter of the budget.
@@ -33,7 +34,8 @@ Where the A6000's values come from (the quickstart's follow the same way):
     rate    peak x (0.25 + progress) before 75% of the budget, then peak x 4 x (1 - progress) (lr_at)
     FLOPs   0.630e9 a token (flops_per_token) x 262,144 tokens = 1.65e14
     3.3 s   1.65e14 / 5e13 FLOP/s, planned, not measured: the budget expects a step at width 768 to run at half an
-            A6000's 100 TFLOP/s matmul (budget.step_efficiency), about 79,000 tokens/s
+            A6000's 100 TFLOP/s matmul (budget.step_efficiency), about 79,000 tokens/s. The training line's MFU
+            divides by the datasheet's peak instead, 154.8 TFLOP/s for an A6000: about 32% at that speed
 The loop in main says why each stage is so and names the function that does it. Then the step count grows by 1 and
 training time by the step's time, even when the update was skipped. The quickstart takes 250 to 510 steps on the 2-core
 CPUs measured so far: 0.47 to 0.96 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps,
@@ -743,7 +745,7 @@ def save_if_sound(saves, validation, state, at_end=False):
 # Where the default run departs from the paper's reference code, and what reverts each (config/recipe_reference.py and
 # config/shape_paper.py together give the paper's recipe, shape and batch):
 #     the default run                                  the reference                       to revert
-#     smear on (cram's one change to the recipe)       no smear                            smear=False
+#     smear on (cram's one change to the model)        no smear                            smear=False
 #     the final batch the budget picks (4096 on an     8192                                config/shape_paper.py
 #     A6000's day, which the paper found best)
 #     FineWeb-Edu (data_dir)                           the paper's corpus                  prepare.py's settings

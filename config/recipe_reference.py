@@ -1,5 +1,5 @@
 # The paper's crammed-BERT recipe (Geiping & Goldstein 2022; train.py's "The settings' reasons" lists where cram's
-# code departs from its reference code): train.py's defaults without smear, cram's one change to the recipe (it won
+# code departs from its reference code): train.py's defaults without smear, cram's one change to the recipe's model (it won
 # the CPU ablations at two scales and on STS-B: BENCHMARKS.md).
 # On top of any other config; with the paper's shape, rate and its reference code's batch of 8192 too (train.py's
 # budget picks that shape and rate at 24 hours on the paper's GPU, with a batch of 4096, the paper's best for GLUE):
