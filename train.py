@@ -37,8 +37,8 @@ Where the A6000's values come from (the quickstart's follow the same way):
             A6000's 100 TFLOP/s matmul (budget.step_efficiency), about 79,000 tokens/s. The training line's MFU
             divides by the datasheet's peak instead, 154.8 TFLOP/s for an A6000: about 32% at that speed
 The loop in main says why each stage is so and names the function that does it. Then the step count grows by 1 and
-training time by the step's time, even when the update was skipped. The quickstart takes 250 to 510 steps on the 2-core
-CPUs measured so far: 0.47 to 0.96 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps,
+training time by the step's time, even when the update was skipped. The quickstart takes 250 to 530 steps on the 2-core
+CPUs measured so far: 0.45 to 0.96 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps,
 about step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the
 command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
