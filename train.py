@@ -222,14 +222,16 @@ def main(config, given):
     #   what step n uses          follows                                  the same in two runs at step n
     #   its rows, in order        the seed and the rows' sequence numbers  when the tokens read before it match
     #                             in the run (epoch_order, rows_at)
-    #   each row's mask           the seed, the row's sequence number and  when the row and the masking rate match
-    #                             the masking rate (mask_keys)
+    #   each row's mask           the seed, the row's sequence number and  when the sequence number and the count
+    #                             its count of masked tokens (mask_keys,   match (two rates of one count mask
+    #                             masked_count)                            the same tokens)
     #   batch, lr, masking rate   the progress: the tokens read, or the    under a budget of tokens; under hours,
     #                             hours on the clock                       only if both went at the same speed,
     #                                                                      compiling included
     #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
     #   lr                        hours, with the timed matmul)            batch_size, lr (else a recipe that
-    #                                                                      changes the FLOPs per token may move it;
+    #                                                                      changes the FLOPs per token may move it,
+    #                                                                      under a budget of tokens too;
     #                                                                      "settled:" rounds lr to 3 figures, the
     #                                                                      checkpoint's config keeps it whole)
     #   initial weights           the seed and each weight's name          for weights of one name and shape
