@@ -229,13 +229,16 @@ def main(config, given):
     #                             hours on the clock                       only if both went at the same speed,
     #                                                                      compiling included
     #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
-    #   lr                        hours, with the timed matmul)            batch_size, lr (else a recipe that
+    #   lr                        hours, with the matmul timed by          batch_size, lr (else a recipe that
+    #                             runtime.matmul_speed; budget.decide)
     #                                                                      changes the FLOPs per token may move it,
     #                                                                      under a budget of tokens too;
     #                                                                      "settled:" rounds lr to 3 figures, the
     #                                                                      checkpoint's config keeps it whole)
     #   initial weights           the seed and each weight's name          for weights of one name and shape
     #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
+    #                             (memory.choose_micro_batch,
+    #                             runtime.auto_dtype)
     #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with the same
     #                             split and the device                     micro-batch split
     #   the sums' last bits       the kernels (TF32 on a GPU, set in       not promised, even on one machine
