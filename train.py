@@ -230,14 +230,13 @@ def main(config, given):
     #                                                                      compiling included
     #   shape, final batch, peak  the budget, where left at 0 (under       when given: n_layers, d_model,
     #   lr                        hours, with the matmul timed by          batch_size, lr (else a recipe that
-    #                             runtime.matmul_speed; budget.decide)
-    #                                                                      changes the FLOPs per token may move it,
+    #                             runtime.matmul_speed; budget.decide)     changes the FLOPs per token may move it,
     #                                                                      under a budget of tokens too;
     #                                                                      "settled:" rounds lr to 3 figures, the
     #                                                                      checkpoint's config keeps it whole)
     #   initial weights           the seed and each weight's name          for weights of one name and shape
     #   micro-batch, precision    the machine, where left at 0 and auto    when given (--micro_batch, --dtype)
-    #                             (memory.choose_micro_batch,
+    #                             (memory.choose_micro_batch and
     #                             runtime.auto_dtype)
     #   dropout (0 by default)    torch's generator, the micro-batch       on one machine with the same
     #                             split and the device                     micro-batch split
