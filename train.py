@@ -116,7 +116,7 @@ optim = "adamw"           # {OPTIMIZERS}: adamw (reference); muon: Muon on the b
 lr = 0.0                  # [0, inf): the peak learning rate. 0: 1e-3 x (d_model / 768) ** -0.5 (model.lr_for_width), or a resume's own (main writes the value here)
 beta1 = 0.9               # [0, 1)
 beta2 = 0.98              # [0, 1): the cramming reference's and RoBERTa's, which found it steadier than BERT's 0.999 with large batches
-eps = 1e-12               # >= 0: the cramming reference's (BERT used 1e-6, which damps the updates of weights whose gradients are small)
+eps = 1e-12               # >= 0: the cramming reference's (BERT and RoBERTa used 1e-6, which damps the updates of weights whose gradients are small)
 weight_decay = 0.01       # >= 0: not on biases, norms and scalars. It is multiplied by the step's rate (decoupled decay, as in AdamW and Muon), so it follows the schedule
 grad_clip = 0.5           # >= 0: gradient norm clipping (0: off)
 lr_schedule = "triangle"  # {triangle, warmup_linear}: the reference's (see lr_at), or original BERT's
@@ -777,6 +777,19 @@ def save_if_sound(saves, validation, state, at_end=False):
 # At equal time on a CPU, the crammed recipe reaches a far lower loss than BERT's (BENCHMARKS.md). smear, cram's own
 # addition, is on as well (config/recipe_reference.py turns it off). The vocabulary size and the sequence length come
 # from the data (prepare.py's vocab_size and seq_len settings).
+# The step beside BERT's and RoBERTa's (base models; Devlin et al. 2019, Liu et al. 2019's Table 9):
+#     part of the step     cram (the A6000's day)              BERT                           RoBERTa
+#     objective            MLM alone                           MLM and next-sentence          MLM alone
+#     masking              25%, split 80/10/10 by count; a     15%, each position's fate      15%, each position's fate
+#                          new mask each time a row is read    drawn; masks drawn once, when  drawn; a new mask each
+#                                                              the data is prepared           time a row is read
+#     a step's rows        128 -> 4096 rows of 128 tokens      256 rows of 128, then of 512   8K rows of 512 tokens
+#     learning rate        peak 1e-3, the triangle over the    peak 1e-4 after 10K warm-up    peak 6e-4 after 24K
+#                          budget (lr_at)                      steps, then down to 0          warm-up steps, then to 0
+#     Adam beta2, eps      0.98, 1e-12                         0.999, 1e-6                    0.98, 1e-6
+#     weight decay         0.01                                0.01                           0.01
+#     dropout              none                                0.1                            0.1
+#     gradient clipping    at norm 0.5                         at norm 1.0
 # Comparing runs and ablating a switch fairly, and what the batch ramp costs on a GPU: docs/training.md, "Comparing
 # runs" and "The batch ramp".
 # What two runs at one seed share, step by step: the table in main's loop. The end's fill-in examples follow the
