@@ -583,6 +583,10 @@ OPTIMIZERS = {
     # The Muon class below keeps one momentum on the first group of param_groups(..., optim="muon"), and AdamW's
     # two moments on the rest.
     "muon": Optimizer(lambda groups, lr, betas, eps: Muon(groups, lr=lr, betas=betas, eps=eps), 4, True, same_shape),
+    # A fork's row, for example Lion (Chen et al. 2023: one moment, no eps; a class the fork brings):
+    #     "lion": Optimizer(lambda groups, lr, betas, eps: Lion(groups, lr=lr, betas=betas), 4),
+    # Its width_lr is then False, so a run needs --lr. Compare it with AdamW under --budget_tokens (what the update
+    # costs, above).
 }
 
 
