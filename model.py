@@ -479,7 +479,9 @@ MASK32, GOLDEN = 0xFFFFFFFF, 0x9E3779B9  # 32 bits, and 2**32 over the golden ra
 def mix32(h):
     """Thomas Mueller's 32-bit integer hash (a multiply-xorshift mix like murmur3's finalizer): a bijection of
     [0, 2**32) in which each input bit flips each output bit about half the time. For an int or an int64 tensor; the
-    products stay below 2**59, so int64 never overflows and every device computes the same bits."""
+    products stay below 2**59, so int64 never overflows and every device computes the same bits. A port needs the
+    same widths: 64-bit integers, or unsigned 32-bit ones whose products wrap (signed int32, JAX's default, shifts in
+    the sign bit and gives other bits)."""
     h = ((h ^ (h >> 16)) * 0x45D9F3B) & MASK32
     h = ((h ^ (h >> 16)) * 0x45D9F3B) & MASK32
     return h ^ (h >> 16)

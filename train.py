@@ -6,7 +6,8 @@
     torchrun --standalone --nproc_per_node=8 train.py --budget_hours=3
     python train.py --resume=True                       # continue out_dir/ckpt.pt
 
-One training step (the loop in main) does five things. The table below works one step through in two runs.
+One training step (the loop in main) does five things. The table below works one step through in two runs. A row is
+one sequence of seq_len tokens cut from train.bin (the code says rows and sequences alike).
 - The A6000's day in tokens, `python train.py --budget_tokens=6900000000`: about the tokens that the paper's 24 hours on
   an RTX A6000 buy. At the defaults it trains 16 x 768 with a final batch of 4096 and a peak rate of 1e-3, on any
   machine. The step shown starts 30% into the budget, after 27,304 steps (counted step by step with batch_size_at). (The
