@@ -26,35 +26,36 @@ one sequence of seq_len tokens cut from train.bin (the code says rows and sequen
     5. clips the gradients' norm to 0.5,    Trainer.update, lr_at       rate 5.5e-4               rate 1e-3
        then AdamW updates the weights                                   = 1e-3 x (0.25 + 0.30)    = 2e-3 x (0.25 + 0.25)
     then the count of tokens read grows     the loop                    + 262,144                 + 4,096
-    what the step costs                     flops_per_token             1.65e14 FLOPs, 3.3 s      8.7e10 FLOPs, 0.5-1.0 s
+    what the step costs                     flops_per_token             1.65e14 FLOPs,            8.7e10 FLOPs,
+                                                                        3.3 s planned             0.45-0.96 s measured
 Where the A6000's values come from (the quickstart's follow the same way):
-    rows    the batch's line, 128 + (4096 - 128) x 0.30 / 0.60 = 2,112, rounded down to a multiple of 128
-            (batch_size_at)
-    k       round(0.25 x 128) = 32 masked tokens a row: round(0.8 x 32) = 26 shown as [MASK], up to round(0.9 x 32) = 29
-            a random token (3), the rest as themselves (3)
+    rows    2,048: the batch's line at 30%, 128 + (4096 - 128) x 0.30 / 0.60 = 2,112, rounded down to a multiple of
+            128 (batch_size_at)
+    k       round(0.25 x 128) = 32 masked tokens a row: round(0.8 x 32) = 26 shown as [MASK], round(0.9 x 32) - 26 = 3
+            as a random token, and the other 3 as themselves
     rate    peak x (0.25 + progress) before 75% of the budget, then peak x 4 x (1 - progress) (lr_at)
     FLOPs   0.630e9 a token (flops_per_token) x 262,144 tokens = 1.65e14
-    3.3 s   1.65e14 / 5e13 FLOP/s, planned, not measured: the budget expects a step at width 768 to run at half an
-            A6000's 100 TFLOP/s matmul (budget.step_efficiency), about 79,000 tokens/s. The training line's MFU
-            divides by the datasheet's peak instead, 154.8 TFLOP/s for an A6000: about 32% at that speed
+    3.3 s   1.65e14 / 5e13 FLOP/s: the budget expects a step at width 768 to run at half an A6000's 100 TFLOP/s
+            matmul (budget.step_efficiency), about 79,000 tokens/s. The training line's MFU divides by the datasheet's
+            peak instead, 154.8 TFLOP/s for an A6000: about 32% at that speed
 The loop in main says why each stage is so and names the function that does it. Then the step count grows by 1 and
 training time by the step's time, even when the update was skipped. The quickstart takes 250 to 530 steps on the 2-core
 CPUs measured so far: 0.45 to 0.96 s for a step of 32 rows, twice that for 64 (at 1:15 of the README's run of 465 steps,
 about step 145). Among the settings below lr and batch_size are 0: start-up decides them unless a config file or the
 command line gives them (the quickstart's does), and the start-up line "settled:" prints the values used.
 
-The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only:
-set-up, evaluation and saving are not counted, and neither is most of a pause. The run's progress is the fraction of the
-budget used so far. A step's batch size, learning rate and masking rate are functions of the progress at the step's
-start (schedules_at), not of the step count. So on any hardware the schedules are at the same point when the same share
-of the budget is used (the same point of the budget, not the same step: under a budget of hours, the step a point falls
-on depends on the machine's speed). (A resume given a larger budget is the exception: its schedules go on from its
-progress so far under the new budget, and its batch ramp still ends where it did.) The run stops when the budget is
-used, or earlier at max_steps. Unless you give them, the budget also picks the model's shape and the final batch size,
-and the shape's width gives the peak learning rate: the comment above n_layers, below, says how in short. So in a new
-run, a larger or smaller budget stretches or shrinks every schedule, and picks again whichever of the shape, the final
-batch and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving are off the clock: a
-run takes longer on the wall clock than its budget of hours.
+The budget is a number of hours of training time, or a number of tokens. Training time counts the training steps only
+(their compilation included): set-up, evaluation and saving are not counted, and neither is most of a pause. The run's
+progress is the fraction of the budget used so far. A step's batch size, learning rate and masking rate are functions of
+the progress at the step's start (schedules_at), not of the step count. So on any hardware the schedules are at the same
+point when the same share of the budget is used (the same point of the budget, not the same step: under a budget of
+hours, the step a point falls on depends on the machine's speed). (A resume given a larger budget is the exception: its
+schedules go on from its progress so far under the new budget, and its batch ramp still ends where it did.) The run
+stops when the budget is used, or earlier at max_steps. Unless you give them, the budget also picks the model's shape
+and the final batch size, and the shape's width gives the peak learning rate: the comment above n_layers, below, says
+how in short. So in a new run, a larger or smaller budget stretches or shrinks every schedule, and picks again whichever
+of the shape, the final batch and the peak rate you left at 0. The masking rates stay as they are. Evaluation and saving
+are off the clock: a run takes longer on the wall clock than its budget of hours.
 
 Ctrl-C, SIGTERM or another stop signal (process.STOP_SIGNALS: SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU too) during training
 finishes the current step, saves a checkpoint (unless the weights have diverged) and exits, and --resume=True continues
